@@ -1,0 +1,147 @@
+"""The model's shape as plain data, and the named presets.
+
+Pure Python (no torch): the planner imports this to reason about models far too large to build.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from plait.errors import ConfigError
+
+FAMILIES = ("gpt2", "llama")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer.
+
+    The family fixes the block's ingredients: ``gpt2`` is LayerNorm, GELU MLP, learned positions
+    and biases on every linear layer; ``llama`` is RMSNorm, SwiGLU MLP, rotary positions, no biases.
+    ``kv_heads`` below ``heads`` gives grouped-query attention.
+    """
+
+    family: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn_hidden: int
+    vocab: int
+    seq_len: int
+    tie_embeddings: bool
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def has_bias(self) -> bool:
+        return self.family == "gpt2"
+
+    @property
+    def learned_positions(self) -> bool:
+        return self.family == "gpt2"
+
+    @property
+    def gated_mlp(self) -> bool:
+        return self.family == "llama"
+
+    def validate(self) -> None:
+        """Raise ConfigError with one actionable sentence if the dimensions do not fit together."""
+        if self.family not in FAMILIES:
+            raise ConfigError(f"model family {self.family!r} is unknown; use one of {', '.join(FAMILIES)}")
+        for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"model {name} must be a positive integer, got {value!r}")
+        if self.hidden % self.heads:
+            raise ConfigError(
+                f"hidden size {self.hidden} is not divisible by {self.heads} heads; "
+                "choose heads that divide the hidden size"
+            )
+        if self.heads % self.kv_heads:
+            raise ConfigError(
+                f"{self.heads} attention heads are not divisible by {self.kv_heads} kv-heads; "
+                "kv-heads must divide heads (grouped-query attention)"
+            )
+        if self.family == "llama" and self.head_dim % 2:
+            raise ConfigError(
+                f"rotary positions need an even head dimension, got {self.head_dim}; "
+                "change hidden or heads"
+            )
+
+
+def _gpt2(layers: int, hidden: int, heads: int, vocab: int = 50257, seq_len: int = 1024) -> ModelSpec:
+    return ModelSpec("gpt2", layers, hidden, heads, heads, 4 * hidden, vocab, seq_len, tie_embeddings=True)
+
+
+def _llama(layers: int, hidden: int, heads: int, kv_heads: int, ffn_hidden: int, tie: bool) -> ModelSpec:
+    return ModelSpec(
+        "llama", layers, hidden, heads, kv_heads, ffn_hidden, 128256, 8192,
+        tie_embeddings=tie, rope_theta=500000.0,
+    )
+
+
+# Published shapes: GPT-2 (Radford et al. 2019), GPT-3 175B (Brown et al. 2020, table 2.1),
+# Llama 3.2 1B/3B (tied embeddings) and Llama 3.1 8B/70B/405B (Meta model cards),
+# Megatron 1T (Narayanan et al. 2021, table 1).
+PRESETS: dict[str, ModelSpec] = {
+    "tiny": _gpt2(layers=4, hidden=128, heads=4, vocab=256, seq_len=128),
+    "tiny-llama": ModelSpec("llama", 4, 128, 4, 2, 352, 256, 128, tie_embeddings=False),
+    "gpt2": _gpt2(12, 768, 12),
+    "gpt2-medium": _gpt2(24, 1024, 16),
+    "gpt2-large": _gpt2(36, 1280, 20),
+    "gpt2-xl": _gpt2(48, 1600, 25),
+    "llama-1b": _llama(16, 2048, 32, 8, 8192, tie=True),
+    "llama-3b": _llama(28, 3072, 24, 8, 8192, tie=True),
+    "llama-8b": _llama(32, 4096, 32, 8, 14336, tie=False),
+    "llama-70b": _llama(80, 8192, 64, 8, 28672, tie=False),
+    "llama-405b": _llama(126, 16384, 128, 8, 53248, tie=False),
+    "gpt3-175b": _gpt2(96, 12288, 96, seq_len=2048),
+    "megatron-1t": _gpt2(128, 25600, 160, vocab=51200, seq_len=2048),
+}
+
+SPEC_FIELDS = tuple(f.name for f in fields(ModelSpec))
+
+
+def model_spec(name: str | None = None, **overrides) -> ModelSpec:
+    """The preset ``name`` with ``overrides`` applied, or a spec built from ``overrides`` alone.
+
+    Without a preset, unset fields follow the family's conventions (kv_heads = heads; an FFN of
+    4·hidden for gpt2 or Llama's 8/3·hidden rounded up to 256; gpt2 ties its embeddings).
+    """
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    unknown = sorted(set(overrides) - set(SPEC_FIELDS))
+    if unknown:
+        raise ConfigError(f"unknown model field(s) {', '.join(unknown)}; known fields: {', '.join(SPEC_FIELDS)}")
+    if name is not None:
+        if name not in PRESETS:
+            raise ConfigError(f"unknown model preset {name!r}; known presets: {', '.join(PRESETS)}")
+        spec = replace(PRESETS[name], **overrides)
+    else:
+        missing = [k for k in ("layers", "hidden", "heads") if k not in overrides]
+        if missing:
+            raise ConfigError(
+                f"no model preset given and model {', '.join(missing)} not set; "
+                "pass --model NAME or all of --layers --hidden --heads"
+            )
+        family = overrides.setdefault("family", "gpt2")
+        hidden = overrides["hidden"]
+        overrides.setdefault("kv_heads", overrides["heads"])
+        if family == "llama" and isinstance(hidden, int):
+            overrides.setdefault("ffn_hidden", 256 * -(-(8 * hidden // 3) // 256))
+        elif isinstance(hidden, int):
+            overrides.setdefault("ffn_hidden", 4 * hidden)
+        overrides.setdefault("vocab", 50257 if family == "gpt2" else 128256)
+        overrides.setdefault("seq_len", 1024 if family == "gpt2" else 8192)
+        overrides.setdefault("tie_embeddings", family == "gpt2")
+        spec = ModelSpec(**overrides)
+    spec.validate()
+    return spec
