@@ -1,0 +1,84 @@
+"""The one topology object: how a model is spread over ranks.
+
+Pure Python, shared by training (which builds a DeviceMesh from it in ``plait.topology``) and the
+planner (which searches over it). It is passed explicitly; nothing reads it from a global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from plait.errors import ConfigError
+
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+PRECISIONS = ("fp32", "bf16")
+# Mesh dimension order, outermost first: tensor parallel is innermost so its heavy traffic stays
+# on the fastest links (inside a node), pipeline outermost as it moves the least.
+MESH_DIMS = ("pp", "dp", "cp", "tp")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Sizes of each parallel dimension plus the choices that go with them."""
+
+    dp: int = 1
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    sp: bool = False
+    zero: int = 0
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    microbatches: int = 1
+    recompute: str = "none"
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.cp * self.tp
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return tuple(getattr(self, name) for name in MESH_DIMS)
+
+    def describe(self) -> str:
+        """A short human name such as ``dp2·tp2·pp2 (1f1b, m=4)``."""
+        parts = [f"{name}{getattr(self, name)}" for name in ("dp", "tp", "cp", "pp") if getattr(self, name) > 1]
+        text = "·".join(parts) or "single"
+        extras = []
+        if self.zero:
+            extras.append(f"zero{self.zero}")
+        if self.sp:
+            extras.append("sp")
+        if self.pp > 1:
+            v = f", v={self.virtual_stages}" if self.virtual_stages > 1 else ""
+            extras.append(f"{self.schedule}{v}")
+        if self.microbatches > 1:
+            extras.append(f"m={self.microbatches}")
+        if self.recompute != "none":
+            extras.append(f"recompute={self.recompute}")
+        return f"{text} ({', '.join(extras)})" if extras else text
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self) -> None:
+        """Raise ConfigError with one actionable sentence if the layout is inconsistent in itself."""
+        for name in ("dp", "tp", "cp", "pp", "virtual_stages", "microbatches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.zero not in ZERO_STAGES:
+            raise ConfigError(f"ZeRO stage {self.zero!r} does not exist; use 0, 1, 2 or 3")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"unknown pipeline schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
+        if self.recompute not in RECOMPUTE:
+            raise ConfigError(f"unknown recompute mode {self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
+        if self.sp and self.tp == 1:
+            raise ConfigError("sequence parallel (--sp) shards the tensor-parallel group, so it needs --tp 2 or more")
+        if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
+            raise ConfigError(
+                f"--virtual-stages {self.virtual_stages} only applies to the interleaved-1f1b schedule; "
+                "pass --schedule interleaved-1f1b or drop --virtual-stages"
+            )
