@@ -82,7 +82,6 @@ def check_supported(layout: Layout) -> None:
         (layout.sp, "sequence parallelism (--sp)"),
         (layout.cp > 1, "context parallelism (--cp)"),
         (layout.pp > 1, "pipeline parallelism (--pp)"),
-        (layout.zero > 0, "ZeRO sharding (--zero)"),
         (layout.recompute != "none", "activation recomputation (--recompute)"),
     ]
     for refused, what in unsupported:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from plait.config import RunConfig
 from plait.models.flops import flops_per_sequence, parameter_count
 from plait.observe.run_files import SUMMARY_FILE, write_json_atomically
+from plait.parallel.zero_memory import model_state_bytes
 from plait.topology import Topology
 
 
@@ -37,6 +38,8 @@ def write_summary(run_dir: Path, config: RunConfig, topology: Topology, result) 
     """Collective: every rank contributes its peak memory; rank 0 writes and returns the summary."""
     per_rank: list[int | None] = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, peak_memory_bytes(topology.device))
+    model_state: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(model_state, result.model_state_bytes)
     if not topology.is_logging_rank or not result.losses:
         return None
     layout, train = config.layout, config.train
@@ -62,6 +65,11 @@ def write_summary(run_dir: Path, config: RunConfig, topology: Topology, result) 
         "mfu": None,
         "peak_memory_bytes": max(per_rank),
         "peak_memory_bytes_per_rank": per_rank,
+        "model_state_bytes_per_rank": model_state,
     }
+    if layout.tp == 1 and layout.pp == 1:  # every rank holds (a shard of) the whole model
+        summary["model_state_bytes_formula"] = model_state_bytes(
+            layout.zero, parameter_count(config.model), layout.dp, train.precision,
+        )
     write_json_atomically(Path(run_dir) / SUMMARY_FILE, summary)
     return summary

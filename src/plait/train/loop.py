@@ -16,14 +16,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.profiler import record_function
 from tqdm import tqdm
 
 from plait.config import RunConfig
 from plait.models.init import init_weights
 from plait.models.transformer import Transformer
+from plait.observe.model_state import ModelStateMeter
 from plait.observe.run_files import MetricsLog, draw_loss
 from plait.observe.summary import write_summary
-from plait.parallel.data import apply_data_parallel, gradient_sync
+from plait.parallel.data import apply_data_parallel, gradient_sync, optimizer_shard_mesh
 from plait.topology import Topology
 from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from plait.train.data import BatchSource, check_tokens, load_tokens
@@ -38,6 +41,7 @@ class TrainResult:
     step_times: list[float] = field(default_factory=list)
     first_step: int = 0
     model: nn.Module | None = None
+    model_state_bytes: dict[str, int] = field(default_factory=dict)
 
 
 def build_model(config: RunConfig, device: torch.device) -> nn.Module:
@@ -64,13 +68,16 @@ def train_step(
     local_loss = torch.zeros((), device=device)
     count = len(micro_batches)
     for index, (inputs, targets) in enumerate(micro_batches):
-        with gradient_sync(model, enabled=index == count - 1), autocast(config, device):
+        sync = index == count - 1
+        with record_function(f"plait.microbatch.{index}"), gradient_sync(model, sync), autocast(config, device):
             logits = model(inputs.to(device))
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()) / count
             loss.backward()
         local_loss += loss.detach()
     max_norm = config.train.grad_clip if config.train.grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if isinstance(grad_norm, DTensor):  # sharded gradients: already the norm over every shard
+        grad_norm = grad_norm.full_tensor()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return local_loss, grad_norm
@@ -85,9 +92,10 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
     check_tokens(tokens, config.model.vocab, config.model.seq_len, train_spec.data or "the default corpus")
     source = BatchSource(tokens, config.model.seq_len, train_spec.global_batch, train_spec.seed)
 
-    model = apply_data_parallel(build_model(config, device), topology)
-    optimizer = build_optimizer(model, train_spec)
-    result = TrainResult(model=model)
+    model = apply_data_parallel(build_model(config, device), topology, train_spec.precision)
+    optimizer = build_optimizer(model, train_spec, shard_over=optimizer_shard_mesh(topology))
+    meter = ModelStateMeter(model, optimizer)
+    result = TrainResult(model=model, model_state_bytes=meter.held)
     if train_spec.resume and run_dir is not None and (checkpoint := latest_checkpoint(run_dir)) is not None:
         result.first_step = load_checkpoint(checkpoint, model, optimizer)
 
