@@ -1,8 +1,9 @@
 """plait's data parallelism (dp = 2) against PyTorch DDP and FSDP2 used directly.
 
 Each pair trains the same model (same seeded weights) on the same batches with the same AdamW and
-clipping; the pairs run in alternating rounds in one job so machine noise hits both alike. The
-figures are ratios of median step times, plait / direct (target ≤ 1.03):
+clipping; the pairs run in alternating rounds in one job so machine noise hits both alike. Each
+round gives a ratio of median step times, plait / direct; the figure is the median over rounds
+(target ≤ 1.03):
 
     zero 0 / DDP, zero 2 / FSDP2 (reshard_after_forward=False), zero 3 / FSDP2 (defaults).
 
@@ -92,15 +93,17 @@ def main() -> None:
     for _ in range(args.rounds):
         for stage, (_, wrap) in pairs.items():
             config = configs[stage]
-            plait_times[stage] += train(config, build_topology(config.layout, torch.device("cpu"))).step_times[1:]
-            direct_times[stage] += direct_steps(config, wrap, args.steps)
+            steps = train(config, build_topology(config.layout, torch.device("cpu"))).step_times[1:]
+            plait_times[stage].append(statistics.median(steps))
+            direct_times[stage].append(statistics.median(direct_steps(config, wrap, args.steps)))
     if dist.get_rank() == 0:
         print(f"model {args.model}, global batch {args.global_batch}×{args.seq_len}, dp 2, "
               f"{torch.get_num_threads()} thread per rank, {args.rounds} rounds × {args.steps - 1} steps")
         for stage, (name, _) in pairs.items():
             mine, theirs = statistics.median(plait_times[stage]), statistics.median(direct_times[stage])
+            ratios = [a / b for a, b in zip(plait_times[stage], direct_times[stage])]
             print(f"plait zero {stage} {mine * 1e3:8.2f} ms   {name:34s} {theirs * 1e3:8.2f} ms   "
-                  f"ratio {mine / theirs:.3f}")
+                  f"ratio {statistics.median(ratios):.3f} (rounds: {', '.join(f'{r:.3f}' for r in ratios)})")
     dist.destroy_process_group()
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 
+@torch.no_grad()  # to_local() records no autograd node, which keeps each count near a millisecond
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind ``tensors`` (a freed storage counts 0)."""
     sizes: dict[int, int] = {}

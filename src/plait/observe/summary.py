@@ -2,7 +2,9 @@
 
 Fields whose measurement has not landed yet are written as null: ``comm_fraction`` (needs the
 span tracer) and ``mfu`` (needs the device's peak FLOP/s from the hardware catalog). Without
-pipeline parallelism there is no bubble, so ``bubble_fraction`` is 0.
+pipeline parallelism there is no bubble, so ``bubble_fraction`` is 0. ``model_state_bytes_per_rank``
+is what each rank measured it holds of parameters, gradients and optimizer state
+(``plait.observe.model_state``), beside the formula for its ZeRO stage (docs/data_parallel.md).
 """
 
 from __future__ import annotations
