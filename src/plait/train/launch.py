@@ -23,6 +23,7 @@ from plait.errors import ConfigError
 from plait.observe.run_files import METRICS_FILE
 from plait.topology import build_topology
 from plait.train.checkpoint import latest_checkpoint
+from plait.train.data import check_tokens, load_tokens
 from plait.train.loop import train
 
 # A collective that has not completed after this long raises on the rank that waits, naming it.
@@ -51,6 +52,12 @@ def prepare_run_dir(config: RunConfig) -> Path:
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
+
+
+def check_data(config: RunConfig) -> None:
+    """Open the data and check it fits the model before any worker starts."""
+    source = config.train.data or "the default corpus"
+    check_tokens(load_tokens(config.train.data), config.model.vocab, config.model.seq_len, source)
 
 
 def check_devices(config: RunConfig) -> None:
@@ -99,6 +106,7 @@ def launch(config: RunConfig, argv: list[str]) -> int:
     if inside_torchrun():
         return run_worker(config, Path(config.train.run_dir or "runs/torchrun"))
     check_devices(config)
+    check_data(config)
     run_dir = prepare_run_dir(config)
     world = config.layout.world_size
     if world == 1:
