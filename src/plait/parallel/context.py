@@ -45,25 +45,28 @@ class HeadExchangeAttention(nn.Module):
         return scatter_sequence_gather_heads(out, self.group)
 
 
-def _average_over(group: dist.ProcessGroup, size: int):
-    def hook(param: torch.Tensor) -> None:
-        grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
-        with torch.no_grad():
-            grad.copy_(funcol.all_reduce(grad, "sum", group).wait() / size)
-    return hook
-
-
 def apply_context_parallel(model: Transformer, topology: Topology) -> Transformer:
-    """Swap each block's attention kernel for the head exchange; average gradients over cp."""
+    """Swap each block's attention kernel for the head exchange (gradients: ``finish_context_gradients``)."""
     cp = topology.size("cp")
     if cp == 1:
         return model
     group = topology.group("cp")
     for block in model.layers.values():
         block.attention.core = HeadExchangeAttention(group)
-    for param in model.parameters():
-        param.register_post_accumulate_grad_hook(_average_over(group, cp))
     return model
+
+
+@torch.no_grad()
+def finish_context_gradients(model: nn.Module, topology: Topology) -> None:
+    """After the step's backward: average every gradient over cp (after data parallelism's own
+    reduction, which would overwrite a gradient changed while it is in flight)."""
+    cp = topology.size("cp")
+    if cp == 1:
+        return
+    for param in model.parameters():
+        if param.grad is not None:
+            grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+            grad.copy_(funcol.all_reduce(grad, "sum", topology.group("cp")).wait() / cp)
 
 
 def context_shard(

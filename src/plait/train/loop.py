@@ -23,7 +23,15 @@ from plait.models.init import init_weights
 from plait.models.transformer import Transformer
 from plait.observe.run_files import MetricsLog, draw_loss
 from plait.observe.summary import write_summary
+from plait.parallel.context import (
+    apply_context_parallel,
+    average_over_context,
+    context_shard,
+    finish_context_gradients,
+)
 from plait.parallel.data import apply_data_parallel, gradient_sync
+from plait.parallel.grad_norm import clip_grad_norm
+from plait.parallel.tensor import apply_tensor_parallel, local_value, vocab_parallel_loss
 from plait.topology import Topology
 from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from plait.train.data import BatchSource, check_tokens, load_tokens
@@ -59,18 +67,24 @@ def train_step(
     micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
     config: RunConfig,
     device: torch.device,
+    topology: Topology,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accumulate gradients over the micro-batches, clip, step. Returns (local loss, grad norm)."""
+    """Accumulate gradients over the micro-batches, clip, step. Returns (local loss, grad norm).
+
+    ``positions`` are those of the sequence slice this rank holds under context parallelism."""
     local_loss = torch.zeros((), device=device)
     count = len(micro_batches)
     for index, (inputs, targets) in enumerate(micro_batches):
         with gradient_sync(model, enabled=index == count - 1), autocast(config, device):
-            logits = model(inputs.to(device))
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()) / count
-            loss.backward()
-        local_loss += loss.detach()
+            logits = model(inputs.to(device), positions)
+            with vocab_parallel_loss(topology):
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()) / count
+                loss.backward()
+        local_loss += local_value(loss.detach())
+    finish_context_gradients(model, topology)
     max_norm = config.train.grad_clip if config.train.grad_clip > 0 else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    grad_norm = clip_grad_norm(model.parameters(), max_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return local_loss, grad_norm
@@ -85,7 +99,9 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
     check_tokens(tokens, config.model.vocab, config.model.seq_len, train_spec.data or "the default corpus")
     source = BatchSource(tokens, config.model.seq_len, train_spec.global_batch, train_spec.seed)
 
-    model = apply_data_parallel(build_model(config, device), topology)
+    model = apply_tensor_parallel(build_model(config, device), topology)
+    model = apply_context_parallel(model, topology)
+    model = apply_data_parallel(model, topology)
     optimizer = build_optimizer(model, train_spec)
     result = TrainResult(model=model)
     if train_spec.resume and run_dir is not None and (checkpoint := latest_checkpoint(run_dir)) is not None:
@@ -102,9 +118,11 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
         lr = learning_rate(step, train_spec)
         set_learning_rate(optimizer, lr)
         inputs, targets = source.local_batch(step, dp_rank, dp_size)
+        inputs, targets, positions = context_shard(inputs, targets, topology)
         micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
-        local_loss, grad_norm = train_step(model, optimizer, micro, config, device)
+        local_loss, grad_norm = train_step(model, optimizer, micro, config, device, topology, positions)
         dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
+        average_over_context(local_loss, topology)
         loss = local_loss.item()
         elapsed = time.perf_counter() - started
         result.losses.append(loss)
