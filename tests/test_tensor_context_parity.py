@@ -1,0 +1,49 @@
+"""Tensor, sequence and context parallelism give the single-process losses, step for step (fp32)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests.cases import run_config, train_losses
+from tests.test_data_parallel_parity import assert_same_losses
+
+LAYOUTS = [
+    {"tp": 2},
+    {"tp": 4},  # tiny-llama: 2 kv-heads over 4 ranks, so each kv-head is replicated on 2 ranks
+    {"tp": 2, "sp": True},
+    {"cp": 2},
+    {"cp": 4},
+    {"tp": 2, "cp": 2},
+]
+
+
+def world_size(layout: dict) -> int:
+    return layout.get("tp", 1) * layout.get("cp", 1) * layout.get("dp", 1)
+
+
+@pytest.fixture(scope="module")
+def single_process(pool):
+    """The reference losses of each model family, computed once for this module."""
+    return {model: pool.run(train_losses, 1, run_config(model))[0] for model in ("tiny", "tiny-llama")}
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "-".join(f"{k}{v}" for k, v in layout.items()))
+def test_layout_matches_single_process(pool, single_process, model, layout):
+    reference = single_process[model]
+    assert reference[-1] < reference[0], "the reference run should learn"
+    for losses in pool.run(train_losses, world_size(layout), run_config(model, **layout)):
+        assert_same_losses(reference, losses)
+
+
+def test_vocabulary_padded_for_tensor_parallel_trains_as_unpadded(pool):
+    """Vocabulary 257 over tp = 2 is padded to 258; the padded logit is masked out of the loss."""
+    def config(**layout):
+        base = run_config("tiny", steps=4, **layout)
+        return replace(base, model=replace(base.model, vocab=257))
+
+    reference = pool.run(train_losses, 1, config())[0]
+    for losses in pool.run(train_losses, 2, config(tp=2)):
+        assert_same_losses(reference, losses)
