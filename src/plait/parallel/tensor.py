@@ -141,6 +141,17 @@ def apply_tensor_parallel(model: Transformer, topology: Topology) -> Transformer
     return model
 
 
+@torch.no_grad()
+def finish_tensor_gradients(model: nn.Module) -> None:
+    """After the step's backward: sum the partial gradients sequence parallelism leaves on the norms'
+    replicated weights (each rank saw only its sequence shard), once, rather than letting every
+    optimizer operation on them redistribute again."""
+    for param in model.parameters():
+        grad = param.grad
+        if isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements):
+            param.grad = grad.redistribute(placements=param.placements)
+
+
 def vocab_parallel_loss(topology: Topology) -> contextlib.AbstractContextManager:
     """Around the loss and its backward: cross-entropy on vocabulary-sharded logits under tp."""
     return loss_parallel() if topology.size("tp") > 1 else contextlib.nullcontext()

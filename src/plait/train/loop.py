@@ -31,7 +31,12 @@ from plait.parallel.context import (
 )
 from plait.parallel.data import apply_data_parallel, gradient_sync
 from plait.parallel.grad_norm import clip_grad_norm
-from plait.parallel.tensor import apply_tensor_parallel, local_value, vocab_parallel_loss
+from plait.parallel.tensor import (
+    apply_tensor_parallel,
+    finish_tensor_gradients,
+    local_value,
+    vocab_parallel_loss,
+)
 from plait.topology import Topology
 from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from plait.train.data import BatchSource, check_tokens, load_tokens
@@ -82,6 +87,7 @@ def train_step(
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()) / count
                 loss.backward()
         local_loss += local_value(loss.detach())
+    finish_tensor_gradients(model)
     finish_context_gradients(model, topology)
     max_norm = config.train.grad_clip if config.train.grad_clip > 0 else math.inf
     grad_norm = clip_grad_norm(model.parameters(), max_norm)
