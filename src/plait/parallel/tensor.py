@@ -19,6 +19,7 @@ logits are set to -inf so they take no probability and the loss is unchanged.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +110,9 @@ def apply_tensor_parallel(model: Transformer, topology: Topology) -> Transformer
     spec, mesh = model.spec, topology.mesh["tp"]
     vocab = padded_vocab(spec.vocab, tp)
     if vocab != spec.vocab:
+        if topology.is_logging_rank:
+            print(f"plait: vocabulary {spec.vocab} padded to {vocab} for --tp {tp} (Megatron-style); "
+                  "the padded logits are masked out of the loss", file=sys.stderr)
         _pad_rows(model.tok_embeddings, vocab)
         if model.output is not None:
             _pad_rows(model.output, vocab)
