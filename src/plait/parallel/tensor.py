@@ -19,6 +19,7 @@ logits are set to -inf so they take no probability and the loss is unchanged.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 
 import torch
@@ -95,11 +96,15 @@ def _pad_rows(module: nn.Module, rows: int) -> None:
     module.weight = nn.Parameter(torch.cat([weight.detach(), extra]))
 
 
-def _replicated_output(module: nn.Module, inputs, output: torch.Tensor) -> DTensor:
+def _replicated_output(mesh: DeviceMesh, module: nn.Module, inputs, output: torch.Tensor) -> DTensor:
     """The final norm's output, whole on every tp rank, as the output projection's DTensor input."""
     if isinstance(output, DTensor):
         return output.redistribute(placements=[Replicate()])
-    return DTensor.from_local(output, module.tp_mesh, [Replicate()])
+    return DTensor.from_local(output, mesh, [Replicate()])
+
+
+def _mask_padded_vocabulary(model: nn.Module, inputs, logits: DTensor) -> DTensor:
+    return logits + model.vocab_mask
 
 
 def apply_tensor_parallel(model: Transformer, topology: Topology) -> Transformer:
@@ -135,13 +140,12 @@ def apply_tensor_parallel(model: Transformer, topology: Topology) -> Transformer
     if model.output is not None:
         top["output"] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(model, mesh, top)
-    model.norm.tp_mesh = mesh
-    model.norm.register_forward_hook(_replicated_output)
+    model.norm.register_forward_hook(functools.partial(_replicated_output, mesh))
     if vocab != spec.vocab:
         mask = torch.zeros(vocab, device=topology.device)
         mask[spec.vocab:] = -torch.inf
         model.register_buffer("vocab_mask", distribute_tensor(mask, mesh, [Shard(0)]), persistent=False)
-        model.register_forward_hook(lambda module, inputs, logits: logits + module.vocab_mask)
+        model.register_forward_hook(_mask_padded_vocabulary)
     return model
 
 
