@@ -1,6 +1,6 @@
 """Step time of cp = 2 against cp = 1 across sequence lengths, same model and tokens per step.
 
-    PYTHONPATH=src python benchmarks/context_parallel_scaling.py [--model tiny] [--lengths 128 256 512 1024] 2>/dev/null
+    python -m benchmarks.context_parallel_scaling [--model tiny] [--lengths 128 256 512 1024] 2>/dev/null
 """
 
 from __future__ import annotations

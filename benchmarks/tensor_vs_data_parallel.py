@@ -1,6 +1,6 @@
 """Step time of tp = 2 against dp = 2 (and a single rank) on the same model, measured in one run.
 
-    PYTHONPATH=src python benchmarks/tensor_vs_data_parallel.py [--model tiny] [--seq-len 256] 2>/dev/null
+    python -m benchmarks.tensor_vs_data_parallel [--model tiny] [--seq-len 256] 2>/dev/null
 """
 
 from __future__ import annotations
