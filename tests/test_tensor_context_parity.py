@@ -47,3 +47,15 @@ def test_vocabulary_padded_for_tensor_parallel_trains_as_unpadded(pool):
     reference = pool.run(train_losses, 1, config())[0]
     for losses in pool.run(train_losses, 2, config(tp=2)):
         assert_same_losses(reference, losses)
+
+
+def test_checkpoint_of_one_layout_resumes_under_tensor_and_context_parallel(pool, tmp_path):
+    """A checkpoint saved by a single rank loads into tp and cp models and training continues exactly."""
+    straight = pool.run(train_losses, 1, run_config("tiny-llama", steps=4))[0]
+    saved_dir = str(tmp_path / "saved")
+    first_half = run_config("tiny-llama", steps=2)
+    pool.run(train_losses, 1, replace(first_half, train=replace(first_half.train, checkpoint_every=2)), saved_dir)
+    for layout in ({"tp": 2}, {"cp": 2}):
+        config = run_config("tiny-llama", steps=4, **layout)
+        resumed = pool.run(train_losses, 2, replace(config, train=replace(config.train, resume=True)), saved_dir)
+        assert_same_losses(straight[2:], resumed[0])
