@@ -38,14 +38,15 @@ def test_layout_matches_single_process(pool, single_process, model, layout):
         assert_same_losses(reference, losses)
 
 
-def test_vocabulary_padded_for_tensor_parallel_trains_as_unpadded(pool):
-    """Vocabulary 257 over tp = 2 is padded to 258; the padded logit is masked out of the loss."""
+def test_padded_vocabulary_and_replicated_kv_heads_with_biases_train_as_single_process(pool):
+    """Vocabulary 257 over tp = 2 is padded to 258 (the padded logit masked out of the loss), and a
+    GPT-2 with one kv-head (biases on wk, wv) replicates it on both ranks, with sp on top."""
     def config(**layout):
         base = run_config("tiny", steps=4, **layout)
-        return replace(base, model=replace(base.model, vocab=257))
+        return replace(base, model=replace(base.model, vocab=257, kv_heads=1))
 
     reference = pool.run(train_losses, 1, config())[0]
-    for losses in pool.run(train_losses, 2, config(tp=2)):
+    for losses in pool.run(train_losses, 2, config(tp=2, sp=True)):
         assert_same_losses(reference, losses)
 
 
