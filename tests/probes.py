@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from plait.config import RunConfig
 from plait.observe.collectives import CollectiveBytes
 from plait.observe.saved_activations import SavedBytes
-from plait.parallel.context import apply_context_parallel, context_shard, finish_context_gradients
+from plait.parallel.context import apply_context_parallel, context_shard
+from plait.parallel.replicas import average_replica_gradients
 from plait.parallel.tensor import apply_tensor_parallel, finish_tensor_gradients, vocab_parallel_loss
 from plait.topology import build_topology
 from plait.train.loop import build_model
@@ -32,7 +33,7 @@ def _one_step(config: RunConfig, layers: int, topology) -> tuple[CollectiveBytes
         with vocab_parallel_loss(topology):
             F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
         finish_tensor_gradients(model)
-        finish_context_gradients(model, topology)
+        average_replica_gradients(model, topology)
     return comm, saved
 
 

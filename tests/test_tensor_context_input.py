@@ -20,7 +20,6 @@ BAD_SPLITS = {
     "sequence shard not divisible by tp under sp": (
         ["--tp", "2", "--sp", "--cp", "2", "--seq-len", "66"], "choose a seq-len that is a multiple of cp·tp"
     ),
-    "tp with DDP": (["--tp", "2", "--dp", "2"], "DDP cannot hold tensor-parallel"),
 }
 
 

@@ -16,6 +16,7 @@ LAYOUTS = [
     {"cp": 2},
     {"cp": 4},
     {"tp": 2, "cp": 2},
+    {"tp": 2, "dp": 2},  # gradients averaged over dp by plait.parallel.replicas (DDP cannot hold DTensors)
 ]
 
 

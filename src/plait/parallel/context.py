@@ -15,17 +15,15 @@ where the all-to-all moves 4 tensors' (cp-1)/cp share once each: volume per rank
 grow with cp.
 
 Every rank of a cp group holds the same weights; each computes gradients from its own tokens, so
-gradients are averaged over cp after backward (as data parallelism averages over dp).
+gradients are averaged over cp after backward (``plait.parallel.replicas``).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from plait.models.transformer import Transformer
 from plait.parallel.context_communications import scatter_heads_gather_sequence, scatter_sequence_gather_heads
@@ -46,7 +44,7 @@ class HeadExchangeAttention(nn.Module):
 
 
 def apply_context_parallel(model: Transformer, topology: Topology) -> Transformer:
-    """Swap each block's attention kernel for the head exchange (gradients: ``finish_context_gradients``)."""
+    """Swap each block's attention kernel for the head exchange."""
     cp = topology.size("cp")
     if cp == 1:
         return model
@@ -54,19 +52,6 @@ def apply_context_parallel(model: Transformer, topology: Topology) -> Transforme
     for block in model.layers.values():
         block.attention.core = HeadExchangeAttention(group)
     return model
-
-
-@torch.no_grad()
-def finish_context_gradients(model: nn.Module, topology: Topology) -> None:
-    """After the step's backward: average every gradient over cp (after data parallelism's own
-    reduction, which would overwrite a gradient changed while it is in flight)."""
-    cp = topology.size("cp")
-    if cp == 1:
-        return
-    for param in model.parameters():
-        if param.grad is not None:
-            grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
-            grad.copy_(funcol.all_reduce(grad, "sum", topology.group("cp")).wait() / cp)
 
 
 def context_shard(

@@ -13,7 +13,8 @@ from plait.topology import Topology
 
 def apply_data_parallel(model: nn.Module, topology: Topology) -> nn.Module:
     """Wrap ``model`` in PyTorch DDP over the dp group (bucketed all-reduce overlapping backward)."""
-    if topology.size("dp") == 1:
+    if topology.size("dp") == 1 or topology.size("tp") > 1:
+        # DDP cannot hold tensor-parallel (DTensor) weights: plait.parallel.replicas averages them.
         return model
     return DistributedDataParallel(model, process_group=topology.group("dp"))
 

@@ -16,11 +16,6 @@ def padded_vocab(vocab: int, tp: int) -> int:
 def check_parallel_fit(spec: ModelSpec, layout: Layout) -> None:
     """Raise ConfigError with one actionable sentence if ``spec`` cannot be split as ``layout`` asks."""
     tp, cp = layout.tp, layout.cp
-    if tp > 1 and layout.dp > 1:
-        raise ConfigError(
-            f"--tp {tp} with --dp {layout.dp} is not supported yet: PyTorch DDP cannot hold tensor-parallel "
-            "(DTensor) weights; run --tp without --dp for now"
-        )
     if spec.heads % tp:
         raise ConfigError(f"{spec.heads} attention heads cannot be split over --tp {tp}; choose a tp that divides the heads")
     if spec.kv_heads % tp and tp % spec.kv_heads:

@@ -23,14 +23,10 @@ from plait.models.init import init_weights
 from plait.models.transformer import Transformer
 from plait.observe.run_files import MetricsLog, draw_loss
 from plait.observe.summary import write_summary
-from plait.parallel.context import (
-    apply_context_parallel,
-    average_over_context,
-    context_shard,
-    finish_context_gradients,
-)
+from plait.parallel.context import apply_context_parallel, average_over_context, context_shard
 from plait.parallel.data import apply_data_parallel, gradient_sync
 from plait.parallel.grad_norm import clip_grad_norm
+from plait.parallel.replicas import average_replica_gradients
 from plait.parallel.tensor import (
     apply_tensor_parallel,
     finish_tensor_gradients,
@@ -89,7 +85,7 @@ def train_step(
                 loss.backward()
         local_loss += local_value(loss.detach())
     finish_tensor_gradients(model)
-    finish_context_gradients(model, topology)
+    average_replica_gradients(model, topology)
     max_norm = config.train.grad_clip if config.train.grad_clip > 0 else math.inf
     grad_norm = clip_grad_norm(model.parameters(), max_norm)
     optimizer.step()
