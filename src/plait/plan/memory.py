@@ -17,8 +17,12 @@ softmax's fp32 log-sum-exp instead of the s² score matrices.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Mapping
 
+from plait.layout import Layout
+from plait.models.flops import layer_parameter_count, norm_parameter_count
 from plait.models.spec import ModelSpec
+from plait.schedules.actions import Action, Kind
 
 ACTIVATION_BYTES = {"bf16": 2, "fp32": 4}
 MASK_BYTES = 1
@@ -112,21 +116,73 @@ def head_activation_bytes(spec: ModelSpec, micro_batch: int, tp: int, sp: bool, 
     return 2 * tokens * spec.hidden * e / (tp if sp else 1) + tokens * spec.vocab * 4 / tp
 
 
-def peak_in_flight(rank_actions: list[list[tuple[str, int]]]) -> list[int]:
-    """Per rank, the most (stage, micro-batch) forwards whose activations are held at once.
+def rank_parameters(spec: ModelSpec, layers: int, first: bool, last: bool, tp: int, pp: int) -> float:
+    """Parameters one tensor-parallel rank of a pipeline stage holds.
 
-    ``rank_actions[r]`` lists that rank's compute actions in order as (kind, key) pairs: a kind
-    of ``F`` stores activations for ``key``, ``B`` (backward, or backward-input in zero-bubble
-    schedules) releases them; other kinds leave memory as it is.
+    Weights and biases are split over tp (the embedding and head by vocabulary rows), norms are
+    replicated. With tied embeddings and pp > 1 the last stage keeps its own copy of the
+    embedding matrix for the head, as Megatron-LM does.
     """
-    peaks = []
-    for actions in rank_actions:
-        held = peak = 0
-        for kind, _ in actions:
-            if kind == "F":
-                held += 1
-                peak = max(peak, held)
-            elif kind == "B":
-                held -= 1
-        peaks.append(peak)
-    return peaks
+    norms = 2 * norm_parameter_count(spec)
+    count = layers * ((layer_parameter_count(spec) - norms) / tp + norms)
+    if first:
+        count += spec.vocab * spec.hidden / tp + (spec.seq_len * spec.hidden if spec.learned_positions else 0)
+    if last:
+        count += norm_parameter_count(spec)
+        if not spec.tie_embeddings or pp > 1:
+            count += spec.vocab * spec.hidden / tp
+    return count
+
+
+def peak_activation_bytes(actions: Iterable[Action], chunk_bytes: Mapping[int, float]) -> float:
+    """Most activation bytes a rank holds at once while it plays its action list.
+
+    A forward of chunk c stores ``chunk_bytes[c]``; the full backward, or in zero-bubble
+    schedules the weight-gradient backward (which still reads the layer inputs), frees them.
+    """
+    held = peak = 0.0
+    for action in actions:
+        if action.kind is Kind.FORWARD:
+            held += chunk_bytes[action.chunk]
+            peak = max(peak, held)
+        elif action.kind in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT):
+            held -= chunk_bytes[action.chunk]
+    return peak
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Everything one rank holds at its peak, in bytes."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.other
+
+    def breakdown(self) -> dict[str, int]:
+        return {k: int(round(getattr(self, k))) for k in ("params", "grads", "optimizer", "activations", "other")}
+
+
+def other_bytes(
+    spec: ModelSpec, layout: Layout, micro_batch: int, precision: str, reserved: float
+) -> float:
+    """Stated assumptions beyond model states and activations.
+
+    ``reserved`` for the runtime (context, communication workspaces, allocator slack); with pp > 1
+    one send and one receive buffer of a micro-batch's boundary activation; with ZeRO-3 the
+    gathered weights of two layers (the current one and the prefetched next) and the unsharded
+    gradients of one.
+    """
+    extra = reserved
+    e = ACTIVATION_BYTES[precision]
+    if layout.pp > 1:
+        extra += 2 * micro_batch * spec.seq_len // layout.cp * spec.hidden * e / (layout.tp if layout.sp else 1)
+    if layout.zero == 3:
+        params, grads, _ = bytes_per_parameter(precision)
+        extra += layer_parameter_count(spec) / layout.tp * (2 * params + grads)
+    return extra
