@@ -86,12 +86,14 @@ def layer_shape(spec: ModelSpec, micro_batch: int, tp: int, cp: int, sp: bool, p
 
 @dataclass(frozen=True)
 class LayerTimes:
-    """Seconds of one layer for one micro-batch: forward, backward (input, weight), recompute."""
+    """Seconds of one layer for one micro-batch: forward, backward (input, weight), recompute,
+    and the attention core's forward alone (what context-parallel transfers hide under)."""
 
     forward: float
     backward_input: float
     backward_weight: float
     recompute: float
+    attention: float = 0.0
 
     @property
     def backward(self) -> float:
@@ -121,7 +123,7 @@ def layer_times(
     grad_weight = sum(gemm_seconds(hw, precision, Gemm(g.k, g.n, g.m, g.batch)) for g in shape.weights)
     backward_input = grad_input + ATTENTION_BACKWARD * attention + 2 * elementwise
     extra = {"none": 0.0, "selective": attention, "full": forward}[recompute]
-    return LayerTimes(forward, backward_input, grad_weight, extra)
+    return LayerTimes(forward, backward_input, grad_weight, extra, attention)
 
 
 def head_times(spec: ModelSpec, hw: Hardware, precision: str, micro_batch: int, tp: int, cp: int) -> LayerTimes:

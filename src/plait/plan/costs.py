@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
 from plait.plan.comm import all_gather_seconds, all_reduce_seconds, group_link, merged_link, send_seconds
-from plait.plan.compute import LayerTimes, head_times, layer_shape, layer_times
+from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware
 from plait.plan.memory import ACTIVATION_BYTES, Kernels, bytes_per_parameter, kv_heads_per_rank
 from plait.models.flops import layer_parameter_count
@@ -40,9 +40,14 @@ class LayerCost:
     comm_backward: float
 
 
-def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str, kernels: Kernels) -> LayerCost:
-    """Compute plus the tensor-, context- and ZeRO-3 communication of one layer on one rank."""
-    times = layer_times(spec, hw, precision, micro_batch, layout.tp, layout.cp, layout.sp, layout.recompute, kernels)
+def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str, kernels: Kernels,
+               times: LayerTimes | None = None) -> LayerCost:
+    """Compute plus the tensor-, context- and ZeRO-3 communication of one layer on one rank.
+
+    ``times`` may pass in this layout's plait.plan.compute.layer_times when already known.
+    """
+    if times is None:
+        times = layer_times(spec, hw, precision, micro_batch, layout.tp, layout.cp, layout.sp, layout.recompute, kernels)
     e = ACTIVATION_BYTES[precision]
     tokens = micro_batch * spec.seq_len // layout.cp
     # Tensor parallel: two all-reduces (or all-gather + reduce-scatter pairs with sp, the same
@@ -54,9 +59,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     # returns their gradients.
     cp_forward = cp_backward = 0.0
     if layout.cp > 1:
-        shape = layer_shape(spec, micro_batch, layout.tp, layout.cp, layout.sp, precision, kernels)
-        attention = sum(2 * g.m * g.n * g.k * g.batch for g in shape.attention)
-        attention_s = attention / (hw.peak_tflops(precision) * 1e12 * hw.matmul_efficiency)
+        attention_s = times.attention
         kv_bytes = 2 * tokens * kv_heads_per_rank(spec, layout.tp) * spec.head_dim * e
         ring = (layout.cp - 1) * send_seconds(kv_bytes, group_link(hw, layout, "cp"))
         cp_forward = max(0.0, ring - attention_s)

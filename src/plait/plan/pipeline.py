@@ -92,17 +92,15 @@ def in_flight_chunks(name: str, pp: int, virtual_stages: int, microbatches: int,
 
 
 def estimate_step(name: str, pp: int, virtual_stages: int, microbatches: int,
-                  rank_work: Sequence[float], fill: float, flight: float) -> float:
+                  mean: float, slowest: float, fill: float, flight: float) -> float:
     """Closed-form pipeline time: m times the slowest rank's work per micro-batch plus the bubble.
 
-    ``rank_work[r]`` is rank r's forward + backward seconds per micro-batch over all its chunks;
-    ``fill`` is the work that cannot overlap while the pipeline fills and drains, per stage:
-    (F + B)/v for gpipe, 1f1b and interleaved (Narayanan et al. 2021), F + I − W for zb-h1
-    (Qi et al. 2023), and everything for naive.
+    ``mean`` and ``slowest`` are the average and the largest forward + backward seconds per
+    micro-batch of one rank over all its chunks; ``fill`` is the work that cannot overlap while
+    the pipeline fills and drains, per stage: (F + B)/v for gpipe, 1f1b and interleaved
+    (Narayanan et al. 2021), F + I − W for zb-h1 (Qi et al. 2023); naive runs one stage at a time.
     """
     m, p = microbatches, pp
-    slowest = max(rank_work)
     if name == "naive":
-        return m * sum(rank_work) + 2 * (p - 1) * flight * m
-    return m * slowest + (p - 1) * fill + 2 * (p - 1) * flight * (1 if virtual_stages == 1 else virtual_stages)
-
+        return m * (p * mean + 2 * (p - 1) * flight)
+    return m * slowest + (p - 1) * fill + 2 * (p - 1) * flight * virtual_stages

@@ -115,8 +115,22 @@ def chunk_activation_bytes(workload: Workload, layout: Layout, micro_batch: int,
     return [n * per_layer + (head if c == len(counts) - 1 else 0.0) for c, n in enumerate(counts)]
 
 
-def _after_flush(workload: Workload, hw: Hardware, layout: Layout, params: float, window: float) -> tuple[float, float]:
-    """(exposed gradient/parameter communication, optimizer time) after the pipeline flush."""
+@dataclass(frozen=True)
+class FlushCosts:
+    """What follows the pipeline flush on one rank: gradient reduction, parameter gather, optimizer."""
+
+    reduce: float
+    last_bucket: float
+    gather: float
+    optimizer: float
+
+    def exposed(self, window: float) -> float:
+        """Communication left exposed when the reduction overlaps ``window`` seconds of backward."""
+        return max(self.last_bucket, self.reduce - window) + self.gather
+
+
+def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float) -> FlushCosts:
+    """Data-parallel reduction of ``params`` parameters' gradients, ZeRO's gathers and Adam."""
     precision = workload.precision
     shards = layout.dp * layout.cp
     link = merged_link(hw, layout, ("dp", "cp"))
@@ -124,11 +138,9 @@ def _after_flush(workload: Workload, hw: Hardware, layout: Layout, params: float
     grads = params * g_bytes
     reduce = all_reduce_seconds(grads, shards, link) if layout.zero < 2 else reduce_scatter_seconds(grads, shards, link)
     last_bucket = reduce * min(1.0, BUCKET_BYTES / grads) if grads else 0.0
-    exposed = max(last_bucket, reduce - window)
-    if layout.zero in (1, 2):
-        exposed += all_gather_seconds(params * p_bytes, shards, link)
+    gather = all_gather_seconds(params * p_bytes, shards, link) if layout.zero in (1, 2) else 0.0
     local = params / shards if layout.zero >= 1 else params
-    return exposed, optimizer_seconds(hw, local, precision)
+    return FlushCosts(reduce, last_bucket, gather, optimizer_seconds(hw, local, precision))
 
 
 def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Prediction:
@@ -146,7 +158,8 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         layers = sum(counts[c] for c in mine)
         first, last = 0 in mine, pp * v - 1 in mine
         params = rank_parameters(spec, layers, first, last, layout.tp, pp)
-        tails.append(_after_flush(workload, hw, layout, params, sum(chunks[c].backward for c in mine)))
+        flush = flush_costs(workload, hw, layout, params)
+        tails.append((flush.exposed(sum(chunks[c].backward for c in mine)), flush.optimizer))
         memories.append(stage_memory(workload, hw, layout, micro_batch, layers, first, last, played.peak_activations[rank]))
     step = played.step_time + max(comm + opt for comm, opt in tails)
     busiest = max(range(pp), key=lambda r: played.busy[r])
