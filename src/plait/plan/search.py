@@ -198,7 +198,7 @@ def _does_not_fit(workload: Workload, hw: Hardware, gpus: int, found: Scan) -> s
         wider = replace(workload, global_batch=workload.global_batch * scale)
         more = scan(wider, hw, gpus * scale, {}, None, keep=1)
         if more.fitting:
-            return f"{head}; {gpus * scale} GPUs would fit it ({Layout(*more.smallest[1]).describe()}, {more.smallest[0] / 1e9:.1f} GB)"
+            return f"{head}; {gpus * scale} GPUs would fit it, fastest as {more.layouts()[0].describe()}"
     return f"{head}; use a smaller model or GPUs with more memory"
 
 
