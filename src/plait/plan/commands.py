@@ -60,6 +60,7 @@ def add_plan_commands(subparsers) -> None:
     calibrate.add_argument("--out", default="hardware-profile.json", help="where to write the profile")
     calibrate.add_argument("--name", default="this-machine")
     calibrate.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    calibrate.add_argument("--threads", type=int, help="cores per device (default: half the cores, as two local ranks get)")
     calibrate.set_defaults(handler=run_calibrate)
 
 
@@ -143,6 +144,6 @@ def format_prediction(p: Prediction, hw: Hardware) -> str:
 def run_calibrate(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from plait.plan.calibrate import calibrate
 
-    profile = calibrate(args.out, args.name, args.precision)
+    profile = calibrate(args.out, args.name, args.precision, args.threads)
     print(json.dumps(profile.to_dict(), indent=2))
     return 0

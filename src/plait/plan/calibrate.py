@@ -1,0 +1,143 @@
+"""Measure this machine into a hardware profile that ``plan`` and ``simulate`` accept.
+
+Imports torch (outside the planner's torch-free path; only ``plait calibrate`` loads it). On a CPU
+one "device" is one training rank: ``threads`` cores (plait train gives each of N local ranks
+cores/N threads). Measured: matmul throughput by shape, memory bandwidth from a large add, and
+all-reduce time over two local gloo processes at several sizes; fitted: peak (the best large
+peak and launch overhead by least relative squares over t = 2mnk/peak + overhead (so
+matmul_efficiency is 1 and tiles are 1), collective latency and bandwidth likewise over
+t = 2α + S/β (the two-rank ring all-reduce of plait.plan.comm). Each fit's error is written
+beside the profile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from plait.plan.comm import LINK_EFFICIENCY, Link, all_reduce_seconds
+from plait.plan.compute import Gemm, gemm_seconds
+from plait.plan.hardware import Hardware
+
+SHAPES = [(64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 512, 512),
+          (1024, 128, 1024), (1024, 1024, 128), (4096, 128, 128), (512, 2048, 512), (8, 8, 8)]
+SIZES = [2**k for k in range(10, 26, 3)]  # bytes per all-reduce: 1 KiB … 32 MiB
+
+
+def _best_time(fn, repeat: int = 5, min_time: float = 0.05) -> float:
+    fn()
+    runs = []
+    for _ in range(repeat):
+        count, start = 0, time.perf_counter()
+        while True:
+            fn()
+            count += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_time:
+                break
+        runs.append(elapsed / count)
+    return min(runs)
+
+
+def measure_matmuls(dtype: torch.dtype) -> list[tuple[tuple[int, int, int], float]]:
+    out = []
+    for m, n, k in SHAPES:
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        out.append(((m, n, k), _best_time(lambda: torch.matmul(a, b))))
+    return out
+
+
+def measure_memory_gbps(dtype: torch.dtype) -> float:
+    a, b = torch.randn(2**24, dtype=dtype), torch.randn(2**24, dtype=dtype)
+    c = torch.empty_like(a)
+    seconds = _best_time(lambda: torch.add(a, b, out=c))
+    return 3 * a.numel() * a.element_size() / seconds / 1e9
+
+
+def _all_reduce_worker(rank: int, port: int, threads: int, results) -> None:
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        for size in SIZES:
+            tensor = torch.ones(size // 4)
+            count = max(5, min(200, 2**24 // size))  # the same on both ranks: collectives must match
+            runs = []
+            for _ in range(4):
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(count):
+                    dist.all_reduce(tensor)
+                runs.append((time.perf_counter() - start) / count)
+            if rank == 0:
+                results[size] = min(runs[1:])
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_all_reduce(threads: int) -> dict[int, float]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_all_reduce_worker, args=(port, threads, results), nprocs=2, join=True)
+        return dict(results)
+
+
+def _relative_least_squares(rows: list[tuple[float, float]], times: list[float]) -> tuple[float, float]:
+    """(x, y) minimising Σ((a·x + b·y − t)/t)² over rows (a, b) and times t: relative errors count."""
+    aa = sum((a / t) ** 2 for (a, _), t in zip(rows, times))
+    bb = sum((b / t) ** 2 for (_, b), t in zip(rows, times))
+    ab = sum(a * b / t**2 for (a, b), t in zip(rows, times))
+    at = sum(a / t for (a, _), t in zip(rows, times))
+    bt = sum(b / t for (_, b), t in zip(rows, times))
+    det = aa * bb - ab * ab
+    return (at * bb - bt * ab) / det, (aa * bt - ab * at) / det
+
+
+def fit_link(times: dict[int, float]) -> tuple[float, float]:
+    """(latency α, bandwidth β) from two-rank all-reduce times t = 2α + S/β."""
+    latency, inverse = _relative_least_squares([(2.0, float(s)) for s in times], list(times.values()))
+    return max(latency, 1e-7), 1 / inverse
+
+
+def fit_matmul(matmuls: list[tuple[tuple[int, int, int], float]]) -> tuple[float, float]:
+    """(peak FLOP/s, launch overhead s) from matmul times t = 2mnk/peak + overhead."""
+    inverse, overhead = _relative_least_squares([(2.0 * m * n * k, 1.0) for (m, n, k), _ in matmuls], [t for _, t in matmuls])
+    return 1 / inverse, max(overhead, 0.0)
+
+
+def calibrate(out: str | Path, name: str = "this-machine", precision: str = "fp32", threads: int | None = None) -> Hardware:
+    """Measure, fit, write the profile (with each fit's errors) to ``out`` and return it."""
+    threads = threads or max(1, (os.cpu_count() or 2) // 2)
+    torch.set_num_threads(threads)
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    matmuls = measure_matmuls(dtype)
+    peak, overhead = fit_matmul(matmuls)
+    peak /= 1e12
+    memory_gbps = measure_memory_gbps(dtype)
+    reduce_times = measure_all_reduce(threads)
+    latency, bandwidth = fit_link(reduce_times)
+    total_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    profile = Hardware(
+        name=name, bf16_tflops=peak, fp32_tflops=peak, memory_bytes=total_memory / 2, memory_gbps=memory_gbps,
+        intra_node_gbps=bandwidth / 1e9 / LINK_EFFICIENCY, inter_node_gbps=bandwidth / 1e9 / LINK_EFFICIENCY,
+        gpus_per_node=2, intra_node_latency_s=latency, inter_node_latency_s=latency,
+        matmul_efficiency=1.0, kernel_overhead_s=overhead, matmul_tile=1, reserved_bytes=0.3e9,
+    )
+    link = Link(bandwidth, latency, False)
+    fits = {
+        "threads_per_device": threads,
+        "matmul": [{"shape": s, "measured_s": t, "predicted_s": gemm_seconds(profile, precision, Gemm(*s))} for s, t in matmuls],
+        "all_reduce": [{"bytes": s, "measured_s": t, "predicted_s": all_reduce_seconds(s, 2, link)}
+                       for s, t in reduce_times.items()],
+    }
+    Path(out).write_text(json.dumps({**profile.to_dict(), "calibration": fits}, indent=2) + "\n")
+    return profile
