@@ -3,7 +3,7 @@
 ``play`` runs the schedule's real action lists through ``plait.schedules.simulate``. Past the
 warm-up every micro-batch adds the same pattern of actions to every rank, so step time and peak
 activation bytes are affine in the micro-batch count m; for long schedules ``play`` plays two
-short ones (2p and 3p micro-batches) and extends the line. Tests hold this equal to playing the
+short ones (p and 2p micro-batches; 2p and 3p for interleaved and zb-h1) and extends the line. Tests hold this equal to playing the
 full list when stages cost the same, and within 0.5% when they do not (the steady state then
 repeats over a few micro-batches rather than one). ``estimate`` is the closed form the search ranks thousands of layouts with before
 playing the best ones.
@@ -55,7 +55,9 @@ def play(
     chunks: Sequence[ChunkCost], flight: float, chunk_bytes: Sequence[float],
 ) -> Played:
     """Step time, busy time and peak activations of ``name`` played with these per-chunk costs."""
-    short, longer = 2 * pp, 3 * pp
+    # Interleaving with m = p runs all forwards first and zb-h1 defers weights: both settle by 2p.
+    short = 2 * pp if name in ("interleaved-1f1b", "zb-h1") else pp
+    longer = short + pp
     if pp == 1 or microbatches <= longer:
         return play_list(generate(name, pp, microbatches, virtual_stages), chunks, flight, chunk_bytes)
     a = play_list(generate(name, pp, short, virtual_stages), chunks, flight, chunk_bytes)

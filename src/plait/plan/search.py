@@ -100,6 +100,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     works: dict[tuple, dict] = {}
     times_cache: dict[tuple, LayerTimes] = {}
     found = Scan()
+    best, capacity = found.best, hw.memory_bytes
     for tp, cp, pp, dp in _meshes(workload, gpus, fixed):
         per_rank = math.ceil(layers / pp)
         params = (rank_parameters(spec, per_rank, True, pp == 1, tp, pp), rank_parameters(spec, per_rank, pp == 1, True, tp, pp))
@@ -126,21 +127,32 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     if key not in works:
                         works[key] = {rc: _layer_work(replace(base, zero=zero, recompute=rc), workload, hw, mbs, times) for rc in recomputes}
                     flush = flush_costs(workload, hw, replace(base, zero=zero), max(params))
+                    reduce, last_bucket, tail = flush.reduce, flush.last_bucket, flush.gather + flush.optimizer
                     other = other_bytes(spec, replace(base, zero=zero), mbs, precision, hw.reserved_bytes)
                     first, last = (model_state_bytes(p, precision, zero, dp * cp).total + other for p in params)
                     for name, v, held_first, held_last in schedules:
                         for rc in recomputes:
                             act = acts[rc] * per_rank / v
                             peak = max(first + held_first * act, last + held_last * act + head_act * max(1, held_last // v))
-                            if peak <= hw.memory_bytes:
+                            if peak <= capacity:
                                 break
                         work, fill_zb, backward = works[key][rc]
                         mean = (layers * work + head_work) / pp
                         slowest = max(per_rank * work, (layers - (pp - 1) * per_rank) * work + head_work)
                         fill = fill_zb * layers / pp if name == "zb-h1" else mean / v
                         step = estimate_step(name, pp, v, m, mean, slowest, fill, flight)
-                        step += flush.exposed(per_rank * backward) + flush.optimizer
-                        _record(found, (dp, tp, cp, pp, sp, zero, name, v, m, rc), step, peak, hw.memory_bytes, keep)
+                        step += max(last_bucket, reduce - per_rank * backward) + tail
+                        found.scored += 1
+                        if peak < found.smallest[0]:
+                            found.smallest = (peak, (dp, tp, cp, pp, sp, zero, name, v, m, rc))
+                        if step < found.fastest[0]:
+                            found.fastest = (step, (dp, tp, cp, pp, sp, zero, name, v, m, rc), peak)
+                        if peak <= capacity:
+                            found.fitting += 1
+                            if len(best) < keep:
+                                heapq.heappush(best, (-step, (dp, tp, cp, pp, sp, zero, name, v, m, rc)))
+                            elif -best[0][0] > step:
+                                heapq.heapreplace(best, (-step, (dp, tp, cp, pp, sp, zero, name, v, m, rc)))
     return found
 
 
@@ -150,21 +162,6 @@ def _layer_work(layout: Layout, workload: Workload, hw: Hardware, mbs: int, time
     t = lc.times
     work = t.forward + t.backward + t.recompute + lc.comm_forward + lc.comm_backward
     return work, t.forward + t.backward_input - t.backward_weight, t.backward + lc.comm_backward
-
-
-def _record(found: Scan, fields: tuple, step: float, peak: float, capacity: float, keep: int) -> None:
-    found.scored += 1
-    if peak < found.smallest[0]:
-        found.smallest = (peak, fields)
-    if step < found.fastest[0]:
-        found.fastest = (step, fields, peak)
-    if peak > capacity:
-        return
-    found.fitting += 1
-    if len(found.best) < keep:
-        heapq.heappush(found.best, (-step, fields))
-    elif -found.best[0][0] > step:
-        heapq.heapreplace(found.best, (-step, fields))
 
 
 def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = None,
