@@ -20,6 +20,9 @@ from plait.plan.memory import ACTIVATION_BYTES, Kernels, kv_heads_per_rank
 # Attention backward as a multiple of its forward, as plait.models.flops counts it (flash-style
 # kernels recompute the scores).
 ATTENTION_BACKWARD = 2.5
+# Non-matmul kernels one layer launches forward (two norms, two residual adds, the activation,
+# rotary or bias adds, attention's softmax path); the backward launches about twice as many.
+ELEMENTWISE_KERNELS = 12
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ def layer_times(
     memory_rate = hw.memory_gbps * 1e9
     weights = sum(gemm_seconds(hw, precision, g) for g in shape.weights)
     attention = sum(gemm_seconds(hw, precision, g) for g in shape.attention) + shape.softmax_bytes / memory_rate
-    elementwise = shape.elementwise_bytes / memory_rate
+    elementwise = shape.elementwise_bytes / memory_rate + ELEMENTWISE_KERNELS * hw.kernel_overhead_s
     forward = weights + attention + elementwise
     # Backward: dX = dY·Wᵀ is an (m×n)·(n×k) product, dW = Xᵀ·dY a (k×m)·(m×n) one.
     grad_input = sum(gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n, g.batch)) for g in shape.weights)

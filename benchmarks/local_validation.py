@@ -1,0 +1,84 @@
+"""Predicted against measured step time for layouts trained on this machine, after calibration.
+
+Calibrates two profiles (a device of 1 core, as each of two local ranks gets, and of 2 cores, as a
+single rank gets), trains each layout for a few steps with `plait train`, takes the median step
+time after the first three, and sets it beside `plait simulate` with the matching profile.
+
+    PYTHONPATH=src python benchmarks/local_validation.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from plait.layout import Layout
+from plait.models.spec import model_spec
+from plait.plan.calibrate import calibrate
+from plait.plan.hardware import load_profile
+from plait.plan.memory import Kernels
+from plait.plan.simulate import Workload, evaluate
+
+MODELS = {
+    "tiny": {},
+    "tiny-llama": {},
+    "gpt-small": {"layers": 4, "hidden": 256, "heads": 4, "vocab": 256, "seq_len": 128},
+}
+RUNS = [  # model, dp, micro-batches, global batch
+    ("tiny", 1, 1, 8), ("tiny", 2, 1, 8), ("tiny", 2, 2, 16), ("tiny", 1, 4, 16),
+    ("tiny-llama", 1, 1, 8), ("tiny-llama", 2, 1, 16),
+    ("gpt-small", 1, 1, 8), ("gpt-small", 2, 1, 8), ("gpt-small", 2, 4, 32),
+]
+STEPS = 15
+
+
+def spec_of(name: str):
+    return model_spec(name) if not MODELS[name] else model_spec(None, family="gpt2", **MODELS[name])
+
+
+def model_flags(name: str) -> list[str]:
+    if not MODELS[name]:
+        return ["--model", name]
+    return [f"--{k.replace('_', '-')}={v}" for k, v in MODELS[name].items()]
+
+
+def measure(out: Path, name: str, dp: int, m: int, batch: int) -> float:
+    run_dir = out / f"{name}-dp{dp}-m{m}-b{batch}"
+    command = [sys.executable, "-m", "plait", "train", *model_flags(name), "--dp", str(dp), "--microbatches", str(m),
+               "--global-batch", str(batch), "--steps", str(STEPS), "--run-dir", str(run_dir)]
+    subprocess.run(command, check=True, capture_output=True, env={**os.environ})
+    times = [json.loads(line)["step_time_s"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return statistics.median(times[3:])
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    profiles = {}
+    for threads in (1, 2):
+        path = out / f"profile-{threads}core.json"
+        calibrate(path, f"cpu-{threads}core", "fp32", threads)
+        profiles[threads] = (path, load_profile(path))
+    print("| model | layout | global batch | measured step (s) | predicted (s) | error | command |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
+    errors = []
+    for name, dp, m, batch in RUNS:
+        measured = measure(out, name, dp, m, batch)
+        path, hw = profiles[2 // dp]
+        workload = Workload(spec_of(name), batch, "fp32", Kernels())
+        predicted = evaluate(workload, hw, dp, Layout(dp=dp, microbatches=m)).step_time_s
+        error = predicted / measured - 1
+        errors.append(abs(error))
+        flags = " ".join(model_flags(name))
+        print(f"| {name} | dp{dp}, m={m} | {batch} | {measured:.4f} | {predicted:.4f} | {error:+.1%} | "
+              f"`plait simulate {flags} --gpus {dp} --dp {dp} --microbatches {m} --global-batch {batch} "
+              f"--precision fp32 --hardware-profile {path.name}` |")
+    print(f"\nmedian |error| {statistics.median(errors):.1%} over {len(errors)} layouts; worst {max(errors):.1%}")
+
+
+if __name__ == "__main__":
+    main()
