@@ -2,8 +2,9 @@
 
 Imports torch (outside the planner's torch-free path; only ``plait calibrate`` loads it). On a CPU
 one "device" is one training rank: ``threads`` cores (plait train gives each of N local ranks
-cores/N threads). Measured: matmul throughput by shape, memory bandwidth from a large add, and
-all-reduce time over two local gloo processes at several sizes; fitted: peak (the best large
+cores/N threads). Measured: matmul throughput by shape, the bandwidth a layer's non-matmul kernels reach (add, GELU
+forward and backward, layer norm: on a CPU these are slower than memory), attention's throughput
+against plain matmuls of its shapes, and all-reduce time over two local gloo processes; fitted: peak (the best large
 peak and launch overhead by least relative squares over t = 2mnk/peak + overhead (so
 matmul_efficiency is 1 and tiles are 1), collective latency and bandwidth likewise over
 t = 2α + S/β (the two-rank ring all-reduce of plait.plan.comm). Each fit's error is written
@@ -15,7 +16,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -54,11 +57,33 @@ def measure_matmuls(dtype: torch.dtype) -> list[tuple[tuple[int, int, int], floa
     return out
 
 
-def measure_memory_gbps(dtype: torch.dtype) -> float:
-    a, b = torch.randn(2**24, dtype=dtype), torch.randn(2**24, dtype=dtype)
-    c = torch.empty_like(a)
-    seconds = _best_time(lambda: torch.add(a, b, out=c))
-    return 3 * a.numel() * a.element_size() / seconds / 1e9
+def measure_elementwise_gbps(dtype: torch.dtype) -> float:
+    """Bytes per second of a layer's typical non-matmul kernels: the median over an add, a GELU
+    and its backward, and a layer norm (read + write), as a layer runs them."""
+    n, width = 2**20, 256
+    a, b = torch.randn(n, dtype=dtype), torch.randn(n, dtype=dtype)
+    rows = a.view(-1, width)
+    weight, bias = torch.ones(width, dtype=dtype), torch.zeros(width, dtype=dtype)
+    kernels = [  # (tensor passes read + written, kernel)
+        (3, lambda: torch.add(a, b)),
+        (2, lambda: torch.nn.functional.gelu(a)),
+        (3, lambda: torch.ops.aten.gelu_backward(a, b)),
+        (2, lambda: torch.nn.functional.layer_norm(rows, (width,), weight, bias)),
+    ]
+    size = a.numel() * a.element_size()
+    return statistics.median(passes * size / _best_time(fn) / 1e9 for passes, fn in kernels)
+
+
+def measure_attention_efficiency(dtype: torch.dtype, profile: Hardware, precision: str) -> float:
+    """Measured scaled-dot-product attention time against the two matmuls the model counts."""
+    ratios = []
+    for batch_heads, seq, dim in ((16, 128, 32), (8, 256, 64), (4, 512, 64)):
+        q, k, v = (torch.randn(1, batch_heads, seq, dim, dtype=dtype) for _ in range(3))
+        measured = _best_time(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+        modelled = gemm_seconds(profile, precision, Gemm(seq, seq, dim, batch_heads))
+        modelled += gemm_seconds(profile, precision, Gemm(seq, dim, seq, batch_heads))
+        ratios.append(modelled / measured)
+    return statistics.median(ratios)
 
 
 def _all_reduce_worker(rank: int, port: int, threads: int, results) -> None:
@@ -122,7 +147,7 @@ def calibrate(out: str | Path, name: str = "this-machine", precision: str = "fp3
     matmuls = measure_matmuls(dtype)
     peak, overhead = fit_matmul(matmuls)
     peak /= 1e12
-    memory_gbps = measure_memory_gbps(dtype)
+    memory_gbps = measure_elementwise_gbps(dtype)
     reduce_times = measure_all_reduce(threads)
     latency, bandwidth = fit_link(reduce_times)
     total_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -132,6 +157,7 @@ def calibrate(out: str | Path, name: str = "this-machine", precision: str = "fp3
         gpus_per_node=2, intra_node_latency_s=latency, inter_node_latency_s=latency,
         matmul_efficiency=1.0, kernel_overhead_s=overhead, matmul_tile=1, reserved_bytes=0.3e9,
     )
+    profile = replace(profile, attention_efficiency=measure_attention_efficiency(dtype, profile, precision))
     link = Link(bandwidth, latency, False)
     fits = {
         "threads_per_device": threads,

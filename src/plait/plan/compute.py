@@ -118,7 +118,8 @@ def layer_times(
     shape = layer_shape(spec, micro_batch, tp, cp, sp, precision, kernels)
     memory_rate = hw.memory_gbps * 1e9
     weights = sum(gemm_seconds(hw, precision, g) for g in shape.weights)
-    attention = sum(gemm_seconds(hw, precision, g) for g in shape.attention) + shape.softmax_bytes / memory_rate
+    attention = sum(gemm_seconds(hw, precision, g) for g in shape.attention) / hw.attention_efficiency
+    attention += shape.softmax_bytes / memory_rate
     elementwise = shape.elementwise_bytes / memory_rate + ELEMENTWISE_KERNELS * hw.kernel_overhead_s
     forward = weights + attention + elementwise
     # Backward: dX = dY·Wᵀ is an (m×n)·(n×k) product, dW = Xᵀ·dY a (k×m)·(m×n) one.

@@ -35,6 +35,9 @@ class Hardware:
     # A100 runs of Narayanan et al. 2021 table 1 (benchmarks/validate_published.py --fit gives
     # 0.693) and used for every catalog entry, as no other GPU has data to fit it here.
     matmul_efficiency: float = 0.69
+    # Attention kernels' throughput relative to a plain matmul of the same shape (1.0 in the
+    # catalog: the published runs it is validated on use batched-matmul attention).
+    attention_efficiency: float = 1.0
     # Fixed cost of one kernel launch or collective call on the host side.
     kernel_overhead_s: float = 4e-6
     # Matmuls run in output tiles of this many rows and columns; ragged edges waste the rest.
