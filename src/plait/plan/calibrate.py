@@ -34,7 +34,9 @@ SHAPES = [(64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2
 SIZES = [2**k for k in range(10, 26, 3)]  # bytes per all-reduce: 1 KiB … 32 MiB
 
 
-def _best_time(fn, repeat: int = 5, min_time: float = 0.05) -> float:
+def _typical_time(fn, repeat: int = 7, min_time: float = 0.05) -> float:
+    """Median seconds per call over ``repeat`` timed batches: on a shared machine the typical
+    time, not the luckiest, is what a training step will see."""
     fn()
     runs = []
     for _ in range(repeat):
@@ -46,14 +48,14 @@ def _best_time(fn, repeat: int = 5, min_time: float = 0.05) -> float:
             if elapsed >= min_time:
                 break
         runs.append(elapsed / count)
-    return min(runs)
+    return statistics.median(runs)
 
 
 def measure_matmuls(dtype: torch.dtype) -> list[tuple[tuple[int, int, int], float]]:
     out = []
     for m, n, k in SHAPES:
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-        out.append(((m, n, k), _best_time(lambda: torch.matmul(a, b))))
+        out.append(((m, n, k), _typical_time(lambda: torch.matmul(a, b))))
     return out
 
 
@@ -71,7 +73,7 @@ def measure_elementwise_gbps(dtype: torch.dtype) -> float:
         (2, lambda: torch.nn.functional.layer_norm(rows, (width,), weight, bias)),
     ]
     size = a.numel() * a.element_size()
-    return statistics.median(passes * size / _best_time(fn) / 1e9 for passes, fn in kernels)
+    return statistics.median(passes * size / _typical_time(fn) / 1e9 for passes, fn in kernels)
 
 
 def measure_attention_efficiency(dtype: torch.dtype, profile: Hardware, precision: str) -> float:
@@ -79,7 +81,7 @@ def measure_attention_efficiency(dtype: torch.dtype, profile: Hardware, precisio
     ratios = []
     for batch_heads, seq, dim in ((16, 128, 32), (8, 256, 64), (4, 512, 64)):
         q, k, v = (torch.randn(1, batch_heads, seq, dim, dtype=dtype) for _ in range(3))
-        measured = _best_time(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+        measured = _typical_time(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
         modelled = gemm_seconds(profile, precision, Gemm(seq, seq, dim, batch_heads))
         modelled += gemm_seconds(profile, precision, Gemm(seq, dim, seq, batch_heads))
         ratios.append(modelled / measured)
@@ -101,7 +103,7 @@ def _all_reduce_worker(rank: int, port: int, threads: int, results) -> None:
                     dist.all_reduce(tensor)
                 runs.append((time.perf_counter() - start) / count)
             if rank == 0:
-                results[size] = min(runs[1:])
+                results[size] = statistics.median(runs[1:])
     finally:
         dist.destroy_process_group()
 

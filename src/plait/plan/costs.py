@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
 from plait.plan.comm import all_gather_seconds, all_reduce_seconds, group_link, merged_link, send_seconds
-from plait.plan.compute import LayerTimes, head_times, layer_times
+from plait.plan.compute import ATTENTION_BACKWARD, LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware
 from plait.plan.memory import ACTIVATION_BYTES, Kernels, bytes_per_parameter, kv_heads_per_rank
 from plait.models.flops import layer_parameter_count
@@ -63,7 +63,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         kv_bytes = 2 * tokens * kv_heads_per_rank(spec, layout.tp) * spec.head_dim * e
         ring = (layout.cp - 1) * send_seconds(kv_bytes, group_link(hw, layout, "cp"))
         cp_forward = max(0.0, ring - attention_s)
-        cp_backward = max(0.0, 2 * ring - 2.5 * attention_s)
+        cp_backward = max(0.0, 2 * ring - ATTENTION_BACKWARD * attention_s)
     zero_forward = zero_backward = 0.0
     if layout.zero == 3:
         gathered = layer_parameter_count(spec) / layout.tp * bytes_per_parameter(precision)[0]
