@@ -38,6 +38,7 @@ class LayerCost:
     times: LayerTimes
     comm_forward: float
     comm_backward: float
+    first_gather: float = 0.0  # ZeRO-3: the first layer's gather has nothing to hide under
 
 
 def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str, kernels: Kernels,
@@ -64,13 +65,13 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         ring = (layout.cp - 1) * send_seconds(kv_bytes, group_link(hw, layout, "cp"))
         cp_forward = max(0.0, ring - attention_s)
         cp_backward = max(0.0, 2 * ring - ATTENTION_BACKWARD * attention_s)
-    zero_forward = zero_backward = 0.0
+    zero_forward = zero_backward = gather = 0.0
     if layout.zero == 3:
         gathered = layer_parameter_count(spec) / layout.tp * bytes_per_parameter(precision)[0]
         gather = all_gather_seconds(gathered, layout.dp * layout.cp, merged_link(hw, layout, ("dp", "cp")))
         zero_forward = max(0.0, gather - times.forward)
         zero_backward = max(0.0, gather - times.backward)
-    return LayerCost(times, tp_forward + cp_forward + zero_forward, tp_backward + cp_backward + zero_backward)
+    return LayerCost(times, tp_forward + cp_forward + zero_forward, tp_backward + cp_backward + zero_backward, gather)
 
 
 def chunk_costs(
@@ -96,8 +97,8 @@ def chunk_costs(
         backward_weight = n * t.backward_weight
         comm = n * (layer.comm_forward + layer.comm_backward)
         if c == 0:
-            forward += embed_comm
-            comm += embed_comm
+            forward += embed_comm + layer.first_gather
+            comm += embed_comm + layer.first_gather
         if c == len(counts) - 1:
             forward += head.forward
             backward_input += head.backward_input

@@ -136,9 +136,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                             peak = max(first + held_first * act, last + held_last * act + head_act * max(1, held_last // v))
                             if peak <= capacity:
                                 break
-                        work, fill_zb, backward = works[key][rc]
-                        mean = (layers * work + head_work) / pp
-                        slowest = max(per_rank * work, (layers - (pp - 1) * per_rank) * work + head_work)
+                        work, fill_zb, backward, first_gather = works[key][rc]
+                        mean = (layers * work + head_work + first_gather) / pp
+                        slowest = max(per_rank * work + first_gather, (layers - (pp - 1) * per_rank) * work + head_work)
                         fill = fill_zb * layers / pp if name == "zb-h1" else mean / v
                         step = estimate_step(name, pp, v, m, mean, slowest, fill, flight)
                         step += max(last_bucket, reduce - per_rank * backward) + tail
@@ -156,12 +156,13 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     return found
 
 
-def _layer_work(layout: Layout, workload: Workload, hw: Hardware, mbs: int, times: dict) -> tuple[float, float, float]:
-    """(forward + backward + recompute + exposed comm, zb-h1's F + I − W, backward) of one layer."""
+def _layer_work(layout: Layout, workload: Workload, hw: Hardware, mbs: int, times: dict) -> tuple[float, ...]:
+    """(forward + backward + recompute + exposed comm, zb-h1's F + I − W, backward, ZeRO-3's
+    unhidden first gather) of one layer."""
     lc = layer_cost(workload.spec, hw, layout, mbs, workload.precision, workload.kernels, times[layout.recompute])
     t = lc.times
     work = t.forward + t.backward + t.recompute + lc.comm_forward + lc.comm_backward
-    return work, t.forward + t.backward_input - t.backward_weight, t.backward + lc.comm_backward
+    return work, t.forward + t.backward_input - t.backward_weight, t.backward + lc.comm_backward, lc.first_gather
 
 
 def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = None,
