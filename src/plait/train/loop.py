@@ -38,6 +38,7 @@ class TrainResult:
     step_times: list[float] = field(default_factory=list)
     first_step: int = 0
     model: nn.Module | None = None
+    summary: dict | None = None
 
 
 def build_model(config: RunConfig, device: torch.device) -> nn.Module:
@@ -119,7 +120,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
             save_checkpoint(run_dir, step + 1, model, optimizer)
     progress.close()
     if run_dir is not None:
-        write_summary(run_dir, config, topology, result)
+        result.summary = write_summary(run_dir, config, topology, result)
         if writes:
             draw_loss(run_dir)
     return result
