@@ -63,3 +63,18 @@ def test_planner_imports_no_torch():
     code = ("import sys, plait.plan.search, plait.plan.simulate, plait.plan.commands, plait.cli; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_simulate_writes_the_played_schedule_as_a_trace(tmp_path, capsys):
+    trace = tmp_path / "sim.json"
+    args = ["simulate", "--model", "gpt2-medium", "--gpus", "4", "--gpu", "a100-80gb", "--global-batch", "8",
+            "--dp", "1", "--tp", "1", "--cp", "1", "--pp", "4", "--schedule", "1f1b", "--microbatches", "8",
+            "--zero", "0", "--recompute", "none", "--json", "--trace", str(trace)]
+    assert main(args) == 0
+    predicted = json.loads(capsys.readouterr().out)
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X" and e["cat"] != "flush"]
+    assert {e["tid"] for e in events} == {0, 1, 2, 3}
+    assert len(events) == 4 * 8 * 2  # a forward and a backward per rank and micro-batch
+    end = max(e["ts"] + e["dur"] for e in events) / 1e6
+    busy = sum(e["dur"] for e in events) / 1e6
+    assert 1 - busy / (4 * end) == pytest.approx(predicted["bubble_fraction"])

@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 from dataclasses import fields
+from pathlib import Path
 
 from plait.config import add_layout_arguments, add_model_arguments
 from plait.errors import ConfigError
@@ -18,6 +19,7 @@ from plait.plan.hardware import CATALOG, Hardware, apply_overrides, hardware, lo
 from plait.plan.memory import Kernels
 from plait.plan.search import best_layout, search
 from plait.plan.simulate import Prediction, Workload, evaluate
+from plait.plan.trace import simulated_trace
 
 LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 DEFAULT_TOKENS = 2**20  # default global batch: about a million tokens
@@ -53,6 +55,7 @@ def add_plan_commands(subparsers) -> None:
         add_layout_arguments(parser)
         add_cluster_arguments(parser)
     plan.add_argument("--top", type=int, default=3, help="layouts to list (default 3)")
+    simulate.add_argument("--trace", metavar="FILE", help="write the simulated step as a Chrome/Perfetto trace")
     plan.set_defaults(handler=run_plan)
     simulate.set_defaults(handler=run_simulate)
     calibrate = subparsers.add_parser("calibrate", help="measure this machine into a hardware profile",
@@ -119,6 +122,8 @@ def run_simulate(args: argparse.Namespace, argv: list[str] | None = None) -> int
         if "microbatches" not in fixed:
             fixed["microbatches"] = max(1, workload.global_batch // (fixed["dp"] * args.microbatch_size))
         prediction = evaluate(workload, hw, args.gpus, Layout(**fixed))
+    if args.trace:
+        Path(args.trace).write_text(json.dumps(simulated_trace(workload, hw, args.gpus, prediction.layout)))
     if args.json:
         print(json.dumps(prediction.to_dict(), indent=2))
     else:
