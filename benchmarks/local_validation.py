@@ -2,7 +2,8 @@
 
 Calibrates a profile of one core per device (what each of two local ranks gets from `plait
 train`), trains each two-rank layout for a few steps, takes the median step time after the first
-three, and sets it beside `plait simulate` with that profile. Single-rank layouts are left out:
+three, and sets it beside `plait simulate` with that profile. Rerun on the same OUT_DIR to predict
+the runs already measured there again (after a model change) without measuring anything. Single-rank layouts are left out:
 `plait train` gives a lone rank both cores, and on a shared 2-core machine that thread pair is
 descheduled so unevenly that its step time says more about the neighbours than the model.
 
@@ -50,6 +51,9 @@ def model_flags(name: str) -> list[str]:
 
 def measure(out: Path, name: str, dp: int, m: int, batch: int) -> float:
     run_dir = out / f"{name}-dp{dp}-m{m}-b{batch}"
+    if (run_dir / "metrics.jsonl").exists():  # measured before: predict again without re-running
+        times = [json.loads(line)["step_time_s"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return statistics.median(times[3:])
     command = [sys.executable, "-m", "plait", "train", *model_flags(name), "--dp", str(dp), "--microbatches", str(m),
                "--global-batch", str(batch), "--steps", str(STEPS), "--run-dir", str(run_dir)]
     subprocess.run(command, check=True, capture_output=True, env={**os.environ})
@@ -61,21 +65,22 @@ def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     path = out / "profile-1core.json"
-    calibrate(path, "cpu-1core", "fp32", 1)
+    if not path.exists():
+        calibrate(path, "cpu-1core", "fp32", 1)
     hw = load_profile(path)
     print("| model | layout | global batch | measured step (s) | predicted (s) | error | command |")
     print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
     errors = []
     for name, dp, m, batch in RUNS:
         measured = measure(out, name, dp, m, batch)
-        workload = Workload(spec_of(name), batch, "fp32", Kernels())
+        workload = Workload(spec_of(name), batch, "fp32", Kernels(fused=False))
         predicted = evaluate(workload, hw, dp, Layout(dp=dp, microbatches=m)).step_time_s
         error = predicted / measured - 1
         errors.append(abs(error))
         flags = " ".join(model_flags(name))
         print(f"| {name} | dp{dp}, m={m} | {batch} | {measured:.4f} | {predicted:.4f} | {error:+.1%} | "
               f"`plait simulate {flags} --gpus {dp} --dp {dp} --microbatches {m} --global-batch {batch} "
-              f"--precision fp32 --hardware-profile {path.name}` |")
+              f"--precision fp32 --unfused --hardware-profile {path.name}` |")
     print(f"\nmedian |error| {statistics.median(errors):.1%} over {len(errors)} layouts; worst {max(errors):.1%}")
 
 

@@ -2,8 +2,8 @@
 
 Imports torch (outside the planner's torch-free path; only ``plait calibrate`` loads it). On a CPU
 one "device" is one training rank: ``threads`` cores (plait train gives each of N local ranks
-cores/N threads). Measured: matmul throughput by shape, the bandwidth a layer's non-matmul kernels reach (add, GELU
-forward and backward, layer norm: on a CPU these are slower than memory), attention's throughput
+cores/N threads). Measured: matmul throughput by shape, the bandwidth a layer's non-matmul kernels reach (add,
+multiply, layer norm; and apart, GELU and SiLU, whose transcendentals make them slower on a CPU), attention's throughput
 against plain matmuls of its shapes, and all-reduce time over two local gloo processes; fitted: peak (the best large
 peak and launch overhead by least relative squares over t = 2mnk/peak + overhead (so
 matmul_efficiency is 1 and tiles are 1), collective latency and bandwidth likewise over
@@ -59,21 +59,26 @@ def measure_matmuls(dtype: torch.dtype) -> list[tuple[tuple[int, int, int], floa
     return out
 
 
-def measure_elementwise_gbps(dtype: torch.dtype) -> float:
-    """Bytes per second of a layer's typical non-matmul kernels: the median over an add, a GELU
-    and its backward, and a layer norm (read + write), as a layer runs them."""
+def measure_elementwise_gbps(dtype: torch.dtype) -> tuple[float, float]:
+    """Bytes per second of a layer's non-matmul kernels, as (median over an add, a multiply and
+    a layer norm; median over GELU forward and backward and SiLU), counting reads and writes."""
     n, width = 2**20, 256
     a, b = torch.randn(n, dtype=dtype), torch.randn(n, dtype=dtype)
     rows = a.view(-1, width)
     weight, bias = torch.ones(width, dtype=dtype), torch.zeros(width, dtype=dtype)
-    kernels = [  # (tensor passes read + written, kernel)
+    size = a.numel() * a.element_size()
+    simple = [  # (tensor passes read + written, kernel)
         (3, lambda: torch.add(a, b)),
-        (2, lambda: torch.nn.functional.gelu(a)),
-        (3, lambda: torch.ops.aten.gelu_backward(a, b)),
+        (3, lambda: torch.mul(a, b)),
         (2, lambda: torch.nn.functional.layer_norm(rows, (width,), weight, bias)),
     ]
-    size = a.numel() * a.element_size()
-    return statistics.median(passes * size / _typical_time(fn) / 1e9 for passes, fn in kernels)
+    activations = [
+        (2, lambda: torch.nn.functional.gelu(a, approximate="tanh")),
+        (3, lambda: torch.ops.aten.gelu_backward(a, b, approximate="tanh")),
+        (2, lambda: torch.nn.functional.silu(a)),
+    ]
+    return tuple(statistics.median(passes * size / _typical_time(fn) / 1e9 for passes, fn in kernels)
+                 for kernels in (simple, activations))
 
 
 def measure_attention_efficiency(dtype: torch.dtype, profile: Hardware, precision: str) -> float:
@@ -149,12 +154,13 @@ def calibrate(out: str | Path, name: str = "this-machine", precision: str = "fp3
     matmuls = measure_matmuls(dtype)
     peak, overhead = fit_matmul(matmuls)
     peak /= 1e12
-    memory_gbps = measure_elementwise_gbps(dtype)
+    memory_gbps, activation_gbps = measure_elementwise_gbps(dtype)
     reduce_times = measure_all_reduce(threads)
     latency, bandwidth = fit_link(reduce_times)
     total_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     profile = Hardware(
         name=name, bf16_tflops=peak, fp32_tflops=peak, memory_bytes=total_memory / 2, memory_gbps=memory_gbps,
+        activation_gbps=activation_gbps,
         intra_node_gbps=bandwidth / 1e9 / LINK_EFFICIENCY, inter_node_gbps=bandwidth / 1e9 / LINK_EFFICIENCY,
         gpus_per_node=2, intra_node_latency_s=latency, inter_node_latency_s=latency,
         matmul_efficiency=1.0, kernel_overhead_s=overhead, matmul_tile=1, reserved_bytes=0.3e9,

@@ -55,6 +55,7 @@ class LayerShape:
     weights: tuple[Gemm, ...]
     attention: tuple[Gemm, ...]
     elementwise_bytes: float
+    activation_bytes: float
     softmax_bytes: float
 
 
@@ -73,18 +74,23 @@ def layer_shape(spec: ModelSpec, micro_batch: int, tp: int, cp: int, sp: bool, p
     )
     heads = micro_batch * spec.heads // tp
     attention = (Gemm(s_local, spec.seq_len, d, heads), Gemm(s_local, d, spec.seq_len, heads))
-    # Hidden-width passes: two norms (read+write), two residual adds (2 reads + write), and with
-    # dropout two masked copies; sequence parallelism splits them over tp, otherwise each tp rank
-    # repeats them.
-    hidden_passes = 4 + 6 + (6 if kernels.dropout else 0)
+    # Hidden-width passes: two norms, two residual adds (2 reads + write), and with dropout two
+    # masked copies; sequence parallelism splits them over tp, otherwise each tp rank repeats them.
+    # Unfused, RMSNorm is ~6 passes (square, mean, rsqrt, two multiplies), SwiGLU's silu and
+    # product 5, and plait's rotary (pairs times cos and sin, sum, difference, stack) ~17 over Q
+    # and K, against 2, 3 and 2 when fused.
+    norm_passes = 6 if spec.family == "llama" and not kernels.fused else 2
+    hidden_passes = 2 * norm_passes + 6 + (6 if kernels.dropout else 0)
     hidden_bytes = hidden_passes * tokens * h * e / (tp if sp else 1)
-    mlp_bytes = (3 if spec.gated_mlp else 2) * tokens * f / tp * e
-    rope_bytes = 2 * tokens * (h // tp + kv) * e if spec.family == "llama" else 0
+    mlp_passes = (3 if kernels.fused else 5) if spec.gated_mlp else 2
+    mlp_bytes = mlp_passes * tokens * f / tp * e
+    rope_passes = 2 if kernels.fused else 17
+    rope_bytes = rope_passes * tokens * (h // tp + kv) * e if spec.family == "llama" else 0
     softmax = 0.0
     if not kernels.flash_attention:
         scores = heads * s_local * spec.seq_len
         softmax = scores * e * (3 if not kernels.dropout else 6)
-    return LayerShape(weights, attention, hidden_bytes + mlp_bytes + rope_bytes, softmax)
+    return LayerShape(weights, attention, hidden_bytes + rope_bytes, mlp_bytes, softmax)
 
 
 @dataclass(frozen=True)
@@ -120,7 +126,9 @@ def layer_times(
     weights = sum(gemm_seconds(hw, precision, g) for g in shape.weights)
     attention = sum(gemm_seconds(hw, precision, g) for g in shape.attention) / hw.attention_efficiency
     attention += shape.softmax_bytes / memory_rate
-    elementwise = shape.elementwise_bytes / memory_rate + ELEMENTWISE_KERNELS * hw.kernel_overhead_s
+    activation_rate = (hw.activation_gbps or hw.memory_gbps) * 1e9
+    elementwise = (shape.elementwise_bytes / memory_rate + shape.activation_bytes / activation_rate
+                   + ELEMENTWISE_KERNELS * hw.kernel_overhead_s)
     forward = weights + attention + elementwise
     # Backward: dX = dY·Wᵀ is an (m×n)·(n×k) product, dW = Xᵀ·dY a (k×m)·(m×n) one.
     grad_input = sum(gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n, g.batch)) for g in shape.weights)

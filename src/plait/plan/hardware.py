@@ -35,6 +35,9 @@ class Hardware:
     # A100 runs of Narayanan et al. 2021 table 1 (benchmarks/validate_published.py --fit gives
     # 0.693) and used for every catalog entry, as no other GPU has data to fit it here.
     matmul_efficiency: float = 0.69
+    # Bytes per second of activation functions (GELU, SiLU); None: as memory_gbps (on GPUs they
+    # are bandwidth-bound; on a CPU their transcendentals make them slower, so calibrate measures).
+    activation_gbps: float | None = None
     # Attention kernels' throughput relative to a plain matmul of the same shape (1.0 in the
     # catalog: the published runs it is validated on use batched-matmul attention).
     attention_efficiency: float = 1.0

@@ -58,10 +58,13 @@ def model_state_bytes(parameters: float, precision: str, zero: int, shards: int)
 
 @dataclass(frozen=True)
 class Kernels:
-    """What the layer's kernels save: dropout masks and the s² attention scores (no flash)."""
+    """How the layer's kernels run: dropout masks and the s² attention scores (no flash) are
+    saved; ``fused`` elementwise kernels (Megatron-LM, torchtitan) or one eager PyTorch kernel per
+    operation (plait's own single-device model), which moves more bytes (plait.plan.compute)."""
 
     dropout: bool = False
     flash_attention: bool = True
+    fused: bool = True
 
 
 def kv_heads_per_rank(spec: ModelSpec, tp: int) -> int:
