@@ -17,7 +17,7 @@ from plait.layout import PRECISIONS, Layout
 from plait.models.spec import SPEC_FIELDS, model_spec
 from plait.plan.hardware import CATALOG, Hardware, apply_overrides, hardware, load_profile
 from plait.plan.memory import Kernels
-from plait.plan.search import best_layout, search
+from plait.plan.search import NothingFits, best_layout, search
 from plait.plan.simulate import Prediction, Workload, evaluate
 from plait.plan.trace import simulated_trace
 
@@ -115,7 +115,7 @@ def run_simulate(args: argparse.Namespace, argv: list[str] | None = None) -> int
     workload, hw, fixed = _inputs(args)
     try:
         prediction = best_layout(workload, hw, args.gpus, fixed, args.microbatch_size)
-    except ConfigError:
+    except NothingFits:
         # Nothing agreeing with the flags fits: a fully sized layout is still predicted (and shown
         # not to fit); otherwise the search's error says what would.
         sized = all(k in fixed for k in ("dp", "tp", "cp", "pp"))

@@ -30,6 +30,10 @@ from plait.plan.simulate import Prediction, Workload, evaluate, flush_costs
 PLAYED = 2  # layouts whose schedules are played exactly after the closed-form pass
 
 
+class NothingFits(ConfigError):
+    """Every layout agreeing with the flags needs more memory than a device has."""
+
+
 @dataclass
 class Scan:
     """What a walk over the layouts found: counts, the best fitting, the smallest, the fastest overall."""
@@ -169,6 +173,7 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
            micro_batch: int | None = None, top: int = PLAYED) -> SearchResult:
     """Rank the layouts of ``gpus`` devices that fit; raise ConfigError (saying what would fit) if none does."""
     fixed = fixed or {}
+    _check_fixed(workload, gpus, fixed)
     found = scan(workload, hw, gpus, fixed, micro_batch, keep=max(top, PLAYED) * 2)
     if not found.scored:
         raise ConfigError(
@@ -183,9 +188,23 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
         if len(ranked) >= max(top, PLAYED):
             break
     if not ranked:
-        raise ConfigError(_does_not_fit(workload, hw, gpus, found))
+        raise NothingFits(_does_not_fit(workload, hw, gpus, found))
     ranked.sort(key=lambda p: p.step_time_s)
     return SearchResult(ranked[:top], found.scored, found.fitting, explain(ranked, found, hw))
+
+
+def _check_fixed(workload: Workload, gpus: int, fixed: dict) -> None:
+    """Name the flag at fault when the fixed layout sizes cannot make ``gpus`` GPUs."""
+    sizes = {k: fixed[k] for k in ("dp", "tp", "cp", "pp") if k in fixed}
+    product = math.prod(sizes.values())
+    if gpus % product:
+        flags = " × ".join(f"--{k} {v}" for k, v in sizes.items())
+        raise ConfigError(f"{flags} = {product} does not divide --gpus {gpus}; choose sizes whose product divides it")
+    if len(sizes) == 4 and product != gpus:
+        raise ConfigError(f"dp·tp·cp·pp = {product} but --gpus is {gpus}; make the product equal the GPU count")
+    heads = workload.spec.heads
+    if "tp" in fixed and heads % fixed["tp"]:
+        raise ConfigError(f"--tp {fixed['tp']} does not divide the model's {heads} attention heads; choose a tp that does")
 
 
 def _does_not_fit(workload: Workload, hw: Hardware, gpus: int, found: Scan) -> str:
