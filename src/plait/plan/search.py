@@ -44,6 +44,20 @@ class Scan:
     smallest: tuple = (math.inf, None)  # (peak bytes, fields)
     fastest: tuple = (math.inf, None, 0.0)  # (step, fields, peak bytes) over all layouts
 
+    def record(self, fields: tuple, step: float, peak: float, capacity: float, keep: int) -> None:
+        """Count one scored layout and keep it if it is among the ``keep`` fastest that fit."""
+        self.scored += 1
+        if peak < self.smallest[0]:
+            self.smallest = (peak, fields)
+        if step < self.fastest[0]:
+            self.fastest = (step, fields, peak)
+        if peak <= capacity:
+            self.fitting += 1
+            if len(self.best) < keep:
+                heapq.heappush(self.best, (-step, fields))
+            elif -self.best[0][0] > step:
+                heapq.heapreplace(self.best, (-step, fields))
+
     def layouts(self) -> list[Layout]:
         return [Layout(*fields) for _, fields in sorted(self.best, reverse=True)]
 
@@ -103,8 +117,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     zeros = (0, 1, 2, 3) if "zero" in fixed else (0, 2, 3)
     works: dict[tuple, dict] = {}
     times_cache: dict[tuple, LayerTimes] = {}
-    found = Scan()
-    best, capacity = found.best, hw.memory_bytes
+    found, capacity = Scan(), hw.memory_bytes
     for tp, cp, pp, dp in _meshes(workload, gpus, fixed):
         per_rank = math.ceil(layers / pp)
         params = (rank_parameters(spec, per_rank, True, pp == 1, tp, pp), rank_parameters(spec, per_rank, pp == 1, True, tp, pp))
@@ -146,17 +159,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         fill = fill_zb * layers / pp if name == "zb-h1" else mean / v
                         step = estimate_step(name, pp, v, m, mean, slowest, fill, flight)
                         step += max(last_bucket, reduce - per_rank * backward) + tail
-                        found.scored += 1
-                        if peak < found.smallest[0]:
-                            found.smallest = (peak, (dp, tp, cp, pp, sp, zero, name, v, m, rc))
-                        if step < found.fastest[0]:
-                            found.fastest = (step, (dp, tp, cp, pp, sp, zero, name, v, m, rc), peak)
-                        if peak <= capacity:
-                            found.fitting += 1
-                            if len(best) < keep:
-                                heapq.heappush(best, (-step, (dp, tp, cp, pp, sp, zero, name, v, m, rc)))
-                            elif -best[0][0] > step:
-                                heapq.heapreplace(best, (-step, (dp, tp, cp, pp, sp, zero, name, v, m, rc)))
+                        found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc), step, peak, capacity, keep)
     return found
 
 
