@@ -1,7 +1,7 @@
 """Predicted against measured step time for layouts trained on this machine, after calibration.
 
 Calibrates a profile of one core per device (what each of two local ranks gets from `plait
-train`), trains each two-rank layout for a few steps, takes the median step time after the first
+train`), trains each two-rank layout (data, ZeRO, tensor, sequence, context parallel) for a few steps, takes the median step time after the first
 three, and sets it beside `plait simulate` with that profile. Rerun on the same OUT_DIR to predict
 the runs already measured there again (after a model change) without measuring anything. Single-rank layouts are left out:
 `plait train` gives a lone rank both cores, and on a shared 2-core machine that thread pair is
@@ -31,10 +31,13 @@ MODELS = {
     "tiny-llama": {},
     "gpt-small": {"layers": 4, "hidden": 256, "heads": 4, "vocab": 256, "seq_len": 128},
 }
-RUNS = [  # model, dp, micro-batches, global batch
-    ("tiny", 2, 1, 8), ("tiny", 2, 2, 16), ("tiny", 2, 1, 32), ("tiny", 2, 4, 32),
-    ("tiny-llama", 2, 1, 8), ("tiny-llama", 2, 2, 16),
-    ("gpt-small", 2, 1, 8), ("gpt-small", 2, 2, 16), ("gpt-small", 2, 4, 32),
+RUNS = [  # model, layout on two ranks, global batch
+    ("tiny", Layout(dp=2), 8), ("tiny", Layout(dp=2, microbatches=2), 16), ("tiny", Layout(dp=2), 32),
+    ("gpt-small", Layout(tp=2), 16), ("gpt-small", Layout(tp=2, sp=True), 16), ("gpt-small", Layout(cp=2), 16),
+    ("gpt-small", Layout(dp=2, zero=2), 16), ("tiny", Layout(dp=2, microbatches=4), 32),
+    ("tiny-llama", Layout(dp=2), 8), ("tiny-llama", Layout(dp=2, microbatches=2), 16),
+    ("gpt-small", Layout(dp=2), 8), ("gpt-small", Layout(dp=2, microbatches=2), 16),
+    ("gpt-small", Layout(dp=2, microbatches=4), 32),
 ]
 STEPS = 15
 
@@ -49,14 +52,21 @@ def model_flags(name: str) -> list[str]:
     return [f"--{k.replace('_', '-')}={v}" for k, v in MODELS[name].items()]
 
 
-def measure(out: Path, name: str, dp: int, m: int, batch: int) -> float:
-    run_dir = out / f"{name}-dp{dp}-m{m}-b{batch}"
-    if (run_dir / "metrics.jsonl").exists():  # measured before: predict again without re-running
-        times = [json.loads(line)["step_time_s"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        return statistics.median(times[3:])
-    command = [sys.executable, "-m", "plait", "train", *model_flags(name), "--dp", str(dp), "--microbatches", str(m),
-               "--global-batch", str(batch), "--steps", str(STEPS), "--run-dir", str(run_dir)]
-    subprocess.run(command, check=True, capture_output=True, env={**os.environ})
+def layout_flags(layout: Layout) -> list[str]:
+    """The layout as plait flags: every size, plus the choices that differ from the defaults."""
+    flags = [f"--{k}={getattr(layout, k)}" for k in ("dp", "tp", "cp", "pp", "microbatches")]
+    if layout.sp:
+        flags.append("--sp")
+    return flags + ([f"--zero={layout.zero}"] if layout.zero else [])
+
+
+def measure(out: Path, name: str, layout: Layout, batch: int) -> float:
+    extras = "".join(f"-{k}{getattr(layout, k)}" for k in ("tp", "cp", "zero") if getattr(layout, k) > (0 if k == "zero" else 1))
+    run_dir = out / f"{name}-dp{layout.dp}-m{layout.microbatches}-b{batch}{extras}{'-sp' if layout.sp else ''}"
+    if not (run_dir / "metrics.jsonl").exists():  # measured before: predict again without re-running
+        command = [sys.executable, "-m", "plait", "train", *model_flags(name), *layout_flags(layout),
+                   "--global-batch", str(batch), "--steps", str(STEPS), "--run-dir", str(run_dir)]
+        subprocess.run(command, check=True, capture_output=True, env={**os.environ})
     times = [json.loads(line)["step_time_s"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return statistics.median(times[3:])
 
@@ -71,16 +81,16 @@ def main() -> None:
     print("| model | layout | global batch | measured step (s) | predicted (s) | error | command |")
     print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
     errors = []
-    for name, dp, m, batch in RUNS:
-        measured = measure(out, name, dp, m, batch)
+    for name, layout, batch in RUNS:
+        measured = measure(out, name, layout, batch)
         workload = Workload(spec_of(name), batch, "fp32", Kernels(fused=False))
-        predicted = evaluate(workload, hw, dp, Layout(dp=dp, microbatches=m)).step_time_s
+        predicted = evaluate(workload, hw, layout.world_size, layout).step_time_s
         error = predicted / measured - 1
         errors.append(abs(error))
-        flags = " ".join(model_flags(name))
-        print(f"| {name} | dp{dp}, m={m} | {batch} | {measured:.4f} | {predicted:.4f} | {error:+.1%} | "
-              f"`plait simulate {flags} --gpus {dp} --dp {dp} --microbatches {m} --global-batch {batch} "
-              f"--precision fp32 --unfused --hardware-profile {path.name}` |")
+        flags = " ".join(model_flags(name) + layout_flags(layout))
+        print(f"| {name} | {layout.describe()} | {batch} | {measured:.4f} | {predicted:.4f} | {error:+.1%} | "
+              f"`plait simulate {flags} --gpus {layout.world_size} --global-batch {batch} "
+              f"--precision fp32 --unfused --hardware-profile {path.name}` |", flush=True)
     print(f"\nmedian |error| {statistics.median(errors):.1%} over {len(errors)} layouts; worst {max(errors):.1%}")
 
 
