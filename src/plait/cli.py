@@ -1,0 +1,47 @@
+"""The ``plait`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from plait.config import add_layout_arguments, add_model_arguments, add_train_arguments, config_from_args
+from plait.errors import ConfigError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Report a bad flag in one line, like every other input error, and exit with status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def run_train(args: argparse.Namespace, argv: list[str]) -> int:
+    from plait.train.launch import launch
+
+    config = config_from_args(args)
+    return launch(config, argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="plait", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser(
+        "train", help="train a model under a parallel layout",
+        description="Train under a layout; outside torchrun this starts one local process per rank.",
+    )
+    add_model_arguments(train)
+    add_layout_arguments(train)
+    add_train_arguments(train)
+    train.set_defaults(handler=run_train)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args, argv[1:])
+    except ConfigError as error:
+        print(f"plait: error: {error}", file=sys.stderr)
+        return 2

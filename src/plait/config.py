@@ -1,0 +1,209 @@
+"""Run configuration: TOML file plus flags → (ModelSpec, Layout, TrainSpec), validated up front.
+
+A config file has up to three tables, each optional:
+
+    [model]   name = "tiny-llama", and any ModelSpec field (layers, hidden, heads, ...)
+    [layout]  dp, tp, cp, pp, sp, zero, schedule, virtual_stages, microbatches, recompute
+    [train]   steps, global_batch, seed, precision, lr, ... (the TrainSpec fields)
+
+Flags override the file; the file overrides the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from plait.errors import ConfigError
+from plait.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
+from plait.models.spec import FAMILIES, SPEC_FIELDS, ModelSpec, model_spec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+DEFAULT_MODEL = "tiny"
+DEFAULT_LAYOUT = Layout(dp=2)
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything about a training run that is neither the model nor the layout."""
+
+    steps: int = 200
+    global_batch: int = 32
+    seed: int = 0
+    precision: str = "fp32"
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    deterministic: bool = False
+    data: str | None = None
+    run_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+
+    def validate(self) -> None:
+        for name in ("steps", "global_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        for name in ("warmup_steps", "checkpoint_every", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name.replace('_', '-')} must be a non-negative integer, got {value!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r} is unknown; use one of {', '.join(PRECISIONS)}")
+        if not isinstance(self.lr, (int, float)) or self.lr <= 0:
+            raise ConfigError(f"learning rate must be a positive number, got {self.lr!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"min-lr-ratio must lie in [0, 1], got {self.min_lr_ratio!r}")
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            raise ConfigError("grad-clip and weight-decay must not be negative; use 0 to turn them off")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelSpec
+    layout: Layout
+    train: TrainSpec = field(default_factory=TrainSpec)
+    model_name: str | None = None
+
+
+# Paradigms whose implementation has not landed yet: refused rather than silently ignored.
+def check_supported(layout: Layout) -> None:
+    unsupported = [
+        (layout.tp > 1, "tensor parallelism (--tp)"),
+        (layout.sp, "sequence parallelism (--sp)"),
+        (layout.cp > 1, "context parallelism (--cp)"),
+        (layout.pp > 1, "pipeline parallelism (--pp)"),
+        (layout.zero > 0, "ZeRO sharding (--zero)"),
+        (layout.recompute != "none", "activation recomputation (--recompute)"),
+    ]
+    for refused, what in unsupported:
+        if refused:
+            raise ConfigError(f"{what} is not supported yet by plait train; run with --dp only for now")
+
+
+def validate_run(config: RunConfig) -> None:
+    """Every check that needs no worker: the model, the layout, and how they fit together."""
+    config.model.validate()
+    config.layout.validate()
+    config.train.validate()
+    check_supported(config.layout)
+    layout, train = config.layout, config.train
+    per_rank = layout.dp * layout.microbatches
+    if train.global_batch % per_rank:
+        raise ConfigError(
+            f"global batch {train.global_batch} is not divisible by dp × microbatches = {per_rank}; "
+            f"choose a global batch that is a multiple of {per_rank}"
+        )
+
+
+# ---------------------------------------------------------------- flags
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", help="preset name, e.g. tiny, tiny-llama, gpt2, llama-8b")
+    group.add_argument("--family", choices=FAMILIES)
+    for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab", "seq-len"):
+        group.add_argument(f"--{name}", type=int)
+
+
+def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("layout (world size = dp·cp·tp·pp)")
+    for name in ("dp", "tp", "cp", "pp"):
+        group.add_argument(f"--{name}", type=int)
+    group.add_argument("--zero", type=int)
+    group.add_argument("--sp", action="store_const", const=True, help="sequence parallel (needs --tp > 1)")
+    group.add_argument("--schedule", choices=SCHEDULES)
+    group.add_argument("--virtual-stages", type=int)
+    group.add_argument("--microbatches", type=int, help="micro-batches per data-parallel rank and step")
+    group.add_argument("--recompute", choices=RECOMPUTE)
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML file with [model], [layout] and [train] tables")
+    group = parser.add_argument_group("training")
+    group.add_argument("--steps", type=int)
+    group.add_argument("--global-batch", type=int, help="sequences per optimizer step, over all ranks")
+    group.add_argument("--seed", type=int)
+    group.add_argument("--precision", choices=PRECISIONS)
+    group.add_argument("--lr", type=float)
+    group.add_argument("--warmup-steps", type=int)
+    group.add_argument("--data", help="text file, or token file (.u16/.bin, .u32, .npy)")
+    group.add_argument("--run-dir", help="where metrics, summary, pictures and checkpoints go")
+    group.add_argument("--checkpoint-every", type=int, help="save a checkpoint every K steps (0: only never)")
+    group.add_argument("--resume", action="store_const", const=True, help="continue from the run dir's last checkpoint")
+    group.add_argument("--deterministic", action="store_const", const=True, help="deterministic kernels only")
+
+
+def _section(values: dict, key: str, allowed: tuple[str, ...], path: str) -> dict:
+    table = values.get(key, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [{key}] must be a table")
+    unknown = sorted(set(table) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {unknown[0]!r} in [{key}]; known keys: {', '.join(allowed)}")
+    return dict(table)
+
+
+def read_config_file(path: str) -> dict[str, dict]:
+    """Parse a TOML config into its three tables, rejecting anything unknown."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        values = tomllib.loads(file.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+    unknown = sorted(set(values) - {"model", "layout", "train"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown table [{unknown[0]}]; use [model], [layout] and [train]")
+    return {
+        "model": _section(values, "model", ("name",) + SPEC_FIELDS, path),
+        "layout": _section(values, "layout", tuple(f.name for f in fields(Layout)), path),
+        "train": _section(values, "train", tuple(f.name for f in fields(TrainSpec)), path),
+    }
+
+
+def _set_flags(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def _typed(cls, values: dict):
+    """Build ``cls`` from ``values``, each of the type of the field's default (ints pass as floats)."""
+    for item in fields(cls):
+        if item.name not in values or item.default is None:
+            continue
+        value, expected = values[item.name], type(item.default)
+        accepted = (int, float) if expected is float else expected
+        if not isinstance(value, accepted) or (isinstance(value, bool) and expected is not bool):
+            raise ConfigError(
+                f"{item.name.replace('_', '-')} must be of type {expected.__name__}, got {value!r}"
+            )
+    return cls(**values)
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """Defaults ← TOML file ← flags, validated."""
+    tables = read_config_file(args.config) if args.config else {"model": {}, "layout": {}, "train": {}}
+    model_values = {**tables["model"], **_set_flags(args, ("model", "family") + SPEC_FIELDS)}
+    name = model_values.pop("name", None)
+    name = model_values.pop("model", name)
+    if name is None and not {"layers", "hidden", "heads"} <= set(model_values):
+        name = DEFAULT_MODEL
+    spec = model_spec(name, **model_values)
+
+    layout_values = {**tables["layout"], **_set_flags(args, tuple(f.name for f in fields(Layout)))}
+    # Any layout setting replaces the default layout as a whole; unset sizes are then 1.
+    layout = _typed(Layout, layout_values) if layout_values else DEFAULT_LAYOUT
+    train = _typed(TrainSpec, {**tables["train"], **_set_flags(args, tuple(f.name for f in fields(TrainSpec)))})
+    config = RunConfig(spec, layout, train, model_name=name)
+    validate_run(config)
+    return config

@@ -1,0 +1,1 @@
+"""What a run measured: metrics, summaries, traces and pictures."""

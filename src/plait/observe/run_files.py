@@ -1,0 +1,58 @@
+"""The run directory: metrics.jsonl (a line per step), summary.json and loss.png."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+LOSS_PICTURE = "loss.png"
+
+
+def write_json_atomically(path: Path, value: object) -> None:
+    """Write to a temporary file and rename, so a reader never sees half a file."""
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(json.dumps(value, indent=2) + "\n")
+    os.replace(temporary, path)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class MetricsLog:
+    """Appends one JSON object per step; on resume it first drops steps the checkpoint did not keep."""
+
+    def __init__(self, run_dir: Path, first_step: int):
+        self.path = Path(run_dir) / METRICS_FILE
+        kept = [row for row in read_metrics(run_dir) if row["step"] < first_step]
+        self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+
+    def append(self, row: dict) -> None:
+        with self.path.open("a") as file:
+            file.write(json.dumps(row) + "\n")
+
+
+def draw_loss(run_dir: Path) -> Path:
+    """Plot loss against step from metrics.jsonl into loss.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(run_dir)
+    figure, axes = plt.subplots(figsize=(6, 3.5), dpi=120)
+    axes.plot([r["step"] for r in rows], [r["loss"] for r in rows], color="tab:blue", linewidth=1.2)
+    axes.set_xlabel("step")
+    axes.set_ylabel("training loss (nats/token)")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    path = Path(run_dir) / LOSS_PICTURE
+    figure.savefig(path)
+    plt.close(figure)
+    return path

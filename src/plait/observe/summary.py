@@ -1,0 +1,67 @@
+"""summary.json: the run's headline figures, gathered from every rank by rank 0.
+
+Fields whose measurement has not landed yet are written as null: ``comm_fraction`` (needs the
+span tracer) and ``mfu`` (needs the device's peak FLOP/s from the hardware catalog). Without
+pipeline parallelism there is no bubble, so ``bubble_fraction`` is 0.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from plait.config import RunConfig
+from plait.models.flops import flops_per_sequence, parameter_count
+from plait.observe.run_files import SUMMARY_FILE, write_json_atomically
+from plait.topology import Topology
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak bytes allocated on the GPU, or on a CPU the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def steady_step_time(step_times: list[float]) -> float:
+    """Median step time, leaving out the first step (warm-up) when there are others."""
+    steady = step_times[1:] if len(step_times) > 1 else step_times
+    return statistics.median(steady)
+
+
+def write_summary(run_dir: Path, config: RunConfig, topology: Topology, result) -> dict | None:
+    """Collective: every rank contributes its peak memory; rank 0 writes and returns the summary."""
+    per_rank: list[int | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, peak_memory_bytes(topology.device))
+    if not topology.is_logging_rank or not result.losses:
+        return None
+    layout, train = config.layout, config.train
+    step_time = steady_step_time(result.step_times)
+    sequences_per_s = train.global_batch / step_time
+    model_flops = flops_per_sequence(config.model, recompute=layout.recompute).model
+    summary = {
+        "layout": {**layout.to_dict(), "name": layout.describe()},
+        "world_size": layout.world_size,
+        "model": config.model_name,
+        "parameters": parameter_count(config.model),
+        "precision": train.precision,
+        "device": topology.device.type,
+        "steps": train.steps,
+        "first_step": result.first_step,
+        "initial_loss": result.losses[0],
+        "final_loss": result.losses[-1],
+        "step_time_s": step_time,
+        "tokens_per_s": sequences_per_s * config.model.seq_len,
+        "model_tflops_per_rank": model_flops * sequences_per_s / layout.world_size / 1e12,
+        "bubble_fraction": 0.0 if layout.pp == 1 else None,
+        "comm_fraction": None,
+        "mfu": None,
+        "peak_memory_bytes": max(per_rank),
+        "peak_memory_bytes_per_rank": per_rank,
+    }
+    write_json_atomically(Path(run_dir) / SUMMARY_FILE, summary)
+    return summary

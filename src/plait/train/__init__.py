@@ -1,0 +1,1 @@
+"""The training loop and what it needs: data, optimizer, checkpoints, launch."""

@@ -1,0 +1,101 @@
+"""Token streams and the deterministic global batch.
+
+The default corpus is the Python standard library's own source, which every machine with Python
+has, read as bytes (vocabulary 256). Users pass text files (read as UTF-8 bytes) or pre-tokenized
+files: ``.u16``/``.bin`` (uint16, nanoGPT's format), ``.u32`` (uint32) or ``.npy``.
+
+The global batch of step k depends only on (seed, k): its sequence offsets are drawn from a
+generator seeded by both, so every layout sees the same sequences, and each data-parallel rank
+reads only the rows of its own slice.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from plait.errors import ConfigError
+
+DEFAULT_CORPUS_BYTES = 4 * 2**20
+TOKEN_FILE_DTYPES = {".u16": np.uint16, ".bin": np.uint16, ".u32": np.uint32}
+
+
+def default_corpus() -> np.ndarray:
+    """The standard library's top-level ``.py`` files, sorted by name, up to 4 MiB of bytes."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    chunks, total = [], 0
+    for path in sorted(stdlib.glob("*.py")):
+        data = path.read_bytes()
+        chunks.append(data)
+        total += len(data)
+        if total >= DEFAULT_CORPUS_BYTES:
+            break
+    return np.frombuffer(b"".join(chunks)[:DEFAULT_CORPUS_BYTES], dtype=np.uint8)
+
+
+def load_tokens(path: str | None) -> np.ndarray:
+    """The token stream of ``path`` (memory-mapped where it can be), or the default corpus."""
+    if path is None:
+        return default_corpus()
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"data file {path} does not exist; pass --data with a text or token file")
+    if file.stat().st_size == 0:
+        raise ConfigError(f"data file {path} is empty; it needs at least one sequence of tokens")
+    if file.suffix == ".npy":
+        tokens = np.load(file, mmap_mode="r")
+        if tokens.ndim != 1 or tokens.dtype.kind not in "ui":
+            raise ConfigError(f"{path} must hold a 1-D array of integer token ids, got {tokens.dtype} {tokens.shape}")
+        return tokens
+    dtype = TOKEN_FILE_DTYPES.get(file.suffix)
+    if dtype is None:
+        return np.memmap(file, dtype=np.uint8, mode="r")
+    itemsize = np.dtype(dtype).itemsize
+    if file.stat().st_size % itemsize:
+        raise ConfigError(
+            f"{path} is {file.stat().st_size} bytes, not a whole number of {np.dtype(dtype).name} tokens; "
+            "check the file's suffix (.u16/.bin for uint16, .u32 for uint32)"
+        )
+    return np.memmap(file, dtype=dtype, mode="r")
+
+
+def check_tokens(tokens: np.ndarray, vocab: int, seq_len: int, source: str) -> None:
+    """Reject a stream too short for one sequence or holding ids outside the vocabulary."""
+    if len(tokens) < seq_len + 1:
+        raise ConfigError(
+            f"{source} holds {len(tokens)} tokens, fewer than one sequence of {seq_len} plus its target; "
+            "use more data or a shorter --seq-len"
+        )
+    largest = int(tokens.max())
+    if largest >= vocab:
+        raise ConfigError(
+            f"{source} holds token id {largest} but the model's vocabulary is {vocab}; "
+            "choose a model whose vocabulary covers the data"
+        )
+
+
+@dataclass(frozen=True)
+class BatchSource:
+    """Draws the rows of the global batch of each step that one data-parallel rank owns."""
+
+    tokens: np.ndarray
+    seq_len: int
+    global_batch: int
+    seed: int
+
+    def offsets(self, step: int) -> np.ndarray:
+        """Start offsets of every sequence of the global batch of ``step``."""
+        generator = np.random.default_rng([self.seed, step])
+        return generator.integers(0, len(self.tokens) - self.seq_len, size=self.global_batch)
+
+    def local_batch(self, step: int, dp_rank: int, dp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and next-token targets, (global_batch / dp_size, seq_len) each, for this rank."""
+        rows = self.global_batch // dp_size
+        mine = self.offsets(step)[dp_rank * rows:(dp_rank + 1) * rows]
+        window = np.stack([np.asarray(self.tokens[o:o + self.seq_len + 1], dtype=np.int64) for o in mine])
+        sequences = torch.from_numpy(window)
+        return sequences[:, :-1], sequences[:, 1:]

@@ -1,0 +1,113 @@
+"""Starting the ranks: a local torchrun when called from a shell, the worker when inside torchrun.
+
+``plait train`` validates everything first, then either runs one rank in this process, starts
+``torchrun --standalone`` with one process per rank, or (when torchrun started us, on one node or
+many) runs as that rank's worker.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from plait.config import RunConfig
+from plait.errors import ConfigError
+from plait.observe.run_files import METRICS_FILE
+from plait.topology import build_topology
+from plait.train.checkpoint import latest_checkpoint
+from plait.train.loop import train
+
+# A collective that has not completed after this long raises on the rank that waits, naming it.
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+
+
+def inside_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+
+
+def prepare_run_dir(config: RunConfig) -> Path:
+    """Resolve and create the run directory, refusing to overwrite a finished or resumable run."""
+    train_spec = config.train
+    if train_spec.run_dir is None:
+        if train_spec.resume:
+            raise ConfigError("--resume needs --run-dir naming the run to continue")
+        run_dir = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    else:
+        run_dir = Path(train_spec.run_dir)
+    if train_spec.resume:
+        if latest_checkpoint(run_dir) is None:
+            raise ConfigError(f"{run_dir} holds no complete checkpoint to resume from; drop --resume to start afresh")
+    elif (run_dir / METRICS_FILE).exists():
+        raise ConfigError(
+            f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def check_devices(config: RunConfig) -> None:
+    if torch.cuda.is_available() and config.layout.world_size > torch.cuda.device_count() and not inside_torchrun():
+        raise ConfigError(
+            f"the layout needs {config.layout.world_size} GPUs but this node has {torch.cuda.device_count()}; "
+            "use a smaller layout or launch on several nodes with torchrun"
+        )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_worker(config: RunConfig, run_dir: Path) -> int:
+    """This process is one rank: join the process group, train, report."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+    try:
+        topology = build_topology(config.layout, device)
+        result = train(config, topology, run_dir)
+        if topology.is_logging_rank and result.losses:
+            print(
+                f"plait: {config.layout.describe()} on {config.layout.world_size} rank(s): loss "
+                f"{result.losses[0]:.4f} → {result.losses[-1]:.4f} over steps {result.first_step}–"
+                f"{config.train.steps - 1}; files in {run_dir}"
+            )
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def launch(config: RunConfig, argv: list[str]) -> int:
+    """Run ``plait train`` with ``argv`` (already validated into ``config``) on every rank."""
+    if inside_torchrun():
+        return run_worker(config, Path(config.train.run_dir or "runs/torchrun"))
+    check_devices(config)
+    run_dir = prepare_run_dir(config)
+    world = config.layout.world_size
+    if world == 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+        return run_worker(config, run_dir)
+    threads = max(1, (os.cpu_count() or 1) // world)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+        "-m", "plait", "train", *argv, "--run-dir", str(run_dir),
+    ]
+    completed = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    return completed.returncode

@@ -1,0 +1,125 @@
+"""The training loop, run by every rank over an already-initialised process group.
+
+Order of construction, as in picotron and torchtitan: build the single-device model and seed its
+full weights → apply the parallelisms from outside → optimizer → (resume) → steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from plait.config import RunConfig
+from plait.models.init import init_weights
+from plait.models.transformer import Transformer
+from plait.observe.run_files import MetricsLog, draw_loss
+from plait.observe.summary import write_summary
+from plait.parallel.data import apply_data_parallel, gradient_sync
+from plait.topology import Topology
+from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from plait.train.data import BatchSource, check_tokens, load_tokens
+from plait.train.optim import build_optimizer, learning_rate, set_learning_rate
+
+
+@dataclass
+class TrainResult:
+    """What one rank saw: the global loss of every step it ran, and per-step timings."""
+
+    losses: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    first_step: int = 0
+    model: nn.Module | None = None
+
+
+def build_model(config: RunConfig, device: torch.device) -> nn.Module:
+    """The full single-device model with its seeded weights (identical under every layout)."""
+    model = Transformer(config.model)
+    init_weights(model, config.model, config.train.seed)
+    return model.to(device)
+
+
+def autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    if config.train.precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    config: RunConfig,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accumulate gradients over the micro-batches, clip, step. Returns (local loss, grad norm)."""
+    local_loss = torch.zeros((), device=device)
+    count = len(micro_batches)
+    for index, (inputs, targets) in enumerate(micro_batches):
+        with gradient_sync(model, enabled=index == count - 1), autocast(config, device):
+            logits = model(inputs.to(device))
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()) / count
+            loss.backward()
+        local_loss += loss.detach()
+    max_norm = config.train.grad_clip if config.train.grad_clip > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return local_loss, grad_norm
+
+
+def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) -> TrainResult:
+    """Run ``config`` on this rank. With ``run_dir``, rank 0 writes the run files there."""
+    train_spec, layout, device = config.train, config.layout, topology.device
+    if train_spec.deterministic:
+        torch.use_deterministic_algorithms(True)
+    tokens = load_tokens(train_spec.data)
+    check_tokens(tokens, config.model.vocab, config.model.seq_len, train_spec.data or "the default corpus")
+    source = BatchSource(tokens, config.model.seq_len, train_spec.global_batch, train_spec.seed)
+
+    model = apply_data_parallel(build_model(config, device), topology)
+    optimizer = build_optimizer(model, train_spec)
+    result = TrainResult(model=model)
+    if train_spec.resume and run_dir is not None and (checkpoint := latest_checkpoint(run_dir)) is not None:
+        result.first_step = load_checkpoint(checkpoint, model, optimizer)
+
+    writes = run_dir is not None and topology.is_logging_rank
+    log = MetricsLog(run_dir, result.first_step) if writes else None
+    dp_rank, dp_size, dp_group = topology.coordinate("dp"), topology.size("dp"), topology.group("dp")
+    tokens_per_step = train_spec.global_batch * config.model.seq_len
+    steps = range(result.first_step, train_spec.steps)
+    progress = tqdm(steps, desc="train", unit="step", disable=not topology.is_logging_rank, dynamic_ncols=True)
+    for step in progress:
+        started = time.perf_counter()
+        lr = learning_rate(step, train_spec)
+        set_learning_rate(optimizer, lr)
+        inputs, targets = source.local_batch(step, dp_rank, dp_size)
+        micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
+        local_loss, grad_norm = train_step(model, optimizer, micro, config, device)
+        dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
+        loss = local_loss.item()
+        elapsed = time.perf_counter() - started
+        result.losses.append(loss)
+        result.step_times.append(elapsed)
+        progress.set_postfix(loss=f"{loss:.3f}")
+        if log is not None:
+            log.append({
+                "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item(),
+                "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed,
+            })
+        if run_dir is not None and train_spec.checkpoint_every and (step + 1) % train_spec.checkpoint_every == 0:
+            save_checkpoint(run_dir, step + 1, model, optimizer)
+    progress.close()
+    if run_dir is not None:
+        write_summary(run_dir, config, topology, result)
+        if writes:
+            draw_loss(run_dir)
+    return result
