@@ -19,6 +19,7 @@ from pathlib import Path
 from plait.errors import ConfigError
 from plait.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
 from plait.models.spec import FAMILIES, SPEC_FIELDS, ModelSpec, model_spec
+from plait.schedules.split import check_pipeline
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -81,13 +82,12 @@ def check_supported(layout: Layout) -> None:
         (layout.tp > 1, "tensor parallelism (--tp)"),
         (layout.sp, "sequence parallelism (--sp)"),
         (layout.cp > 1, "context parallelism (--cp)"),
-        (layout.pp > 1, "pipeline parallelism (--pp)"),
         (layout.zero > 0, "ZeRO sharding (--zero)"),
         (layout.recompute != "none", "activation recomputation (--recompute)"),
     ]
     for refused, what in unsupported:
         if refused:
-            raise ConfigError(f"{what} is not supported yet by plait train; run with --dp only for now")
+            raise ConfigError(f"{what} is not supported yet by plait train; run with --dp and --pp only for now")
 
 
 def validate_run(config: RunConfig) -> None:
@@ -96,6 +96,8 @@ def validate_run(config: RunConfig) -> None:
     config.layout.validate()
     config.train.validate()
     check_supported(config.layout)
+    if config.layout.pp > 1:
+        check_pipeline(config.model, config.layout)
     layout, train = config.layout, config.train
     per_rank = layout.dp * layout.microbatches
     if train.global_batch % per_rank:

@@ -16,21 +16,32 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from plait.config import RunConfig
+from plait.observe.timeline import TIMELINE_PICTURE, draw_timeline
 from plait.schedules.actions import Schedule
 from plait.schedules.executor import Executor, StepRecord
+from plait.schedules.generators import generate
+from plait.schedules.simulate import Span, Timeline, theoretical_bubble
+from plait.schedules.split import split_layers
+from plait.topology import Topology
 
 
 def _view(model: nn.Module, **modules: nn.Module | None) -> nn.Module:
     """A shallow copy of ``model`` sharing its parameters, with some submodules replaced."""
     view = copy.copy(model)
-    view._modules = {**model._modules, **modules}
+    view._modules = dict(model._modules)
+    for name, module in modules.items():
+        view.__dict__.pop(name, None)  # a submodule absent at construction is a plain None attribute
+        view._modules[name] = module
     return view
 
 
@@ -93,6 +104,7 @@ class Pipeline:
         self.holds_last = schedule.num_chunks - 1 in self.chunks
         self.tied = self.model.output is None and schedule.pp > 1
         self.hidden = model.spec.hidden
+        self.spans: list[list[Span]] = []  # this rank's spans, one list per step
 
     def step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast) -> StepRecord:
         """Forward and backward every micro-batch by the schedule; gradients end synchronised.
@@ -117,7 +129,39 @@ class Pipeline:
         last = dist.get_global_rank(self.groups.pp, self.schedule.pp - 1)
         dist.broadcast(loss, src=last, group=self.groups.pp)
         record.loss = loss
+        origin = min((span.start for span in record.spans), default=0.0)
+        self.spans.append([Span(s.action, s.start - origin, s.end - origin) for s in record.spans])
         return record
+
+    def train_step(self, optimizer: torch.optim.Optimizer, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+                   grad_clip: float, autocast) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over the pipeline; returns (global mean loss, global grad norm)."""
+        record = self.step(micro_batches, autocast)
+        norm = self.clip_gradients(grad_clip if grad_clip > 0 else math.inf)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return record.loss, norm
+
+    def timelines(self) -> list[Timeline]:
+        """Collective over the pp group: every step's measured timeline, all ranks together."""
+        gathered: list[list[list[Span]] | None] = [None] * self.schedule.pp
+        dist.all_gather_object(gathered, self.spans, group=self.groups.pp)
+        return [Timeline(tuple(tuple(rank[step]) for rank in gathered)) for step in range(len(self.spans))]
+
+    def report(self, run_dir: Path | None) -> dict[str, float]:
+        """Collective: measured (median over steps after the first) and theoretical bubble fractions.
+
+        With ``run_dir``, pp rank 0 draws the last step's timeline there.
+        """
+        timelines = self.timelines()
+        steady = timelines[1:] or timelines
+        measured = statistics.median(t.bubble_fraction for t in steady)
+        if run_dir is not None and self.groups.pp_rank == 0 and timelines:
+            title = f"{self.schedule.name}, pp={self.schedule.pp}, m={self.schedule.microbatches}"
+            if self.schedule.virtual_stages > 1:
+                title += f", v={self.schedule.virtual_stages}"
+            draw_timeline(timelines[-1], Path(run_dir) / TIMELINE_PICTURE, f"{title}: measured bubble {measured:.1%}")
+        return {"bubble_fraction": measured, "bubble_fraction_theory": theoretical_bubble(self.schedule)}
 
     def _sync_gradients(self) -> None:
         if self.tied and (self.holds_first or self.holds_last):
@@ -157,3 +201,13 @@ class _Autocast(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with self.autocast():
             return self.chunk(x)
+
+
+def apply_pipeline(model: nn.Module, config: RunConfig, topology: Topology) -> Pipeline:
+    """Split the seeded single-device ``model`` for this rank's place on the mesh's pp dimension."""
+    layout = config.layout
+    schedule = generate(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
+    split = split_layers(config.model, layout.pp, layout.virtual_stages)
+    dp = topology.group("dp") if topology.size("dp") > 1 else None
+    groups = PipelineGroups(topology.group("pp"), topology.coordinate("pp"), dp)
+    return Pipeline(model, schedule, split, groups, topology.device)

@@ -24,6 +24,7 @@ from plait.models.transformer import Transformer
 from plait.observe.run_files import MetricsLog, draw_loss
 from plait.observe.summary import write_summary
 from plait.parallel.data import apply_data_parallel, gradient_sync
+from plait.parallel.pipeline import apply_pipeline
 from plait.topology import Topology
 from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from plait.train.data import BatchSource, check_tokens, load_tokens
@@ -38,6 +39,7 @@ class TrainResult:
     step_times: list[float] = field(default_factory=list)
     first_step: int = 0
     model: nn.Module | None = None
+    pipeline: dict[str, float] = field(default_factory=dict)  # measured and theoretical bubble, with --pp
 
 
 def build_model(config: RunConfig, device: torch.device) -> nn.Module:
@@ -85,7 +87,9 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
     check_tokens(tokens, config.model.vocab, config.model.seq_len, train_spec.data or "the default corpus")
     source = BatchSource(tokens, config.model.seq_len, train_spec.global_batch, train_spec.seed)
 
-    model = apply_data_parallel(build_model(config, device), topology)
+    model = build_model(config, device)
+    pipeline = apply_pipeline(model, config, topology) if layout.pp > 1 else None
+    model = pipeline.model if pipeline is not None else apply_data_parallel(model, topology)
     optimizer = build_optimizer(model, train_spec)
     result = TrainResult(model=model)
     if train_spec.resume and run_dir is not None and (checkpoint := latest_checkpoint(run_dir)) is not None:
@@ -103,7 +107,11 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
         set_learning_rate(optimizer, lr)
         inputs, targets = source.local_batch(step, dp_rank, dp_size)
         micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
-        local_loss, grad_norm = train_step(model, optimizer, micro, config, device)
+        if pipeline is not None:
+            local_loss, grad_norm = pipeline.train_step(optimizer, micro, train_spec.grad_clip,
+                                                        lambda: autocast(config, device))
+        else:
+            local_loss, grad_norm = train_step(model, optimizer, micro, config, device)
         dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
         loss = local_loss.item()
         elapsed = time.perf_counter() - started
@@ -118,6 +126,8 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
         if run_dir is not None and train_spec.checkpoint_every and (step + 1) % train_spec.checkpoint_every == 0:
             save_checkpoint(run_dir, step + 1, model, optimizer)
     progress.close()
+    if pipeline is not None and result.losses:
+        result.pipeline = pipeline.report(run_dir if writes else None)
     if run_dir is not None:
         write_summary(run_dir, config, topology, result)
         if writes:
