@@ -51,7 +51,7 @@ def prune_to_rank(model: nn.Module, schedule: Schedule, rank: int, split: tuple[
     owned = {str(i) for c in chunks for i in split[c]}
     first, last = 0 in chunks, schedule.num_chunks - 1 in chunks
     model.layers = nn.ModuleDict({k: v for k, v in model.layers.items() if k in owned})
-    tied = model.output is None
+    tied = model.spec.tie_embeddings
     if not first:
         model.pos_embeddings = None
         if not (last and tied):
@@ -73,7 +73,7 @@ def chunk_views(model: nn.Module, schedule: Schedule, rank: int, split: tuple[ra
             replace.update(tok_embeddings=None, pos_embeddings=None)
         if c != last_chunk:
             replace.update(norm=None, output=None)
-        elif model.output is None and c != 0:
+        elif model.spec.tie_embeddings and c != 0:
             # Tied head on a stage without the embedding: project with the embedding's weight.
             head = nn.Linear(model.tok_embeddings.embedding_dim, model.tok_embeddings.num_embeddings,
                              bias=False, device="meta")
@@ -102,7 +102,7 @@ class Pipeline:
         self.chunks = chunk_views(self.model, schedule, groups.pp_rank, split)
         self.holds_first = 0 in self.chunks
         self.holds_last = schedule.num_chunks - 1 in self.chunks
-        self.tied = self.model.output is None and schedule.pp > 1
+        self.tied = model.spec.tie_embeddings and schedule.pp > 1
         self.hidden = model.spec.hidden
         self.spans: list[list[Span]] = []  # this rank's spans, one list per step
 
