@@ -29,6 +29,7 @@ class MetricsLog:
     """Appends one JSON object per step; on resume it first drops steps the checkpoint did not keep."""
 
     def __init__(self, run_dir: Path, first_step: int):
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
         self.path = Path(run_dir) / METRICS_FILE
         kept = [row for row in read_metrics(run_dir) if row["step"] < first_step]
         self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))

@@ -23,6 +23,7 @@ from plait.errors import ConfigError
 from plait.observe.run_files import METRICS_FILE
 from plait.topology import build_topology
 from plait.train.checkpoint import latest_checkpoint
+from plait.train.data import check_tokens, load_tokens
 from plait.train.loop import train
 
 # A collective that has not completed after this long raises on the rank that waits, naming it.
@@ -53,6 +54,12 @@ def prepare_run_dir(config: RunConfig) -> Path:
     return run_dir
 
 
+def check_data(config: RunConfig) -> None:
+    """Open the data and check it fits the model before any worker starts."""
+    source = config.train.data or "the default corpus"
+    check_tokens(load_tokens(config.train.data), config.model.vocab, config.model.seq_len, source)
+
+
 def check_devices(config: RunConfig) -> None:
     if torch.cuda.is_available() and config.layout.world_size > torch.cuda.device_count() and not inside_torchrun():
         raise ConfigError(
@@ -67,9 +74,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def print_summary(summary: dict, run_dir: Path) -> None:
+    print(
+        f"plait: {summary['model']} under {summary['layout']['name']} on {summary['world_size']} rank(s), "
+        f"steps {summary['first_step']}–{summary['steps'] - 1}\n"
+        f"  loss        {summary['initial_loss']:.4f} → {summary['final_loss']:.4f}\n"
+        f"  throughput  {summary['tokens_per_s']:,.0f} tokens/s, {summary['step_time_s'] * 1e3:.1f} ms/step (median)\n"
+        f"  memory      {summary['peak_memory_bytes'] / 2**20:,.0f} MiB peak on the busiest rank\n"
+        f"  files       {run_dir}/ (metrics.jsonl, summary.json, loss.png)"
+    )
+
+
 def run_worker(config: RunConfig, run_dir: Path) -> int:
     """This process is one rank: join the process group, train, report."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if config.train.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for determinism
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -83,12 +103,8 @@ def run_worker(config: RunConfig, run_dir: Path) -> int:
     try:
         topology = build_topology(config.layout, device)
         result = train(config, topology, run_dir)
-        if topology.is_logging_rank and result.losses:
-            print(
-                f"plait: {config.layout.describe()} on {config.layout.world_size} rank(s): loss "
-                f"{result.losses[0]:.4f} → {result.losses[-1]:.4f} over steps {result.first_step}–"
-                f"{config.train.steps - 1}; files in {run_dir}"
-            )
+        if result.summary is not None:
+            print_summary(result.summary, run_dir)
     finally:
         dist.destroy_process_group()
     return 0
@@ -99,6 +115,7 @@ def launch(config: RunConfig, argv: list[str]) -> int:
     if inside_torchrun():
         return run_worker(config, Path(config.train.run_dir or "runs/torchrun"))
     check_devices(config)
+    check_data(config)
     run_dir = prepare_run_dir(config)
     world = config.layout.world_size
     if world == 1:

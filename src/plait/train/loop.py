@@ -40,6 +40,7 @@ class TrainResult:
     first_step: int = 0
     model: nn.Module | None = None
     pipeline: dict[str, float] = field(default_factory=dict)  # measured and theoretical bubble, with --pp
+    summary: dict | None = None
 
 
 def build_model(config: RunConfig, device: torch.device) -> nn.Module:
@@ -129,7 +130,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
     if pipeline is not None and result.losses:
         result.pipeline = pipeline.report(run_dir if writes else None)
     if run_dir is not None:
-        write_summary(run_dir, config, topology, result)
+        result.summary = write_summary(run_dir, config, topology, result)
         if writes:
             draw_loss(run_dir)
     return result

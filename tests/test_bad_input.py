@@ -1,0 +1,81 @@
+"""Every kind of bad input: one line on stderr, exit status 2, no worker started, nothing written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plait.cli import main
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "broken.toml").write_text("[train\nsteps = 3\n")
+    (tmp_path / "unknown_key.toml").write_text("[train]\nstepz = 3\n")
+    (tmp_path / "unknown_table.toml").write_text("[optimizer]\nlr = 0.1\n")
+    (tmp_path / "wrong_type.toml").write_text('[train]\nlr = "fast"\n')
+    np.array([1, 2, 300, 4] * 100, dtype=np.uint16).tofile(tmp_path / "wide.u16")
+    (tmp_path / "short.txt").write_text("just a few bytes")
+    (tmp_path / "odd.u32").write_bytes(b"\x01\x02\x03")
+    finished = tmp_path / "finished_run"
+    finished.mkdir()
+    (finished / "metrics.jsonl").write_text('{"step": 0, "loss": 5.0}\n')
+    return {path.stem: str(path) for path in tmp_path.iterdir()}
+
+
+BAD_INPUTS = {
+    "unknown preset": (["--model", "gpt5"], "unknown model preset"),
+    "zero data parallel": (["--dp", "0"], "dp must be a positive integer"),
+    "zero steps": (["--steps", "0"], "steps must be a positive integer"),
+    "negative learning rate": (["--lr", "-1"], "learning rate must be a positive"),
+    "batch not divisible": (["--dp", "2", "--global-batch", "7"], "not divisible by dp"),
+    "missing data file": (["--data", "/no/such/file.txt"], "does not exist"),
+    "empty data file": (["--data", "{empty}"], "is empty"),
+    "data shorter than a sequence": (["--data", "{short}"], "fewer than one sequence"),
+    "token outside vocabulary": (["--data", "{wide}"], "vocabulary is 256"),
+    "token file of partial tokens": (["--data", "{odd}"], "not a whole number"),
+    "malformed TOML": (["--config", "{broken}"], "not valid TOML"),
+    "unknown key": (["--config", "{unknown_key}"], "unknown key 'stepz'"),
+    "unknown table": (["--config", "{unknown_table}"], "unknown table [optimizer]"),
+    "wrong value type": (["--config", "{wrong_type}"], "lr must be of type float"),
+    "missing config file": (["--config", "/no/such.toml"], "does not exist"),
+    "heads do not divide hidden": (["--heads", "3"], "not divisible by 3 heads"),
+    "kv-heads do not divide heads": (["--model", "tiny-llama", "--kv-heads", "3"], "kv-heads must divide"),
+    "sequence parallel without tp": (["--sp"], "needs --tp 2"),
+    "virtual stages without interleaving": (["--virtual-stages", "2"], "only applies to the interleaved"),
+    "unknown flag": (["--dpp", "2"], "unrecognized arguments"),
+    "unknown precision": (["--precision", "fp8"], "invalid choice"),
+    "overwriting a finished run": (["--run-dir", "{finished_run}"], "already holds a run"),
+    "resume without checkpoint": (["--run-dir", "{finished_run}", "--resume"], "no complete checkpoint"),
+    "resume without run dir": (["--resume"], "--resume needs --run-dir"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_clear_line(case, files, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # a default run dir would appear here if anything started
+    flags, expected = BAD_INPUTS[case]
+    argv = ["train", "--steps", "2", *[flag.format(**files) for flag in flags]]
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(argv))
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("plait") and expected in lines[0], lines[0]
+    assert not (tmp_path / "runs").exists()
+    assert (tmp_path / "finished_run" / "metrics.jsonl").read_text() == '{"step": 0, "loss": 5.0}\n'
+
+
+def test_command_line_reports_bad_input_without_starting_workers(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-m", "plait", "train", "--dp", "2", "--global-batch", "5"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert completed.returncode == 2
+    assert completed.stderr.strip().count("\n") == 0 and "not divisible" in completed.stderr
+    assert "torch.distributed.run" not in completed.stderr and not (tmp_path / "runs").exists()

@@ -1,0 +1,123 @@
+"""The single-device transformer: sizes from the spec, FLOPs, attention and rotary positions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop, sdpa_flop
+
+from plait.models.flops import flops_per_sequence, parameter_count
+from plait.models.init import init_weights
+from plait.models.spec import PRESETS, model_spec
+from plait.models.transformer import Attention, Transformer, apply_rotary, rotary_tables
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_parameter_count_matches_the_built_model(name):
+    spec = PRESETS[name]
+    with torch.device("meta"):
+        model = Transformer(spec)
+    assert parameter_count(spec) == sum(p.numel() for p in model.parameters())
+
+
+def test_published_sizes():
+    """Figures from the model cards / papers, to the parameter where they are published exactly."""
+    assert parameter_count(PRESETS["gpt2"]) == 124_439_808
+    assert parameter_count(PRESETS["gpt2-xl"]) == 1_557_611_200
+    assert round(parameter_count(PRESETS["llama-8b"]) / 1e9, 2) == 8.03
+    assert round(parameter_count(PRESETS["llama-70b"]) / 1e9, 1) == 70.6
+    assert round(parameter_count(PRESETS["gpt3-175b"]) / 1e9) == 175
+
+
+def test_small_presets_build_and_run_on_cpu():
+    for name in ("tiny", "tiny-llama"):
+        spec = PRESETS[name]
+        model = Transformer(spec)
+        logits = model(torch.randint(0, spec.vocab, (2, 16)))
+        assert logits.shape == (2, 16, spec.vocab)
+        assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama"])
+def test_flops_match_torch_flop_counter(name):
+    spec = model_spec(name, seq_len=32)
+    model = Transformer(spec)
+    batch = 3
+    inputs = torch.randint(0, spec.vocab, (batch, spec.seq_len))
+    # The CPU attention kernel has no formula registered; give it PyTorch's own SDPA formulas.
+    cpu_attention = {
+        aten._scaled_dot_product_flash_attention_for_cpu: sdpa_flop.__wrapped__,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: sdpa_backward_flop.__wrapped__,
+    }
+    with FlopCounterMode(display=False, custom_mapping=cpu_attention) as forward_counter:
+        logits = model(inputs)
+    with FlopCounterMode(display=False, custom_mapping=cpu_attention) as backward_counter:
+        F.cross_entropy(logits.flatten(0, 1), inputs.flatten()).backward()
+    expected = flops_per_sequence(spec)
+    assert forward_counter.get_total_flops() == batch * expected.forward
+    assert backward_counter.get_total_flops() == batch * expected.backward
+
+
+def test_recompute_flops_add_forward_work():
+    spec = PRESETS["gpt2"]
+    none, selective, full = (flops_per_sequence(spec, recompute=r) for r in ("none", "selective", "full"))
+    assert none.recompute == 0
+    assert 0 < selective.recompute < full.recompute < full.forward
+    assert none.model == full.model and full.hardware > none.hardware
+
+
+def reference_attention(attention: Attention, x: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention written out with an explicit mask and softmax."""
+    batch, seq, hidden = x.shape
+    heads, kv_heads, head_dim = attention.heads, attention.kv_heads, attention.head_dim
+    q = attention.wq(x).view(batch, seq, heads, head_dim)
+    k = attention.wk(x).view(batch, seq, kv_heads, head_dim)
+    v = attention.wv(x).view(batch, seq, kv_heads, head_dim)
+    out = torch.empty(batch, seq, heads, head_dim)
+    mask = torch.ones(seq, seq).tril().bool()
+    for h in range(heads):
+        g = h // (heads // kv_heads)  # query head h reads kv head g
+        scores = q[:, :, h] @ k[:, :, g].transpose(1, 2) / math.sqrt(head_dim)
+        weights = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+        out[:, :, h] = weights @ v[:, :, g]
+    return attention.wo(out.reshape(batch, seq, hidden))
+
+
+def test_grouped_query_attention_matches_reference():
+    spec = model_spec("tiny-llama", heads=8, kv_heads=2)
+    attention = Attention(spec)
+    x = torch.randn(2, 10, spec.hidden)
+    torch.testing.assert_close(attention(x, None), reference_attention(attention, x), rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_scores_depend_only_on_relative_position():
+    spec = PRESETS["tiny-llama"]
+    cos, sin = rotary_tables(spec, 64)
+    q, k = torch.randn(spec.head_dim), torch.randn(spec.head_dim)
+
+    def score(i: int, j: int) -> float:
+        qi = apply_rotary(q.view(1, 1, 1, -1), cos[i:i + 1], sin[i:i + 1])
+        kj = apply_rotary(k.view(1, 1, 1, -1), cos[j:j + 1], sin[j:j + 1])
+        return float((qi * kj).sum())
+
+    assert score(5, 2) == pytest.approx(score(40, 37), rel=1e-4)
+    assert score(5, 2) != pytest.approx(score(5, 4), rel=1e-3)
+    assert score(0, 0) == pytest.approx(float(q @ k), rel=1e-5)
+
+
+def test_same_seed_same_weights_and_other_seed_differs():
+    spec = PRESETS["tiny"]
+    first, second, third = Transformer(spec), Transformer(spec), Transformer(spec)
+    init_weights(first, spec, seed=1)
+    torch.manual_seed(1234)  # the global RNG must play no part
+    init_weights(second, spec, seed=1)
+    init_weights(third, spec, seed=2)
+    for (name, a), b, c in zip(first.named_parameters(), second.parameters(), third.parameters()):
+        assert torch.equal(a, b), name
+        if a.dim() >= 2:
+            assert not torch.equal(a, c), name
