@@ -64,3 +64,13 @@ def test_pipeline_matches_single_process(single_process, pipelined, model, name,
             assert len(losses) == len(reference)
             for step, (want, got) in enumerate(zip(reference, losses)):
                 assert abs(want - got) <= RELATIVE_TOLERANCE * abs(want), f"m={m} rank {rank} step {step}: {want} vs {got}"
+
+
+@pytest.mark.parametrize("model", list(FAMILIES))
+def test_pipeline_with_data_parallel_matches_single_process(pool, single_process, model):
+    """dp × pp: gradients averaged over replicas after the pipeline step (tied weights summed first)."""
+    reference = single_process[(model, 4)]
+    config = small_config(model, 4, dp=2, pp=2, schedule="zb-h1", microbatches=4)
+    for rank, losses in enumerate(pool.run(train_losses, 4, config)):
+        for step, (want, got) in enumerate(zip(reference, losses)):
+            assert abs(want - got) <= RELATIVE_TOLERANCE * abs(want), f"rank {rank} step {step}: {want} vs {got}"
