@@ -1,7 +1,8 @@
 """timeline.png: ranks against time, one bar per action, idle time left blank.
 
 Forward, full backward, input-gradient and weight-gradient work have distinct colours; transfers
-are thin grey bars (a receive's bar is the time spent waiting for it), so the bubble is the white.
+are thin grey bars (a receive's bar is the time spent waiting for it). Everything but the coloured
+blocks is idle time: the bubble.
 """
 
 from __future__ import annotations
@@ -46,12 +47,12 @@ def draw_timeline(timeline: Timeline, path: Path, title: str) -> None:
                 axes.broken_barh([(start, width)], (rank - 0.08, 0.16), facecolors="#999999")
     used = sorted({s.action.kind for spans in timeline.spans for s in spans if s.action.kind.is_compute},
                   key=list(COLOURS).index)
-    handles = [Patch(color=COLOURS[k], label=LABELS[k]) for k in used] + [Patch(color="#999999", label="transfer")]
+    handles = [Patch(color=COLOURS[k], label=LABELS[k]) for k in used] + [Patch(color="#999999", label="send / receive (idle)")]
     axes.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(handles), fontsize=8)
     axes.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
     axes.invert_yaxis()
     axes.set_xlim(0, timeline.step_time * 1e3)
-    axes.set_xlabel("time in step (ms); white is idle")
+    axes.set_xlabel("time in step (ms); outside the coloured blocks a rank is idle")
     axes.set_title(title, fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
