@@ -102,8 +102,7 @@ class Executor:
                 sends.append(self._send(action, state.input.grad))
                 state.input = None
             else:
-                buffer = torch.empty(self.recv_shape(action.microbatch), dtype=self.dtype, device=self.device)
-                dist.irecv(buffer, group=self.group, group_src=action.peer, tag=TAGS[action.kind]).wait()
+                buffer = self._receive(action)
                 if action.kind is Kind.RECV_ACTIVATION:
                     state.input = buffer.requires_grad_()
                 else:
@@ -117,6 +116,16 @@ class Executor:
     def _send(self, action: Action, tensor: torch.Tensor) -> dist.Work:
         payload = tensor.detach().to(self.dtype).contiguous()
         return dist.isend(payload, group=self.group, group_dst=action.peer, tag=TAGS[action.kind])
+
+    def _receive(self, action: Action) -> torch.Tensor:
+        """Post the receive and wait; a stalled peer ends in an error naming this rank and action."""
+        buffer = torch.empty(self.recv_shape(action.microbatch), dtype=self.dtype, device=self.device)
+        try:
+            dist.irecv(buffer, group=self.group, group_src=action.peer, tag=TAGS[action.kind]).wait()
+        except RuntimeError as error:
+            raise RuntimeError(f"pipeline rank {self.rank} failed at {action} of schedule "
+                               f"{self.schedule.name!r}: {error}") from error
+        return buffer
 
     def _forward(self, action: Action, state: _MicroState, states: dict, inputs: list, record: StepRecord) -> None:
         c, mb = action.chunk, action.microbatch
