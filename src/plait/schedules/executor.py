@@ -6,14 +6,18 @@ itself is the program and every action's span is the measurement. The split back
 zero-bubble schedules reuses PyTorch's ``stage_backward_input`` / ``stage_backward_weight``.
 
 Blocking rules (the ones ``plait.schedules.simulate`` plays): a send is an ``isend`` the rank does
-not wait for (its handle is kept and waited at the end of the step); a receive is an ``irecv``
-waited at once. Activations and gradients travel with different tags, so each (sender, receiver,
-activation|grad) pair is one ordered channel.
+not wait for (its handle is kept and waited at the end of the step); a receive blocks at its place
+in the list until the message is there. Activations and gradients travel with different tags, so
+each (sender, receiver, activation|grad) pair is one ordered channel. The ``irecv`` behind a
+receive is posted a few receives ahead (``prefetch``), in list order so channels stay matched:
+gloo moves a message only once its receive is posted, and a receive posted at the last moment would
+add a round trip to the peer's communication thread to every transfer.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -67,8 +71,10 @@ class Executor:
         group: dist.ProcessGroup | None,
         device: torch.device,
         dtype: torch.dtype = torch.float32,
+        prefetch: int = 4,
     ):
         self.schedule, self.rank, self.chunks = schedule, rank, chunks
+        self.prefetch = max(1, prefetch)
         self.loss_fn, self.recv_shape, self.group = loss_fn, recv_shape, group
         self.device, self.dtype = device, dtype
         self.last_chunk = schedule.num_chunks - 1
@@ -81,7 +87,13 @@ class Executor:
         record = StepRecord(loss)
         synchronize = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         held = 0
-        for action in self.schedule.actions[self.rank]:
+        actions = self.schedule.actions[self.rank]
+        upcoming = deque(i for i, action in enumerate(actions) if action.kind.is_recv)
+        posted: dict[int, tuple[dist.Work, torch.Tensor]] = {}
+        for index, action in enumerate(actions):
+            while upcoming and len(posted) < self.prefetch:
+                ahead = upcoming.popleft()
+                posted[ahead] = self._post_receive(actions[ahead])
             state = states.setdefault((action.chunk, action.microbatch), _MicroState())
             start = time.perf_counter()
             if action.kind is Kind.FORWARD:
@@ -102,7 +114,7 @@ class Executor:
                 sends.append(self._send(action, state.input.grad))
                 state.input = None
             else:
-                buffer = self._receive(action)
+                buffer = self._receive(action, *posted.pop(index))
                 if action.kind is Kind.RECV_ACTIVATION:
                     state.input = buffer.requires_grad_()
                 else:
@@ -117,11 +129,14 @@ class Executor:
         payload = tensor.detach().to(self.dtype).contiguous()
         return dist.isend(payload, group=self.group, group_dst=action.peer, tag=TAGS[action.kind])
 
-    def _receive(self, action: Action) -> torch.Tensor:
-        """Post the receive and wait; a stalled peer ends in an error naming this rank and action."""
+    def _post_receive(self, action: Action) -> tuple[dist.Work, torch.Tensor]:
         buffer = torch.empty(self.recv_shape(action.microbatch), dtype=self.dtype, device=self.device)
+        return dist.irecv(buffer, group=self.group, group_src=action.peer, tag=TAGS[action.kind]), buffer
+
+    def _receive(self, action: Action, work: dist.Work, buffer: torch.Tensor) -> torch.Tensor:
+        """Wait for a posted receive; a stalled peer ends in an error naming this rank and action."""
         try:
-            dist.irecv(buffer, group=self.group, group_src=action.peer, tag=TAGS[action.kind]).wait()
+            work.wait()
         except RuntimeError as error:
             raise RuntimeError(f"pipeline rank {self.rank} failed at {action} of schedule "
                                f"{self.schedule.name!r}: {error}") from error
