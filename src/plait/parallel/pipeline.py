@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import math
 import statistics
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,8 @@ from plait.schedules.generators import generate
 from plait.schedules.simulate import Span, Timeline, theoretical_bubble
 from plait.schedules.split import split_layers
 from plait.topology import Topology
+
+KEPT_STEPS = 50  # the bubble is measured over (at most) the last this many steps
 
 
 def _view(model: nn.Module, **modules: nn.Module | None) -> nn.Module:
@@ -104,7 +107,8 @@ class Pipeline:
         self.holds_last = schedule.num_chunks - 1 in self.chunks
         self.tied = model.spec.tie_embeddings and schedule.pp > 1
         self.hidden = model.spec.hidden
-        self.spans: list[list[Span]] = []  # this rank's spans, one list per step
+        self.spans: deque[list[Span]] = deque(maxlen=KEPT_STEPS)  # this rank's spans, one list per step
+        self.steps_run = 0
 
     def step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast) -> StepRecord:
         """Forward and backward every micro-batch by the schedule; gradients end synchronised.
@@ -131,6 +135,7 @@ class Pipeline:
         record.loss = loss
         origin = min((span.start for span in record.spans), default=0.0)
         self.spans.append([Span(s.action, s.start - origin, s.end - origin) for s in record.spans])
+        self.steps_run += 1
         return record
 
     def train_step(self, optimizer: torch.optim.Optimizer, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -145,16 +150,18 @@ class Pipeline:
     def timelines(self) -> list[Timeline]:
         """Collective over the pp group: every step's measured timeline, all ranks together."""
         gathered: list[list[list[Span]] | None] = [None] * self.schedule.pp
-        dist.all_gather_object(gathered, self.spans, group=self.groups.pp)
+        dist.all_gather_object(gathered, list(self.spans), group=self.groups.pp)
         return [Timeline(tuple(tuple(rank[step]) for rank in gathered)) for step in range(len(self.spans))]
 
     def report(self, run_dir: Path | None) -> dict[str, float]:
-        """Collective: measured (median over steps after the first) and theoretical bubble fractions.
+        """Collective: measured (median over the kept steps, the first step left out as warm-up) and
+        theoretical bubble fractions.
 
         With ``run_dir``, pp rank 0 draws the last step's timeline there.
         """
         timelines = self.timelines()
-        steady = timelines[1:] or timelines
+        warmup_kept = self.steps_run == len(timelines) and len(timelines) > 1
+        steady = timelines[1:] if warmup_kept else timelines
         measured = statistics.median(t.bubble_fraction for t in steady)
         if run_dir is not None and self.groups.pp_rank == 0 and timelines:
             title = f"{self.schedule.name}, pp={self.schedule.pp}, m={self.schedule.microbatches}"
@@ -173,9 +180,11 @@ class Pipeline:
             send.wait()
             grad += other
         if self.groups.dp is not None:
-            for param in self.model.parameters():
-                if param.grad is not None:
-                    dist.all_reduce(param.grad, op=dist.ReduceOp.AVG, group=self.groups.dp)
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            flat = torch.cat([g.flatten() for g in grads])  # one all-reduce instead of one per tensor
+            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.groups.dp)
+            for grad, synced in zip(grads, flat.split([g.numel() for g in grads])):
+                grad.copy_(synced.view_as(grad))
 
     def clip_gradients(self, max_norm: float) -> torch.Tensor:
         """Clip by the norm over every stage's gradients (a tied weight counted once); return the norm."""
