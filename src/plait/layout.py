@@ -75,6 +75,11 @@ class Layout:
             raise ConfigError(f"unknown pipeline schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
         if self.recompute not in RECOMPUTE:
             raise ConfigError(f"unknown recompute mode {self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
+        if self.zero and self.dp == 1:
+            raise ConfigError(
+                f"ZeRO stage {self.zero} shards over the data-parallel group and has no effect with --dp 1; "
+                "pass --dp 2 or more, or drop --zero"
+            )
         if self.sp and self.tp == 1:
             raise ConfigError("sequence parallel (--sp) shards the tensor-parallel group, so it needs --tp 2 or more")
         if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":

@@ -2,7 +2,9 @@
 
 Fields whose measurement has not landed yet are written as null: ``comm_fraction`` (needs the
 span tracer) and ``mfu`` (needs the device's peak FLOP/s from the hardware catalog). Without
-pipeline parallelism there is no bubble, so ``bubble_fraction`` is 0.
+pipeline parallelism there is no bubble, so ``bubble_fraction`` is 0. ``model_state_bytes_per_rank``
+is what each rank measured it holds of parameters, gradients and optimizer state
+(``plait.observe.model_state``), beside the formula for its ZeRO stage (docs/data_parallel.md).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.distributed as dist
 from plait.config import RunConfig
 from plait.models.flops import flops_per_sequence, parameter_count
 from plait.observe.run_files import SUMMARY_FILE, write_json_atomically
+from plait.parallel.zero_memory import model_state_bytes
 from plait.topology import Topology
 
 
@@ -37,6 +40,8 @@ def write_summary(run_dir: Path, config: RunConfig, topology: Topology, result) 
     """Collective: every rank contributes its peak memory; rank 0 writes and returns the summary."""
     per_rank: list[int | None] = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, peak_memory_bytes(topology.device))
+    model_state: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(model_state, result.model_state_bytes)
     if not topology.is_logging_rank or not result.losses:
         return None
     layout, train = config.layout, config.train
@@ -63,6 +68,11 @@ def write_summary(run_dir: Path, config: RunConfig, topology: Topology, result) 
         "mfu": None,
         "peak_memory_bytes": max(per_rank),
         "peak_memory_bytes_per_rank": per_rank,
+        "model_state_bytes_per_rank": model_state,
     }
+    if layout.tp == 1 and layout.pp == 1:  # every rank holds (a shard of) the whole model
+        summary["model_state_bytes_formula"] = model_state_bytes(
+            layout.zero, parameter_count(config.model), layout.dp, train.precision,
+        )
     write_json_atomically(Path(run_dir) / SUMMARY_FILE, summary)
     return summary

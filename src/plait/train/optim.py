@@ -6,18 +6,22 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from plait.config import TrainSpec
+from plait.parallel.sharded_adamw import ShardedAdamW
 
 BETAS = (0.9, 0.95)
 
 
-def build_optimizer(model: nn.Module, train: TrainSpec) -> torch.optim.AdamW:
-    """Decay weights of 2-D and larger parameters; leave biases, norms' gains and vectors alone."""
+def build_optimizer(model: nn.Module, train: TrainSpec, shard_over: DeviceMesh | None = None) -> torch.optim.Optimizer:
+    """AdamW decaying 2-D and larger parameters only; its state sharded over ``shard_over`` if given (ZeRO-1)."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     keep = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": keep, "weight_decay": 0.0}]
+    if shard_over is not None:
+        return ShardedAdamW(groups, shard_over, lr=train.lr, betas=BETAS)
     # foreach=False keeps the update order identical for any sharding of the parameters.
     return torch.optim.AdamW(groups, lr=train.lr, betas=BETAS, foreach=False)
 

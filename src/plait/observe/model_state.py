@@ -1,0 +1,55 @@
+"""What each rank really holds of the model state: bytes of parameters, gradients, optimizer state.
+
+Counted from the live tensors, local shards only (a DTensor counts its local tensor), each storage
+once (DDP's gradients are views of its buckets; FSDP2's gradient shards are views of one
+reduce-scatter output), at the moment each is largest: parameters at the end of a forward pass
+(where stage 2 still holds the gathered copy beside its shard), gradients just before the
+optimizer step, optimizer state just after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+
+@torch.no_grad()  # to_local() records no autograd node, which keeps each count near a millisecond
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a freed storage counts 0)."""
+    sizes: dict[int, int] = {}
+    for tensor in tensors:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        storage = local.untyped_storage()
+        sizes[storage.data_ptr()] = storage.nbytes()
+    return sum(sizes.values())
+
+
+class ModelStateMeter:
+    """Hooks on the model and optimizer that keep the largest bytes held of each kind of state."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+        self.held = {"parameters": 0, "gradients": 0, "optimizer": 0}
+        model.register_forward_hook(self._after_forward)
+        optimizer.register_step_pre_hook(self._before_step)
+        optimizer.register_step_post_hook(self._after_step)
+
+    def _optimized(self) -> list[torch.Tensor]:
+        return [param for group in self.optimizer.param_groups for param in group["params"]]
+
+    def _keep(self, kind: str, value: int) -> None:
+        self.held[kind] = max(self.held[kind], value)
+
+    def _after_forward(self, module, args, output) -> None:
+        # The module's parameters are the gathered ones while gathered; the optimizer's are the shards.
+        self._keep("parameters", storage_bytes([*self.model.parameters(), *self._optimized()]))
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        self._keep("gradients", storage_bytes(p.grad for p in self._optimized() if p.grad is not None))
+
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        state = [value for values in self.optimizer.state.values() for value in values.values()]
+        self._keep("optimizer", storage_bytes(value for value in state if isinstance(value, torch.Tensor)))
