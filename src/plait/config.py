@@ -20,6 +20,7 @@ from plait.errors import ConfigError
 from plait.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
 from plait.models.spec import FAMILIES, SPEC_FIELDS, ModelSpec, model_spec
 from plait.parallel.fit import check_parallel_fit
+from plait.schedules.split import check_pipeline
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -79,7 +80,8 @@ class RunConfig:
 # Paradigms whose implementation has not landed yet: refused rather than silently ignored.
 def check_supported(layout: Layout) -> None:
     unsupported = [
-        (layout.pp > 1, "pipeline parallelism (--pp)"),
+        (layout.pp > 1 and (layout.tp > 1 or layout.cp > 1 or layout.zero > 0),
+         "pipeline parallelism (--pp) together with --tp, --cp or --zero"),
         (layout.recompute != "none", "activation recomputation (--recompute)"),
         (layout.zero > 0 and (layout.tp > 1 or layout.cp > 1), "ZeRO (--zero) together with --tp or --cp"),
     ]
@@ -95,6 +97,8 @@ def validate_run(config: RunConfig) -> None:
     config.train.validate()
     check_supported(config.layout)
     check_parallel_fit(config.model, config.layout)
+    if config.layout.pp > 1:
+        check_pipeline(config.model, config.layout)
     layout, train = config.layout, config.train
     per_rank = layout.dp * layout.microbatches
     if train.global_batch % per_rank:

@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from plait.errors import ConfigError
+from plait.layout import Layout
 from plait.models.flops import head_forward_flops, layer_flops
 from plait.models.spec import ModelSpec
+from plait.schedules.generators import validate
 
 
 def chunk_costs(spec: ModelSpec, counts: Sequence[int], seq_len: int | None = None) -> tuple[int, ...]:
@@ -78,3 +80,9 @@ def split_layers(
             )
     starts = [sum(counts[:i]) for i in range(chunks)]
     return tuple(range(start, start + n) for start, n in zip(starts, counts))
+
+
+def check_pipeline(spec: ModelSpec, layout: Layout) -> None:
+    """Every pipeline setting checked before any worker starts (schedule, micro-batches, split)."""
+    validate(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
+    split_layers(spec, layout.pp, layout.virtual_stages)

@@ -28,6 +28,7 @@ from plait.observe.summary import write_summary
 from plait.parallel.context import apply_context_parallel, average_over_context, context_shard
 from plait.parallel.data import apply_data_parallel, gradient_sync, optimizer_shard_mesh
 from plait.parallel.grad_norm import clip_grad_norm
+from plait.parallel.pipeline import apply_pipeline
 from plait.parallel.replicas import average_replica_gradients
 from plait.parallel.tensor import (
     apply_tensor_parallel,
@@ -50,6 +51,7 @@ class TrainResult:
     first_step: int = 0
     model: nn.Module | None = None
     model_state_bytes: dict[str, int] = field(default_factory=dict)
+    pipeline: dict[str, float] = field(default_factory=dict)  # measured and theoretical bubble, with --pp
     summary: dict | None = None
 
 
@@ -106,9 +108,14 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
     check_tokens(tokens, config.model.vocab, config.model.seq_len, train_spec.data or "the default corpus")
     source = BatchSource(tokens, config.model.seq_len, train_spec.global_batch, train_spec.seed)
 
-    model = apply_tensor_parallel(build_model(config, device), topology)
-    model = apply_context_parallel(model, topology)
-    model = apply_data_parallel(model, topology, train_spec.precision)
+    model = build_model(config, device)
+    pipeline = apply_pipeline(model, config, topology) if layout.pp > 1 else None
+    if pipeline is not None:
+        model = pipeline.model
+    else:
+        model = apply_tensor_parallel(model, topology)
+        model = apply_context_parallel(model, topology)
+        model = apply_data_parallel(model, topology, train_spec.precision)
     optimizer = build_optimizer(model, train_spec, shard_over=optimizer_shard_mesh(topology))
     meter = ModelStateMeter(model, optimizer)
     result = TrainResult(model=model, model_state_bytes=meter.held)
@@ -128,7 +135,11 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
         inputs, targets = source.local_batch(step, dp_rank, dp_size)
         inputs, targets, positions = context_shard(inputs, targets, topology)
         micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
-        local_loss, grad_norm = train_step(model, optimizer, micro, config, device, topology, positions)
+        if pipeline is not None:
+            local_loss, grad_norm = pipeline.train_step(optimizer, micro, train_spec.grad_clip,
+                                                        lambda: autocast(config, device))
+        else:
+            local_loss, grad_norm = train_step(model, optimizer, micro, config, device, topology, positions)
         dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
         average_over_context(local_loss, topology)
         loss = local_loss.item()
@@ -144,6 +155,8 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
         if run_dir is not None and train_spec.checkpoint_every and (step + 1) % train_spec.checkpoint_every == 0:
             save_checkpoint(run_dir, step + 1, model, optimizer)
     progress.close()
+    if pipeline is not None and result.losses:
+        result.pipeline = pipeline.report(run_dir if writes else None)
     if run_dir is not None:
         result.summary = write_summary(run_dir, config, topology, result)
         if writes:
