@@ -78,3 +78,11 @@ def test_simulate_writes_the_played_schedule_as_a_trace(tmp_path, capsys):
     end = max(e["ts"] + e["dur"] for e in events) / 1e6
     busy = sum(e["dur"] for e in events) / 1e6
     assert 1 - busy / (4 * end) == pytest.approx(predicted["bubble_fraction"])
+
+
+def test_simulate_draws_its_timeline_with_the_runs_renderer(tmp_path, capsys):
+    picture = tmp_path / "timeline.png"
+    args = ["simulate", "--model", "gpt2", "--gpus", "2", "--gpu", "a100-80gb", "--global-batch", "4",
+            "--dp", "1", "--tp", "1", "--cp", "1", "--pp", "2", "--microbatches", "4", "--timeline", str(picture)]
+    assert main(args) == 0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

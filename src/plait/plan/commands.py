@@ -14,12 +14,13 @@ from pathlib import Path
 from plait.config import add_layout_arguments, add_model_arguments
 from plait.errors import ConfigError
 from plait.layout import PRECISIONS, Layout
+from plait.observe.timeline import draw_timeline
 from plait.models.spec import SPEC_FIELDS, model_spec
 from plait.plan.hardware import CATALOG, Hardware, apply_overrides, hardware, load_profile
 from plait.plan.memory import Kernels
 from plait.plan.search import NothingFits, best_layout, search
 from plait.plan.simulate import Prediction, Workload, evaluate
-from plait.plan.trace import simulated_trace
+from plait.plan.trace import simulated_timeline, simulated_trace
 
 LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 DEFAULT_TOKENS = 2**20  # default global batch: about a million tokens
@@ -58,6 +59,7 @@ def add_plan_commands(subparsers) -> None:
         add_cluster_arguments(parser)
     plan.add_argument("--top", type=int, default=3, help="layouts to list (default 3)")
     simulate.add_argument("--trace", metavar="FILE", help="write the simulated step as a Chrome/Perfetto trace")
+    simulate.add_argument("--timeline", metavar="FILE.png", help="draw the simulated step as runs draw theirs")
     plan.set_defaults(handler=run_plan)
     simulate.set_defaults(handler=run_simulate)
     calibrate = subparsers.add_parser("calibrate", help="measure this machine into a hardware profile",
@@ -126,6 +128,9 @@ def run_simulate(args: argparse.Namespace, argv: list[str] | None = None) -> int
         prediction = evaluate(workload, hw, args.gpus, Layout(**fixed))
     if args.trace:
         Path(args.trace).write_text(json.dumps(simulated_trace(workload, hw, args.gpus, prediction.layout)))
+    if args.timeline:
+        timeline = simulated_timeline(workload, hw, args.gpus, prediction.layout)
+        draw_timeline(timeline, Path(args.timeline), f"simulated: {prediction.layout.describe()} on {args.gpus} × {hw.name}")
     if args.json:
         print(json.dumps(prediction.to_dict(), indent=2))
     else:

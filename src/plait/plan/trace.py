@@ -1,4 +1,5 @@
-"""The simulated step as a Chrome/Perfetto trace: what ``plait simulate --trace FILE`` writes.
+"""The simulated step as a Chrome/Perfetto trace (``plait simulate --trace FILE``) and as the
+timeline real runs draw (``--timeline FILE.png``, plait.observe.timeline's renderer).
 
 One track per pipeline rank (every dp/cp/tp rank of a stage does the same), one span per
 forward or backward as the schedule simulator plays the real action lists, then the gradient
@@ -14,7 +15,18 @@ from plait.plan.hardware import Hardware
 from plait.plan.memory import rank_parameters
 from plait.plan.pipeline import action_cost
 from plait.plan.simulate import Workload, check_layout, flush_costs
-from plait.schedules import generate, simulate, split_layers
+from plait.schedules import Timeline, generate, simulate, split_layers
+
+
+def simulated_timeline(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Timeline:
+    """The schedule's full action lists played with this layout's per-action costs."""
+    micro_batch = check_layout(workload, gpus, layout)
+    spec, precision = workload.spec, workload.precision
+    counts = tuple(len(r) for r in split_layers(spec, layout.pp, layout.virtual_stages))
+    chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
+    flight = boundary_seconds(spec, hw, layout, micro_batch, precision)
+    schedule = generate(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
+    return simulate(schedule, lambda a: action_cost(a, chunks), lambda a: flight)
 
 
 def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> dict:
@@ -24,9 +36,7 @@ def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout)
     pp, v = layout.pp, layout.virtual_stages
     counts = tuple(len(r) for r in split_layers(spec, pp, v))
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
-    flight = boundary_seconds(spec, hw, layout, micro_batch, precision)
-    schedule = generate(layout.schedule, pp, layout.microbatches, v)
-    timeline = simulate(schedule, lambda a: action_cost(a, chunks), lambda a: flight)
+    timeline = simulated_timeline(workload, hw, gpus, layout)
     events = []
     for rank, spans in enumerate(timeline.spans):
         events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank, "args": {"name": f"pipeline rank {rank}"}})
