@@ -30,12 +30,12 @@ from plait.schedules.executor import Executor  # noqa: E402
 SCHEDULES = [("naive", 1), ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)]
 
 
-def measure(m: int, steps: int, width: int, depth: int, rows: int) -> list[dict]:
+def measure(m: int, steps: int, width: int, depth: int, rows: int, names: list[str]) -> list[dict]:
     rank, pp = dist.get_rank(), dist.get_world_size()
     inputs, targets = batch(m, rows, width)
     micro_inputs, micro_targets = list(inputs.chunk(m)), list(targets.chunk(m))
     rows_out = []
-    for name, v in SCHEDULES:
+    for name, v in [(n, v) for n, v in SCHEDULES if n in names]:
         schedule = generate(name, pp, m, v)
         chunks = equal_chunks(pp * v, width, depth // v)  # the same layers per rank for every v
         mine = {c: chunks[c] for c in schedule.chunks_of(rank)}
@@ -80,8 +80,10 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--depth", type=int, default=4, help="Linear layers per rank (split over its v chunks)")
     parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--schedules", nargs="+", default=[n for n, _ in SCHEDULES], choices=[n for n, _ in SCHEDULES])
     args = parser.parse_args()
-    rows = run_on_ranks(measure, args.pp, args.microbatches, args.steps, args.width, args.depth, args.rows)
+    rows = run_on_ranks(measure, args.pp, args.microbatches, args.steps, args.width, args.depth, args.rows,
+                        args.schedules)
     print(f"pp={args.pp}, m={args.microbatches}, {args.depth}×Linear({args.width}) per rank, {args.rows} rows "
           f"per micro-batch, median of {args.steps} steps")
     print("| schedule | theory | simulated (measured costs) | measured | step (ms) |")

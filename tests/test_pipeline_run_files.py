@@ -37,3 +37,14 @@ def test_pipeline_checkpoint_resumes_under_other_layouts(pool, tmp_path):
         resumed = pool.run(train_losses, layout.get("pp", 1), resumed_config, saved)[0]
         for a, b in zip(straight[3:], resumed, strict=True):
             assert abs(a - b) <= 1e-5 * abs(a), (layout, straight[3:], resumed)
+
+
+def test_user_stage_split_matches_single_process(pool):
+    """--stage-layers 3,1 puts three blocks on the first stage; the losses do not change."""
+    from tests.test_pipeline_parity import RELATIVE_TOLERANCE
+
+    reference = pool.run(train_losses, 1, small_config("tiny", 4))[0]
+    config = small_config("tiny", 4, pp=2, schedule="1f1b", microbatches=2, stage_layers=(3, 1))
+    for losses in pool.run(train_losses, 2, config):
+        for want, got in zip(reference, losses, strict=True):
+            assert abs(want - got) <= RELATIVE_TOLERANCE * abs(want)

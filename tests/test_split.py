@@ -30,7 +30,7 @@ def test_chunks_are_consecutive_and_cover_every_layer():
 
 def test_user_split_is_used_and_checked():
     assert split_layers(PRESETS["tiny"], 2, layers_per_chunk=[3, 1]) == (range(0, 3), range(3, 4))
-    with pytest.raises(ConfigError, match="summing to 4 layers"):
+    with pytest.raises(ConfigError, match="summing to the model.s 4 layers"):
         split_layers(PRESETS["tiny"], 2, layers_per_chunk=[3, 2])
 
 

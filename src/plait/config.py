@@ -118,6 +118,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(f"--{name}", type=int)
 
 
+def _layer_counts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated block counts such as 3,3,2, got {text!r}") from None
+
+
 def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("layout (world size = dp·cp·tp·pp)")
     for name in ("dp", "tp", "cp", "pp"):
@@ -126,6 +133,8 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--sp", action="store_const", const=True, help="sequence parallel (needs --tp > 1)")
     group.add_argument("--schedule", choices=SCHEDULES)
     group.add_argument("--virtual-stages", type=int)
+    group.add_argument("--stage-layers", type=_layer_counts, metavar="N,N,...",
+                       help="transformer blocks per pipeline chunk, first to last (default: balanced by FLOPs)")
     group.add_argument("--microbatches", type=int, help="micro-batches per data-parallel rank and step")
     group.add_argument("--recompute", choices=RECOMPUTE)
 

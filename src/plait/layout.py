@@ -32,6 +32,7 @@ class Layout:
     schedule: str = "1f1b"
     virtual_stages: int = 1
     microbatches: int = 1
+    stage_layers: tuple[int, ...] | None = None  # blocks per pipeline chunk; None: balanced by FLOPs
     recompute: str = "none"
 
     @property

@@ -216,7 +216,7 @@ def apply_pipeline(model: nn.Module, config: RunConfig, topology: Topology) -> P
     """Split the seeded single-device ``model`` for this rank's place on the mesh's pp dimension."""
     layout = config.layout
     schedule = generate(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
-    split = split_layers(config.model, layout.pp, layout.virtual_stages)
+    split = split_layers(config.model, layout.pp, layout.virtual_stages, layout.stage_layers)
     dp = topology.group("dp") if topology.size("dp") > 1 else None
     groups = PipelineGroups(topology.group("pp"), topology.coordinate("pp"), dp)
     return Pipeline(model, schedule, split, groups, topology.device)

@@ -73,10 +73,10 @@ def split_layers(
         counts = _balanced_counts(spec, chunks, seq_len)
     else:
         counts = tuple(layers_per_chunk)
-        if len(counts) != chunks or sum(counts) != spec.layers or min(counts) < 1:
+        if len(counts) != chunks or sum(counts) != spec.layers or min(counts, default=0) < 1:
             raise ConfigError(
-                f"a stage split must give {chunks} chunk sizes of at least one layer summing to "
-                f"{spec.layers} layers, got {list(counts)}"
+                f"--stage-layers must give {chunks} chunk sizes (pp × virtual-stages) of at least one layer "
+                f"summing to the model's {spec.layers} layers, got {','.join(map(str, counts))}"
             )
     starts = [sum(counts[:i]) for i in range(chunks)]
     return tuple(range(start, start + n) for start, n in zip(starts, counts))
@@ -85,4 +85,4 @@ def split_layers(
 def check_pipeline(spec: ModelSpec, layout: Layout) -> None:
     """Every pipeline setting checked before any worker starts (schedule, micro-batches, split)."""
     validate(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
-    split_layers(spec, layout.pp, layout.virtual_stages)
+    split_layers(spec, layout.pp, layout.virtual_stages, layout.stage_layers)
