@@ -7,6 +7,7 @@ import sys
 
 from plait.config import add_layout_arguments, add_model_arguments, add_train_arguments, config_from_args
 from plait.errors import ConfigError
+from plait.plan.commands import add_plan_commands
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_layout_arguments(train)
     add_train_arguments(train)
     train.set_defaults(handler=run_train)
+    add_plan_commands(commands)
     return parser
 
 

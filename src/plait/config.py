@@ -19,6 +19,8 @@ from pathlib import Path
 from plait.errors import ConfigError
 from plait.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
 from plait.models.spec import FAMILIES, SPEC_FIELDS, ModelSpec, model_spec
+from plait.parallel.fit import check_parallel_fit
+from plait.schedules.split import check_pipeline
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -78,15 +80,14 @@ class RunConfig:
 # Paradigms whose implementation has not landed yet: refused rather than silently ignored.
 def check_supported(layout: Layout) -> None:
     unsupported = [
-        (layout.tp > 1, "tensor parallelism (--tp)"),
-        (layout.sp, "sequence parallelism (--sp)"),
-        (layout.cp > 1, "context parallelism (--cp)"),
-        (layout.pp > 1, "pipeline parallelism (--pp)"),
+        (layout.pp > 1 and (layout.tp > 1 or layout.cp > 1 or layout.zero > 0),
+         "pipeline parallelism (--pp) together with --tp, --cp or --zero"),
         (layout.recompute != "none", "activation recomputation (--recompute)"),
+        (layout.zero > 0 and (layout.tp > 1 or layout.cp > 1), "ZeRO (--zero) together with --tp or --cp"),
     ]
     for refused, what in unsupported:
         if refused:
-            raise ConfigError(f"{what} is not supported yet by plait train; run with --dp only for now")
+            raise ConfigError(f"{what} is not supported yet by plait train; leave it out for now")
 
 
 def validate_run(config: RunConfig) -> None:
@@ -95,6 +96,9 @@ def validate_run(config: RunConfig) -> None:
     config.layout.validate()
     config.train.validate()
     check_supported(config.layout)
+    check_parallel_fit(config.model, config.layout)
+    if config.layout.pp > 1:
+        check_pipeline(config.model, config.layout)
     layout, train = config.layout, config.train
     per_rank = layout.dp * layout.microbatches
     if train.global_batch % per_rank:

@@ -46,6 +46,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return rotated.flatten(-2).type_as(x)
 
 
+class CausalAttention(nn.Module):
+    """softmax(q kᵀ / √d, causal) v on (batch, heads, seq, head_dim); context parallelism replaces it."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -57,6 +64,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(spec.hidden, spec.kv_dim, bias=bias)
         self.wv = nn.Linear(spec.hidden, spec.kv_dim, bias=bias)
         self.wo = nn.Linear(spec.hidden, spec.hidden, bias=bias)
+        self.core = CausalAttention()
 
     def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -69,7 +77,7 @@ class Attention(nn.Module):
         group = q.shape[1] // k.shape[1]
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = self.core(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 

@@ -24,7 +24,8 @@ from plait.topology import Topology
 
 def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "fp32") -> nn.Module:
     """Replicate (stages 0, 1) or shard (stages 2, 3) ``model`` over the dp group."""
-    if topology.size("dp") == 1:
+    if topology.size("dp") == 1 or topology.size("tp") > 1:
+        # DDP cannot hold tensor-parallel (DTensor) weights: plait.parallel.replicas averages them.
         return model
     stage = topology.layout.zero
     if stage <= 1:

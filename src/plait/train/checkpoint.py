@@ -15,11 +15,14 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 CHECKPOINT_DIR = "checkpoints"
 PARTIAL = ".partial"
 STEP_FILE = "step.json"
+# Optimizer state keyed per parameter name (as torchtitan does): pipeline stages hold different
+# parameters, so whole param_groups saved by one rank would not fit another's.
+OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -39,7 +42,7 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
     """Save the state after ``step`` optimizer steps; collective over all ranks."""
     final = checkpoint_root(run_dir) / f"step_{step:07d}"
     partial = final.with_name(final.name + PARTIAL)
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
     dist.barrier()
     if dist.get_rank() == 0:
@@ -51,8 +54,9 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Load ``path`` into the (already parallelised) model and optimizer; return its step."""
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=OPTIONS)
     return json.loads((Path(path) / STEP_FILE).read_text())["step"]

@@ -75,13 +75,17 @@ def free_port() -> int:
 
 
 def print_summary(summary: dict, run_dir: Path) -> None:
+    pipelined = summary["layout"]["pp"] > 1
+    bubble = (f"  bubble      {summary['bubble_fraction']:.1%} measured, {summary['bubble_fraction_theory']:.1%} "
+              "in theory (equal costs)\n") if pipelined else ""
     print(
         f"plait: {summary['model']} under {summary['layout']['name']} on {summary['world_size']} rank(s), "
         f"steps {summary['first_step']}–{summary['steps'] - 1}\n"
         f"  loss        {summary['initial_loss']:.4f} → {summary['final_loss']:.4f}\n"
         f"  throughput  {summary['tokens_per_s']:,.0f} tokens/s, {summary['step_time_s'] * 1e3:.1f} ms/step (median)\n"
         f"  memory      {summary['peak_memory_bytes'] / 2**20:,.0f} MiB peak on the busiest rank\n"
-        f"  files       {run_dir}/ (metrics.jsonl, summary.json, loss.png)"
+        f"{bubble}"
+        f"  files       {run_dir}/ (metrics.jsonl, summary.json, loss.png{', timeline.png' if pipelined else ''})"
     )
 
 

@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
 from tqdm import tqdm
 
@@ -26,7 +25,17 @@ from plait.models.transformer import Transformer
 from plait.observe.model_state import ModelStateMeter
 from plait.observe.run_files import MetricsLog, draw_loss
 from plait.observe.summary import write_summary
+from plait.parallel.context import apply_context_parallel, average_over_context, context_shard
 from plait.parallel.data import apply_data_parallel, gradient_sync, optimizer_shard_mesh
+from plait.parallel.grad_norm import clip_grad_norm
+from plait.parallel.pipeline import apply_pipeline
+from plait.parallel.replicas import average_replica_gradients
+from plait.parallel.tensor import (
+    apply_tensor_parallel,
+    finish_tensor_gradients,
+    local_value,
+    vocab_parallel_loss,
+)
 from plait.topology import Topology
 from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from plait.train.data import BatchSource, check_tokens, load_tokens
@@ -42,6 +51,7 @@ class TrainResult:
     first_step: int = 0
     model: nn.Module | None = None
     model_state_bytes: dict[str, int] = field(default_factory=dict)
+    pipeline: dict[str, float] = field(default_factory=dict)  # measured and theoretical bubble, with --pp
     summary: dict | None = None
 
 
@@ -64,21 +74,26 @@ def train_step(
     micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
     config: RunConfig,
     device: torch.device,
+    topology: Topology,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accumulate gradients over the micro-batches, clip, step. Returns (local loss, grad norm)."""
+    """Accumulate gradients over the micro-batches, clip, step. Returns (local loss, grad norm).
+
+    ``positions`` are those of the sequence slice this rank holds under context parallelism."""
     local_loss = torch.zeros((), device=device)
     count = len(micro_batches)
     for index, (inputs, targets) in enumerate(micro_batches):
         sync = index == count - 1
         with record_function(f"plait.microbatch.{index}"), gradient_sync(model, sync), autocast(config, device):
-            logits = model(inputs.to(device))
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()) / count
-            loss.backward()
-        local_loss += loss.detach()
+            logits = model(inputs.to(device), positions)
+            with vocab_parallel_loss(topology):
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()) / count
+                loss.backward()
+        local_loss += local_value(loss.detach())
+    finish_tensor_gradients(model)
+    average_replica_gradients(model, topology)
     max_norm = config.train.grad_clip if config.train.grad_clip > 0 else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    if isinstance(grad_norm, DTensor):  # sharded gradients: already the norm over every shard
-        grad_norm = grad_norm.full_tensor()
+    grad_norm = clip_grad_norm(model.parameters(), max_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return local_loss, grad_norm
@@ -93,7 +108,14 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
     check_tokens(tokens, config.model.vocab, config.model.seq_len, train_spec.data or "the default corpus")
     source = BatchSource(tokens, config.model.seq_len, train_spec.global_batch, train_spec.seed)
 
-    model = apply_data_parallel(build_model(config, device), topology, train_spec.precision)
+    model = build_model(config, device)
+    pipeline = apply_pipeline(model, config, topology) if layout.pp > 1 else None
+    if pipeline is not None:
+        model = pipeline.model
+    else:
+        model = apply_tensor_parallel(model, topology)
+        model = apply_context_parallel(model, topology)
+        model = apply_data_parallel(model, topology, train_spec.precision)
     optimizer = build_optimizer(model, train_spec, shard_over=optimizer_shard_mesh(topology))
     meter = ModelStateMeter(model, optimizer)
     result = TrainResult(model=model, model_state_bytes=meter.held)
@@ -111,9 +133,15 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
         lr = learning_rate(step, train_spec)
         set_learning_rate(optimizer, lr)
         inputs, targets = source.local_batch(step, dp_rank, dp_size)
+        inputs, targets, positions = context_shard(inputs, targets, topology)
         micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
-        local_loss, grad_norm = train_step(model, optimizer, micro, config, device)
+        if pipeline is not None:
+            local_loss, grad_norm = pipeline.train_step(optimizer, micro, train_spec.grad_clip,
+                                                        lambda: autocast(config, device))
+        else:
+            local_loss, grad_norm = train_step(model, optimizer, micro, config, device, topology, positions)
         dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
+        average_over_context(local_loss, topology)
         loss = local_loss.item()
         elapsed = time.perf_counter() - started
         result.losses.append(loss)
@@ -127,6 +155,8 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
         if run_dir is not None and train_spec.checkpoint_every and (step + 1) % train_spec.checkpoint_every == 0:
             save_checkpoint(run_dir, step + 1, model, optimizer)
     progress.close()
+    if pipeline is not None and result.losses:
+        result.pipeline = pipeline.report(run_dir if writes else None)
     if run_dir is not None:
         result.summary = write_summary(run_dir, config, topology, result)
         if writes:

@@ -1,0 +1,88 @@
+"""Predicted against measured step time for layouts trained on this machine, after calibration.
+
+Calibrates a profile of one core per device (what each of two local ranks gets from `plait
+train`), trains each two-rank layout for a few steps, takes the median step time after the first
+three, and sets it beside `plait simulate` with that profile. Rerun on the same OUT_DIR to predict
+the runs already measured there again (after a model change) without measuring anything. Single-rank layouts are left out:
+`plait train` gives a lone rank both cores, and on a shared 2-core machine that thread pair is
+descheduled so unevenly that its step time says more about the neighbours than the model.
+
+    PYTHONPATH=src python benchmarks/local_validation.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from plait.layout import Layout
+from plait.models.spec import model_spec
+from plait.plan.calibrate import calibrate
+from plait.plan.hardware import load_profile
+from plait.plan.memory import Kernels
+from plait.plan.simulate import Workload, evaluate
+
+MODELS = {
+    "tiny": {},
+    "tiny-llama": {},
+    "gpt-small": {"layers": 4, "hidden": 256, "heads": 4, "vocab": 256, "seq_len": 128},
+}
+RUNS = [  # model, dp, micro-batches, global batch
+    ("tiny", 2, 1, 8), ("tiny", 2, 2, 16), ("tiny", 2, 1, 32), ("tiny", 2, 4, 32),
+    ("tiny-llama", 2, 1, 8), ("tiny-llama", 2, 2, 16),
+    ("gpt-small", 2, 1, 8), ("gpt-small", 2, 2, 16), ("gpt-small", 2, 4, 32),
+]
+STEPS = 15
+
+
+def spec_of(name: str):
+    return model_spec(name) if not MODELS[name] else model_spec(None, family="gpt2", **MODELS[name])
+
+
+def model_flags(name: str) -> list[str]:
+    if not MODELS[name]:
+        return ["--model", name]
+    return [f"--{k.replace('_', '-')}={v}" for k, v in MODELS[name].items()]
+
+
+def measure(out: Path, name: str, dp: int, m: int, batch: int) -> float:
+    run_dir = out / f"{name}-dp{dp}-m{m}-b{batch}"
+    if (run_dir / "metrics.jsonl").exists():  # measured before: predict again without re-running
+        times = [json.loads(line)["step_time_s"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return statistics.median(times[3:])
+    command = [sys.executable, "-m", "plait", "train", *model_flags(name), "--dp", str(dp), "--microbatches", str(m),
+               "--global-batch", str(batch), "--steps", str(STEPS), "--run-dir", str(run_dir)]
+    subprocess.run(command, check=True, capture_output=True, env={**os.environ})
+    times = [json.loads(line)["step_time_s"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return statistics.median(times[3:])
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "profile-1core.json"
+    if not path.exists():
+        calibrate(path, "cpu-1core", "fp32", 1)
+    hw = load_profile(path)
+    print("| model | layout | global batch | measured step (s) | predicted (s) | error | command |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
+    errors = []
+    for name, dp, m, batch in RUNS:
+        measured = measure(out, name, dp, m, batch)
+        workload = Workload(spec_of(name), batch, "fp32", Kernels(fused=False))
+        predicted = evaluate(workload, hw, dp, Layout(dp=dp, microbatches=m)).step_time_s
+        error = predicted / measured - 1
+        errors.append(abs(error))
+        flags = " ".join(model_flags(name))
+        print(f"| {name} | dp{dp}, m={m} | {batch} | {measured:.4f} | {predicted:.4f} | {error:+.1%} | "
+              f"`plait simulate {flags} --gpus {dp} --dp {dp} --microbatches {m} --global-batch {batch} "
+              f"--precision fp32 --unfused --hardware-profile {path.name}` |")
+    print(f"\nmedian |error| {statistics.median(errors):.1%} over {len(errors)} layouts; worst {max(errors):.1%}")
+
+
+if __name__ == "__main__":
+    main()

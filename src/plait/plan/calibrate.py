@@ -1,0 +1,177 @@
+"""Measure this machine into a hardware profile that ``plan`` and ``simulate`` accept.
+
+Imports torch (outside the planner's torch-free path; only ``plait calibrate`` loads it). On a CPU
+one "device" is one training rank: ``threads`` cores (plait train gives each of N local ranks
+cores/N threads). Measured: matmul throughput by shape, the bandwidth a layer's non-matmul kernels reach (add,
+multiply, layer norm; and apart, GELU and SiLU, whose transcendentals make them slower on a CPU), attention's throughput
+against plain matmuls of its shapes, and all-reduce time over two local gloo processes; fitted: peak (the best large
+peak and launch overhead by least relative squares over t = 2mnk/peak + overhead (so
+matmul_efficiency is 1 and tiles are 1), collective latency and bandwidth likewise over
+t = 2α + S/β (the two-rank ring all-reduce of plait.plan.comm). Each fit's error is written
+beside the profile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from plait.plan.comm import LINK_EFFICIENCY, Link, all_reduce_seconds
+from plait.plan.compute import Gemm, gemm_seconds
+from plait.plan.hardware import Hardware
+
+SHAPES = [(64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 512, 512),
+          (1024, 128, 1024), (1024, 1024, 128), (4096, 128, 128), (512, 2048, 512), (8, 8, 8)]
+SIZES = [2**k for k in range(10, 26, 3)]  # bytes per all-reduce: 1 KiB … 32 MiB
+
+
+def _typical_time(fn, repeat: int = 7, min_time: float = 0.05) -> float:
+    """Median seconds per call over ``repeat`` timed batches: on a shared machine the typical
+    time, not the luckiest, is what a training step will see."""
+    fn()
+    runs = []
+    for _ in range(repeat):
+        count, start = 0, time.perf_counter()
+        while True:
+            fn()
+            count += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_time:
+                break
+        runs.append(elapsed / count)
+    return statistics.median(runs)
+
+
+def measure_matmuls(dtype: torch.dtype) -> list[tuple[tuple[int, int, int], float]]:
+    out = []
+    for m, n, k in SHAPES:
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        out.append(((m, n, k), _typical_time(lambda: torch.matmul(a, b))))
+    return out
+
+
+def measure_elementwise_gbps(dtype: torch.dtype) -> tuple[float, float]:
+    """Bytes per second of a layer's non-matmul kernels, as (median over an add, a multiply and
+    a layer norm; median over GELU forward and backward and SiLU), counting reads and writes."""
+    n, width = 2**20, 256
+    a, b = torch.randn(n, dtype=dtype), torch.randn(n, dtype=dtype)
+    rows = a.view(-1, width)
+    weight, bias = torch.ones(width, dtype=dtype), torch.zeros(width, dtype=dtype)
+    size = a.numel() * a.element_size()
+    simple = [  # (tensor passes read + written, kernel)
+        (3, lambda: torch.add(a, b)),
+        (3, lambda: torch.mul(a, b)),
+        (2, lambda: torch.nn.functional.layer_norm(rows, (width,), weight, bias)),
+    ]
+    activations = [
+        (2, lambda: torch.nn.functional.gelu(a, approximate="tanh")),
+        (3, lambda: torch.ops.aten.gelu_backward(a, b, approximate="tanh")),
+        (2, lambda: torch.nn.functional.silu(a)),
+    ]
+    return tuple(statistics.median(passes * size / _typical_time(fn) / 1e9 for passes, fn in kernels)
+                 for kernels in (simple, activations))
+
+
+def measure_attention_efficiency(dtype: torch.dtype, profile: Hardware, precision: str) -> float:
+    """Measured scaled-dot-product attention time against the two matmuls the model counts."""
+    ratios = []
+    for batch_heads, seq, dim in ((16, 128, 32), (8, 256, 64), (4, 512, 64)):
+        q, k, v = (torch.randn(1, batch_heads, seq, dim, dtype=dtype) for _ in range(3))
+        measured = _typical_time(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+        modelled = gemm_seconds(profile, precision, Gemm(seq, seq, dim, batch_heads))
+        modelled += gemm_seconds(profile, precision, Gemm(seq, dim, seq, batch_heads))
+        ratios.append(modelled / measured)
+    return statistics.median(ratios)
+
+
+def _all_reduce_worker(rank: int, port: int, threads: int, results) -> None:
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        for size in SIZES:
+            tensor = torch.ones(size // 4)
+            count = max(5, min(200, 2**24 // size))  # the same on both ranks: collectives must match
+            runs = []
+            for _ in range(4):
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(count):
+                    dist.all_reduce(tensor)
+                runs.append((time.perf_counter() - start) / count)
+            if rank == 0:
+                results[size] = statistics.median(runs[1:])
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_all_reduce(threads: int) -> dict[int, float]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_all_reduce_worker, args=(port, threads, results), nprocs=2, join=True)
+        return dict(results)
+
+
+def _relative_least_squares(rows: list[tuple[float, float]], times: list[float]) -> tuple[float, float]:
+    """(x, y) minimising Σ((a·x + b·y − t)/t)² over rows (a, b) and times t: relative errors count."""
+    aa = sum((a / t) ** 2 for (a, _), t in zip(rows, times))
+    bb = sum((b / t) ** 2 for (_, b), t in zip(rows, times))
+    ab = sum(a * b / t**2 for (a, b), t in zip(rows, times))
+    at = sum(a / t for (a, _), t in zip(rows, times))
+    bt = sum(b / t for (_, b), t in zip(rows, times))
+    det = aa * bb - ab * ab
+    return (at * bb - bt * ab) / det, (aa * bt - ab * at) / det
+
+
+def fit_link(times: dict[int, float]) -> tuple[float, float]:
+    """(latency α, bandwidth β) from two-rank all-reduce times t = 2α + S/β."""
+    latency, inverse = _relative_least_squares([(2.0, float(s)) for s in times], list(times.values()))
+    return max(latency, 1e-7), 1 / inverse
+
+
+def fit_matmul(matmuls: list[tuple[tuple[int, int, int], float]]) -> tuple[float, float]:
+    """(peak FLOP/s, launch overhead s) from matmul times t = 2mnk/peak + overhead."""
+    inverse, overhead = _relative_least_squares([(2.0 * m * n * k, 1.0) for (m, n, k), _ in matmuls], [t for _, t in matmuls])
+    return 1 / inverse, max(overhead, 0.0)
+
+
+def calibrate(out: str | Path, name: str = "this-machine", precision: str = "fp32", threads: int | None = None) -> Hardware:
+    """Measure, fit, write the profile (with each fit's errors) to ``out`` and return it."""
+    threads = threads or max(1, (os.cpu_count() or 2) // 2)
+    torch.set_num_threads(threads)
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    matmuls = measure_matmuls(dtype)
+    peak, overhead = fit_matmul(matmuls)
+    peak /= 1e12
+    memory_gbps, activation_gbps = measure_elementwise_gbps(dtype)
+    reduce_times = measure_all_reduce(threads)
+    latency, bandwidth = fit_link(reduce_times)
+    total_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    profile = Hardware(
+        name=name, bf16_tflops=peak, fp32_tflops=peak, memory_bytes=total_memory / 2, memory_gbps=memory_gbps,
+        activation_gbps=activation_gbps,
+        intra_node_gbps=bandwidth / 1e9 / LINK_EFFICIENCY, inter_node_gbps=bandwidth / 1e9 / LINK_EFFICIENCY,
+        gpus_per_node=2, intra_node_latency_s=latency, inter_node_latency_s=latency,
+        matmul_efficiency=1.0, kernel_overhead_s=overhead, matmul_tile=1, reserved_bytes=0.3e9,
+    )
+    profile = replace(profile, attention_efficiency=measure_attention_efficiency(dtype, profile, precision))
+    link = Link(bandwidth, latency, False)
+    fits = {
+        "threads_per_device": threads,
+        "matmul": [{"shape": s, "measured_s": t, "predicted_s": gemm_seconds(profile, precision, Gemm(*s))} for s, t in matmuls],
+        "all_reduce": [{"bytes": s, "measured_s": t, "predicted_s": all_reduce_seconds(s, 2, link)}
+                       for s, t in reduce_times.items()],
+    }
+    Path(out).write_text(json.dumps({**profile.to_dict(), "calibration": fits}, indent=2) + "\n")
+    return profile

@@ -1,0 +1,88 @@
+"""Collective times with latency and bandwidth terms, on links chosen by the mesh order.
+
+Ring algorithms (Patarasuk & Yuan 2009; NCCL's default for large messages): over n ranks an
+all-reduce of S bytes sends 2(n−1)/n·S per rank in 2(n−1) steps, a reduce-scatter or all-gather
+(n−1)/n·S in n−1 steps. Each step pays the link latency.
+
+Topology: the mesh is (pp, dp, cp, tp) with tp innermost, ranks numbered row-major and nodes
+holding consecutive ranks. A group whose members all sit in one node uses the intra-node link.
+A group that spans nodes runs as many parallel rings as it has members per node, each through
+its own network adapter, so its bandwidth is min(intra, members-per-node × inter) and each step
+pays the network latency.
+
+Overlap rules, used by plait.plan.simulate:
+- tensor-parallel and sequence-parallel collectives sit on the critical path of every layer;
+- context-parallel K/V exchange overlaps the attention it feeds (only the excess is exposed);
+- pipeline send/receive is paid by the stage that receives, on the critical path;
+- data-parallel gradient reduction overlaps the backward pass of the last micro-batch, bucket
+  by bucket; the last bucket and whatever exceeds that backward are exposed;
+- ZeRO-3 all-gathers of the next layer's parameters are prefetched under the current layer's
+  compute, forward and backward; only the excess is exposed;
+- the ZeRO-1/2 all-gather of updated parameters after the optimizer step is exposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plait.layout import MESH_DIMS, Layout
+from plait.plan.hardware import Hardware
+
+# Fraction of the nominal link bandwidth a large collective achieves (NCCL's bus bandwidth on
+# NVLink and InfiniBand is ~80% of nominal in nccl-tests reports).
+LINK_EFFICIENCY = 0.8
+
+
+@dataclass(frozen=True)
+class Link:
+    """Bandwidth (bytes/s) and per-step latency (s) one rank of a group sees."""
+
+    bandwidth: float
+    latency: float
+    crosses_nodes: bool
+
+
+def group_link(hw: Hardware, layout: Layout, dim: str) -> Link:
+    """The link a communication group along mesh dimension ``dim`` runs on."""
+    return merged_link(hw, layout, (dim,))
+
+
+def merged_link(hw: Hardware, layout: Layout, dims: tuple[str, ...]) -> Link:
+    """The link of a group spanning several adjacent mesh dimensions (e.g. ZeRO over dp × cp)."""
+    inner = MESH_DIMS.index(dims[-1])
+    stride = 1
+    for name in MESH_DIMS[inner + 1:]:
+        stride *= getattr(layout, name)
+    size = 1
+    for name in dims:
+        size *= getattr(layout, name)
+    intra = hw.intra_node_gbps * 1e9 * LINK_EFFICIENCY
+    if stride * size <= hw.gpus_per_node:
+        return Link(intra, hw.intra_node_latency_s, False)
+    members_per_node = max(1, hw.gpus_per_node // stride)
+    inter = hw.inter_node_gbps * 1e9 * LINK_EFFICIENCY * members_per_node
+    return Link(min(intra, inter), hw.inter_node_latency_s, True)
+
+
+def all_reduce_seconds(nbytes: float, n: int, link: Link) -> float:
+    """Ring all-reduce of ``nbytes`` over ``n`` ranks."""
+    if n == 1:
+        return 0.0
+    return 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
+
+
+def reduce_scatter_seconds(nbytes: float, n: int, link: Link) -> float:
+    """Ring reduce-scatter of a ``nbytes`` buffer (each rank keeps 1/n) over ``n`` ranks."""
+    if n == 1:
+        return 0.0
+    return (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
+
+
+def all_gather_seconds(nbytes: float, n: int, link: Link) -> float:
+    """Ring all-gather that assembles a ``nbytes`` buffer from ``n`` equal shards."""
+    return reduce_scatter_seconds(nbytes, n, link)
+
+
+def send_seconds(nbytes: float, link: Link) -> float:
+    """One point-to-point transfer."""
+    return link.latency + nbytes / link.bandwidth

@@ -1,0 +1,156 @@
+"""The ``plait plan``, ``plait simulate`` and ``plait calibrate`` subcommands.
+
+Pure Python up to ``calibrate``, whose handler imports torch only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import fields
+from pathlib import Path
+
+from plait.config import add_layout_arguments, add_model_arguments
+from plait.errors import ConfigError
+from plait.layout import PRECISIONS, Layout
+from plait.models.spec import SPEC_FIELDS, model_spec
+from plait.plan.hardware import CATALOG, Hardware, apply_overrides, hardware, load_profile
+from plait.plan.memory import Kernels
+from plait.plan.search import NothingFits, best_layout, search
+from plait.plan.simulate import Prediction, Workload, evaluate
+from plait.plan.trace import simulated_trace
+
+LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
+DEFAULT_TOKENS = 2**20  # default global batch: about a million tokens
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("cluster and batch")
+    group.add_argument("--gpu", default="h100-sxm", help=f"one of {', '.join(CATALOG)} (default h100-sxm)")
+    group.add_argument("--hardware-profile", metavar="FILE", help="a profile written by `plait calibrate`, instead of --gpu")
+    group.add_argument("--gpus", type=int, default=8, help="devices in all (default 8)")
+    group.add_argument("--gpus-per-node", type=int)
+    group.add_argument("--intra-node-gbps", type=float, help="per-device bandwidth inside a node, GB/s each way")
+    group.add_argument("--inter-node-gbps", type=float, help="per-device network bandwidth between nodes, GB/s each way")
+    group.add_argument("--peak-tflops", type=float, help="dense peak TFLOP/s at --precision")
+    group.add_argument("--memory-gb", type=float, help="device memory in GB (10^9 bytes)")
+    group.add_argument("--global-batch", type=int, help="sequences per step (default: ~1M tokens, a multiple of --gpus)")
+    group.add_argument("--microbatch-size", type=int, help="sequences per micro-batch (default: searched)")
+    group.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    group.add_argument("--attention", choices=("flash", "eager"), default="flash",
+                       help="flash keeps no s×s scores; eager (as Megatron-LM 2021) does")
+    group.add_argument("--dropout", action="store_true", help="the model trains with dropout (1-byte masks)")
+    group.add_argument("--unfused", action="store_true",
+                       help="elementwise ops run one eager PyTorch kernel each, as plait's own model does")
+    group.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def add_plan_commands(subparsers) -> None:
+    """Register ``plan``, ``simulate`` and ``calibrate`` on an argparse subparsers object."""
+    plan = subparsers.add_parser("plan", help="rank every layout of a model on N GPUs",
+                                 description="Search every valid layout, drop what does not fit, rank by speed.")
+    simulate = subparsers.add_parser("simulate", help="predict memory and step time of one layout",
+                                     description="Predict one layout; layout flags left out take plan's best choice.")
+    for parser in (plan, simulate):
+        add_model_arguments(parser)
+        add_layout_arguments(parser)
+        add_cluster_arguments(parser)
+    plan.add_argument("--top", type=int, default=3, help="layouts to list (default 3)")
+    simulate.add_argument("--trace", metavar="FILE", help="write the simulated step as a Chrome/Perfetto trace")
+    plan.set_defaults(handler=run_plan)
+    simulate.set_defaults(handler=run_simulate)
+    calibrate = subparsers.add_parser("calibrate", help="measure this machine into a hardware profile",
+                                      description="Time matmuls by shape and gloo collectives; write a JSON profile.")
+    calibrate.add_argument("--out", default="hardware-profile.json", help="where to write the profile")
+    calibrate.add_argument("--name", default="this-machine")
+    calibrate.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    calibrate.add_argument("--threads", type=int, help="cores per device (default: half the cores, as two local ranks get)")
+    calibrate.set_defaults(handler=run_calibrate)
+
+
+def _inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]:
+    model = {name: getattr(args, name, None) for name in SPEC_FIELDS + ("family",)}
+    spec = model_spec(args.model, **model)
+    overrides = {
+        "intra_node_gbps": args.intra_node_gbps, "inter_node_gbps": args.inter_node_gbps,
+        "gpus_per_node": args.gpus_per_node,
+        "memory_bytes": args.memory_gb * 1e9 if args.memory_gb else None,
+        ("bf16_tflops" if args.precision == "bf16" else "fp32_tflops"): args.peak_tflops,
+    }
+    if args.hardware_profile:
+        hw = apply_overrides(load_profile(args.hardware_profile), **overrides)
+    else:
+        hw = hardware(args.gpu, **overrides)
+    if not isinstance(args.gpus, int) or args.gpus < 1:
+        raise ConfigError(f"--gpus must be a positive integer, got {args.gpus!r}")
+    batch = args.global_batch
+    if batch is None:
+        batch = args.gpus * max(1, math.ceil(DEFAULT_TOKENS / spec.seq_len / args.gpus))
+    if batch < 1:
+        raise ConfigError(f"--global-batch must be a positive number of sequences, got {batch}")
+    kernels = Kernels(dropout=args.dropout, flash_attention=args.attention == "flash", fused=not args.unfused)
+    fixed = {name: getattr(args, name) for name in LAYOUT_FIELDS if getattr(args, name, None) is not None}
+    return Workload(spec, batch, args.precision, kernels), hw, fixed
+
+
+def run_plan(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    workload, hw, fixed = _inputs(args)
+    result = search(workload, hw, args.gpus, fixed, args.microbatch_size, top=args.top)
+    if args.json:
+        ranked = [p.to_dict() for p in result.ranked]
+        ranked[0]["reason"] = result.reason
+        print(json.dumps(ranked, indent=2))
+        return 0
+    print(f"{workload.spec.family} model on {args.gpus} × {hw.name}, global batch {workload.global_batch}: "
+          f"{result.scored} layouts scored, {result.fitting} fit in {hw.memory_bytes / 1e9:.0f} GB")
+    for i, p in enumerate(result.ranked, 1):
+        print(f"{i}. {p.layout.describe():60s} mbs={p.micro_batch_size:<3d} {p.step_time_s:9.4g} s/step  "
+              f"MFU {p.mfu:6.1%}  bubble {p.bubble_fraction:5.1%}  {p.peak_memory_bytes / 1e9:6.1f} GB")
+    print(f"why: {result.reason}")
+    return 0
+
+
+def run_simulate(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    workload, hw, fixed = _inputs(args)
+    try:
+        prediction = best_layout(workload, hw, args.gpus, fixed, args.microbatch_size)
+    except NothingFits:
+        # Nothing agreeing with the flags fits: a fully sized layout is still predicted (and shown
+        # not to fit); otherwise the search's error says what would.
+        sized = all(k in fixed for k in ("dp", "tp", "cp", "pp"))
+        if not sized or not ("microbatches" in fixed or args.microbatch_size):
+            raise
+        if "microbatches" not in fixed:
+            fixed["microbatches"] = max(1, workload.global_batch // (fixed["dp"] * args.microbatch_size))
+        prediction = evaluate(workload, hw, args.gpus, Layout(**fixed))
+    if args.trace:
+        Path(args.trace).write_text(json.dumps(simulated_trace(workload, hw, args.gpus, prediction.layout)))
+    if args.json:
+        print(json.dumps(prediction.to_dict(), indent=2))
+    else:
+        print(format_prediction(prediction, hw))
+    return 0
+
+
+def format_prediction(p: Prediction, hw: Hardware) -> str:
+    """A short human report of one prediction, echoing the full layout."""
+    mem = p.memory_breakdown
+    lines = [
+        f"layout: {p.layout.describe()}  micro-batch size {p.micro_batch_size}",
+        "  " + " ".join(f"{k}={v}" for k, v in p.layout.to_dict().items()),
+        f"step time {p.step_time_s:.4g} s   model {p.model_tflops_per_gpu:.1f} TFLOP/s/GPU   "
+        f"hardware {p.hardware_tflops_per_gpu:.1f}   MFU {p.mfu:.1%}   bubble {p.bubble_fraction:.1%}",
+        "time: " + "  ".join(f"{k[:-2]} {v:.4g} s" for k, v in p.time_breakdown.items()),
+        f"peak memory {p.peak_memory_bytes / 1e9:.2f} GB of {hw.memory_bytes / 1e9:.0f} GB"
+        f"{'' if p.fits else '  — DOES NOT FIT'}: " + "  ".join(f"{k} {v / 1e9:.2f}" for k, v in mem.items()),
+    ]
+    return "\n".join(lines)
+
+
+def run_calibrate(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    from plait.plan.calibrate import calibrate
+
+    profile = calibrate(args.out, args.name, args.precision, args.threads)
+    print(json.dumps(profile.to_dict(), indent=2))
+    return 0

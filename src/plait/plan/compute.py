@@ -1,0 +1,154 @@
+"""Time of one layer's compute on one rank, from the matrix shapes a layout produces.
+
+A matmul takes the longer of its FLOPs at the achievable peak and its bytes at memory bandwidth
+(a roofline), plus a launch cost. The achievable peak is the device's large-matmul efficiency
+times the fraction of its output tiles that hold real rows and columns, so thin shards (high tp,
+small micro-batches, short sequences per cp rank) fall off the peak as they do on real devices.
+Norms, activations, residual adds, RoPE and (without flash attention) softmax are bound by memory
+traffic. The FLOPs these times cover are exactly plait.models.flops's: tests hold the two equal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from plait.models.spec import ModelSpec
+from plait.plan.hardware import Hardware
+from plait.plan.memory import ACTIVATION_BYTES, Kernels, kv_heads_per_rank
+
+# Attention backward as a multiple of its forward, as plait.models.flops counts it (flash-style
+# kernels recompute the scores).
+ATTENTION_BACKWARD = 2.5
+# Non-matmul kernels one layer launches forward (two norms, two residual adds, the activation,
+# rotary or bias adds, attention's softmax path); the backward launches about twice as many.
+ELEMENTWISE_KERNELS = 12
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """``batch`` independent (m×k)·(k×n) products."""
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+
+def gemm_seconds(hw: Hardware, precision: str, g: Gemm) -> float:
+    """Predicted time of one matmul kernel on ``hw``."""
+    tile = hw.matmul_tile
+    fill = (g.m / (tile * math.ceil(g.m / tile))) * (g.n / (tile * math.ceil(g.n / tile)))
+    rate = hw.peak_tflops(precision) * 1e12 * hw.matmul_efficiency * fill
+    traffic = ACTIVATION_BYTES[precision] * g.batch * (g.m * g.k + g.k * g.n + g.m * g.n)
+    return max(g.flops / rate, traffic / (hw.memory_gbps * 1e9)) + hw.kernel_overhead_s
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """The matmuls of one layer on one rank for one micro-batch, forward pass."""
+
+    weights: tuple[Gemm, ...]
+    attention: tuple[Gemm, ...]
+    elementwise_bytes: float
+    activation_bytes: float
+    softmax_bytes: float
+
+
+def layer_shape(spec: ModelSpec, micro_batch: int, tp: int, cp: int, sp: bool, precision: str, kernels: Kernels) -> LayerShape:
+    e = ACTIVATION_BYTES[precision]
+    s_local = spec.seq_len // cp
+    tokens = micro_batch * s_local
+    h, f, d = spec.hidden, spec.ffn_hidden, spec.head_dim
+    kv = kv_heads_per_rank(spec, tp) * d
+    up = (2 if spec.gated_mlp else 1) * f // tp
+    weights = (
+        Gemm(tokens, h // tp + 2 * kv, h),  # fused Q, K, V projection (column-parallel)
+        Gemm(tokens, h, h // tp),  # attention output projection (row-parallel)
+        Gemm(tokens, up, h),  # MLP up (and gate) projection
+        Gemm(tokens, h, f // tp),  # MLP down projection
+    )
+    heads = micro_batch * spec.heads // tp
+    attention = (Gemm(s_local, spec.seq_len, d, heads), Gemm(s_local, d, spec.seq_len, heads))
+    # Hidden-width passes: two norms, two residual adds (2 reads + write), and with dropout two
+    # masked copies; sequence parallelism splits them over tp, otherwise each tp rank repeats them.
+    # Unfused, RMSNorm is ~6 passes (square, mean, rsqrt, two multiplies), SwiGLU's silu and
+    # product 5, and plait's rotary (pairs times cos and sin, sum, difference, stack) ~17 over Q
+    # and K, against 2, 3 and 2 when fused.
+    norm_passes = 6 if spec.family == "llama" and not kernels.fused else 2
+    hidden_passes = 2 * norm_passes + 6 + (6 if kernels.dropout else 0)
+    hidden_bytes = hidden_passes * tokens * h * e / (tp if sp else 1)
+    mlp_passes = (3 if kernels.fused else 5) if spec.gated_mlp else 2
+    mlp_bytes = mlp_passes * tokens * f / tp * e
+    rope_passes = 2 if kernels.fused else 17
+    rope_bytes = rope_passes * tokens * (h // tp + kv) * e if spec.family == "llama" else 0
+    softmax = 0.0
+    if not kernels.flash_attention:
+        scores = heads * s_local * spec.seq_len
+        softmax = scores * e * (3 if not kernels.dropout else 6)
+    return LayerShape(weights, attention, hidden_bytes + rope_bytes, mlp_bytes, softmax)
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Seconds of one layer for one micro-batch: forward, backward (input, weight), recompute,
+    and the attention core's forward alone (what context-parallel transfers hide under)."""
+
+    forward: float
+    backward_input: float
+    backward_weight: float
+    recompute: float
+    attention: float = 0.0
+
+    @property
+    def backward(self) -> float:
+        return self.backward_input + self.backward_weight
+
+
+def layer_times(
+    spec: ModelSpec,
+    hw: Hardware,
+    precision: str,
+    micro_batch: int,
+    tp: int = 1,
+    cp: int = 1,
+    sp: bool = False,
+    recompute: str = "none",
+    kernels: Kernels = Kernels(),
+) -> LayerTimes:
+    """Predicted compute time of one transformer layer on one rank (no communication)."""
+    shape = layer_shape(spec, micro_batch, tp, cp, sp, precision, kernels)
+    memory_rate = hw.memory_gbps * 1e9
+    weights = sum(gemm_seconds(hw, precision, g) for g in shape.weights)
+    attention = sum(gemm_seconds(hw, precision, g) for g in shape.attention) / hw.attention_efficiency
+    attention += shape.softmax_bytes / memory_rate
+    activation_rate = (hw.activation_gbps or hw.memory_gbps) * 1e9
+    elementwise = (shape.elementwise_bytes / memory_rate + shape.activation_bytes / activation_rate
+                   + ELEMENTWISE_KERNELS * hw.kernel_overhead_s)
+    forward = weights + attention + elementwise
+    # Backward: dX = dY·Wᵀ is an (m×n)·(n×k) product, dW = Xᵀ·dY a (k×m)·(m×n) one.
+    grad_input = sum(gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n, g.batch)) for g in shape.weights)
+    grad_weight = sum(gemm_seconds(hw, precision, Gemm(g.k, g.n, g.m, g.batch)) for g in shape.weights)
+    backward_input = grad_input + ATTENTION_BACKWARD * attention + 2 * elementwise
+    extra = {"none": 0.0, "selective": attention, "full": forward}[recompute]
+    return LayerTimes(forward, backward_input, grad_weight, extra, attention)
+
+
+def head_times(spec: ModelSpec, hw: Hardware, precision: str, micro_batch: int, tp: int, cp: int) -> LayerTimes:
+    """The output projection and its loss on the last stage (vocabulary split over tp)."""
+    tokens = micro_batch * spec.seq_len // cp
+    g = Gemm(tokens, spec.vocab // tp, spec.hidden)
+    loss = 3 * tokens * spec.vocab / tp * 4 / (hw.memory_gbps * 1e9)  # fp32 softmax cross-entropy
+    forward = gemm_seconds(hw, precision, g) + loss
+    backward_input = gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n)) + loss
+    return LayerTimes(forward, backward_input, gemm_seconds(hw, precision, Gemm(g.k, g.n, g.m)), 0.0)
+
+
+def optimizer_seconds(hw: Hardware, parameters: float, precision: str) -> float:
+    """Adam over ``parameters`` local parameters: memory-bound, ~36 bytes (bf16) or 28 (fp32) each."""
+    per_param = 36 if precision == "bf16" else 28
+    return parameters * per_param / (hw.memory_gbps * 1e9)

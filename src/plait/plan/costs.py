@@ -1,0 +1,115 @@
+"""Per-action costs of a layout: what each forward, backward and transfer of a chunk takes.
+
+Compute comes from plait.plan.compute, communication from plait.plan.comm, combined under the
+overlap rules stated there. These are the costs the schedule simulator plays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plait.layout import Layout
+from plait.models.spec import ModelSpec
+from plait.plan.comm import all_gather_seconds, all_reduce_seconds, group_link, merged_link, send_seconds
+from plait.plan.compute import ATTENTION_BACKWARD, LayerTimes, head_times, layer_times
+from plait.plan.hardware import Hardware
+from plait.plan.memory import ACTIVATION_BYTES, Kernels, bytes_per_parameter, kv_heads_per_rank
+from plait.models.flops import layer_parameter_count
+
+
+@dataclass(frozen=True)
+class ChunkCost:
+    """Seconds of one chunk for one micro-batch; ``comm`` is the exposed communication inside."""
+
+    forward: float
+    backward_input: float
+    backward_weight: float
+    comm: float
+
+    @property
+    def backward(self) -> float:
+        return self.backward_input + self.backward_weight
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer's compute and the communication it exposes, forward and backward."""
+
+    times: LayerTimes
+    comm_forward: float
+    comm_backward: float
+    first_gather: float = 0.0  # ZeRO-3: the first layer's gather has nothing to hide under
+
+
+def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str, kernels: Kernels,
+               times: LayerTimes | None = None) -> LayerCost:
+    """Compute plus the tensor-, context- and ZeRO-3 communication of one layer on one rank.
+
+    ``times`` may pass in this layout's plait.plan.compute.layer_times when already known.
+    """
+    if times is None:
+        times = layer_times(spec, hw, precision, micro_batch, layout.tp, layout.cp, layout.sp, layout.recompute, kernels)
+    e = ACTIVATION_BYTES[precision]
+    tokens = micro_batch * spec.seq_len // layout.cp
+    # Tensor parallel: two all-reduces (or all-gather + reduce-scatter pairs with sp, the same
+    # ring volume) per pass; full recomputation repeats the forward ones.
+    tp_pass = 2 * all_reduce_seconds(tokens * spec.hidden * e, layout.tp, group_link(hw, layout, "tp"))
+    tp_forward = tp_pass
+    tp_backward = tp_pass * (2 if layout.recompute == "full" else 1)
+    # Context parallel: K and V go round the ring under the attention they feed; backward also
+    # returns their gradients.
+    cp_forward = cp_backward = 0.0
+    if layout.cp > 1:
+        attention_s = times.attention
+        kv_bytes = 2 * tokens * kv_heads_per_rank(spec, layout.tp) * spec.head_dim * e
+        ring = (layout.cp - 1) * send_seconds(kv_bytes, group_link(hw, layout, "cp"))
+        cp_forward = max(0.0, ring - attention_s)
+        cp_backward = max(0.0, 2 * ring - ATTENTION_BACKWARD * attention_s)
+    zero_forward = zero_backward = gather = 0.0
+    if layout.zero == 3:
+        gathered = layer_parameter_count(spec) / layout.tp * bytes_per_parameter(precision)[0]
+        gather = all_gather_seconds(gathered, layout.dp * layout.cp, merged_link(hw, layout, ("dp", "cp")))
+        zero_forward = max(0.0, gather - times.forward)
+        zero_backward = max(0.0, gather - times.backward)
+    return LayerCost(times, tp_forward + cp_forward + zero_forward, tp_backward + cp_backward + zero_backward, gather)
+
+
+def chunk_costs(
+    spec: ModelSpec,
+    hw: Hardware,
+    layout: Layout,
+    micro_batch: int,
+    precision: str,
+    kernels: Kernels,
+    counts: tuple[int, ...],
+) -> tuple[ChunkCost, ...]:
+    """Costs of every stage chunk holding ``counts[c]`` layers; chunk 0 embeds, the last one has the head."""
+    layer = layer_cost(spec, hw, layout, micro_batch, precision, kernels)
+    t = layer.times
+    e = ACTIVATION_BYTES[precision]
+    tokens = micro_batch * spec.seq_len // layout.cp
+    embed_comm = all_reduce_seconds(tokens * spec.hidden * e, layout.tp, group_link(hw, layout, "tp"))
+    head = head_times(spec, hw, precision, micro_batch, layout.tp, layout.cp)
+    out = []
+    for c, n in enumerate(counts):
+        forward = n * (t.forward + layer.comm_forward)
+        backward_input = n * (t.backward_input + t.recompute + layer.comm_backward)
+        backward_weight = n * t.backward_weight
+        comm = n * (layer.comm_forward + layer.comm_backward)
+        if c == 0:
+            forward += embed_comm + layer.first_gather
+            comm += embed_comm + layer.first_gather
+        if c == len(counts) - 1:
+            forward += head.forward
+            backward_input += head.backward_input
+            backward_weight += head.backward_weight
+        out.append(ChunkCost(forward, backward_input, backward_weight, comm))
+    return tuple(out)
+
+
+def boundary_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str) -> float:
+    """Flight time of one activation (or its gradient) between adjacent pipeline stages."""
+    if layout.pp == 1:
+        return 0.0
+    nbytes = micro_batch * spec.seq_len // layout.cp * spec.hidden * ACTIVATION_BYTES[precision]
+    return send_seconds(nbytes / (layout.tp if layout.sp else 1), group_link(hw, layout, "pp"))

@@ -1,0 +1,123 @@
+"""The accelerators the planner knows, each figure with its source, and measured profiles.
+
+Units: TFLOP/s (10¹² FLOP/s), bytes, GB/s (10⁹ bytes per second, one direction), seconds.
+``intra_node_gbps`` is what one device can send to its peers inside a node;
+``inter_node_gbps`` is the network bandwidth one device has to other nodes (its share of the
+node's NICs). Peaks are dense (no structured sparsity).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from plait.errors import ConfigError
+
+GB = 10**9
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator and the links around it."""
+
+    name: str
+    bf16_tflops: float
+    fp32_tflops: float
+    memory_bytes: float
+    memory_gbps: float
+    intra_node_gbps: float
+    inter_node_gbps: float
+    gpus_per_node: int = 8
+    intra_node_latency_s: float = 5e-6
+    inter_node_latency_s: float = 15e-6
+    # Fraction of the peak a large, well-shaped matmul reaches: one constant, fitted to the ten
+    # A100 runs of Narayanan et al. 2021 table 1 (benchmarks/validate_published.py --fit gives
+    # 0.693) and used for every catalog entry, as no other GPU has data to fit it here.
+    matmul_efficiency: float = 0.69
+    # Bytes per second of activation functions (GELU, SiLU); None: as memory_gbps (on GPUs they
+    # are bandwidth-bound; on a CPU their transcendentals make them slower, so calibrate measures).
+    activation_gbps: float | None = None
+    # Attention kernels' throughput relative to a plain matmul of the same shape (1.0 in the
+    # catalog: the published runs it is validated on use batched-matmul attention).
+    attention_efficiency: float = 1.0
+    # Fixed cost of one kernel launch or collective call on the host side.
+    kernel_overhead_s: float = 4e-6
+    # Matmuls run in output tiles of this many rows and columns; ragged edges waste the rest.
+    matmul_tile: int = 128
+    # Memory a process holds before any tensor: runtime context, NCCL workspaces, allocator slack.
+    reserved_bytes: float = 2 * GB
+
+    def peak_tflops(self, precision: str) -> float:
+        return self.bf16_tflops if precision == "bf16" else self.fp32_tflops
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# All NVIDIA server parts assume an 8-GPU HGX/DGX node with one network adapter per GPU.
+CATALOG: dict[str, Hardware] = {
+    # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, FP32 19.5 TFLOPS,
+    # 40 GB HBM2 at 1,555 GB/s; NVLink 3 600 GB/s bidirectional = 300 GB/s per direction.
+    # DGX A100 user guide: 8× ConnectX-6 200 Gb/s HDR InfiniBand → 25 GB/s per GPU.
+    "a100-40gb": Hardware("a100-40gb", 312, 19.5, 40 * GB, 1555, 300, 25),
+    # Same datasheet, 80 GB HBM2e at 2,039 GB/s.
+    "a100-80gb": Hardware("a100-80gb", 312, 19.5, 80 * GB, 2039, 300, 25),
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 989 TFLOPS dense, FP32 67 TFLOPS,
+    # 80 GB HBM3 at 3.35 TB/s; NVLink 4 900 GB/s bidirectional.
+    # DGX H100: 8× ConnectX-7 400 Gb/s NDR → 50 GB/s per GPU.
+    "h100-sxm": Hardware("h100-sxm", 989, 67, 80 * GB, 3350, 450, 50),
+    # H100 datasheet (PCIe): BF16 756 TFLOPS dense, FP32 51 TFLOPS, 80 GB HBM2e at 2.0 TB/s;
+    # no NVSwitch: peers talk over PCIe Gen5 x16, 64 GB/s per direction; one 400 Gb/s NIC per GPU.
+    "h100-pcie": Hardware("h100-pcie", 756, 51, 80 * GB, 2000, 64, 50),
+    # NVIDIA H200 datasheet (SXM): BF16 989 TFLOPS dense, FP32 67 TFLOPS, 141 GB HBM3e at
+    # 4.8 TB/s, NVLink 900 GB/s bidirectional; HGX H200 with 400 Gb/s per GPU.
+    "h200": Hardware("h200", 989, 67, 141 * GB, 4800, 450, 50),
+    # NVIDIA HGX B200 datasheet: per GPU BF16 2.25 PFLOPS dense, FP32 75 TFLOPS (600 per 8 GPUs),
+    # 180 GB HBM3e (1,440 GB per 8) at 7.7 TB/s; NVLink 5 1.8 TB/s bidirectional;
+    # DGX B200: 8× ConnectX-7 400 Gb/s.
+    "b200": Hardware("b200", 2250, 75, 180 * GB, 7700, 900, 50),
+    # AMD Instinct MI300X datasheet: BF16 1,307.4 TFLOPS dense, FP32 (matrix) 163.4 TFLOPS,
+    # 192 GB HBM3 at 5.3 TB/s; 7 Infinity Fabric links of 64 GB/s per direction to the other
+    # 7 GPUs of an 8-GPU platform → 448 GB/s; 400 Gb/s NIC per GPU.
+    "mi300x": Hardware("mi300x", 1307.4, 163.4, 192 * GB, 5300, 448, 50),
+}
+
+OVERRIDABLE = tuple(f.name for f in fields(Hardware) if f.name != "name")
+
+
+def hardware(name: str, **overrides: float | None) -> Hardware:
+    """The catalog entry ``name`` with any figure replaced by ``overrides`` (``None`` keeps it)."""
+    if name not in CATALOG:
+        raise ConfigError(f"unknown GPU {name!r}; known GPUs: {', '.join(CATALOG)} (or pass --hardware-profile FILE)")
+    return apply_overrides(CATALOG[name], **overrides)
+
+
+def apply_overrides(base: Hardware, **overrides: float | None) -> Hardware:
+    """``base`` with the given figures replaced; unknown names and non-positive values are errors."""
+    chosen = {k: v for k, v in overrides.items() if v is not None}
+    unknown = sorted(set(chosen) - set(OVERRIDABLE))
+    if unknown:
+        raise ConfigError(f"unknown hardware figure(s) {', '.join(unknown)}; known: {', '.join(OVERRIDABLE)}")
+    for key, value in chosen.items():
+        if value <= 0 and key not in ("kernel_overhead_s", "reserved_bytes"):
+            raise ConfigError(f"hardware figure {key} must be positive, got {value!r}")
+    return replace(base, **chosen)
+
+
+def load_profile(path: str | Path) -> Hardware:
+    """A hardware profile written by ``plait calibrate`` (a JSON object of Hardware's fields)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"cannot read hardware profile {path}: {error}; run `plait calibrate --out {path}`") from error
+    names = {f.name for f in fields(Hardware)}
+    try:
+        return Hardware(**{k: v for k, v in data.items() if k in names})
+    except TypeError as error:
+        raise ConfigError(f"hardware profile {path} is incomplete ({error}); rerun `plait calibrate`") from error
+
+
+def save_profile(profile: Hardware, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(profile.to_dict(), indent=2) + "\n")

@@ -1,0 +1,251 @@
+"""Search every valid layout for a model on N devices, drop what does not fit, rank by throughput.
+
+Two passes. The first walks every layout (pp, dp, cp, tp, sp, ZeRO stage, schedule, v,
+micro-batch size, recomputation) and scores it with closed forms built from the same per-layer
+costs as the simulator: the peak memory of the first and last pipeline ranks (where embedding,
+head and the most in-flight micro-batches sit) and the pipeline's closed-form step time
+(plait.plan.pipeline.estimate_step). For each choice of everything else, recomputation is tried
+from none to selective to full and only the first that fits is scored (or full if none does): the
+later ones only add time. The second pass plays the real schedule (plait.plan.simulate.evaluate) for the best few and
+ranks those by the played step time, so ``plait simulate`` with no layout flags is ``plait plan``'s
+top pick.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field, replace
+from typing import Iterator
+
+from plait.errors import ConfigError
+from plait.layout import Layout
+from plait.plan.compute import LayerTimes, head_times, layer_times
+from plait.plan.costs import boundary_seconds, layer_cost
+from plait.plan.hardware import Hardware
+from plait.plan.memory import activation_bytes_per_layer, head_activation_bytes, model_state_bytes, other_bytes, rank_parameters
+from plait.plan.pipeline import estimate_step, in_flight_chunks
+from plait.plan.simulate import Prediction, Workload, evaluate, flush_costs
+
+PLAYED = 2  # layouts whose schedules are played exactly after the closed-form pass
+
+
+class NothingFits(ConfigError):
+    """Every layout agreeing with the flags needs more memory than a device has."""
+
+
+@dataclass
+class Scan:
+    """What a walk over the layouts found: counts, the best fitting, the smallest, the fastest overall."""
+
+    scored: int = 0
+    fitting: int = 0
+    best: list = field(default_factory=list)  # heap of (-step, fields) for the fastest fitting layouts
+    smallest: tuple = (math.inf, None)  # (peak bytes, fields)
+    fastest: tuple = (math.inf, None, 0.0)  # (step, fields, peak bytes) over all layouts
+
+    def record(self, fields: tuple, step: float, peak: float, capacity: float, keep: int) -> None:
+        """Count one scored layout and keep it if it is among the ``keep`` fastest that fit."""
+        self.scored += 1
+        if peak < self.smallest[0]:
+            self.smallest = (peak, fields)
+        if step < self.fastest[0]:
+            self.fastest = (step, fields, peak)
+        if peak <= capacity:
+            self.fitting += 1
+            if len(self.best) < keep:
+                heapq.heappush(self.best, (-step, fields))
+            elif -self.best[0][0] > step:
+                heapq.heapreplace(self.best, (-step, fields))
+
+    def layouts(self) -> list[Layout]:
+        return [Layout(*fields) for _, fields in sorted(self.best, reverse=True)]
+
+
+@dataclass
+class SearchResult:
+    ranked: list[Prediction]
+    scored: int
+    fitting: int
+    reason: str
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _options(fixed: dict, name: str, choices) -> tuple:
+    return tuple(c for c in choices if fixed.get(name, c) == c)
+
+
+def _meshes(workload: Workload, gpus: int, fixed: dict) -> Iterator[tuple[int, int, int, int]]:
+    spec = workload.spec
+    for tp in _options(fixed, "tp", divisors(gpus)):
+        if spec.heads % tp or (spec.kv_heads % tp and tp % spec.kv_heads):
+            continue
+        for cp in _options(fixed, "cp", divisors(gpus // tp)):
+            if cp > 1 and spec.seq_len % (2 * cp):
+                continue
+            for pp in _options(fixed, "pp", divisors(gpus // (tp * cp))):
+                dp = gpus // (tp * cp * pp)
+                if fixed.get("dp", dp) == dp and pp <= spec.layers and workload.global_batch % dp == 0:
+                    yield tp, cp, pp, dp
+
+
+def _schedules(pp: int, m: int, layers: int, fixed: dict) -> list[tuple[str, int]]:
+    """(schedule, v) pairs that run with pp ranks and m micro-batches; interleaving needs v·pp to divide the layers."""
+    out = []
+    for name in _options(fixed, "schedule", ("naive", "gpipe", "1f1b", "zb-h1", "interleaved-1f1b") if pp > 1 else ("1f1b",)):
+        if name == "zb-h1" and m < pp:
+            continue
+        if name == "interleaved-1f1b":
+            if m % pp == 0:
+                out += [(name, v) for v in range(2, layers // pp + 1) if layers % (pp * v) == 0]
+        else:
+            out.append((name, 1))
+    return [(n, v) for n, v in out if fixed.get("virtual_stages", v) == v]
+
+
+def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: int | None, keep: int) -> Scan:
+    """Score every valid layout in closed form; keep the ``keep`` fastest that fit."""
+    spec, precision, kernels, layers = workload.spec, workload.precision, workload.kernels, workload.spec.layers
+    recomputes = _options(fixed, "recompute", ("none", "selective", "full"))
+    # Dominated choices, skipped unless asked for: without sp a layout is never faster nor smaller
+    # than with it, and ZeRO-1 never beats ZeRO-2 (same gathers, a reduce-scatter instead of an
+    # all-reduce, less memory). Tests hold both claims.
+    sps = (True, False) if "sp" in fixed else (True,)
+    zeros = (0, 1, 2, 3) if "zero" in fixed else (0, 2, 3)
+    works: dict[tuple, dict] = {}
+    times_cache: dict[tuple, LayerTimes] = {}
+    found, capacity = Scan(), hw.memory_bytes
+    for tp, cp, pp, dp in _meshes(workload, gpus, fixed):
+        per_rank = math.ceil(layers / pp)
+        params = (rank_parameters(spec, per_rank, True, pp == 1, tp, pp), rank_parameters(spec, per_rank, pp == 1, True, tp, pp))
+        per_replica = workload.global_batch // dp
+        for m in _options(fixed, "microbatches", divisors(per_replica)):
+            mbs = per_replica // m
+            if micro_batch and mbs != micro_batch:
+                continue
+            schedules = [(n, v, in_flight_chunks(n, pp, v, m, 0), in_flight_chunks(n, pp, v, m, pp - 1))
+                         for n, v in _schedules(pp, m, layers, fixed)]
+            for sp in _options(fixed, "sp", sps if tp > 1 else (False,)):
+                base = Layout(dp, tp, cp, pp, sp, 0, "1f1b", 1, m, "none")
+                flight = boundary_seconds(spec, hw, base, mbs, precision)
+                head = head_times(spec, hw, precision, mbs, tp, cp)
+                head_work = head.forward + head.backward
+                head_act = head_activation_bytes(spec, mbs, tp, sp, cp, precision)
+                for rc in recomputes:
+                    if (tp, cp, sp, mbs, rc) not in times_cache:
+                        times_cache[tp, cp, sp, mbs, rc] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels)
+                times = {rc: times_cache[tp, cp, sp, mbs, rc] for rc in recomputes}
+                acts = {rc: activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels) for rc in recomputes}
+                for zero in _options(fixed, "zero", zeros if dp * cp > 1 else (0,)):
+                    key = (tp, cp, sp, mbs, dp if zero == 3 else 0)  # ZeRO-3's gathers depend on dp
+                    if key not in works:
+                        works[key] = {rc: _layer_work(replace(base, zero=zero, recompute=rc), workload, hw, mbs, times) for rc in recomputes}
+                    flush = flush_costs(workload, hw, replace(base, zero=zero), max(params))
+                    reduce, last_bucket, tail = flush.reduce, flush.last_bucket, flush.gather + flush.optimizer
+                    other = other_bytes(spec, replace(base, zero=zero), mbs, precision, hw.reserved_bytes)
+                    first, last = (model_state_bytes(p, precision, zero, dp * cp).total + other for p in params)
+                    for name, v, held_first, held_last in schedules:
+                        for rc in recomputes:
+                            act = acts[rc] * per_rank / v
+                            peak = max(first + held_first * act, last + held_last * act + head_act * max(1, held_last // v))
+                            if peak <= capacity:
+                                break
+                        work, fill_zb, backward, first_gather = works[key][rc]
+                        mean = (layers * work + head_work + first_gather) / pp
+                        slowest = max(per_rank * work + first_gather, (layers - (pp - 1) * per_rank) * work + head_work)
+                        fill = fill_zb * layers / pp if name == "zb-h1" else mean / v
+                        step = estimate_step(name, pp, v, m, mean, slowest, fill, flight)
+                        step += max(last_bucket, reduce - per_rank * backward) + tail
+                        found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc), step, peak, capacity, keep)
+    return found
+
+
+def _layer_work(layout: Layout, workload: Workload, hw: Hardware, mbs: int, times: dict) -> tuple[float, ...]:
+    """(forward + backward + recompute + exposed comm, zb-h1's F + I − W, backward, ZeRO-3's
+    unhidden first gather) of one layer."""
+    lc = layer_cost(workload.spec, hw, layout, mbs, workload.precision, workload.kernels, times[layout.recompute])
+    t = lc.times
+    work = t.forward + t.backward + t.recompute + lc.comm_forward + lc.comm_backward
+    return work, t.forward + t.backward_input - t.backward_weight, t.backward + lc.comm_backward, lc.first_gather
+
+
+def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = None,
+           micro_batch: int | None = None, top: int = PLAYED) -> SearchResult:
+    """Rank the layouts of ``gpus`` devices that fit; raise ConfigError (saying what would fit) if none does."""
+    fixed = fixed or {}
+    _check_fixed(workload, gpus, fixed)
+    found = scan(workload, hw, gpus, fixed, micro_batch, keep=max(top, PLAYED) * 2)
+    if not found.scored:
+        raise ConfigError(
+            f"no layout of {gpus} GPUs agrees with the layout flags given and divides global batch "
+            f"{workload.global_batch} over data parallelism; change --gpus, --global-batch or the layout flags"
+        )
+    ranked: list[Prediction] = []
+    for layout in found.layouts():
+        prediction = evaluate(workload, hw, gpus, layout)
+        if prediction.fits:
+            ranked.append(prediction)
+        if len(ranked) >= max(top, PLAYED):
+            break
+    if not ranked:
+        raise NothingFits(_does_not_fit(workload, hw, gpus, found))
+    ranked.sort(key=lambda p: p.step_time_s)
+    return SearchResult(ranked[:top], found.scored, found.fitting, explain(ranked, found, hw))
+
+
+def _check_fixed(workload: Workload, gpus: int, fixed: dict) -> None:
+    """Name the flag at fault when the fixed layout sizes cannot make ``gpus`` GPUs."""
+    sizes = {k: fixed[k] for k in ("dp", "tp", "cp", "pp") if k in fixed}
+    product = math.prod(sizes.values())
+    if gpus % product:
+        flags = " × ".join(f"--{k} {v}" for k, v in sizes.items())
+        raise ConfigError(f"{flags} = {product} does not divide --gpus {gpus}; choose sizes whose product divides it")
+    if len(sizes) == 4 and product != gpus:
+        raise ConfigError(f"dp·tp·cp·pp = {product} but --gpus is {gpus}; make the product equal the GPU count")
+    heads = workload.spec.heads
+    if "tp" in fixed and heads % fixed["tp"]:
+        raise ConfigError(f"--tp {fixed['tp']} does not divide the model's {heads} attention heads; choose a tp that does")
+
+
+def _does_not_fit(workload: Workload, hw: Hardware, gpus: int, found: Scan) -> str:
+    peak, fields = found.smallest
+    head = (f"no layout fits {gpus} × {hw.name} ({hw.memory_bytes / 1e9:.0f} GB each): the smallest, "
+            f"{Layout(*fields).describe()}, needs {peak / 1e9:.1f} GB per GPU")
+    for scale in (2, 4, 8, 16, 32, 64):
+        wider = replace(workload, global_batch=workload.global_batch * scale)
+        more = scan(wider, hw, gpus * scale, {}, None, keep=1)
+        if more.fitting:
+            return f"{head}; {gpus * scale} GPUs would fit it, fastest as {more.layouts()[0].describe()}"
+    return f"{head}; use a smaller model or GPUs with more memory"
+
+
+def explain(ranked: list[Prediction], found: Scan, hw: Hardware) -> str:
+    """One line: why the top layout wins (memory, bubble or exposed communication)."""
+    best = ranked[0]
+    b = best.time_breakdown
+    exposed = b["critical_path_comm_s"] + b["exposed_dp_comm_s"]
+    line = (f"{best.layout.describe()} wins at {best.step_time_s:.3g} s/step "
+            f"({best.bubble_fraction:.0%} bubble, {exposed / best.step_time_s:.0%} exposed communication, "
+            f"{best.peak_memory_bytes / 1e9:.1f} of {hw.memory_bytes / 1e9:.0f} GB)")
+    if len(ranked) > 1:
+        o = ranked[1].time_breakdown
+        deltas = {
+            "pipeline bubble": o["bubble_s"] - b["bubble_s"],
+            "exposed communication": o["critical_path_comm_s"] + o["exposed_dp_comm_s"] - exposed,
+            "compute": o["compute_s"] - b["compute_s"],
+            "the optimizer step": o["optimizer_s"] - b["optimizer_s"],
+        }
+        why = max(deltas, key=deltas.get)
+        line += f"; the runner-up {ranked[1].layout.describe()} loses {deltas[why]:.3g} s on {why}"
+    step, fields, peak = found.fastest
+    if peak > hw.memory_bytes and step < best.step_time_s:
+        line += f"; the faster {Layout(*fields).describe()} would need {peak / 1e9:.0f} GB"
+    return line
+
+
+def best_layout(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: int | None = None) -> Prediction:
+    """The top pick given the layout fields already ``fixed``: what ``plait simulate`` fills in."""
+    return search(workload, hw, gpus, fixed, micro_batch, top=1).ranked[0]

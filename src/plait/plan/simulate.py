@@ -1,0 +1,183 @@
+"""Predict one training step of a layout: per-rank memory, step time, bubble, throughput.
+
+The pipeline part is the schedule's own action lists (plait.schedules.generate) played by the
+schedule simulator with this module's per-action costs; data-parallel gradient reduction and the
+optimizer step follow the pipeline flush, with the overlap rules of plait.plan.comm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from plait.errors import ConfigError
+from plait.layout import Layout
+from plait.models.flops import flops_per_sequence
+from plait.models.spec import ModelSpec
+from plait.plan.comm import all_gather_seconds, all_reduce_seconds, merged_link, reduce_scatter_seconds
+from plait.plan.compute import optimizer_seconds
+from plait.plan.costs import boundary_seconds, chunk_costs
+from plait.plan.hardware import Hardware
+from plait.plan.memory import (
+    Kernels, RankMemory, activation_bytes_per_layer, bytes_per_parameter, head_activation_bytes,
+    model_state_bytes, other_bytes, rank_parameters,
+)
+from plait.plan.pipeline import play
+from plait.schedules import split_layers
+from plait.schedules.generators import validate as validate_schedule
+
+BUCKET_BYTES = 25 * 2**20  # DDP's default gradient bucket; the last one cannot overlap anything
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained: the model, the global batch in sequences, the precision, the kernels."""
+
+    spec: ModelSpec
+    global_batch: int
+    precision: str = "bf16"
+    kernels: Kernels = Kernels()
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One layout's predicted step; the time breakdown is for the rank that computes the most."""
+
+    layout: Layout
+    micro_batch_size: int
+    step_time_s: float
+    model_tflops_per_gpu: float
+    hardware_tflops_per_gpu: float
+    mfu: float
+    bubble_fraction: float
+    peak_memory_bytes: int
+    memory_breakdown: dict[str, int]
+    fits: bool
+    time_breakdown: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "layout": self.layout.to_dict(), "micro_batch_size": self.micro_batch_size,
+            "step_time_s": self.step_time_s, "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
+            "bubble_fraction": self.bubble_fraction, "peak_memory_bytes": self.peak_memory_bytes,
+            "memory_breakdown": self.memory_breakdown, "fits": self.fits, "time_breakdown": self.time_breakdown,
+        }
+
+
+def check_layout(workload: Workload, gpus: int, layout: Layout) -> int:
+    """Raise ConfigError if the layout cannot run this workload on ``gpus``; return the micro-batch size."""
+    layout.validate()
+    spec = workload.spec
+    if layout.world_size != gpus:
+        raise ConfigError(
+            f"layout {layout.describe()} uses dp·cp·tp·pp = {layout.world_size} GPUs but --gpus is {gpus}; "
+            "make the product of the layout sizes equal the GPU count"
+        )
+    if spec.heads % layout.tp or (spec.kv_heads % layout.tp and layout.tp % spec.kv_heads):
+        raise ConfigError(
+            f"--tp {layout.tp} must divide the {spec.heads} attention heads and divide or be a multiple of "
+            f"the {spec.kv_heads} kv-heads; choose a tp that does"
+        )
+    if spec.seq_len % (2 * layout.cp) and layout.cp > 1:
+        raise ConfigError(f"--cp {layout.cp} needs a sequence length divisible by 2·cp, got {spec.seq_len}")
+    per_replica, rest = divmod(workload.global_batch, layout.dp * layout.microbatches)
+    if rest or per_replica == 0:
+        raise ConfigError(
+            f"global batch {workload.global_batch} does not split into dp={layout.dp} × "
+            f"{layout.microbatches} micro-batches; make it a multiple of {layout.dp * layout.microbatches}"
+        )
+    validate_schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
+    if layout.pp * layout.virtual_stages > spec.layers:
+        raise ConfigError(
+            f"{spec.layers} layers cannot fill pp × virtual-stages = {layout.pp * layout.virtual_stages} "
+            "stage chunks; lower --pp or --virtual-stages"
+        )
+    return per_replica
+
+
+def stage_memory(workload: Workload, hw: Hardware, layout: Layout, micro_batch: int, layers: int,
+                 first: bool, last: bool, activations: float) -> RankMemory:
+    """Peak bytes of one rank of a pipeline stage holding ``layers`` layers and ``activations``."""
+    spec, precision = workload.spec, workload.precision
+    params = rank_parameters(spec, layers, first, last, layout.tp, layout.pp)
+    states = model_state_bytes(params, precision, layout.zero, layout.dp * layout.cp)
+    other = other_bytes(spec, layout, micro_batch, precision, hw.reserved_bytes)
+    return RankMemory(states.params, states.grads, states.optimizer, activations, other)
+
+
+def chunk_activation_bytes(workload: Workload, layout: Layout, micro_batch: int, counts: tuple[int, ...]) -> list[float]:
+    """Activation bytes one forward of each chunk stores (the last chunk adds the head's)."""
+    spec, precision = workload.spec, workload.precision
+    per_layer = activation_bytes_per_layer(
+        spec, micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, precision, workload.kernels
+    )
+    head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision)
+    return [n * per_layer + (head if c == len(counts) - 1 else 0.0) for c, n in enumerate(counts)]
+
+
+@dataclass(frozen=True)
+class FlushCosts:
+    """What follows the pipeline flush on one rank: gradient reduction, parameter gather, optimizer."""
+
+    reduce: float
+    last_bucket: float
+    gather: float
+    optimizer: float
+
+    def exposed(self, window: float) -> float:
+        """Communication left exposed when the reduction overlaps ``window`` seconds of backward."""
+        return max(self.last_bucket, self.reduce - window) + self.gather
+
+
+def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float) -> FlushCosts:
+    """Data-parallel reduction of ``params`` parameters' gradients, ZeRO's gathers and Adam."""
+    precision = workload.precision
+    shards = layout.dp * layout.cp
+    link = merged_link(hw, layout, ("dp", "cp"))
+    p_bytes, g_bytes, _ = bytes_per_parameter(precision)
+    grads = params * g_bytes
+    reduce = all_reduce_seconds(grads, shards, link) if layout.zero < 2 else reduce_scatter_seconds(grads, shards, link)
+    last_bucket = reduce * min(1.0, BUCKET_BYTES / grads) if grads else 0.0
+    gather = all_gather_seconds(params * p_bytes, shards, link) if layout.zero in (1, 2) else 0.0
+    local = params / shards if layout.zero >= 1 else params
+    return FlushCosts(reduce, last_bucket, gather, optimizer_seconds(hw, local, precision))
+
+
+def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Prediction:
+    """Predict ``layout`` for ``workload`` on ``gpus`` devices of ``hw``: play its schedule with costs."""
+    micro_batch = check_layout(workload, gpus, layout)
+    spec, precision = workload.spec, workload.precision
+    pp, v, m = layout.pp, layout.virtual_stages, layout.microbatches
+    counts = tuple(len(r) for r in split_layers(spec, pp, v))
+    chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
+    flight = boundary_seconds(spec, hw, layout, micro_batch, precision)
+    played = play(layout.schedule, pp, v, m, chunks, flight, chunk_activation_bytes(workload, layout, micro_batch, counts))
+    tails, memories = [], []
+    for rank in range(pp):
+        mine = range(rank, pp * v, pp)
+        layers = sum(counts[c] for c in mine)
+        first, last = 0 in mine, pp * v - 1 in mine
+        params = rank_parameters(spec, layers, first, last, layout.tp, pp)
+        flush = flush_costs(workload, hw, layout, params)
+        tails.append((flush.exposed(sum(chunks[c].backward for c in mine)), flush.optimizer))
+        memories.append(stage_memory(workload, hw, layout, micro_batch, layers, first, last, played.peak_activations[rank]))
+    step = played.step_time + max(comm + opt for comm, opt in tails)
+    busiest = max(range(pp), key=lambda r: played.busy[r])
+    comm_inside = m * sum(chunks[c].comm for c in range(busiest, pp * v, pp))
+    flops = flops_per_sequence(spec, recompute=layout.recompute)
+    model_tflops = workload.global_batch * flops.model / step / gpus / 1e12
+    hardware_tflops = workload.global_batch * flops.hardware / step / gpus / 1e12
+    peak = max(memories, key=lambda mem: mem.total)
+    return Prediction(
+        layout=layout, micro_batch_size=micro_batch, step_time_s=step,
+        model_tflops_per_gpu=model_tflops, hardware_tflops_per_gpu=hardware_tflops,
+        mfu=model_tflops / hw.peak_tflops(precision), bubble_fraction=played.bubble_fraction,
+        peak_memory_bytes=int(peak.total), memory_breakdown=peak.breakdown(), fits=peak.total <= hw.memory_bytes,
+        time_breakdown={
+            "compute_s": played.busy[busiest] - comm_inside,
+            "critical_path_comm_s": comm_inside,
+            "bubble_s": played.step_time - played.busy[busiest],
+            "exposed_dp_comm_s": tails[busiest][0],
+            "optimizer_s": tails[busiest][1],
+        },
+    )

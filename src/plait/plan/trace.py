@@ -1,0 +1,47 @@
+"""The simulated step as a Chrome/Perfetto trace: what ``plait simulate --trace FILE`` writes.
+
+One track per pipeline rank (every dp/cp/tp rank of a stage does the same), one span per
+forward or backward as the schedule simulator plays the real action lists, then the gradient
+reduction and optimizer step that follow the flush. Trace files of real runs use the same event
+format, so the same viewer or renderer shows prediction and measurement side by side.
+"""
+
+from __future__ import annotations
+
+from plait.layout import Layout
+from plait.plan.costs import boundary_seconds, chunk_costs
+from plait.plan.hardware import Hardware
+from plait.plan.memory import rank_parameters
+from plait.plan.pipeline import action_cost
+from plait.plan.simulate import Workload, check_layout, flush_costs
+from plait.schedules import generate, simulate, split_layers
+
+
+def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> dict:
+    """Chrome trace events (microseconds) of one simulated step of ``layout``."""
+    micro_batch = check_layout(workload, gpus, layout)
+    spec, precision = workload.spec, workload.precision
+    pp, v = layout.pp, layout.virtual_stages
+    counts = tuple(len(r) for r in split_layers(spec, pp, v))
+    chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
+    flight = boundary_seconds(spec, hw, layout, micro_batch, precision)
+    schedule = generate(layout.schedule, pp, layout.microbatches, v)
+    timeline = simulate(schedule, lambda a: action_cost(a, chunks), lambda a: flight)
+    events = []
+    for rank, spans in enumerate(timeline.spans):
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank, "args": {"name": f"pipeline rank {rank}"}})
+        for span in spans:
+            if span.action.kind.is_compute:
+                events.append({
+                    "name": str(span.action), "cat": span.action.kind.name.lower(), "ph": "X", "pid": 0, "tid": rank,
+                    "ts": span.start * 1e6, "dur": (span.end - span.start) * 1e6,
+                })
+        mine = range(rank, pp * v, pp)
+        params = rank_parameters(spec, sum(counts[c] for c in mine), 0 in mine, pp * v - 1 in mine, layout.tp, pp)
+        flush = flush_costs(workload, hw, layout, params)
+        exposed = flush.exposed(sum(chunks[c].backward for c in mine))
+        start = timeline.step_time
+        for name, seconds in (("gradient sync (exposed)", exposed), ("optimizer", flush.optimizer)):
+            events.append({"name": name, "cat": "flush", "ph": "X", "pid": 0, "tid": rank, "ts": start * 1e6, "dur": seconds * 1e6})
+            start += seconds
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"layout": layout.to_dict(), "simulated": True}}

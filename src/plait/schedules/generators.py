@@ -1,0 +1,156 @@
+"""Schedule generators: each writes every rank's compute order; transfers are placed by one rule.
+
+A generator decides only the order of forwards and backwards on each rank. ``with_transfers``
+then puts each receive immediately before the compute that consumes it and each send immediately
+after the compute that produces it. Under the executor's rules (sends never block, receives do;
+see ``plait.schedules.simulate``) a receive then waits only on a true data dependency, so a
+compute order that respects dependencies yields a deadlock-free list; ``check`` proves it anyway.
+
+Schedules (``p`` ranks, ``m`` micro-batches, ``v`` chunks per rank):
+
+* ``naive``: layer-wise model parallelism. Each micro-batch goes forward through every stage and
+  back before the next one starts (plain gradient accumulation on a model split over devices), so
+  only one device works at a time: bubble (p−1)/p whatever m is. With ``m = 1`` it is exactly the
+  textbook "whole batch passes stage after stage".
+* ``gpipe``: all forwards, then all backwards (Huang et al. 2019); holds m micro-batches.
+* ``1f1b``: p−r−1 warm-up forwards on rank r, then one forward one backward (PipeDream-Flush,
+  Narayanan et al. 2021); holds at most p − r micro-batches.
+* ``interleaved-1f1b``: v chunks per rank, Megatron's order (Narayanan et al. 2021, §2.2).
+* ``zb-h1``: 1F1B with the backward split into input gradient I and weight gradient W (Qi et al.
+  2023, "Zero Bubble Pipeline Parallelism", §3.1); W is deferred into what would be the cool-down
+  bubble, keeping at most p micro-batches in flight like 1F1B's first rank. Its bubble time is
+  (p−1)(T_F + T_I − T_W) against 1F1B's (p−1)(T_F + T_I + T_W).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from plait.errors import ConfigError
+from plait.schedules.actions import Action, Kind, Schedule
+
+F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
+
+
+def _naive(p: int, m: int, v: int, rank: int) -> list[Action]:
+    return [Action(kind, rank, mb) for mb in range(m) for kind in (F, B)]
+
+
+def _gpipe(p: int, m: int, v: int, rank: int) -> list[Action]:
+    return [Action(F, rank, mb) for mb in range(m)] + [Action(B, rank, mb) for mb in range(m)]
+
+
+def _one_f_one_b(p: int, m: int, v: int, rank: int) -> list[Action]:
+    warmup = min(p - rank - 1, m)
+    order = [Action(F, rank, mb) for mb in range(warmup)]
+    for mb in range(m - warmup):
+        order += [Action(F, rank, warmup + mb), Action(B, rank, mb)]
+    return order + [Action(B, rank, mb) for mb in range(m - warmup, m)]
+
+
+def _interleaved(p: int, m: int, v: int, rank: int) -> list[Action]:
+    """Megatron-LM's interleaved 1F1B (``forward_backward_pipelining_with_interleaving``).
+
+    Rank r runs m·v chunk-forwards; the k-th is local chunk (k // p) % v on micro-batch
+    (k // pv)·p + k % p, so groups of p micro-batches sweep through the rank's chunks in turn.
+    """
+    total = m * v
+
+    def chunk_mb(k: int, backward: bool) -> tuple[int, int]:
+        group, within = divmod(k, p * v)
+        local = within // p
+        return (v - 1 - local if backward else local) * p + rank, group * p + within % p
+
+    warmup = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
+    order = [Action(F, *chunk_mb(k, False)) for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [Action(F, *chunk_mb(warmup + k, False)), Action(B, *chunk_mb(k, True))]
+    return order + [Action(B, *chunk_mb(k, True)) for k in range(total - warmup, total)]
+
+
+def _zb_h1(p: int, m: int, v: int, rank: int) -> list[Action]:
+    """1F1B with B split in I and W; rank r runs each W r micro-batches after its I.
+
+    Deferring W on the later ranks lets their I — the only part of the backward the previous rank
+    waits for — reach rank 0 sooner, and the deferred Ws fill the cool-down. Rank r holds
+    (p − r − 1) warm-up + 1 + r deferred = p micro-batches, 1F1B's peak on rank 0
+    (Qi et al. 2023, figure 3). With equal F, I, W the bubble is (p−1)/(3m+p−1).
+    """
+    warmup = min(p - rank - 1, m)
+    order = [Action(F, rank, mb) for mb in range(warmup)]
+    pending: list[int] = []
+    for mb in range(m):
+        if warmup + mb < m:
+            order.append(Action(F, rank, warmup + mb))
+        order.append(Action(I, rank, mb))
+        pending.append(mb)
+        if len(pending) > rank:
+            order.append(Action(W, rank, pending.pop(0)))
+    return order + [Action(W, rank, mb) for mb in pending]
+
+
+GENERATORS: dict[str, Callable[[int, int, int, int], list[Action]]] = {
+    "naive": _naive,
+    "gpipe": _gpipe,
+    "1f1b": _one_f_one_b,
+    "interleaved-1f1b": _interleaved,
+    "zb-h1": _zb_h1,
+}
+
+
+def with_transfers(compute: list[Action], rank: int, pp: int, num_chunks: int) -> tuple[Action, ...]:
+    """Insert each receive just before its consumer and each send just after its producer."""
+    out: list[Action] = []
+    for action in compute:
+        c, mb = action.chunk, action.microbatch
+        before = after = None
+        if action.kind is F:
+            if c > 0 and (c - 1) % pp != rank:
+                before = Action(Kind.RECV_ACTIVATION, c, mb, (c - 1) % pp)
+            if c < num_chunks - 1 and (c + 1) % pp != rank:
+                after = Action(Kind.SEND_ACTIVATION, c, mb, (c + 1) % pp)
+        elif action.kind in (B, I):
+            if c < num_chunks - 1 and (c + 1) % pp != rank:
+                before = Action(Kind.RECV_GRAD, c, mb, (c + 1) % pp)
+            if c > 0 and (c - 1) % pp != rank:
+                after = Action(Kind.SEND_GRAD, c, mb, (c - 1) % pp)
+        out += [a for a in (before, action, after) if a is not None]
+    return tuple(out)
+
+
+def validate(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> None:
+    """Raise ConfigError with one actionable sentence if the schedule cannot run this way."""
+    if name not in GENERATORS:
+        raise ConfigError(f"unknown pipeline schedule {name!r}; use one of {', '.join(GENERATORS)}")
+    for label, value in (("pp", pp), ("microbatches", microbatches), ("virtual-stages", virtual_stages)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"--{label} must be a positive integer, got {value!r}")
+    if name == "interleaved-1f1b":
+        if virtual_stages < 2:
+            raise ConfigError("interleaved-1f1b needs --virtual-stages 2 or more; with 1 use --schedule 1f1b")
+        if microbatches % pp:
+            raise ConfigError(
+                f"interleaved-1f1b needs micro-batches in multiples of pp={pp} (as Megatron-LM), "
+                f"got {microbatches}; pass --microbatches {pp * -(-microbatches // pp)}"
+            )
+    elif virtual_stages > 1:
+        raise ConfigError(
+            f"--virtual-stages {virtual_stages} only applies to the interleaved-1f1b schedule; "
+            "pass --schedule interleaved-1f1b or drop --virtual-stages"
+        )
+    if name == "zb-h1" and microbatches < pp:
+        raise ConfigError(
+            f"zb-h1 needs at least pp={pp} micro-batches to fill the pipeline, got {microbatches}; "
+            f"pass --microbatches {pp} or more"
+        )
+
+
+def generate(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
+    """Every rank's action list (compute and transfers) for schedule ``name``."""
+    validate(name, pp, microbatches, virtual_stages)
+    num_chunks = pp * virtual_stages
+    lists = tuple(
+        with_transfers(GENERATORS[name](pp, microbatches, virtual_stages, rank), rank, pp, num_chunks)
+        for rank in range(pp)
+    )
+    return Schedule(name, pp, virtual_stages, microbatches, lists)

@@ -1,0 +1,88 @@
+"""Stage split: which consecutive transformer blocks each of the pp × v stage chunks holds.
+
+The embedding sits on chunk 0 and the final norm, output projection and loss on the last chunk.
+Costs are exact FLOPs from ``plait.models.flops`` (forward + backward of one sequence); the
+embedding lookup is free there, the head is not, so a balanced split gives the last chunk fewer
+blocks when the vocabulary is large. Layers need not divide evenly by pp × v: every chunk just
+needs at least one block.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from plait.errors import ConfigError
+from plait.layout import Layout
+from plait.models.flops import head_forward_flops, layer_flops
+from plait.models.spec import ModelSpec
+from plait.schedules.generators import validate
+
+
+def chunk_costs(spec: ModelSpec, counts: Sequence[int], seq_len: int | None = None) -> tuple[int, ...]:
+    """Forward + backward FLOPs per sequence of each chunk holding ``counts[i]`` blocks."""
+    seq_len = spec.seq_len if seq_len is None else seq_len
+    layer = layer_flops(spec, seq_len).model
+    costs = [n * layer for n in counts]
+    costs[-1] += 3 * head_forward_flops(spec, seq_len)
+    return tuple(costs)
+
+
+def _balanced_counts(spec: ModelSpec, chunks: int, seq_len: int | None) -> tuple[int, ...]:
+    """Block counts minimising the most expensive chunk, then the spread (sum of squared costs)."""
+    layer = layer_flops(spec, spec.seq_len if seq_len is None else seq_len).model
+    head = 3 * head_forward_flops(spec, spec.seq_len if seq_len is None else seq_len)
+    layers = spec.layers
+    # best[k][n]: (max cost, sum of squares, counts) splitting the first n blocks into k chunks.
+    best: list[dict[int, tuple[int, int, tuple[int, ...]]]] = [{0: (0, 0, ())}]
+    for k in range(1, chunks + 1):
+        row: dict[int, tuple[int, int, tuple[int, ...]]] = {}
+        for n in range(k, layers - (chunks - k) + 1):
+            options = []
+            for prev, (worst, squares, counts) in best[k - 1].items():
+                size = n - prev
+                if size < 1:
+                    continue
+                cost = size * layer + (head if k == chunks else 0)
+                options.append((max(worst, cost), squares + cost * cost, counts + (size,)))
+            if options:
+                row[n] = min(options)
+        best.append(row)
+    return best[chunks][layers][2]
+
+
+def split_layers(
+    spec: ModelSpec,
+    pp: int,
+    virtual_stages: int = 1,
+    layers_per_chunk: Sequence[int] | None = None,
+    seq_len: int | None = None,
+) -> tuple[range, ...]:
+    """The block indices of each of the pp × v chunks, balanced by cost or as the user gave them."""
+    chunks = pp * virtual_stages
+    if pp > spec.layers:
+        raise ConfigError(
+            f"--pp {pp} is larger than the model's {spec.layers} layers; each pipeline stage needs "
+            f"at least one layer, so use --pp {spec.layers} or fewer"
+        )
+    if chunks > spec.layers:
+        raise ConfigError(
+            f"{spec.layers} layers cannot be divided into pp × virtual-stages = {chunks} chunks of at "
+            f"least one layer each; use --virtual-stages {spec.layers // pp} or fewer"
+        )
+    if layers_per_chunk is None:
+        counts = _balanced_counts(spec, chunks, seq_len)
+    else:
+        counts = tuple(layers_per_chunk)
+        if len(counts) != chunks or sum(counts) != spec.layers or min(counts) < 1:
+            raise ConfigError(
+                f"a stage split must give {chunks} chunk sizes of at least one layer summing to "
+                f"{spec.layers} layers, got {list(counts)}"
+            )
+    starts = [sum(counts[:i]) for i in range(chunks)]
+    return tuple(range(start, start + n) for start, n in zip(starts, counts))
+
+
+def check_pipeline(spec: ModelSpec, layout: Layout) -> None:
+    """Every pipeline setting checked before any worker starts (schedule, micro-batches, split)."""
+    validate(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
+    split_layers(spec, layout.pp, layout.virtual_stages)

@@ -1,0 +1,52 @@
+"""Per-rank measurements the pool runs: collective bytes and saved activations of one layer."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+
+from plait.config import RunConfig
+from plait.observe.collectives import CollectiveBytes
+from plait.observe.saved_activations import SavedBytes
+from plait.parallel.context import apply_context_parallel, context_shard
+from plait.parallel.replicas import average_replica_gradients
+from plait.parallel.tensor import apply_tensor_parallel, finish_tensor_gradients, vocab_parallel_loss
+from plait.topology import build_topology
+from plait.train.loop import build_model
+
+CPU = torch.device("cpu")
+
+
+def _one_step(config: RunConfig, layers: int, topology) -> tuple[CollectiveBytes, SavedBytes]:
+    """Forward and backward of one batch through a ``layers``-deep model, measured."""
+    config = replace(config, model=replace(config.model, layers=layers))
+    model = apply_context_parallel(apply_tensor_parallel(build_model(config, CPU), topology), topology)
+    generator = torch.Generator().manual_seed(0)
+    shape = (config.train.global_batch, config.model.seq_len)
+    tokens = torch.randint(0, config.model.vocab, shape, generator=generator)
+    inputs, targets, positions = context_shard(tokens, tokens.roll(-1, dims=1), topology)
+    saved = SavedBytes(model, model.layers["0"])
+    with CollectiveBytes() as comm, saved.recording():
+        logits = model(inputs, positions)
+        with vocab_parallel_loss(topology):
+            F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+        finish_tensor_gradients(model)
+        average_replica_gradients(model, topology)
+    return comm, saved
+
+
+def layer_costs(config: RunConfig) -> dict:
+    """Per layer and step: bytes handed to each collective, calls of each, and bytes saved for backward.
+
+    The collectives of one layer are those of a 2-layer model less those of a 1-layer model."""
+    topology = build_topology(config.layout, CPU)
+    one, saved = _one_step(config, 1, topology)
+    two, _ = _one_step(config, 2, topology)
+    return {
+        "bytes": {name: two.bytes[name] - one.bytes[name] for name in two.bytes if two.bytes[name] != one.bytes[name]},
+        "calls": {name: two.calls[name] - one.calls[name] for name in two.calls if two.calls[name] != one.calls[name]},
+        "saved": saved.total,
+    }
+

@@ -1,0 +1,35 @@
+"""Bad pipeline settings end in one clear line before any worker starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from plait.cli import main
+
+BAD_PIPELINES = {
+    "interleaved micro-batches not a multiple of pp": (
+        ["--pp", "2", "--schedule", "interleaved-1f1b", "--virtual-stages", "2", "--microbatches", "3",
+         "--global-batch", "6"], "multiples of pp=2"),
+    "zero-bubble with fewer micro-batches than stages": (
+        ["--pp", "4", "--schedule", "zb-h1", "--microbatches", "2"], "at least pp=4 micro-batches"),
+    "layers not divisible into pp × v chunks": (
+        ["--pp", "2", "--schedule", "interleaved-1f1b", "--virtual-stages", "3", "--microbatches", "2"],
+        "cannot be divided into pp × virtual-stages = 6 chunks"),
+    "virtual stages without interleaving": (
+        ["--pp", "2", "--schedule", "1f1b", "--virtual-stages", "2"], "only applies to the interleaved"),
+    "interleaving without virtual stages": (
+        ["--pp", "2", "--schedule", "interleaved-1f1b", "--microbatches", "2"], "--virtual-stages 2 or more"),
+    "pp larger than the number of layers": (["--pp", "8", "--schedule", "gpipe"], "--pp 8 is larger than the model's 4 layers"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PIPELINES))
+def test_bad_pipeline_is_one_clear_line(case, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    flags, expected = BAD_PIPELINES[case]
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(["train", "--steps", "2", *flags]))
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], lines
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,80 @@
+"""plan / simulate from the command line: bad input in one line, simulate = plan's top pick, no torch."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from plait.cli import main
+
+
+def _error(capsys, *argv: str) -> str:
+    assert main(list(argv)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    return err
+
+
+def test_inconsistent_model_dimensions(capsys):
+    err = _error(capsys, "simulate", "--layers", "4", "--hidden", "100", "--heads", "3", "--gpus", "2")
+    assert "not divisible by 3 heads" in err
+
+
+def test_gpu_count_the_layout_does_not_divide(capsys):
+    err = _error(capsys, "simulate", "--model", "gpt2", "--gpus", "8", "--dp", "3", "--tp", "1", "--cp", "1",
+                 "--pp", "1", "--microbatches", "1")
+    assert "3" in err and "8" in err
+
+
+def test_unknown_gpu_lists_the_known_ones(capsys):
+    err = _error(capsys, "plan", "--model", "gpt2", "--gpu", "z100")
+    assert "unknown GPU 'z100'" in err and "a100-80gb" in err and "mi300x" in err
+
+
+def test_model_that_fits_no_layout_says_what_would(capsys):
+    err = _error(capsys, "plan", "--model", "llama-405b", "--gpus", "8", "--gpu", "a100-40gb", "--global-batch", "8")
+    assert "no layout fits 8 × a100-40gb" in err and "GPUs would fit" in err
+
+
+def test_simulate_without_layout_flags_is_plans_top_pick(capsys):
+    args = ["--model", "gpt2-medium", "--gpus", "16", "--gpu", "a100-80gb", "--global-batch", "64", "--json"]
+    assert main(["plan", *args]) == 0
+    top = json.loads(capsys.readouterr().out)[0]
+    assert main(["simulate", *args]) == 0
+    simulated = json.loads(capsys.readouterr().out)
+    assert simulated["layout"] == top["layout"]
+    assert simulated["step_time_s"] == pytest.approx(top["step_time_s"])
+    for key in ("step_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "bubble_fraction",
+                "peak_memory_bytes", "memory_breakdown"):
+        assert key in simulated
+    assert set(simulated["memory_breakdown"]) == {"params", "grads", "optimizer", "activations", "other"}
+
+
+def test_simulate_fills_only_the_flags_left_out(capsys):
+    args = ["simulate", "--model", "gpt2-medium", "--gpus", "16", "--gpu", "a100-80gb", "--global-batch", "64",
+            "--pp", "2", "--tp", "2", "--json"]
+    assert main(args) == 0
+    layout = json.loads(capsys.readouterr().out)["layout"]
+    assert (layout["pp"], layout["tp"], layout["dp"] * layout["cp"]) == (2, 2, 4)
+
+
+def test_planner_imports_no_torch():
+    code = ("import sys, plait.plan.search, plait.plan.simulate, plait.plan.commands, plait.cli; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_simulate_writes_the_played_schedule_as_a_trace(tmp_path, capsys):
+    trace = tmp_path / "sim.json"
+    args = ["simulate", "--model", "gpt2-medium", "--gpus", "4", "--gpu", "a100-80gb", "--global-batch", "8",
+            "--dp", "1", "--tp", "1", "--cp", "1", "--pp", "4", "--schedule", "1f1b", "--microbatches", "8",
+            "--zero", "0", "--recompute", "none", "--json", "--trace", str(trace)]
+    assert main(args) == 0
+    predicted = json.loads(capsys.readouterr().out)
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X" and e["cat"] != "flush"]
+    assert {e["tid"] for e in events} == {0, 1, 2, 3}
+    assert len(events) == 4 * 8 * 2  # a forward and a backward per rank and micro-batch
+    end = max(e["ts"] + e["dur"] for e in events) / 1e6
+    busy = sum(e["dur"] for e in events) / 1e6
+    assert 1 - busy / (4 * end) == pytest.approx(predicted["bubble_fraction"])

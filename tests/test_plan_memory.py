@@ -1,0 +1,92 @@
+"""Memory model against the ZeRO paper's accounting and Korthikanti et al.'s activation formulas."""
+
+import pytest
+
+from plait.models.spec import ModelSpec
+from plait.plan.memory import Kernels, activation_bytes_per_layer, model_state_bytes
+from plait.plan.pipeline import in_flight_chunks
+from plait.schedules import generate, peak_in_flight
+
+GB = 1e9
+
+
+@pytest.mark.parametrize("zero,expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_figure_1(zero, expected_gb):
+    """Rajbhandari et al. 2020, figure 1: Ψ = 7.5B parameters, N_d = 64, K = 12."""
+    states = model_state_bytes(7.5e9, "bf16", zero, 64)
+    assert states.total / GB == pytest.approx(expected_gb, abs=0.05)
+
+
+def test_zero_stages_shard_what_the_paper_says():
+    psi, nd = 1e9, 8
+    base = model_state_bytes(psi, "bf16", 0, nd)
+    assert (base.params, base.grads, base.optimizer) == (2 * psi, 2 * psi, 12 * psi)
+    assert model_state_bytes(psi, "bf16", 2, nd).grads == 2 * psi / nd
+    assert model_state_bytes(psi, "fp32", 3, nd).total == 16 * psi / nd
+
+
+# GPT-3 175B shapes (Korthikanti et al. 2022, table 3): a=96, h=12288, s=2048, t=8.
+GPT3 = ModelSpec("gpt2", 96, 12288, 96, 96, 4 * 12288, 51200, 2048, tie_embeddings=True)
+PAPER = Kernels(dropout=True, flash_attention=False)
+
+
+@pytest.mark.parametrize("b", [1, 4])
+def test_korthikanti_equation_1_no_parallelism(b):
+    s, h, a = GPT3.seq_len, GPT3.hidden, GPT3.heads
+    assert activation_bytes_per_layer(GPT3, b, kernels=PAPER) == pytest.approx(s * b * h * (34 + 5 * a * s / h))
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_korthikanti_equation_2_tensor_parallel(t):
+    s, b, h, a = GPT3.seq_len, 1, GPT3.hidden, GPT3.heads
+    expected = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    assert activation_bytes_per_layer(GPT3, b, tp=t, kernels=PAPER) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("t", [2, 8])
+def test_korthikanti_equation_4_tensor_and_sequence_parallel(t):
+    s, b, h, a = GPT3.seq_len, 2, GPT3.hidden, GPT3.heads
+    expected = s * b * h / t * (34 + 5 * a * s / h)
+    assert activation_bytes_per_layer(GPT3, b, tp=t, sp=True, kernels=PAPER) == pytest.approx(expected)
+
+
+def test_korthikanti_selective_recompute_keeps_34_sbh_over_t():
+    s, b, h, t = GPT3.seq_len, 1, GPT3.hidden, 8
+    got = activation_bytes_per_layer(GPT3, b, tp=t, sp=True, recompute="selective", kernels=PAPER)
+    assert got == pytest.approx(34 * s * b * h / t)
+
+
+def test_korthikanti_full_recompute_keeps_the_layer_input():
+    s, b, h, t = GPT3.seq_len, 1, GPT3.hidden, 8
+    assert activation_bytes_per_layer(GPT3, b, tp=t, recompute="full", kernels=PAPER) == pytest.approx(2 * s * b * h)
+    assert activation_bytes_per_layer(GPT3, b, tp=t, sp=True, recompute="full", kernels=PAPER) == pytest.approx(2 * s * b * h / t)
+
+
+def test_grouped_query_attention_saves_only_the_smaller_keys_and_values():
+    """K and V shrink from h to kv_heads·head_dim columns: 2 tensors × 2 bytes × sb(h − kv)/t saved."""
+    mha = ModelSpec("llama", 2, 4096, 32, 32, 14336, 1000, 4096, tie_embeddings=False)
+    gqa = ModelSpec("llama", 2, 4096, 32, 8, 14336, 1000, 4096, tie_embeddings=False)
+    s, b, t = 4096, 1, 4
+    saved = activation_bytes_per_layer(mha, b, tp=t) - activation_bytes_per_layer(gqa, b, tp=t)
+    assert saved == pytest.approx(2 * 2 * s * b * (4096 - 8 * 128) / t)
+
+
+def test_swiglu_saves_four_ffn_wide_tensors_where_gelu_saves_two():
+    gelu = ModelSpec("gpt2", 2, 1024, 16, 16, 4096, 1000, 1024, tie_embeddings=True)
+    swiglu = ModelSpec("llama", 2, 1024, 16, 16, 4096, 1000, 1024, tie_embeddings=True)
+    s, b = 1024, 1
+    # Same attention (no dropout, flash), so the whole difference is the MLP's 2 extra ffn-wide tensors.
+    assert activation_bytes_per_layer(swiglu, b) - activation_bytes_per_layer(gelu, b) == pytest.approx(2 * 2 * s * b * 4096)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "naive"])
+@pytest.mark.parametrize("p,m", [(2, 2), (4, 4), (4, 7), (4, 16), (8, 8), (8, 24)])
+def test_in_flight_closed_forms_match_the_generated_lists(name, p, m):
+    peaks = peak_in_flight(generate(name, p, m))
+    assert [in_flight_chunks(name, p, 1, m, r) for r in range(p)] == list(peaks)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 2, 2), (2, 4, 3), (4, 4, 2), (4, 8, 2), (4, 12, 4), (8, 16, 2)])
+def test_interleaved_in_flight_closed_form_matches_the_lists(p, m, v):
+    peaks = peak_in_flight(generate("interleaved-1f1b", p, m, v))
+    assert [in_flight_chunks("interleaved-1f1b", p, v, m, r) for r in range(p)] == list(peaks)

@@ -1,0 +1,67 @@
+"""Compute and communication models against independent counts and textbook formulas."""
+
+import pytest
+
+from plait.layout import Layout
+from plait.models.flops import layer_flops
+from plait.models.spec import model_spec
+from plait.plan.comm import Link, all_reduce_seconds, group_link, reduce_scatter_seconds
+from plait.plan.compute import Gemm, gemm_seconds, layer_shape
+from plait.plan.hardware import hardware
+from plait.plan.memory import Kernels
+from plait.plan.search import scan
+from plait.plan.simulate import Workload
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-8b"])
+@pytest.mark.parametrize("tp,cp", [(1, 1), (2, 1), (4, 1), (1, 4), (4, 2)])
+def test_layer_matmuls_are_the_flop_counters_forward_split_over_tp_and_cp(name, tp, cp):
+    spec = model_spec(name)
+    shape = layer_shape(spec, 2, tp, cp, False, "bf16", Kernels())
+    flops = sum(g.flops for g in shape.weights + shape.attention)
+    assert flops * tp * cp == 2 * layer_flops(spec, spec.seq_len).forward
+
+
+def test_thin_shards_run_further_from_peak():
+    hw = hardware("h100-sxm")
+    def rate(g):
+        return g.flops / gemm_seconds(hw, "bf16", g)
+    assert rate(Gemm(8192, 8192, 8192)) > rate(Gemm(8192, 8192 // 16, 8192)) > rate(Gemm(8192, 8192 // 64, 8192))
+    assert rate(Gemm(8192, 8192, 8192)) <= hw.bf16_tflops * 1e12 * hw.matmul_efficiency
+
+
+def test_ring_collectives_match_the_textbook_costs():
+    """Patarasuk & Yuan: all-reduce 2(n−1)α + 2(n−1)/n·S/β; reduce-scatter half of it."""
+    link = Link(bandwidth=100e9, latency=5e-6, crosses_nodes=False)
+    size, n = 1e9, 8
+    assert all_reduce_seconds(size, n, link) == pytest.approx(2 * 7 * 5e-6 + 2 * 7 / 8 * size / 100e9)
+    assert reduce_scatter_seconds(size, n, link) == pytest.approx(all_reduce_seconds(size, n, link) / 2)
+    assert all_reduce_seconds(size, 1, link) == 0
+
+
+def test_mesh_order_keeps_tp_inside_a_node_and_sends_dp_across():
+    hw = hardware("a100-80gb")
+    layout = Layout(dp=4, tp=8)
+    assert not group_link(hw, layout, "tp").crosses_nodes
+    dp = group_link(hw, layout, "dp")
+    assert dp.crosses_nodes and dp.bandwidth < group_link(hw, layout, "tp").bandwidth
+    assert not group_link(hw, Layout(dp=8), "dp").crosses_nodes
+    assert group_link(hw, Layout(dp=16), "dp").crosses_nodes
+
+
+def _scores(fixed):
+    workload = Workload(model_spec("gpt2-large"), 64)
+    found = scan(workload, hardware("a100-40gb"), 16, fixed, None, keep=10_000)
+    return {fields: -step for step, fields in found.best}
+
+
+def test_the_dominance_rules_the_search_relies_on():
+    """Without sp a layout is never faster than with it; ZeRO-1 never beats ZeRO-2."""
+    for tp in (2, 4):
+        with_sp, without = _scores({"tp": tp, "sp": True, "recompute": "none"}), _scores({"tp": tp, "sp": False, "recompute": "none"})
+        for fields, step in without.items():
+            twin = fields[:4] + (True,) + fields[5:]
+            assert with_sp[twin] <= step + 1e-12
+    one, two = _scores({"zero": 1, "recompute": "none"}), _scores({"zero": 2, "recompute": "none"})
+    for fields, step in one.items():
+        assert two[fields[:5] + (2,) + fields[6:]] <= step + 1e-12

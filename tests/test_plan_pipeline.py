@@ -1,0 +1,77 @@
+"""The planner's schedule play against the closed-form bubbles, and its shortcut against full play."""
+
+import random
+
+import pytest
+
+from plait.plan.costs import ChunkCost
+from plait.plan.pipeline import play_list, estimate_step, play
+from plait.schedules import generate
+
+
+def _equal(chunks: int, f=1.0, i=1.0, w=1.0) -> list[ChunkCost]:
+    return [ChunkCost(f, i, w, 0.0)] * chunks
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 9), (8, 32), (4, 40)])
+def test_gpipe_and_1f1b_bubble(name, p, m):
+    """Huang et al. 2019 / Narayanan et al. 2021: bubble (p − 1)/(m + p − 1) with equal stages."""
+    played = play(name, p, 1, m, _equal(p), 0.0, [0.0] * p)
+    assert played.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 16, 4), (4, 40, 2), (8, 16, 3)])
+def test_interleaved_bubble(p, m, v):
+    """Narayanan et al. 2021 §2.2: the bubble shrinks by v: (p − 1)/(v·m + p − 1)."""
+    played = play("interleaved-1f1b", p, v, m, _equal(p * v), 0.0, [0.0] * (p * v))
+    assert played.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1))
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 40)])
+def test_zero_bubble_h1(p, m):
+    """Qi et al. 2023: with T_F = T_I = T_W the bubble is (p − 1)(F + I − W) = (p − 1)F of m·3F per rank."""
+    played = play("zb-h1", p, 1, m, _equal(p), 0.0, [0.0] * p)
+    assert played.bubble_fraction == pytest.approx((p - 1) / (3 * m + p - 1))
+
+
+def test_naive_runs_one_stage_at_a_time():
+    p, m = 4, 6
+    played = play("naive", p, 1, m, _equal(p), 0.0, [0.0] * p)
+    assert played.bubble_fraction == pytest.approx((p - 1) / p)
+
+
+def _full_and_shortcut(name, p, v, m, chunks, flight, sizes):
+    full = play_list(generate(name, p, m, v), chunks, flight, sizes)
+    return full, play(name, p, v, m, chunks, flight, sizes)
+
+
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2)])
+def test_extending_two_short_plays_is_exact_for_equal_stages(name, v):
+    p, m = 4, 28
+    chunks = [ChunkCost(1.0, 1.7, 0.6, 0.0)] * (p * v)
+    full, shortcut = _full_and_shortcut(name, p, v, m, chunks, 0.3, [2.0] * (p * v))
+    assert shortcut.step_time == pytest.approx(full.step_time)
+    assert shortcut.busy == pytest.approx(full.busy)
+    assert shortcut.peak_activations == pytest.approx(full.peak_activations)
+
+
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2)])
+def test_extending_two_short_plays_is_close_for_uneven_stages(name, v):
+    """Uneven stages make the steady state periodic over several micro-batches: within 0.5%."""
+    rng = random.Random(7)
+    p, m = 4, 28
+    chunks = [ChunkCost(rng.uniform(1, 2), rng.uniform(1, 3), rng.uniform(0.5, 1), 0.0) for _ in range(p * v)]
+    sizes = [rng.uniform(1, 5) for _ in range(p * v)]
+    full, shortcut = _full_and_shortcut(name, p, v, m, chunks, 0.3, sizes)
+    assert shortcut.step_time == pytest.approx(full.step_time, rel=5e-3)
+    assert shortcut.peak_activations == pytest.approx(full.peak_activations)
+
+
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)])
+def test_closed_form_estimate_equals_play_for_equal_stages(name, v):
+    p, m, f, i, w, flight = 4, 8, 1.0, 1.5, 0.5, 0.0
+    played = play(name, p, v, m, _equal(p * v, f / v, i / v, w / v), flight, [0.0] * (p * v))
+    work = f + i + w
+    fill = f + i - w if name == "zb-h1" else work / v
+    assert estimate_step(name, p, v, m, work, work, fill, flight) == pytest.approx(played.step_time)

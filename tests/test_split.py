@@ -1,0 +1,44 @@
+"""Stage split: balanced by exact FLOPs, or as given; bad splits fail before start."""
+
+from dataclasses import replace
+
+import pytest
+
+from plait.errors import ConfigError
+from plait.models.spec import PRESETS
+from plait.schedules import chunk_costs, split_layers
+
+
+def test_equal_blocks_split_evenly_when_the_head_is_cheap():
+    assert [len(r) for r in split_layers(PRESETS["tiny"], 2)] == [2, 2]
+    assert [len(r) for r in split_layers(PRESETS["tiny"], 2, 2)] == [1, 1, 1, 1]
+
+
+def test_a_heavy_head_takes_blocks_off_the_last_stage():
+    spec = PRESETS["gpt2"]
+    counts = [len(r) for r in split_layers(spec, 4)]
+    assert counts[-1] < min(counts[:-1])
+    assert sum(counts) == spec.layers
+    even = chunk_costs(spec, [3, 3, 3, 3])
+    assert max(chunk_costs(spec, counts)) < max(even)
+
+
+def test_chunks_are_consecutive_and_cover_every_layer():
+    chunks = split_layers(PRESETS["llama-8b"], 4, 2)
+    assert [i for r in chunks for i in r] == list(range(32))
+
+
+def test_user_split_is_used_and_checked():
+    assert split_layers(PRESETS["tiny"], 2, layers_per_chunk=[3, 1]) == (range(0, 3), range(3, 4))
+    with pytest.raises(ConfigError, match="summing to 4 layers"):
+        split_layers(PRESETS["tiny"], 2, layers_per_chunk=[3, 2])
+
+
+def test_pp_larger_than_layers_is_rejected():
+    with pytest.raises(ConfigError, match="--pp 8 is larger than the model's 4 layers"):
+        split_layers(PRESETS["tiny"], 8)
+
+
+def test_layers_not_divisible_into_chunks_is_rejected():
+    with pytest.raises(ConfigError, match="cannot be divided into pp × virtual-stages = 6 chunks"):
+        split_layers(replace(PRESETS["tiny"], layers=5), 2, 3)

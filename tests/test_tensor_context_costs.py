@@ -1,0 +1,56 @@
+"""Measured per-layer costs of tp, sp and cp equal the analytic ones: collective bytes and saved activations."""
+
+from __future__ import annotations
+
+import pytest
+
+from plait.models.spec import model_spec
+from plait.parallel.analytic import collective_bytes_per_layer, saved_bytes_per_layer
+from tests.cases import run_config
+from tests.probes import layer_costs
+
+BATCH, SEQ = 2, 64
+LAYOUTS = [
+    {"tp": 2},
+    {"tp": 2, "sp": True},
+    {"tp": 4},
+    {"tp": 4, "sp": True},
+    {"cp": 2},
+    {"tp": 2, "cp": 2},
+]
+
+
+@pytest.fixture(scope="module")
+def measured(pool):
+    """Per-layer costs on rank 0 of every (model, layout), measured once for the module."""
+    costs = {}
+    for model in ("tiny", "tiny-llama"):
+        for index, layout in enumerate(LAYOUTS):
+            world = layout.get("tp", 1) * layout.get("cp", 1)
+            costs[model, index] = pool.run(layer_costs, world, run_config(model, global_batch=BATCH, **layout))[0]
+    return costs
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
+@pytest.mark.parametrize("index", range(len(LAYOUTS)), ids=[str(layout) for layout in LAYOUTS])
+def test_collective_bytes_per_layer_match_analytic(measured, model, index):
+    expected = collective_bytes_per_layer(model_spec(model, seq_len=SEQ), BATCH, SEQ, **LAYOUTS[index])
+    assert measured[model, index]["bytes"] == expected
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
+@pytest.mark.parametrize("index", range(len(LAYOUTS)), ids=[str(layout) for layout in LAYOUTS])
+def test_saved_activation_bytes_per_layer_match_analytic(measured, model, index):
+    expected = saved_bytes_per_layer(model_spec(model, seq_len=SEQ), BATCH, SEQ, **LAYOUTS[index])
+    assert measured[model, index]["saved"] == sum(expected.values())
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_sequence_parallel_divides_the_norm_region_by_tp(measured, model, tp):
+    """All that sp changes in saved memory is the norm region, which it divides by tp."""
+    plain, sharded = LAYOUTS.index({"tp": tp}), LAYOUTS.index({"tp": tp, "sp": True})
+    norms = saved_bytes_per_layer(model_spec(model, seq_len=SEQ), BATCH, SEQ, tp=tp)["norms"]
+    assert norms > 0
+    assert measured[model, plain]["saved"] - measured[model, sharded]["saved"] == norms - norms // tp
+
