@@ -1,5 +1,6 @@
-"""ZeRO beyond parity: no gradient traffic while accumulating, mixed-precision memory, and
-checkpoints that resume under another stage. (Bad ZeRO input: tests/test_bad_input.py.)"""
+"""ZeRO beyond parity: no gradient traffic while accumulating, mixed-precision memory, clipping by
+the norm over every shard, and checkpoints that resume under another stage.
+(Bad ZeRO input: tests/test_bad_input.py.)"""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
+from plait.observe.run_files import read_metrics
 from plait.parallel.zero_memory import model_state_bytes, zero_paper_bytes
 from plait.train.checkpoint import checkpoint_root
 from tests.cases import collectives_per_microbatch, run_config, train_losses, train_outcome
@@ -62,3 +64,14 @@ def test_checkpoint_of_one_stage_resumes_under_another(pool, tmp_path):
     second = dataclasses.replace(second, train=dataclasses.replace(second.train, resume=True))
     resumed = pool.run(train_losses, 2, second, str(run_dir))[0]
     assert resumed == pytest.approx(uninterrupted[2:], rel=1e-5)
+
+
+def test_clipping_uses_the_norm_over_every_shard(pool, tmp_path):
+    norms = {}
+    for dp, stage in ((1, 0), (2, 3)):
+        run_dir = tmp_path / f"zero{stage}"
+        run_dir.mkdir()
+        pool.run(train_losses, dp, run_config(dp=dp, zero=stage, steps=3), str(run_dir))
+        norms[stage] = [row["grad_norm"] for row in read_metrics(run_dir)]
+    assert norms[0][0] > 1, "the gradient norm should exceed the clipping threshold of 1"
+    assert norms[3] == pytest.approx(norms[0], rel=1e-5)

@@ -71,8 +71,7 @@ def write_summary(run_dir: Path, config: RunConfig, topology: Topology, result) 
         "model_state_bytes_per_rank": model_state,
     }
     if layout.tp == 1 and layout.pp == 1:  # every rank holds (a shard of) the whole model
-        summary["model_state_bytes_formula"] = model_state_bytes(
-            layout.zero, parameter_count(config.model), layout.dp, train.precision,
-        )
+        formula = model_state_bytes(layout.zero, parameter_count(config.model), layout.dp, train.precision)
+        summary["model_state_bytes_formula"] = {kind: round(value) for kind, value in formula.items()}
     write_json_atomically(Path(run_dir) / SUMMARY_FILE, summary)
     return summary
