@@ -84,7 +84,7 @@ def plait_step(config: RunConfig) -> Callable[[int, list[torch.Tensor]], None]:
 
     def step(index: int, batch: list[torch.Tensor]) -> None:
         set_learning_rate(optimizer, learning_rate(index, config.train))
-        loss, _ = train_step(model, optimizer, [tuple(batch)], config, CPU)
+        loss, _ = train_step(model, optimizer, [tuple(batch)], config, CPU, topology)
         dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=topology.group("dp"))
         loss.item()
     return step
