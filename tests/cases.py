@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from plait.config import RunConfig
@@ -65,3 +66,16 @@ def run_config(
     )
     validate_run(config)
     return config
+
+
+def assert_refused_in_one_line(argv: list[str], expected: str, capsys, run_root: Path) -> None:
+    """``plait argv`` exits with status 2 and one line containing ``expected``; no run dir appears."""
+    from plait.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(argv))
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("plait") and expected in lines[0], lines[0]
+    assert not (run_root / "runs").exists()

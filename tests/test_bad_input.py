@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from plait.cli import main
+from tests.cases import assert_refused_in_one_line
 
 
 @pytest.fixture
@@ -64,13 +64,7 @@ def test_bad_input_is_one_clear_line(case, files, capsys, monkeypatch, tmp_path)
     monkeypatch.chdir(tmp_path)  # a default run dir would appear here if anything started
     flags, expected = BAD_INPUTS[case]
     argv = ["train", "--steps", "2", *[flag.format(**files) for flag in flags]]
-    with pytest.raises(SystemExit) as exit_info:
-        raise SystemExit(main(argv))
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("plait") and expected in lines[0], lines[0]
-    assert not (tmp_path / "runs").exists()
+    assert_refused_in_one_line(argv, expected, capsys, tmp_path)
     assert (tmp_path / "finished_run" / "metrics.jsonl").read_text() == '{"step": 0, "loss": 5.0}\n'
 
 

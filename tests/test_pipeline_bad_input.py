@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plait.cli import main
+from tests.cases import assert_refused_in_one_line
 
 BAD_PIPELINES = {
     "interleaved micro-batches not a multiple of pp": (
@@ -30,9 +30,4 @@ BAD_PIPELINES = {
 def test_bad_pipeline_is_one_clear_line(case, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     flags, expected = BAD_PIPELINES[case]
-    with pytest.raises(SystemExit) as exit_info:
-        raise SystemExit(main(["train", "--steps", "2", *flags]))
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0], lines
-    assert not (tmp_path / "runs").exists()
+    assert_refused_in_one_line(["train", "--steps", "2", *flags], expected, capsys, tmp_path)

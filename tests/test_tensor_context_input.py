@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from plait.cli import main
 from plait.models.spec import model_spec
 from plait.parallel.fit import padded_vocab
+from tests.cases import assert_refused_in_one_line
 
 BAD_SPLITS = {
     "heads not divisible by tp": (["--tp", "3"], "4 attention heads cannot be split over --tp 3"),
@@ -27,12 +27,7 @@ BAD_SPLITS = {
 def test_bad_split_is_one_clear_line(case, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     flags, expected = BAD_SPLITS[case]
-    with pytest.raises(SystemExit) as exit_info:
-        raise SystemExit(main(["train", "--steps", "2", *flags]))
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and expected in lines[0], lines
-    assert not (tmp_path / "runs").exists()
+    assert_refused_in_one_line(["train", "--steps", "2", *flags], expected, capsys, tmp_path)
 
 
 def test_vocabulary_not_divisible_by_tp_is_padded_not_refused():
