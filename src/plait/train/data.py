@@ -78,6 +78,13 @@ def check_tokens(tokens: np.ndarray, vocab: int, seq_len: int, source: str) -> N
         )
 
 
+def training_tokens(path: str | None, vocab: int, seq_len: int) -> np.ndarray:
+    """The token stream of ``path`` (or the default corpus), checked against the model."""
+    tokens = load_tokens(path)
+    check_tokens(tokens, vocab, seq_len, path or "the default corpus")
+    return tokens
+
+
 @dataclass(frozen=True)
 class BatchSource:
     """Draws the rows of the global batch of each step that one data-parallel rank owns."""

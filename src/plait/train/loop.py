@@ -38,7 +38,7 @@ from plait.parallel.tensor import (
 )
 from plait.topology import Topology
 from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from plait.train.data import BatchSource, check_tokens, load_tokens
+from plait.train.data import BatchSource, training_tokens
 from plait.train.optim import build_optimizer, learning_rate, set_learning_rate
 
 
@@ -104,8 +104,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
     train_spec, layout, device = config.train, config.layout, topology.device
     if train_spec.deterministic:
         torch.use_deterministic_algorithms(True)
-    tokens = load_tokens(train_spec.data)
-    check_tokens(tokens, config.model.vocab, config.model.seq_len, train_spec.data or "the default corpus")
+    tokens = training_tokens(train_spec.data, config.model.vocab, config.model.seq_len)
     source = BatchSource(tokens, config.model.seq_len, train_spec.global_batch, train_spec.seed)
 
     model = build_model(config, device)
