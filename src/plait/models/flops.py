@@ -49,6 +49,26 @@ def head_parameter_count(spec: ModelSpec) -> int:
     return norm_parameter_count(spec) + (0 if spec.tie_embeddings else spec.vocab * spec.hidden)
 
 
+def layer_tensor_count(spec: ModelSpec) -> int:
+    """Parameter tensors of one block: what per-tensor work (optimizer, clipping) loops over."""
+    bias = 1 if spec.has_bias else 0
+    attention = 4 * (1 + bias)  # q, k, v, o
+    mlp = (3 if spec.gated_mlp else 2) + 2 * bias  # w1, w2 (and w3); biases on w1 and w2
+    return 2 * norm_tensor_count(spec) + attention + mlp
+
+
+def norm_tensor_count(spec: ModelSpec) -> int:
+    return 2 if spec.family == "gpt2" else 1  # LayerNorm's weight and bias, or RMSNorm's weight
+
+
+def embedding_tensor_count(spec: ModelSpec) -> int:
+    return 2 if spec.learned_positions else 1
+
+
+def head_tensor_count(spec: ModelSpec) -> int:
+    return norm_tensor_count(spec) + (0 if spec.tie_embeddings else 1)
+
+
 def parameter_count(spec: ModelSpec) -> int:
     """Every parameter of the model, counting a tied embedding once."""
     return embedding_parameter_count(spec) + spec.layers * layer_parameter_count(spec) + head_parameter_count(spec)

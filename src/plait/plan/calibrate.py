@@ -2,15 +2,19 @@
 
 Imports torch (outside the planner's torch-free path; only ``plait calibrate`` loads it). On a CPU
 one "device" is one training rank: ``threads`` cores (plait train gives each of N local ranks
-cores/N threads). Measured: matmul throughput by shape, the bandwidth a layer's non-matmul kernels reach (add,
-multiply, layer norm; and apart, GELU and SiLU, whose transcendentals make them slower on a CPU), attention's throughput
-against plain matmuls of its shapes, and all-reduce time over two local gloo processes; fitted: peak (the best large
-peak and launch overhead by least relative squares over t = 2mnk/peak + overhead (so
-matmul_efficiency is 1 and tiles are 1), collective latency and bandwidth likewise over
-t = 2α + S/β (the two-rank ring all-reduce of plait.plan.comm). Each fit's error is written
-beside the profile.
-"""
+cores/N threads). Measured:
 
+* matmul throughput by shape, fitted to t = 2mnk/peak + overhead by least relative squares (so
+  matmul_efficiency is 1 and tiles are 1);
+* the bandwidth a layer's non-matmul kernels reach (add, multiply, layer norm; and apart, GELU and
+  SiLU, whose transcendentals make them slower on a CPU);
+* attention's throughput against plain matmuls of its shapes;
+* all-reduce time over two local gloo processes, fitted to t = 2α + S/β (the two-rank ring of
+  plait.plan.comm), and the share of an all-reduce that hides under compute;
+* the host's overhead beyond the kernels and plait's optimizer step (plait.plan.calibrate_host).
+
+Each fit's points, measured and predicted, are written beside the profile.
+"""
 from __future__ import annotations
 
 import json
@@ -27,11 +31,14 @@ import torch.multiprocessing as mp
 
 from plait.plan.comm import LINK_EFFICIENCY, Link, all_reduce_seconds
 from plait.plan.compute import Gemm, gemm_seconds
+from plait.plan.calibrate_host import measure_host_overhead, measure_optimizer
 from plait.plan.hardware import Hardware
+from plait.plan.least_squares import relative_least_squares
 
 SHAPES = [(64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 512, 512),
           (1024, 128, 1024), (1024, 1024, 128), (4096, 128, 128), (512, 2048, 512), (8, 8, 8)]
 SIZES = [2**k for k in range(10, 26, 3)]  # bytes per all-reduce: 1 KiB … 32 MiB
+OVERLAP_BYTES = 4 * 2**20  # a few gradient buckets' worth of a small model
 
 
 def _typical_time(fn, repeat: int = 7, min_time: float = 0.05) -> float:
@@ -109,40 +116,62 @@ def _all_reduce_worker(rank: int, port: int, threads: int, results) -> None:
                 runs.append((time.perf_counter() - start) / count)
             if rank == 0:
                 results[size] = statistics.median(runs[1:])
+        overlap = _measure_overlap()
+        if rank == 0:
+            results["overlap"] = overlap
     finally:
         dist.destroy_process_group()
 
 
-def measure_all_reduce(threads: int) -> dict[int, float]:
+def _measure_overlap(rounds: int = 5) -> float:
+    """Share of a bucket-sized all-reduce that hides under matmuls run while it is in flight, as
+    DDP runs gradient buckets under the backward pass (run by both ranks alike)."""
+    tensor, a = torch.ones(OVERLAP_BYTES // 4), torch.randn(384, 384)
+
+    def compute() -> None:
+        for _ in range(8):
+            torch.matmul(a, a)
+
+    def both() -> None:
+        work = dist.all_reduce(tensor, async_op=True)
+        compute()
+        work.wait()
+
+    def timed(fn) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    shares = []
+    for _ in range(rounds):
+        alone, comm, together = timed(compute), timed(lambda: dist.all_reduce(tensor)), timed(both)
+        shares.append((alone + comm - together) / min(alone, comm))
+    return min(1.0, max(0.0, statistics.median(shares)))
+
+
+def measure_all_reduce(threads: int) -> tuple[dict[int, float], float]:
+    """Two-rank all-reduce seconds by message size, and the share of one that hides under compute."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with mp.Manager() as manager:
         results = manager.dict()
         mp.spawn(_all_reduce_worker, args=(port, threads, results), nprocs=2, join=True)
-        return dict(results)
-
-
-def _relative_least_squares(rows: list[tuple[float, float]], times: list[float]) -> tuple[float, float]:
-    """(x, y) minimising Σ((a·x + b·y − t)/t)² over rows (a, b) and times t: relative errors count."""
-    aa = sum((a / t) ** 2 for (a, _), t in zip(rows, times))
-    bb = sum((b / t) ** 2 for (_, b), t in zip(rows, times))
-    ab = sum(a * b / t**2 for (a, b), t in zip(rows, times))
-    at = sum(a / t for (a, _), t in zip(rows, times))
-    bt = sum(b / t for (_, b), t in zip(rows, times))
-    det = aa * bb - ab * ab
-    return (at * bb - bt * ab) / det, (aa * bt - ab * at) / det
+        results = dict(results)
+    overlap = results.pop("overlap")
+    return results, overlap
 
 
 def fit_link(times: dict[int, float]) -> tuple[float, float]:
     """(latency α, bandwidth β) from two-rank all-reduce times t = 2α + S/β."""
-    latency, inverse = _relative_least_squares([(2.0, float(s)) for s in times], list(times.values()))
+    latency, inverse = relative_least_squares([(2.0, float(s)) for s in times], list(times.values()))
     return max(latency, 1e-7), 1 / inverse
 
 
 def fit_matmul(matmuls: list[tuple[tuple[int, int, int], float]]) -> tuple[float, float]:
     """(peak FLOP/s, launch overhead s) from matmul times t = 2mnk/peak + overhead."""
-    inverse, overhead = _relative_least_squares([(2.0 * m * n * k, 1.0) for (m, n, k), _ in matmuls], [t for _, t in matmuls])
+    inverse, overhead = relative_least_squares([(2.0 * m * n * k, 1.0) for (m, n, k), _ in matmuls], [t for _, t in matmuls])
     return 1 / inverse, max(overhead, 0.0)
 
 
@@ -155,7 +184,7 @@ def calibrate(out: str | Path, name: str = "this-machine", precision: str = "fp3
     peak, overhead = fit_matmul(matmuls)
     peak /= 1e12
     memory_gbps, activation_gbps = measure_elementwise_gbps(dtype)
-    reduce_times = measure_all_reduce(threads)
+    reduce_times, overlap = measure_all_reduce(threads)
     latency, bandwidth = fit_link(reduce_times)
     total_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     profile = Hardware(
@@ -166,9 +195,14 @@ def calibrate(out: str | Path, name: str = "this-machine", precision: str = "fp3
         matmul_efficiency=1.0, kernel_overhead_s=overhead, matmul_tile=1, reserved_bytes=0.3e9,
     )
     profile = replace(profile, attention_efficiency=measure_attention_efficiency(dtype, profile, precision))
+    per_parameter, per_tensor, optimizer_points = measure_optimizer()
+    profile = replace(profile, comm_overlap=overlap, optimizer_parameter_s=per_parameter, optimizer_tensor_s=per_tensor,
+                      host_runs_ahead=False)
+    profile = replace(profile, host_overhead=measure_host_overhead(profile, precision))
     link = Link(bandwidth, latency, False)
     fits = {
         "threads_per_device": threads,
+        "optimizer": optimizer_points,
         "matmul": [{"shape": s, "measured_s": t, "predicted_s": gemm_seconds(profile, precision, Gemm(*s))} for s, t in matmuls],
         "all_reduce": [{"bytes": s, "measured_s": t, "predicted_s": all_reduce_seconds(s, 2, link)}
                        for s, t in reduce_times.items()],

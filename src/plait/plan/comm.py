@@ -10,7 +10,9 @@ A group that spans nodes runs as many parallel rings as it has members per node,
 its own network adapter, so its bandwidth is min(intra, members-per-node × inter) and each step
 pays the network latency.
 
-Overlap rules, used by plait.plan.simulate:
+Overlap rules, used by plait.plan.simulate (where a rule says a collective overlaps compute, the
+hardware's ``comm_overlap`` fraction of it can hide: all of it on a GPU, what calibrate measures
+on a CPU, whose cores run both):
 - tensor-parallel and sequence-parallel collectives sit on the critical path of every layer;
 - context-parallel K/V exchange overlaps the attention it feeds (only the excess is exposed);
 - pipeline send/receive is paid by the stage that receives, on the critical path;
@@ -86,3 +88,9 @@ def all_gather_seconds(nbytes: float, n: int, link: Link) -> float:
 def send_seconds(nbytes: float, link: Link) -> float:
     """One point-to-point transfer."""
     return link.latency + nbytes / link.bandwidth
+
+
+def exposed_under(comm_s: float, compute_s: float, overlap: float) -> float:
+    """What is left of ``comm_s`` seconds of communication run beside ``compute_s`` of compute
+    when ``overlap`` of it can hide (plait.plan.hardware.Hardware.comm_overlap)."""
+    return comm_s - overlap * min(comm_s, compute_s)

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from plait.models.spec import ModelSpec
-from plait.plan.hardware import Hardware
+from plait.plan.hardware import Hardware, HostOverhead
 from plait.plan.memory import ACTIVATION_BYTES, Kernels, kv_heads_per_rank
 
 # Attention backward as a multiple of its forward, as plait.models.flops counts it (flash-style
@@ -129,13 +129,24 @@ def layer_times(
     activation_rate = (hw.activation_gbps or hw.memory_gbps) * 1e9
     elementwise = (shape.elementwise_bytes / memory_rate + shape.activation_bytes / activation_rate
                    + ELEMENTWISE_KERNELS * hw.kernel_overhead_s)
-    forward = weights + attention + elementwise
+    host = host_overhead(hw, spec)
+    forward = with_host(hw, weights + attention + elementwise, host.layer_forward)
     # Backward: dX = dY·Wᵀ is an (m×n)·(n×k) product, dW = Xᵀ·dY a (k×m)·(m×n) one.
     grad_input = sum(gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n, g.batch)) for g in shape.weights)
     grad_weight = sum(gemm_seconds(hw, precision, Gemm(g.k, g.n, g.m, g.batch)) for g in shape.weights)
-    backward_input = grad_input + ATTENTION_BACKWARD * attention + 2 * elementwise
+    backward_input = with_host(hw, grad_input + ATTENTION_BACKWARD * attention + 2 * elementwise, host.layer_backward)
     extra = {"none": 0.0, "selective": attention, "full": forward}[recompute]
     return LayerTimes(forward, backward_input, grad_weight, extra, attention)
+
+
+def host_overhead(hw: Hardware, spec: ModelSpec) -> HostOverhead:
+    return hw.host_overhead.get(spec.family, HostOverhead())
+
+
+def with_host(hw: Hardware, device_s: float, host_s: float) -> float:
+    """Time of work whose kernels take ``device_s`` and whose host code takes ``host_s``: a host
+    that runs ahead hides under the kernels (or they under it); one that is the device adds."""
+    return max(device_s, host_s) if hw.host_runs_ahead else device_s + host_s
 
 
 def head_times(spec: ModelSpec, hw: Hardware, precision: str, micro_batch: int, tp: int, cp: int) -> LayerTimes:
@@ -143,12 +154,17 @@ def head_times(spec: ModelSpec, hw: Hardware, precision: str, micro_batch: int, 
     tokens = micro_batch * spec.seq_len // cp
     g = Gemm(tokens, spec.vocab // tp, spec.hidden)
     loss = 3 * tokens * spec.vocab / tp * 4 / (hw.memory_gbps * 1e9)  # fp32 softmax cross-entropy
-    forward = gemm_seconds(hw, precision, g) + loss
-    backward_input = gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n)) + loss
+    host = host_overhead(hw, spec)  # embedding, head and loss: counted with the head
+    forward = with_host(hw, gemm_seconds(hw, precision, g) + loss, host.model_forward)
+    backward_input = with_host(hw, gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n)) + loss, host.model_backward)
     return LayerTimes(forward, backward_input, gemm_seconds(hw, precision, Gemm(g.k, g.n, g.m)), 0.0)
 
 
-def optimizer_seconds(hw: Hardware, parameters: float, precision: str) -> float:
-    """Adam over ``parameters`` local parameters: memory-bound, ~36 bytes (bf16) or 28 (fp32) each."""
-    per_param = 36 if precision == "bf16" else 28
-    return parameters * per_param / (hw.memory_gbps * 1e9)
+def optimizer_seconds(hw: Hardware, parameters: float, tensors: int, precision: str) -> float:
+    """Clipping and Adam over ``parameters`` local parameters in ``tensors`` tensors: as measured
+    by calibrate, or memory-bound at ~36 bytes (bf16) or 28 (fp32) per parameter."""
+    if hw.optimizer_parameter_s is not None:
+        per_parameter = hw.optimizer_parameter_s
+    else:
+        per_parameter = (36 if precision == "bf16" else 28) / (hw.memory_gbps * 1e9)
+    return parameters * per_parameter + tensors * hw.optimizer_tensor_s

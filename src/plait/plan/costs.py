@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
-from plait.plan.comm import all_gather_seconds, all_reduce_seconds, group_link, merged_link, send_seconds
+from plait.plan.comm import (
+    all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, send_seconds,
+)
 from plait.plan.compute import ATTENTION_BACKWARD, LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware
 from plait.plan.memory import ACTIVATION_BYTES, Kernels, bytes_per_parameter, kv_heads_per_rank
@@ -63,14 +65,14 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         attention_s = times.attention
         kv_bytes = 2 * tokens * kv_heads_per_rank(spec, layout.tp) * spec.head_dim * e
         ring = (layout.cp - 1) * send_seconds(kv_bytes, group_link(hw, layout, "cp"))
-        cp_forward = max(0.0, ring - attention_s)
-        cp_backward = max(0.0, 2 * ring - ATTENTION_BACKWARD * attention_s)
+        cp_forward = exposed_under(ring, attention_s, hw.comm_overlap)
+        cp_backward = exposed_under(2 * ring, ATTENTION_BACKWARD * attention_s, hw.comm_overlap)
     zero_forward = zero_backward = gather = 0.0
     if layout.zero == 3:
         gathered = layer_parameter_count(spec) / layout.tp * bytes_per_parameter(precision)[0]
         gather = all_gather_seconds(gathered, layout.dp * layout.cp, merged_link(hw, layout, ("dp", "cp")))
-        zero_forward = max(0.0, gather - times.forward)
-        zero_backward = max(0.0, gather - times.backward)
+        zero_forward = exposed_under(gather, times.forward, hw.comm_overlap)
+        zero_backward = exposed_under(gather, times.backward, hw.comm_overlap)
     return LayerCost(times, tp_forward + cp_forward + zero_forward, tp_backward + cp_backward + zero_backward, gather)
 
 

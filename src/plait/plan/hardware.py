@@ -9,12 +9,23 @@ node's NICs). Peaks are dense (no structured sparsity).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from plait.errors import ConfigError
 
 GB = 10**9
+
+
+@dataclass(frozen=True)
+class HostOverhead:
+    """Host seconds per micro-batch that no kernel accounts for (Python, dispatcher, autograd):
+    per transformer layer, and once per model pass (embedding, head, loss), forward and backward."""
+
+    layer_forward: float = 0.0
+    layer_backward: float = 0.0
+    model_forward: float = 0.0
+    model_backward: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,20 @@ class Hardware:
     matmul_tile: int = 128
     # Memory a process holds before any tensor: runtime context, NCCL workspaces, allocator slack.
     reserved_bytes: float = 2 * GB
+    # Host overhead by model family. Empty in the catalog: a GPU's host queues kernels ahead of
+    # the device (``host_runs_ahead``), which hides it. A CPU's host is its device, so calibrate
+    # measures it with plait's own model and it adds to the kernels' time.
+    host_overhead: dict[str, HostOverhead] = field(default_factory=dict, hash=False)
+    host_runs_ahead: bool = True
+    # Fraction of a collective that can run under compute: 1 where the device has engines of its
+    # own for it (NCCL on a GPU); on a CPU gloo's threads take the cores compute needs, so
+    # calibrate measures it.
+    comm_overlap: float = 1.0
+    # Optimizer step (with gradient clipping) per local parameter and per parameter tensor;
+    # None: Adam's bytes at memory bandwidth (plait.plan.compute), with no per-tensor cost as
+    # multi-tensor kernels launch once for all tensors. Calibrate measures plait's optimizer.
+    optimizer_parameter_s: float | None = None
+    optimizer_tensor_s: float = 0.0
 
     def peak_tflops(self, precision: str) -> float:
         return self.bf16_tflops if precision == "bf16" else self.fp32_tflops
@@ -83,7 +108,7 @@ CATALOG: dict[str, Hardware] = {
     "mi300x": Hardware("mi300x", 1307.4, 163.4, 192 * GB, 5300, 448, 50),
 }
 
-OVERRIDABLE = tuple(f.name for f in fields(Hardware) if f.name != "name")
+OVERRIDABLE = tuple(f.name for f in fields(Hardware) if f.name not in ("name", "host_overhead"))
 
 
 def hardware(name: str, **overrides: float | None) -> Hardware:
@@ -100,7 +125,8 @@ def apply_overrides(base: Hardware, **overrides: float | None) -> Hardware:
     if unknown:
         raise ConfigError(f"unknown hardware figure(s) {', '.join(unknown)}; known: {', '.join(OVERRIDABLE)}")
     for key, value in chosen.items():
-        if value <= 0 and key not in ("kernel_overhead_s", "reserved_bytes"):
+        if value <= 0 and key not in ("kernel_overhead_s", "reserved_bytes", "comm_overlap", "optimizer_tensor_s",
+                                      "host_runs_ahead"):
             raise ConfigError(f"hardware figure {key} must be positive, got {value!r}")
     return replace(base, **chosen)
 
@@ -114,7 +140,9 @@ def load_profile(path: str | Path) -> Hardware:
         raise ConfigError(f"cannot read hardware profile {path}: {error}; run `plait calibrate --out {path}`") from error
     names = {f.name for f in fields(Hardware)}
     try:
-        return Hardware(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        values["host_overhead"] = {family: HostOverhead(**seconds) for family, seconds in values.get("host_overhead", {}).items()}
+        return Hardware(**values)
     except TypeError as error:
         raise ConfigError(f"hardware profile {path} is incomplete ({error}); rerun `plait calibrate`") from error
 

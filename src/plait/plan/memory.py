@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from plait.layout import Layout
-from plait.models.flops import layer_parameter_count, norm_parameter_count
+from plait.models.flops import (
+    embedding_tensor_count, head_tensor_count, layer_parameter_count, layer_tensor_count, norm_parameter_count,
+)
 from plait.models.spec import ModelSpec
 from plait.schedules.actions import Action, Kind
 
@@ -134,6 +136,16 @@ def rank_parameters(spec: ModelSpec, layers: int, first: bool, last: bool, tp: i
         count += norm_parameter_count(spec)
         if not spec.tie_embeddings or pp > 1:
             count += spec.vocab * spec.hidden / tp
+    return count
+
+
+def rank_tensors(spec: ModelSpec, layers: int, first: bool, last: bool, pp: int) -> int:
+    """Parameter tensors one rank of a pipeline stage holds (sharded or not, each is one tensor)."""
+    count = layers * layer_tensor_count(spec)
+    if first:
+        count += embedding_tensor_count(spec)
+    if last:
+        count += head_tensor_count(spec) + (1 if spec.tie_embeddings and pp > 1 else 0)
     return count
 
 

@@ -23,7 +23,9 @@ from plait.layout import Layout
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.costs import boundary_seconds, layer_cost
 from plait.plan.hardware import Hardware
-from plait.plan.memory import activation_bytes_per_layer, head_activation_bytes, model_state_bytes, other_bytes, rank_parameters
+from plait.plan.memory import (
+    activation_bytes_per_layer, head_activation_bytes, model_state_bytes, other_bytes, rank_parameters, rank_tensors,
+)
 from plait.plan.pipeline import estimate_step, in_flight_chunks
 from plait.plan.simulate import Prediction, Workload, evaluate, flush_costs
 
@@ -121,6 +123,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     for tp, cp, pp, dp in _meshes(workload, gpus, fixed):
         per_rank = math.ceil(layers / pp)
         params = (rank_parameters(spec, per_rank, True, pp == 1, tp, pp), rank_parameters(spec, per_rank, pp == 1, True, tp, pp))
+        tensors = max(rank_tensors(spec, per_rank, True, pp == 1, pp), rank_tensors(spec, per_rank, pp == 1, True, pp))
         per_replica = workload.global_batch // dp
         for m in _options(fixed, "microbatches", divisors(per_replica)):
             mbs = per_replica // m
@@ -143,8 +146,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     key = (tp, cp, sp, mbs, dp if zero == 3 else 0)  # ZeRO-3's gathers depend on dp
                     if key not in works:
                         works[key] = {rc: _layer_work(replace(base, zero=zero, recompute=rc), workload, hw, mbs, times) for rc in recomputes}
-                    flush = flush_costs(workload, hw, replace(base, zero=zero), max(params))
-                    reduce, last_bucket, tail = flush.reduce, flush.last_bucket, flush.gather + flush.optimizer
+                    flush = flush_costs(workload, hw, replace(base, zero=zero), max(params), tensors)
                     other = other_bytes(spec, replace(base, zero=zero), mbs, precision, hw.reserved_bytes)
                     first, last = (model_state_bytes(p, precision, zero, dp * cp).total + other for p in params)
                     for name, v, held_first, held_last in schedules:
@@ -158,7 +160,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         slowest = max(per_rank * work + first_gather, (layers - (pp - 1) * per_rank) * work + head_work)
                         fill = fill_zb * layers / pp if name == "zb-h1" else mean / v
                         step = estimate_step(name, pp, v, m, mean, slowest, fill, flight)
-                        step += max(last_bucket, reduce - per_rank * backward) + tail
+                        step += flush.exposed(per_rank * backward) + flush.optimizer
                         found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc), step, peak, capacity, keep)
     return found
 

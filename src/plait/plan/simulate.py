@@ -13,13 +13,15 @@ from plait.errors import ConfigError
 from plait.layout import Layout
 from plait.models.flops import flops_per_sequence
 from plait.models.spec import ModelSpec
-from plait.plan.comm import all_gather_seconds, all_reduce_seconds, merged_link, reduce_scatter_seconds
+from plait.plan.comm import (
+    all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, reduce_scatter_seconds,
+)
 from plait.plan.compute import optimizer_seconds
 from plait.plan.costs import boundary_seconds, chunk_costs
 from plait.plan.hardware import Hardware
 from plait.plan.memory import (
     Kernels, RankMemory, activation_bytes_per_layer, bytes_per_parameter, head_activation_bytes,
-    model_state_bytes, other_bytes, rank_parameters,
+    model_state_bytes, other_bytes, rank_parameters, rank_tensors,
 )
 from plait.plan.pipeline import play
 from plait.schedules import split_layers
@@ -117,19 +119,23 @@ def chunk_activation_bytes(workload: Workload, layout: Layout, micro_batch: int,
 
 @dataclass(frozen=True)
 class FlushCosts:
-    """What follows the pipeline flush on one rank: gradient reduction, parameter gather, optimizer."""
+    """What follows the pipeline flush on one rank: gradient reduction, parameter gather, the
+    scalar all-reduces of the gradient norm and the logged loss, and the optimizer."""
 
     reduce: float
     last_bucket: float
     gather: float
+    scalars: float
     optimizer: float
+    overlap: float = 1.0
 
     def exposed(self, window: float) -> float:
         """Communication left exposed when the reduction overlaps ``window`` seconds of backward."""
-        return max(self.last_bucket, self.reduce - window) + self.gather
+        reduce = self.last_bucket + exposed_under(self.reduce - self.last_bucket, window, self.overlap)
+        return reduce + self.gather + self.scalars
 
 
-def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float) -> FlushCosts:
+def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float, tensors: int) -> FlushCosts:
     """Data-parallel reduction of ``params`` parameters' gradients, ZeRO's gathers and Adam."""
     precision = workload.precision
     shards = layout.dp * layout.cp
@@ -139,8 +145,13 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float)
     reduce = all_reduce_seconds(grads, shards, link) if layout.zero < 2 else reduce_scatter_seconds(grads, shards, link)
     last_bucket = reduce * min(1.0, BUCKET_BYTES / grads) if grads else 0.0
     gather = all_gather_seconds(params * p_bytes, shards, link) if layout.zero in (1, 2) else 0.0
+    # The logged loss is averaged over the replicas; a tensor-parallel gradient norm sums over tp
+    # (ZeRO-2/3's sum over dp is left out: one latency, and it keeps ZeRO-2 dominating ZeRO-1).
+    scalars = all_reduce_seconds(4, shards, link)
+    if layout.tp > 1:
+        scalars += all_reduce_seconds(4, layout.tp, group_link(hw, layout, "tp"))
     local = params / shards if layout.zero >= 1 else params
-    return FlushCosts(reduce, last_bucket, gather, optimizer_seconds(hw, local, precision))
+    return FlushCosts(reduce, last_bucket, gather, scalars, optimizer_seconds(hw, local, tensors, precision), hw.comm_overlap)
 
 
 def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Prediction:
@@ -158,7 +169,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         layers = sum(counts[c] for c in mine)
         first, last = 0 in mine, pp * v - 1 in mine
         params = rank_parameters(spec, layers, first, last, layout.tp, pp)
-        flush = flush_costs(workload, hw, layout, params)
+        flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp))
         tails.append((flush.exposed(sum(chunks[c].backward for c in mine)), flush.optimizer))
         memories.append(stage_memory(workload, hw, layout, micro_batch, layers, first, last, played.peak_activations[rank]))
     step = played.step_time + max(comm + opt for comm, opt in tails)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from plait.layout import Layout
 from plait.plan.costs import boundary_seconds, chunk_costs
 from plait.plan.hardware import Hardware
-from plait.plan.memory import rank_parameters
+from plait.plan.memory import rank_parameters, rank_tensors
 from plait.plan.pipeline import action_cost
 from plait.plan.simulate import Workload, check_layout, flush_costs
 from plait.schedules import Timeline, generate, simulate, split_layers
@@ -47,8 +47,9 @@ def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout)
                     "ts": span.start * 1e6, "dur": (span.end - span.start) * 1e6,
                 })
         mine = range(rank, pp * v, pp)
-        params = rank_parameters(spec, sum(counts[c] for c in mine), 0 in mine, pp * v - 1 in mine, layout.tp, pp)
-        flush = flush_costs(workload, hw, layout, params)
+        layers, first, last = sum(counts[c] for c in mine), 0 in mine, pp * v - 1 in mine
+        params = rank_parameters(spec, layers, first, last, layout.tp, pp)
+        flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp))
         exposed = flush.exposed(sum(chunks[c].backward for c in mine))
         start = timeline.step_time
         for name, seconds in (("gradient sync (exposed)", exposed), ("optimizer", flush.optimizer)):
