@@ -25,10 +25,15 @@ def replica_dims(topology: Topology) -> list[str]:
 @torch.no_grad()
 def average_replica_gradients(model: nn.Module, topology: Topology) -> None:
     """After the step's backward (and after DDP's own reduction, which would overwrite a gradient
-    changed while in flight): average every gradient over ``replica_dims``."""
+    changed while in flight): average every gradient over ``replica_dims``, in one flat all-reduce
+    per dimension and dtype, so the collective's latency is paid once rather than per tensor."""
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters() if p.grad is not None]
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for grad in grads:
+        by_dtype.setdefault(grad.dtype, []).append(grad)
     for dim in replica_dims(topology):
         group, size = topology.group(dim), topology.size(dim)
-        for param in model.parameters():
-            if param.grad is not None:
-                grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
-                grad.copy_(funcol.all_reduce(grad, "sum", group).wait() / size)
+        for same in by_dtype.values():
+            flat = funcol.all_reduce(torch.cat([g.reshape(-1) for g in same]), "sum", group).wait() / size
+            for grad, part in zip(same, flat.split([g.numel() for g in same])):
+                grad.copy_(part.view_as(grad))
