@@ -31,8 +31,8 @@ import torch.multiprocessing as mp
 
 from plait.plan.comm import LINK_EFFICIENCY, Link, all_reduce_seconds
 from plait.plan.compute import Gemm, gemm_seconds
-from plait.plan.calibrate_host import measure_host_overhead, measure_optimizer
-from plait.plan.hardware import Hardware
+from plait.plan.calibrate_host import measure_host_overhead, measure_optimizer, measure_wrapper_overhead
+from plait.plan.hardware import Hardware, HostOverhead
 from plait.plan.least_squares import relative_least_squares
 
 SHAPES = [(64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 512, 512),
@@ -100,10 +100,16 @@ def measure_attention_efficiency(dtype: torch.dtype, profile: Hardware, precisio
     return statistics.median(ratios)
 
 
-def _all_reduce_worker(rank: int, port: int, threads: int, results) -> None:
+def _two_rank_worker(rank: int, port: int, threads: int, profile: Hardware, precision: str, results) -> None:
+    """All-reduce times and overlap; then, with ``profile`` (None: skip), the wrappers' overhead."""
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
+        if profile is not None:
+            wrappers = measure_wrapper_overhead(profile, precision)
+            if rank == 0:
+                results["wrappers"] = wrappers
+            return
         for size in SIZES:
             tensor = torch.ones(size // 4)
             count = max(5, min(200, 2**24 // size))  # the same on both ranks: collectives must match
@@ -150,17 +156,26 @@ def _measure_overlap(rounds: int = 5) -> float:
     return min(1.0, max(0.0, statistics.median(shares)))
 
 
-def measure_all_reduce(threads: int) -> tuple[dict[int, float], float]:
-    """Two-rank all-reduce seconds by message size, and the share of one that hides under compute."""
+def _on_two_ranks(threads: int, profile: Hardware | None = None, precision: str = "fp32") -> dict:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_all_reduce_worker, args=(port, threads, results), nprocs=2, join=True)
-        results = dict(results)
+        mp.spawn(_two_rank_worker, args=(port, threads, profile, precision, results), nprocs=2, join=True)
+        return dict(results)
+
+
+def measure_all_reduce(threads: int) -> tuple[dict[int, float], float]:
+    """Two-rank all-reduce seconds by message size, and the share of one that hides under compute."""
+    results = _on_two_ranks(threads)
     overlap = results.pop("overlap")
     return results, overlap
+
+
+def measure_wrappers(threads: int, profile: Hardware, precision: str) -> dict[str, HostOverhead]:
+    """What each parallel wrapper adds to the host's overhead, on two ranks (plait.plan.calibrate_host)."""
+    return _on_two_ranks(threads, profile, precision)["wrappers"]
 
 
 def fit_link(times: dict[int, float]) -> tuple[float, float]:
@@ -199,6 +214,7 @@ def calibrate(out: str | Path, name: str = "this-machine", precision: str = "fp3
     profile = replace(profile, comm_overlap=overlap, optimizer_parameter_s=per_parameter, optimizer_tensor_s=per_tensor,
                       host_runs_ahead=False)
     profile = replace(profile, host_overhead=measure_host_overhead(profile, precision))
+    profile = replace(profile, host_overhead={**profile.host_overhead, **measure_wrappers(threads, profile, precision)})
     link = Link(bandwidth, latency, False)
     fits = {
         "threads_per_device": threads,

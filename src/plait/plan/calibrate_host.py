@@ -9,7 +9,11 @@ the profile (plait.plan.hardware):
   model (plait.plan.compute) already charges at that size, is the per-layer overhead, and what the
   one-layer model leaves beyond its layer is the per-pass overhead of embedding, head and loss;
 * optimizer: plait's gradient clipping and AdamW step over many small tensors and over a few large
-  ones, fitted to t = a·parameters + b·tensors.
+  ones, fitted to t = a·parameters + b·tensors;
+* wrapper overhead: on two ranks, a whole ``plait train`` step of the same small model under each
+  parallel wrapper (DDP, ZeRO 1–3, tensor, sequence, context parallel) with one and with three
+  layers, against the planner's prediction of it; what the prediction misses per layer and per
+  step is what the wrapper adds (DTensor dispatch, hooks, gradient bookkeeping).
 """
 
 from __future__ import annotations
@@ -20,20 +24,28 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from plait.config import TrainSpec
+from plait.config import RunConfig, TrainSpec
+from plait.layout import Layout
 from plait.models.spec import ModelSpec, model_spec
 from plait.models.transformer import Transformer
+from plait.parallel.context import average_over_context, context_shard
+from plait.parallel.data import optimizer_shard_mesh
 from plait.parallel.grad_norm import clip_grad_norm
-from plait.plan.compute import head_times, layer_times
+from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
 from plait.plan.least_squares import relative_least_squares
 from plait.plan.memory import Kernels
+from plait.plan.simulate import Workload, evaluate
+from plait.topology import Topology, build_topology
+from plait.train.loop import apply_parallelisms, build_model, train_step
 from plait.train.optim import build_optimizer
 
 FAMILIES = ("gpt2", "llama")
+PLAIT_KERNELS = Kernels(fused=False, context_exchange="all-to-all")  # how plait's own model runs
 PROBE_LAYERS = (1, 3)
 PROBE_SHAPE = {"hidden": 64, "heads": 2, "vocab": 16, "seq_len": 8}  # kernels of a few microseconds
 
@@ -59,6 +71,22 @@ def probe_spec(family: str, layers: int) -> ModelSpec:
     return model_spec(None, family=family, layers=layers, kv_heads=kv_heads, **PROBE_SHAPE)
 
 
+def fit_host_overhead(t: dict[str, float], layer: LayerTimes, head: LayerTimes) -> HostOverhead:
+    """The overhead that makes the kernel model's ``layer`` and ``head`` times of the probe add up
+    to the measured seconds ``t`` ("forward1": one-layer forward, "both3": three-layer forward
+    and backward, ...)."""
+    few, many = PROBE_LAYERS
+    forward_per_layer = (t[f"forward{many}"] - t[f"forward{few}"]) / (many - few)
+    backward_per_layer = (t[f"both{many}"] - t[f"both{few}"]) / (many - few) - forward_per_layer
+    backward_few = t[f"both{few}"] - t[f"forward{few}"]
+    return HostOverhead(
+        layer_forward=max(0.0, forward_per_layer - layer.forward),
+        layer_backward=max(0.0, backward_per_layer - layer.backward),
+        model_forward=max(0.0, t[f"forward{few}"] - few * forward_per_layer - head.forward),
+        model_backward=max(0.0, backward_few - few * backward_per_layer - head.backward),
+    )
+
+
 def measure_host_overhead(profile: Hardware, precision: str) -> dict[str, HostOverhead]:
     """Per family: the host seconds per layer and per model pass that the kernel model misses."""
     kernels_only = replace(profile, host_overhead={}, host_runs_ahead=False)
@@ -76,19 +104,69 @@ def measure_host_overhead(profile: Hardware, precision: str) -> dict[str, HostOv
             probes[f"forward{layers}"] = loss
             probes[f"both{layers}"] = lambda loss=loss: loss().backward()
         t = interleaved_medians(probes)
-        few, many = PROBE_LAYERS
-        spec = probe_spec(family, few)
-        layer = layer_times(spec, kernels_only, precision, 1, kernels=Kernels(fused=False))
-        head = head_times(spec, kernels_only, precision, 1, 1, 1)
-        forward_per_layer = (t[f"forward{many}"] - t[f"forward{few}"]) / (many - few)
-        backward_per_layer = (t[f"both{many}"] - t[f"both{few}"]) / (many - few) - forward_per_layer
-        backward_few = t[f"both{few}"] - t[f"forward{few}"]
-        out[family] = HostOverhead(
-            layer_forward=max(0.0, forward_per_layer - layer.forward),
-            layer_backward=max(0.0, backward_per_layer - layer.backward),
-            model_forward=max(0.0, t[f"forward{few}"] - few * forward_per_layer - head.forward),
-            model_backward=max(0.0, backward_few - few * backward_per_layer - head.backward),
-        )
+        spec = probe_spec(family, PROBE_LAYERS[0])
+        layer = layer_times(spec, kernels_only, precision, 1, kernels=PLAIT_KERNELS)
+        out[family] = fit_host_overhead(t, layer, head_times(spec, kernels_only, precision, 1, 1, 1))
+    return out
+
+
+PARALLEL_STYLES = {  # two ranks each; plait.plan.costs.parallel_styles names what a layout uses
+    "zero0": Layout(dp=2), "zero1": Layout(dp=2, zero=1), "zero2": Layout(dp=2, zero=2), "zero3": Layout(dp=2, zero=3),
+    "tp": Layout(tp=2), "sp": Layout(tp=2, sp=True), "cp": Layout(cp=2),
+}
+
+
+def _timed_steps(family: str, layers: int, topology: Topology, precision: str, rounds: int = 5, calls: int = 3) -> float:
+    """Median seconds of one ``plait train`` step of the probe model on ``topology`` (every rank
+    runs the same fixed number of steps, as their collectives must match)."""
+    device = torch.device("cpu")
+    config = RunConfig(probe_spec(family, layers), topology.layout, TrainSpec(global_batch=topology.layout.dp, precision=precision))
+    model = apply_parallelisms(build_model(config, device), topology, precision)
+    optimizer = build_optimizer(model, config.train, shard_over=optimizer_shard_mesh(topology))
+    tokens = torch.randint(0, config.model.vocab, (1, config.model.seq_len), generator=torch.Generator().manual_seed(0))
+    inputs, targets, positions = context_shard(tokens, tokens, topology)
+
+    def step() -> None:
+        loss, _ = train_step(model, optimizer, [(inputs, targets)], config, device, topology, positions)
+        dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=topology.group("dp"))
+        average_over_context(loss, topology)
+        loss.item()
+
+    step()
+    runs = []
+    for _ in range(rounds):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            step()
+        runs.append((time.perf_counter() - start) / calls)
+    return statistics.median(runs)
+
+
+def fit_wrapper_overhead(measured: dict[int, float], predicted: dict[int, float], base: HostOverhead) -> HostOverhead:
+    """Per layer and per step, what a wrapper's measured steps (by layer count) add to the
+    predicted ones; the per-layer part split between forward and backward as ``base`` is."""
+    few, many = PROBE_LAYERS
+    per_layer = max(((measured[many] - measured[few]) - (predicted[many] - predicted[few])) / (many - few), 0.0)
+    per_step = max(measured[few] - predicted[few] - few * per_layer, 0.0)
+    forward_share = base.layer_forward / max(base.layer_forward + base.layer_backward, 1e-12)
+    return HostOverhead(layer_forward=per_layer * forward_share, layer_backward=per_layer * (1 - forward_share), step=per_step)
+
+
+def measure_wrapper_overhead(profile: Hardware, precision: str) -> dict[str, HostOverhead]:
+    """Run on both ranks of a two-rank group: per family and parallel style, the host seconds per
+    layer and per step by which plait's step there exceeds the planner's prediction of it with the
+    single-device host overhead (``profile``'s) alone."""
+    out = {}
+    for style, layout in PARALLEL_STYLES.items():
+        topology = build_topology(layout, torch.device("cpu"))
+        for family in FAMILIES:
+            measured, predicted = {}, {}
+            for layers in PROBE_LAYERS:
+                measured[layers] = _timed_steps(family, layers, topology, precision)
+                workload = Workload(probe_spec(family, layers), layout.dp, precision, PLAIT_KERNELS)
+                predicted[layers] = evaluate(workload, profile, layout.world_size, layout).step_time_s
+            out[f"{family}/{style}"] = fit_wrapper_overhead(measured, predicted, profile.host_overhead[family])
     return out
 
 

@@ -14,7 +14,8 @@ Overlap rules, used by plait.plan.simulate (where a rule says a collective overl
 hardware's ``comm_overlap`` fraction of it can hide: all of it on a GPU, what calibrate measures
 on a CPU, whose cores run both):
 - tensor-parallel and sequence-parallel collectives sit on the critical path of every layer;
-- context-parallel K/V exchange overlaps the attention it feeds (only the excess is exposed);
+- context-parallel K/V exchange round a ring overlaps the attention it feeds (only the excess is
+  exposed); the all-to-all head exchange (Ulysses, plait's own) sits on the critical path;
 - pipeline send/receive is paid by the stage that receives, on the critical path;
 - data-parallel gradient reduction overlaps the backward pass of the last micro-batch, bucket
   by bucket; the last bucket and whatever exceeds that backward are exposed;
@@ -82,6 +83,11 @@ def reduce_scatter_seconds(nbytes: float, n: int, link: Link) -> float:
 
 def all_gather_seconds(nbytes: float, n: int, link: Link) -> float:
     """Ring all-gather that assembles a ``nbytes`` buffer from ``n`` equal shards."""
+    return reduce_scatter_seconds(nbytes, n, link)
+
+
+def all_to_all_seconds(nbytes: float, n: int, link: Link) -> float:
+    """All-to-all of a ``nbytes`` buffer per rank over ``n`` ranks: a 1/n piece to each peer, n−1 steps."""
     return reduce_scatter_seconds(nbytes, n, link)
 
 

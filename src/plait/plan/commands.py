@@ -44,6 +44,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dropout", action="store_true", help="the model trains with dropout (1-byte masks)")
     group.add_argument("--unfused", action="store_true",
                        help="elementwise ops run one eager PyTorch kernel each, as plait's own model does")
+    group.add_argument("--context-exchange", choices=("ring", "all-to-all"), default="ring",
+                       help="context parallelism passes K/V round a ring, or exchanges heads all-to-all as plait does")
     group.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -91,7 +93,8 @@ def _inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]:
         batch = args.gpus * max(1, math.ceil(DEFAULT_TOKENS / spec.seq_len / args.gpus))
     if batch < 1:
         raise ConfigError(f"--global-batch must be a positive number of sequences, got {batch}")
-    kernels = Kernels(dropout=args.dropout, flash_attention=args.attention == "flash", fused=not args.unfused)
+    kernels = Kernels(dropout=args.dropout, flash_attention=args.attention == "flash", fused=not args.unfused,
+                      context_exchange=args.context_exchange)
     fixed = {name: getattr(args, name) for name in LAYOUT_FIELDS if getattr(args, name, None) is not None}
     return Workload(spec, batch, args.precision, kernels), hw, fixed
 

@@ -6,15 +6,15 @@ overlap rules stated there. These are the costs the schedule simulator plays.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
-    all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, send_seconds,
+    all_gather_seconds, all_reduce_seconds, all_to_all_seconds, exposed_under, group_link, merged_link, send_seconds,
 )
 from plait.plan.compute import ATTENTION_BACKWARD, LayerTimes, head_times, layer_times
-from plait.plan.hardware import Hardware
+from plait.plan.hardware import Hardware, HostOverhead
 from plait.plan.memory import ACTIVATION_BYTES, Kernels, bytes_per_parameter, kv_heads_per_rank
 from plait.models.flops import layer_parameter_count
 
@@ -31,6 +31,29 @@ class ChunkCost:
     @property
     def backward(self) -> float:
         return self.backward_input + self.backward_weight
+
+
+NO_OVERHEAD = HostOverhead()
+
+
+def parallel_styles(layout: Layout) -> list[str]:
+    """The parallel wrappers plait puts round a layer of ``layout``, as calibrate names them."""
+    styles = []
+    if layout.tp > 1:
+        styles.append("sp" if layout.sp else "tp")
+    if layout.cp > 1:
+        styles.append("cp")
+    if layout.dp > 1 and layout.tp == 1:  # under tp the replicas average outside DDP and FSDP
+        styles.append(f"zero{layout.zero}")
+    return styles
+
+
+def wrapper_overhead(hw: Hardware, spec: ModelSpec, layout: Layout) -> HostOverhead:
+    """Host seconds the layout's parallel wrappers add beyond the single-device model's."""
+    if not hw.host_overhead:  # the catalog's GPUs: hidden under the kernels
+        return NO_OVERHEAD
+    parts = [hw.host_overhead[key] for style in parallel_styles(layout) if (key := f"{spec.family}/{style}") in hw.host_overhead]
+    return HostOverhead(*(sum(getattr(part, f.name) for part in parts) for f in fields(HostOverhead)))
 
 
 @dataclass(frozen=True)
@@ -51,6 +74,10 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     """
     if times is None:
         times = layer_times(spec, hw, precision, micro_batch, layout.tp, layout.cp, layout.sp, layout.recompute, kernels)
+    wrappers = wrapper_overhead(hw, spec, layout)
+    if wrappers.layer_forward or wrappers.layer_backward:
+        times = replace(times, forward=times.forward + wrappers.layer_forward,
+                        backward_input=times.backward_input + wrappers.layer_backward)
     e = ACTIVATION_BYTES[precision]
     tokens = micro_batch * spec.seq_len // layout.cp
     # Tensor parallel: two all-reduces (or all-gather + reduce-scatter pairs with sp, the same
@@ -61,7 +88,12 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     # Context parallel: K and V go round the ring under the attention they feed; backward also
     # returns their gradients.
     cp_forward = cp_backward = 0.0
-    if layout.cp > 1:
+    if layout.cp > 1 and kernels.context_exchange == "all-to-all":
+        # q, k, v (kv-heads expanded to the query heads) and the output: four all-to-alls each
+        # way, on the critical path.
+        heads_bytes = tokens * spec.hidden // layout.tp * e
+        cp_forward = cp_backward = 4 * all_to_all_seconds(heads_bytes, layout.cp, group_link(hw, layout, "cp"))
+    elif layout.cp > 1:
         attention_s = times.attention
         kv_bytes = 2 * tokens * kv_heads_per_rank(spec, layout.tp) * spec.head_dim * e
         ring = (layout.cp - 1) * send_seconds(kv_bytes, group_link(hw, layout, "cp"))

@@ -19,13 +19,15 @@ GB = 10**9
 
 @dataclass(frozen=True)
 class HostOverhead:
-    """Host seconds per micro-batch that no kernel accounts for (Python, dispatcher, autograd):
-    per transformer layer, and once per model pass (embedding, head, loss), forward and backward."""
+    """Host seconds that no kernel accounts for (Python, dispatcher, autograd): per transformer
+    layer and micro-batch, once per model pass (embedding, head, loss), forward and backward; and
+    once per step (a parallel wrapper's bookkeeping around the optimizer and gradients)."""
 
     layer_forward: float = 0.0
     layer_backward: float = 0.0
     model_forward: float = 0.0
     model_backward: float = 0.0
+    step: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,10 @@ class Hardware:
     matmul_tile: int = 128
     # Memory a process holds before any tensor: runtime context, NCCL workspaces, allocator slack.
     reserved_bytes: float = 2 * GB
-    # Host overhead by model family. Empty in the catalog: a GPU's host queues kernels ahead of
-    # the device (``host_runs_ahead``), which hides it. A CPU's host is its device, so calibrate
-    # measures it with plait's own model and it adds to the kernels' time.
+    # Host overhead by model family ("gpt2"), and what each parallel wrapper adds to it
+    # ("gpt2/tp"; styles in plait.plan.costs.parallel_styles). Empty in the catalog: a GPU's host
+    # queues kernels ahead of the device (``host_runs_ahead``), which hides it. A CPU's host is its
+    # device, so calibrate measures it with plait's own model and it adds to the kernels' time.
     host_overhead: dict[str, HostOverhead] = field(default_factory=dict, hash=False)
     host_runs_ahead: bool = True
     # Fraction of a collective that can run under compute: 1 where the device has engines of its

@@ -67,6 +67,9 @@ class Kernels:
     dropout: bool = False
     flash_attention: bool = True
     fused: bool = True
+    # How context-parallel attention sees the whole sequence: K/V blocks round a ring (Megatron-LM,
+    # torchtitan) or an all-to-all of heads (DeepSpeed-Ulysses, plait's own).
+    context_exchange: str = "ring"
 
 
 def kv_heads_per_rank(spec: ModelSpec, tp: int) -> int:

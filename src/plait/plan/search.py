@@ -143,7 +143,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 times = {rc: times_cache[tp, cp, sp, mbs, rc] for rc in recomputes}
                 acts = {rc: activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels) for rc in recomputes}
                 for zero in _options(fixed, "zero", zeros if dp * cp > 1 else (0,)):
-                    key = (tp, cp, sp, mbs, dp if zero == 3 else 0)  # ZeRO-3's gathers depend on dp
+                    # ZeRO-3's gathers depend on dp; a measured host's wrapper overhead on the stage.
+                    key = (tp, cp, sp, mbs, dp if zero == 3 else 0, (zero, dp > 1) if hw.host_overhead else None)
                     if key not in works:
                         works[key] = {rc: _layer_work(replace(base, zero=zero, recompute=rc), workload, hw, mbs, times) for rc in recomputes}
                     flush = flush_costs(workload, hw, replace(base, zero=zero), max(params), tensors)

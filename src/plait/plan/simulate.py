@@ -17,7 +17,7 @@ from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, reduce_scatter_seconds,
 )
 from plait.plan.compute import optimizer_seconds
-from plait.plan.costs import boundary_seconds, chunk_costs
+from plait.plan.costs import boundary_seconds, chunk_costs, wrapper_overhead
 from plait.plan.hardware import Hardware
 from plait.plan.memory import (
     Kernels, RankMemory, activation_bytes_per_layer, bytes_per_parameter, head_activation_bytes,
@@ -151,7 +151,8 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     if layout.tp > 1:
         scalars += all_reduce_seconds(4, layout.tp, group_link(hw, layout, "tp"))
     local = params / shards if layout.zero >= 1 else params
-    return FlushCosts(reduce, last_bucket, gather, scalars, optimizer_seconds(hw, local, tensors, precision), hw.comm_overlap)
+    optimizer = optimizer_seconds(hw, local, tensors, precision) + wrapper_overhead(hw, workload.spec, layout).step
+    return FlushCosts(reduce, last_bucket, gather, scalars, optimizer, hw.comm_overlap)
 
 
 def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Prediction:

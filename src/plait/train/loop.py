@@ -62,6 +62,13 @@ def build_model(config: RunConfig, device: torch.device) -> nn.Module:
     return model.to(device)
 
 
+def apply_parallelisms(model: nn.Module, topology: Topology, precision: str) -> nn.Module:
+    """Tensor, context, then data parallelism, each applied from outside the model (pp aside)."""
+    model = apply_tensor_parallel(model, topology)
+    model = apply_context_parallel(model, topology)
+    return apply_data_parallel(model, topology, precision)
+
+
 def autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
     if config.train.precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
@@ -112,9 +119,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
     if pipeline is not None:
         model = pipeline.model
     else:
-        model = apply_tensor_parallel(model, topology)
-        model = apply_context_parallel(model, topology)
-        model = apply_data_parallel(model, topology, train_spec.precision)
+        model = apply_parallelisms(model, topology, train_spec.precision)
     optimizer = build_optimizer(model, train_spec, shard_over=optimizer_shard_mesh(topology))
     meter = ModelStateMeter(model, optimizer)
     result = TrainResult(model=model, model_state_bytes=meter.held)

@@ -1,0 +1,99 @@
+"""The planner's host-overhead terms: what calibrate fits is what the prediction then adds back."""
+
+from __future__ import annotations
+
+from dataclasses import astuple, replace
+
+import pytest
+import torch
+
+from plait.layout import Layout
+from plait.models.flops import embedding_tensor_count, head_tensor_count, layer_tensor_count
+from plait.models.spec import PRESETS, model_spec
+from plait.models.transformer import Transformer
+from plait.plan.calibrate_host import (
+    PARALLEL_STYLES, PLAIT_KERNELS, PROBE_LAYERS, fit_host_overhead, fit_wrapper_overhead, probe_spec,
+)
+from plait.plan.compute import head_times, layer_times
+from plait.plan.costs import layer_cost, parallel_styles
+from plait.plan.hardware import HostOverhead, hardware, load_profile, save_profile
+from plait.plan.simulate import Workload, evaluate
+
+CPU_LIKE = replace(hardware("a100-80gb"), host_runs_ahead=False, comm_overlap=0.0)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_tensor_counts_are_the_models_parameter_tensors(name):
+    spec = model_spec(name)
+    with torch.device("meta"):
+        model = Transformer(spec)
+    counted = spec.layers * layer_tensor_count(spec) + embedding_tensor_count(spec) + head_tensor_count(spec)
+    assert counted == len(list(model.parameters()))
+
+
+def test_a_host_that_runs_ahead_hides_under_the_kernels_and_one_that_does_not_adds():
+    spec = model_spec("tiny")
+    host = {"gpt2": HostOverhead(layer_forward=1.0, layer_backward=2.0)}
+    kernels = layer_times(spec, CPU_LIKE, "fp32", 2)
+    adds = layer_times(spec, replace(CPU_LIKE, host_overhead=host), "fp32", 2)
+    hides = layer_times(spec, replace(CPU_LIKE, host_overhead=host, host_runs_ahead=True), "fp32", 2)
+    assert adds.forward == pytest.approx(kernels.forward + 1.0) and adds.backward_input == pytest.approx(kernels.backward_input + 2.0)
+    assert hides.forward == pytest.approx(max(kernels.forward, 1.0))
+
+
+def test_the_fitted_host_overhead_reproduces_the_probe_passes():
+    spec = probe_spec("llama", PROBE_LAYERS[0])
+    layer, head = layer_times(spec, CPU_LIKE, "fp32", 1, kernels=PLAIT_KERNELS), head_times(spec, CPU_LIKE, "fp32", 1, 1, 1)
+    extra = HostOverhead(3e-4, 5e-4, 2e-4, 7e-4)  # what the "measurement" hides beyond the kernels
+    t = {}
+    for n in PROBE_LAYERS:
+        forward = n * (layer.forward + extra.layer_forward) + head.forward + extra.model_forward
+        backward = n * (layer.backward + extra.layer_backward) + head.backward + extra.model_backward
+        t[f"forward{n}"], t[f"both{n}"] = forward, forward + backward
+    assert astuple(fit_host_overhead(t, layer, head)) == pytest.approx(astuple(extra))
+
+
+@pytest.mark.parametrize("style", sorted(PARALLEL_STYLES))
+def test_the_fitted_wrapper_overhead_reproduces_the_probe_steps(style):
+    """Fitted from steps that exceed the prediction by 2 ms per layer and 5 ms per step, the
+    overhead lands where the planner adds it for that style's layouts: both steps come out exact."""
+    layout = PARALLEL_STYLES[style]
+    assert parallel_styles(layout) == [style]
+    base = {family: HostOverhead(layer_forward=1e-3, layer_backward=3e-3) for family in ("gpt2", "llama")}
+    hw = replace(CPU_LIKE, host_overhead=base)
+
+    def steps(profile):
+        return {n: evaluate(Workload(probe_spec("gpt2", n), layout.dp, "fp32", PLAIT_KERNELS), profile, 2, layout).step_time_s
+                for n in PROBE_LAYERS}
+
+    predicted = steps(hw)
+    measured = {n: t + n * 2e-3 + 5e-3 for n, t in predicted.items()}
+    fitted = fit_wrapper_overhead(measured, predicted, base["gpt2"])
+    assert fitted.layer_forward == pytest.approx(0.5e-3) and fitted.layer_backward == pytest.approx(1.5e-3)
+    assert steps(replace(hw, host_overhead={**base, f"gpt2/{style}": fitted})) == pytest.approx(measured)
+
+
+def test_each_wrapper_counts_once_per_layout():
+    assert parallel_styles(Layout(dp=2, tp=2)) == ["tp"]  # replicas average outside DDP under tp
+    assert parallel_styles(Layout(dp=2, cp=2, zero=3)) == ["cp", "zero3"]
+    assert parallel_styles(Layout(pp=2)) == []
+    hw = replace(CPU_LIKE, host_overhead={"gpt2/tp": HostOverhead(layer_forward=1.0), "gpt2/cp": HostOverhead(layer_forward=10.0)})
+    spec = model_spec("tiny")
+    alone = layer_cost(spec, CPU_LIKE, Layout(tp=2, cp=2), 2, "fp32", PLAIT_KERNELS).times.forward
+    assert layer_cost(spec, hw, Layout(tp=2, cp=2), 2, "fp32", PLAIT_KERNELS).times.forward == pytest.approx(alone + 11.0)
+
+
+def test_a_calibrated_profile_round_trips_through_its_file(tmp_path):
+    profile = replace(CPU_LIKE, host_overhead={"gpt2": HostOverhead(1e-3, 2e-3, 3e-3, 4e-3, 5e-3)},
+                      optimizer_parameter_s=1e-8, optimizer_tensor_s=5e-5)
+    save_profile(profile, tmp_path / "profile.json")
+    assert load_profile(tmp_path / "profile.json") == profile
+
+
+def test_communication_hides_under_compute_only_as_far_as_the_hardware_overlaps():
+    layout, workload = Layout(dp=8), Workload(model_spec("gpt2"), 64, "bf16")
+    gpu = evaluate(workload, hardware("a100-80gb", inter_node_gbps=1.0), 8, layout)
+    serial = evaluate(workload, replace(hardware("a100-80gb", inter_node_gbps=1.0), comm_overlap=0.0), 8, layout)
+    assert serial.time_breakdown["exposed_dp_comm_s"] > gpu.time_breakdown["exposed_dp_comm_s"]
+    assert serial.step_time_s == pytest.approx(gpu.step_time_s + serial.time_breakdown["exposed_dp_comm_s"]
+                                               - gpu.time_breakdown["exposed_dp_comm_s"])
