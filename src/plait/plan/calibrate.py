@@ -8,7 +8,8 @@ cores/N threads). Measured:
   matmul_efficiency is 1 and tiles are 1);
 * the bandwidth a layer's non-matmul kernels reach (add, multiply, layer norm; and apart, GELU and
   SiLU, whose transcendentals make them slower on a CPU);
-* attention's throughput against plain matmuls of its shapes;
+* causal attention against the two matmuls of its shapes, plus a cost per score (a CPU pays for
+  every exponential), and its backward's time as a multiple of its forward's;
 * all-reduce time over two local gloo processes, fitted to t = 2α + S/β (the two-rank ring of
   plait.plan.comm), and the share of an all-reduce that hides under compute;
 * the host's overhead beyond the kernels and plait's optimizer step (plait.plan.calibrate_host).
@@ -31,7 +32,9 @@ import torch.multiprocessing as mp
 
 from plait.plan.comm import LINK_EFFICIENCY, Link, all_reduce_seconds
 from plait.plan.compute import Gemm, gemm_seconds
-from plait.plan.calibrate_host import measure_host_overhead, measure_optimizer, measure_wrapper_overhead
+from plait.plan.calibrate_host import (
+    interleaved_medians, measure_host_overhead, measure_optimizer, measure_wrapper_overhead,
+)
 from plait.plan.hardware import Hardware, HostOverhead
 from plait.plan.least_squares import relative_least_squares
 
@@ -88,16 +91,38 @@ def measure_elementwise_gbps(dtype: torch.dtype) -> tuple[float, float]:
                  for kernels in (simple, activations))
 
 
-def measure_attention_efficiency(dtype: torch.dtype, profile: Hardware, precision: str) -> float:
-    """Measured scaled-dot-product attention time against the two matmuls the model counts."""
-    ratios = []
-    for batch_heads, seq, dim in ((16, 128, 32), (8, 256, 64), (4, 512, 64)):
-        q, k, v = (torch.randn(1, batch_heads, seq, dim, dtype=dtype) for _ in range(3))
-        measured = _typical_time(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
-        modelled = gemm_seconds(profile, precision, Gemm(seq, seq, dim, batch_heads))
-        modelled += gemm_seconds(profile, precision, Gemm(seq, dim, seq, batch_heads))
-        ratios.append(modelled / measured)
-    return statistics.median(ratios)
+ATTENTION_SHAPES = [(16, 64, 32), (16, 128, 32), (64, 128, 32), (16, 128, 64), (8, 256, 64), (4, 512, 64),
+                    (2, 1024, 64), (8, 256, 128)]  # (batch·heads, sequence, head dim)
+
+
+def measure_attention(dtype: torch.dtype, profile: Hardware, precision: str) -> tuple[float, float, float, list[dict]]:
+    """Causal scaled-dot-product attention, forward and backward, over ``ATTENTION_SHAPES``, fitted
+    to t = (its two matmuls at ``profile``'s rate)/efficiency + scores·seconds per score. Returns
+    (efficiency, seconds per score, backward/forward ratio, the points)."""
+    probes = {}
+    for shape in ATTENTION_SHAPES:
+        batch_heads, seq, dim = shape
+        q, k, v = (torch.randn(1, batch_heads, seq, dim, dtype=dtype, requires_grad=True) for _ in range(3))
+
+        def forward(q=q, k=k, v=v) -> torch.Tensor:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        probes[shape, "forward"] = forward
+        probes[shape, "both"] = lambda forward=forward: forward().sum().backward()
+    times = interleaved_medians(probes, rounds=5)
+    matmuls, scores, forward_s = [], [], []
+    for batch_heads, seq, dim in ATTENTION_SHAPES:
+        matmuls.append(gemm_seconds(profile, precision, Gemm(seq, seq, dim, batch_heads))
+                       + gemm_seconds(profile, precision, Gemm(seq, dim, seq, batch_heads)))
+        scores.append(batch_heads * seq * seq)
+        forward_s.append(times[(batch_heads, seq, dim), "forward"])
+    inverse, per_score = relative_least_squares(list(zip(matmuls, map(float, scores))), forward_s)
+    if per_score < 0 or inverse <= 0:  # the softmax costs nothing measurable: efficiency alone
+        inverse, per_score = statistics.median(t / m for t, m in zip(forward_s, matmuls)), 0.0
+    ratio = statistics.median(times[shape, "both"] / times[shape, "forward"] - 1 for shape in ATTENTION_SHAPES)
+    points = [{"shape": shape, "forward_s": t, "predicted_s": m * inverse + n * per_score,
+               "backward_s": times[shape, "both"] - t} for shape, t, m, n in zip(ATTENTION_SHAPES, forward_s, matmuls, scores)]
+    return 1 / inverse, per_score, ratio, points
 
 
 def _two_rank_worker(rank: int, port: int, threads: int, profile: Hardware, precision: str, results) -> None:
@@ -209,7 +234,9 @@ def calibrate(out: str | Path, name: str = "this-machine", precision: str = "fp3
         gpus_per_node=2, intra_node_latency_s=latency, inter_node_latency_s=latency,
         matmul_efficiency=1.0, kernel_overhead_s=overhead, matmul_tile=1, reserved_bytes=0.3e9,
     )
-    profile = replace(profile, attention_efficiency=measure_attention_efficiency(dtype, profile, precision))
+    efficiency, per_score, backward_ratio, attention_points = measure_attention(dtype, profile, precision)
+    profile = replace(profile, attention_efficiency=efficiency, attention_score_s=per_score,
+                      attention_backward_ratio=backward_ratio)
     per_parameter, per_tensor, optimizer_points = measure_optimizer()
     profile = replace(profile, comm_overlap=overlap, optimizer_parameter_s=per_parameter, optimizer_tensor_s=per_tensor,
                       host_runs_ahead=False)
@@ -219,6 +246,7 @@ def calibrate(out: str | Path, name: str = "this-machine", precision: str = "fp3
     fits = {
         "threads_per_device": threads,
         "optimizer": optimizer_points,
+        "attention": attention_points,
         "matmul": [{"shape": s, "measured_s": t, "predicted_s": gemm_seconds(profile, precision, Gemm(*s))} for s, t in matmuls],
         "all_reduce": [{"bytes": s, "measured_s": t, "predicted_s": all_reduce_seconds(s, 2, link)}
                        for s, t in reduce_times.items()],

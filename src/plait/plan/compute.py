@@ -17,9 +17,6 @@ from plait.models.spec import ModelSpec
 from plait.plan.hardware import Hardware, HostOverhead
 from plait.plan.memory import ACTIVATION_BYTES, Kernels, kv_heads_per_rank
 
-# Attention backward as a multiple of its forward, as plait.models.flops counts it (flash-style
-# kernels recompute the scores).
-ATTENTION_BACKWARD = 2.5
 # Non-matmul kernels one layer launches forward (two norms, two residual adds, the activation,
 # rotary or bias adds, attention's softmax path); the backward launches about twice as many.
 ELEMENTWISE_KERNELS = 12
@@ -54,6 +51,7 @@ class LayerShape:
 
     weights: tuple[Gemm, ...]
     attention: tuple[Gemm, ...]
+    scores: int
     elementwise_bytes: float
     activation_bytes: float
     softmax_bytes: float
@@ -86,11 +84,9 @@ def layer_shape(spec: ModelSpec, micro_batch: int, tp: int, cp: int, sp: bool, p
     mlp_bytes = mlp_passes * tokens * f / tp * e
     rope_passes = 2 if kernels.fused else 17
     rope_bytes = rope_passes * tokens * (h // tp + kv) * e if spec.family == "llama" else 0
-    softmax = 0.0
-    if not kernels.flash_attention:
-        scores = heads * s_local * spec.seq_len
-        softmax = scores * e * (3 if not kernels.dropout else 6)
-    return LayerShape(weights, attention, hidden_bytes + rope_bytes, mlp_bytes, softmax)
+    scores = heads * s_local * spec.seq_len
+    softmax = 0.0 if kernels.flash_attention else scores * e * (3 if not kernels.dropout else 6)
+    return LayerShape(weights, attention, scores, hidden_bytes + rope_bytes, mlp_bytes, softmax)
 
 
 @dataclass(frozen=True)
@@ -125,6 +121,7 @@ def layer_times(
     memory_rate = hw.memory_gbps * 1e9
     weights = sum(gemm_seconds(hw, precision, g) for g in shape.weights)
     attention = sum(gemm_seconds(hw, precision, g) for g in shape.attention) / hw.attention_efficiency
+    attention += shape.scores * hw.attention_score_s
     attention += shape.softmax_bytes / memory_rate
     activation_rate = (hw.activation_gbps or hw.memory_gbps) * 1e9
     elementwise = (shape.elementwise_bytes / memory_rate + shape.activation_bytes / activation_rate
@@ -134,7 +131,7 @@ def layer_times(
     # Backward: dX = dY·Wᵀ is an (m×n)·(n×k) product, dW = Xᵀ·dY a (k×m)·(m×n) one.
     grad_input = sum(gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n, g.batch)) for g in shape.weights)
     grad_weight = sum(gemm_seconds(hw, precision, Gemm(g.k, g.n, g.m, g.batch)) for g in shape.weights)
-    backward_input = with_host(hw, grad_input + ATTENTION_BACKWARD * attention + 2 * elementwise, host.layer_backward)
+    backward_input = with_host(hw, grad_input + hw.attention_backward_ratio * attention + 2 * elementwise, host.layer_backward)
     extra = {"none": 0.0, "selective": attention, "full": forward}[recompute]
     return LayerTimes(forward, backward_input, grad_weight, extra, attention)
 

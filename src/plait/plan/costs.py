@@ -13,7 +13,7 @@ from plait.models.spec import ModelSpec
 from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, all_to_all_seconds, exposed_under, group_link, merged_link, send_seconds,
 )
-from plait.plan.compute import ATTENTION_BACKWARD, LayerTimes, head_times, layer_times
+from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
 from plait.plan.memory import ACTIVATION_BYTES, Kernels, bytes_per_parameter, kv_heads_per_rank
 from plait.models.flops import layer_parameter_count
@@ -98,7 +98,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         kv_bytes = 2 * tokens * kv_heads_per_rank(spec, layout.tp) * spec.head_dim * e
         ring = (layout.cp - 1) * send_seconds(kv_bytes, group_link(hw, layout, "cp"))
         cp_forward = exposed_under(ring, attention_s, hw.comm_overlap)
-        cp_backward = exposed_under(2 * ring, ATTENTION_BACKWARD * attention_s, hw.comm_overlap)
+        cp_backward = exposed_under(2 * ring, hw.attention_backward_ratio * attention_s, hw.comm_overlap)
     zero_forward = zero_backward = gather = 0.0
     if layout.zero == 3:
         gathered = layer_parameter_count(spec) / layout.tp * bytes_per_parameter(precision)[0]

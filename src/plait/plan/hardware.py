@@ -54,6 +54,12 @@ class Hardware:
     # Attention kernels' throughput relative to a plain matmul of the same shape (1.0 in the
     # catalog: the published runs it is validated on use batched-matmul attention).
     attention_efficiency: float = 1.0
+    # Seconds per attention score beyond the matmuls (the softmax's exponentials), and the
+    # backward's time as a multiple of the forward's. 0 and 2.5 in the catalog: flash kernels hide
+    # the softmax under tensor-core matmuls, and the backward does 2.5× the forward's FLOPs. A
+    # CPU's vector units pay for every exponential, so calibrate measures both.
+    attention_score_s: float = 0.0
+    attention_backward_ratio: float = 2.5
     # Fixed cost of one kernel launch or collective call on the host side.
     kernel_overhead_s: float = 4e-6
     # Matmuls run in output tiles of this many rows and columns; ragged edges waste the rest.
