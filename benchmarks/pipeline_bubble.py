@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=4, help="Linear layers per rank (split over its v chunks)")
     parser.add_argument("--rows", type=int, default=512,
-                        help="rows per micro-batch: enough that stage compute, not gloo's message latency, sets the step")
+                        help="rows per micro-batch: enough that stage compute, not message latency, sets the step")
     parser.add_argument("--schedules", nargs="+", default=[n for n, _ in SCHEDULES], choices=[n for n, _ in SCHEDULES])
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
