@@ -26,8 +26,8 @@ def batch(m: int, rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _entry(rank: int, world: int, port: int, function: Callable, args: tuple, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)  # one compute thread per rank: the development machine has two cores
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         value = function(*args)
