@@ -5,8 +5,7 @@
 - stage 2: FSDP2 ``fully_shard`` with ``reshard_after_forward=False``: gradients reduce-scattered,
   parameters gathered once per forward and kept gathered through the backward pass.
 - stage 3: FSDP2 ``fully_shard`` per block and on the root with ``reshard_after_forward=True``:
-  parameters gathered block by block, just in time; on a GPU the next block's all-gather is issued
-  ahead of the current block's forward.
+  parameters gathered block by block, just in time, with the next block's all-gather prefetched.
 """
 
 from __future__ import annotations
@@ -43,12 +42,10 @@ def fully_shard_model(model: nn.Module, mesh: DeviceMesh, reshard_after_forward:
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
-    if reshard_after_forward and mesh.device_type == "cuda":
-        # FSDP2 already prefetches in backward, and in forward whenever the host runs ahead of the
-        # GPU; issuing the next block's all-gather explicitly keeps the overlap when the host does
-        # not. On CPU a gloo all-gather blocks the host, so issuing it earlier overlaps nothing.
+    if reshard_after_forward:
         for current, following in zip(blocks, blocks[1:]):
             current.set_modules_to_forward_prefetch([following])
+            following.set_modules_to_backward_prefetch([current])
     return model
 
 
