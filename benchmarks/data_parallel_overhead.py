@@ -1,11 +1,17 @@
 """plait's data parallelism (dp = 2) against PyTorch DDP and FSDP2 used directly.
 
-Each pair trains the same model (same seeded weights) on the same batches with the same AdamW and
-clipping. The two alternate step by step — a plait step, then a direct step — so noise from
-other work on the machine hits both alike. A plait step is what ``plait.train.loop.train`` does
-per step: set the learning rate, take the rank's batch, ``train_step`` (forward, backward,
-clipping, optimizer) and the all-reduce of the loss it logs; the loop's bookkeeping around it is
-measured by benchmarks/step_overhead.py. The figures are ratios of median step times,
+Each pair trains the same model (same seeded weights) on the same batches and does the same
+training work per step: set the learning rate, forward, cross-entropy, backward, clip the
+gradients to norm 1 (the norm made a plain tensor, then ``clip_grads_with_norm_``, as torchtitan
+does), step the same optimizer (``plait.train.optim.build_optimizer``: fused AdamW), and average
+the loss over the ranks for logging. The plait side is ``plait.train.loop.train_step`` on a model
+wrapped by ``apply_data_parallel``, plus the loop's learning-rate setting and loss all-reduce; the
+loop's bookkeeping around it is measured by benchmarks/step_overhead.py.
+
+All six step functions (three pairs) are built first and then interleaved: for each batch every
+one takes a step, in an order rotated from batch to batch, so noise from other work on the machine
+falls on all of them alike. A barrier before and after every timed step makes each time the step
+of the slower rank, rather than a share of the skew the previous step left between the ranks. The figures are ratios of median step times,
 plait / direct (target ≤ 1.03), in wall-clock time and in the CPU time of rank 0's process (all its
 threads): on a machine shared with other work the CPU-time ratio shows plait's own extra work
 when waiting on a descheduled peer blurs the wall-clock one.
@@ -29,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from plait.config import RunConfig, TrainSpec
@@ -38,7 +45,7 @@ from plait.parallel.data import apply_data_parallel, optimizer_shard_mesh
 from plait.topology import build_topology
 from plait.train.data import BatchSource, default_corpus
 from plait.train.loop import build_model, train_step
-from plait.train.optim import BETAS, build_optimizer, learning_rate, set_learning_rate
+from plait.train.optim import build_optimizer, learning_rate, set_learning_rate
 
 CPU = torch.device("cpu")
 
@@ -56,23 +63,25 @@ def direct_fsdp(reshard_after_forward: bool | None) -> Callable[[nn.Module], nn.
     return wrap
 
 
-def direct_step(config: RunConfig, wrap: Callable[[nn.Module], nn.Module]) -> Callable[[list[torch.Tensor]], None]:
+def direct_step(config: RunConfig, wrap: Callable[[nn.Module], nn.Module]) -> Callable[[int, list[torch.Tensor]], None]:
     """A minimal hand-written data-parallel step around PyTorch's own wrapper."""
     model = wrap(build_model(config, CPU))
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    keep = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": config.train.weight_decay}, {"params": keep, "weight_decay": 0.0}],
-        lr=config.train.lr, betas=BETAS, foreach=False,
-    )
+    optimizer = build_optimizer(model, config.train)
 
-    def step(batch: list[torch.Tensor]) -> None:
+    def step(index: int, batch: list[torch.Tensor]) -> None:
+        lr = learning_rate(index, config.train)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
         inputs, targets = batch
         loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), config.train.grad_clip, norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        loss = loss.detach()
+        dist.all_reduce(loss, op=dist.ReduceOp.AVG)
         loss.item()
     return step
 
@@ -91,9 +100,11 @@ def plait_step(config: RunConfig) -> Callable[[int, list[torch.Tensor]], None]:
 
 
 def timed(function: Callable, *args) -> tuple[float, float]:
-    """Wall-clock and process CPU seconds of ``function(*args)``."""
+    """Wall-clock and process CPU seconds of ``function(*args)``, between barriers over all ranks."""
+    dist.barrier()
     wall, cpu = time.perf_counter(), time.process_time()
     function(*args)
+    dist.barrier()
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -113,21 +124,23 @@ def main() -> None:
              3: ("FSDP2 defaults", direct_fsdp(None))}
     source = BatchSource(default_corpus(), spec.seq_len, args.global_batch, train_spec.seed)
     rank, world = dist.get_rank(), dist.get_world_size()
-    plait_times: dict[int, list[tuple[float, float]]] = {}
-    direct_times: dict[int, list[tuple[float, float]]] = {}
+    steps = {}
     for stage, (_, wrap) in pairs.items():
-        mine, theirs = plait_step(configs[stage]), direct_step(configs[stage], wrap)
-        plait_times[stage], direct_times[stage] = [], []
-        for index in range(args.steps):
-            batch = list(source.local_batch(index, rank, world))
-            plait_times[stage].append(timed(mine, index, batch))
-            direct_times[stage].append(timed(theirs, batch))
+        steps[stage, "plait"] = plait_step(configs[stage])
+        steps[stage, "direct"] = direct_step(configs[stage], wrap)
+    times: dict[tuple[int, str], list[tuple[float, float]]] = {key: [] for key in steps}
+    for index in range(args.steps):
+        batch = list(source.local_batch(index, rank, world))
+        order = list(steps)
+        # Every step function once per index, the order rotated so none always follows another.
+        for key in order[index % len(order):] + order[:index % len(order)]:
+            times[key].append(timed(steps[key], index, batch))
     if dist.get_rank() == 0:
         print(f"model {args.model}, global batch {args.global_batch}×{args.seq_len}, dp 2, "
-              f"{torch.get_num_threads()} thread per rank, {args.steps - 2} alternating steps each (2 warm-up)")
+              f"{torch.get_num_threads()} thread per rank, {args.steps - 2} interleaved steps each (2 warm-up)")
         for stage, (name, _) in pairs.items():
             (wall, cpu), (wall_direct, cpu_direct) = (
-                [statistics.median(column) for column in zip(*times[stage][2:])] for times in (plait_times, direct_times)
+                [statistics.median(column) for column in zip(*times[stage, side][2:])] for side in ("plait", "direct")
             )
             print(f"plait zero {stage} {wall * 1e3:7.1f} ms ({cpu * 1e3:6.1f} ms CPU)   {name:34s} "
                   f"{wall_direct * 1e3:7.1f} ms ({cpu_direct * 1e3:6.1f} ms CPU)   "

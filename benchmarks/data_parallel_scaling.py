@@ -1,15 +1,27 @@
 """Data-parallel scaling: dp = 2 throughput over twice dp = 1 throughput, one thread per rank.
 
 Two models: a light one (many parameters, few tokens per step: synchronising the gradients costs
-more than computing them) and a heavy one (few parameters, many tokens per step). For each it
-prints the scaling efficiency and the compute-to-sync ratio, where compute is one rank's forward
-and backward pass on its share of the batch (the work a second rank halves) and sync is an
-all-reduce of every gradient (Ψ fp32 values) between the two ranks. The rest of a step — the
-optimizer, which every rank repeats in full at ZeRO stage 0 — is printed as well. Both worlds run under plait's own ``train``, alternating, in one job;
-each figure is the fastest of the rounds' medians, the round least disturbed by other work on
-the machine.
+more than computing them) and a heavy one (few parameters, many tokens per step). Every run is
+plait's own ``train`` (ZeRO stage 0: DDP, fused AdamW, clipping, the loss all-reduce it logs), in
+fresh processes; a step time is the median over the steps after the first two. Each round runs,
+in an order rotated from round to round so that load from other work falls on all alike:
 
-    python benchmarks/data_parallel_scaling.py [--steps 12] [--rounds 2]
+- dp1: one rank, the global batch;
+- dp2: two ranks, the same global batch (half on each);
+- dp1 half: one rank, half the global batch: the work of one dp2 rank without a second rank.
+
+Every figure is the fastest of the rounds' (other work only ever slows a run down, so the fastest
+round is the least disturbed), and the efficiencies of each round are printed beside it, to show
+the spread. Two efficiencies: at the same global batch,
+dp1 / (2 · dp2), what a second rank gives a fixed batch; and at the same batch per rank,
+(dp1 half) / dp2, which holds each rank's working set equal, so that it leaves out how a
+smaller per-rank batch changes the speed of the arithmetic itself (on a CPU, better cache reuse).
+It also prints the compute-to-sync ratio, where compute is one rank's forward and backward pass on
+its half of the batch (the work a second rank halves) and sync is an all-reduce of every gradient
+(Ψ fp32 values) between the two ranks; the rest of a step — the optimizer, which every rank
+repeats in full at ZeRO stage 0, and the loop — is printed as well.
+
+    python benchmarks/data_parallel_scaling.py [--steps 10] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -78,7 +90,7 @@ def worker(rank: int, world: int, port: int, config: RunConfig, results) -> None
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     result = train(config, build_topology(config.layout, torch.device("cpu")))
-    step = statistics.median(result.step_times[1:])
+    step = statistics.median(result.step_times[2:])
     other = sync_time(parameter_count(config.model)) if world > 1 else compute_time(result.model, config)
     if rank == 0:
         results.put((step, other))
@@ -94,27 +106,33 @@ def median_step(config: RunConfig, results) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     results = mp.get_context("spawn").SimpleQueue()
     for name, (fields, batch) in MODELS.items():
         spec = model_spec(None, family="gpt2", **fields)
-        def config(dp: int, global_batch: int) -> RunConfig:
-            return RunConfig(spec, Layout(dp=dp), TrainSpec(steps=args.steps, global_batch=global_batch), model_name=name)
-        one, two, half, compute, sync = [], [], [], [], []
-        for _ in range(args.rounds):
-            one.append(median_step(config(1, batch), results)[0])
-            step, all_reduce = median_step(config(2, batch), results)
-            two.append(step)
-            sync.append(all_reduce)
-            step, forward_backward = median_step(config(1, batch // 2), results)
-            half.append(step)
-            compute.append(forward_backward)
-        t1, t2, c, s = min(one), min(two), min(compute), min(sync)
+        runs = {"dp1": (1, batch), "dp2": (2, batch), "dp1 half": (1, batch // 2)}
+        rounds = []
+        for index in range(args.rounds):
+            order = list(runs)[index % len(runs):] + list(runs)[:index % len(runs)]
+            rounds.append({run: median_step(RunConfig(
+                spec, Layout(dp=runs[run][0]), TrainSpec(steps=args.steps, global_batch=runs[run][1]), model_name=name,
+            ), results) for run in order})
+        strong = [r["dp1"][0] / (2 * r["dp2"][0]) for r in rounds]
+        weak = [r["dp1 half"][0] / r["dp2"][0] for r in rounds]
+        t1, t2, half, compute, sync = (min(r[run][part] for r in rounds) for run, part in
+                                       (("dp1", 0), ("dp2", 0), ("dp1 half", 0), ("dp1 half", 1), ("dp2", 1)))
         print(f"{name}: Ψ={parameter_count(spec) / 1e6:.2f}M, batch {batch}×{spec.seq_len}: step dp1 {t1 * 1e3:.1f} ms, "
-              f"dp2 {t2 * 1e3:.1f} ms; efficiency {t1 / (2 * t2):.2f}; per rank: compute {c * 1e3:.1f} ms / "
-              f"sync {s * 1e3:.1f} ms = {c / s:.2f}, optimizer and the rest {(min(half) - c) * 1e3:.1f} ms")
+              f"dp2 {t2 * 1e3:.1f} ms, dp1 at half the batch {half * 1e3:.1f} ms\n"
+              f"  efficiency, same global batch {t1 / (2 * t2):.2f} (rounds {fmt(strong)}); "
+              f"same batch per rank {half / t2:.2f} (rounds {fmt(weak)})\n"
+              f"  per rank: compute {compute * 1e3:.1f} ms / sync {sync * 1e3:.1f} ms = {compute / sync:.2f}, "
+              f"optimizer and the rest {(half - compute) * 1e3:.1f} ms")
+
+
+def fmt(values: list[float]) -> str:
+    return " ".join(f"{value:.2f}" for value in values)
 
 
 if __name__ == "__main__":

@@ -24,17 +24,12 @@ from plait.models.spec import model_spec
 from plait.topology import build_topology
 from plait.train.data import BatchSource, default_corpus
 from plait.train.loop import build_model, train
-from plait.train.optim import BETAS
+from plait.train.optim import build_optimizer
 
 
 def hand_written_steps(config: RunConfig, steps: int) -> list[float]:
     model = build_model(config, torch.device("cpu"))
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    keep = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": config.train.weight_decay}, {"params": keep, "weight_decay": 0.0}],
-        lr=config.train.lr, betas=BETAS, foreach=False,
-    )
+    optimizer = build_optimizer(model, config.train)  # the same optimizer as plait's
     source = BatchSource(default_corpus(), config.model.seq_len, config.train.global_batch, config.train.seed)
     times = []
     for step in range(steps):

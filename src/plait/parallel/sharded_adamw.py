@@ -20,7 +20,7 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 # rank, which torch.distributed.checkpoint cannot reshard. Here every parameter is split by rows
 # like DTensor's Shard(0) and the moments are DTensors, so any layout can load the checkpoint.
 class ShardedAdamW(torch.optim.Optimizer):
-    """AdamW (decoupled weight decay, the single-tensor kernel) with state sharded over ``mesh``."""
+    """AdamW (decoupled weight decay, PyTorch's fused kernel, as ``build_optimizer``) with state sharded over ``mesh``."""
 
     def __init__(self, params, mesh: DeviceMesh, lr: float, betas: tuple[float, float],
                  eps: float = 1e-8, weight_decay: float = 1e-2):
@@ -39,27 +39,31 @@ class ShardedAdamW(torch.optim.Optimizer):
         local = torch.zeros_like(param[self._rows(param, self.mesh.get_local_rank())])
         return DTensor.from_local(local, self.mesh, [Shard(0)], shape=param.shape, stride=param.stride())
 
+    def _state(self, param: torch.Tensor) -> dict:
+        state = self.state[param]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+            state.update({name: self._moment(param) for name in MOMENTS})
+        return state
+
     @torch.no_grad()
     def step(self, closure=None) -> None:
         if closure is not None:
             raise ValueError("ShardedAdamW.step takes no closure")
         rank = self.mesh.get_local_rank()
         for group in self.param_groups:
+            params = [param for param in group["params"] if param.grad is not None]
+            rows = [self._rows(param, rank) for param in params]
+            states = [self._state(param) for param in params]
             beta1, beta2 = group["betas"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                state = self.state[param]
-                if not state:
-                    state["step"] = torch.tensor(0.0)
-                    state.update({name: self._moment(param) for name in MOMENTS})
-                rows = self._rows(param, rank)
-                adamw(
-                    [param.detach()[rows]], [param.grad[rows]],
-                    [state["exp_avg"].to_local()], [state["exp_avg_sq"].to_local()], [], [state["step"]],
-                    foreach=False, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
-                    weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
-                )
+            adamw(
+                [param.detach()[mine] for param, mine in zip(params, rows)],
+                [param.grad[mine] for param, mine in zip(params, rows)],
+                [state["exp_avg"].to_local() for state in states], [state["exp_avg_sq"].to_local() for state in states],
+                [], [state["step"] for state in states],
+                fused=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
+                weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+            )
         self._share_updated_rows()
 
     def _share_updated_rows(self) -> None:

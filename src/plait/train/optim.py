@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from plait.config import TrainSpec
 from plait.parallel.sharded_adamw import ShardedAdamW
@@ -14,16 +15,25 @@ from plait.parallel.sharded_adamw import ShardedAdamW
 BETAS = (0.9, 0.95)
 
 
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on 2-D and larger parameters only. DTensor and plain parameters go to separate
+    groups: the fused kernel takes one kind per call, and tensor parallelism leaves some plain."""
+    groups: dict[tuple[bool, bool], list[nn.Parameter]] = {}
+    for param in model.parameters():
+        if param.requires_grad:
+            groups.setdefault((param.dim() >= 2, isinstance(param, DTensor)), []).append(param)
+    return [{"params": params, "weight_decay": weight_decay if decays else 0.0} for (decays, _), params in groups.items()]
+
+
 def build_optimizer(model: nn.Module, train: TrainSpec, shard_over: DeviceMesh | None = None) -> torch.optim.Optimizer:
     """AdamW decaying 2-D and larger parameters only; its state sharded over ``shard_over`` if given (ZeRO-1)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    keep = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": keep, "weight_decay": 0.0}]
+    groups = parameter_groups(model, train.weight_decay)
     if shard_over is not None:
         return ShardedAdamW(groups, shard_over, lr=train.lr, betas=BETAS)
-    # foreach=False keeps the update order identical for any sharding of the parameters.
-    return torch.optim.AdamW(groups, lr=train.lr, betas=BETAS, foreach=False)
+    # fused=True: PyTorch's single-kernel AdamW (CPU and CUDA; plain and DTensor parameters), several
+    # times faster than the per-tensor loop. Each element's update depends on that element alone,
+    # so every sharding of the parameters gives the single-process result.
+    return torch.optim.AdamW(groups, lr=train.lr, betas=BETAS, fused=True)
 
 
 def learning_rate(step: int, train: TrainSpec) -> float:
