@@ -11,10 +11,12 @@ loop's bookkeeping around it is measured by benchmarks/step_overhead.py.
 All six step functions (three pairs) are built first and then interleaved: for each batch every
 one takes a step, in an order rotated from batch to batch, so noise from other work on the machine
 falls on all of them alike. A barrier before and after every timed step makes each time the step
-of the slower rank, rather than a share of the skew the previous step left between the ranks. The figures are ratios of median step times,
-plait / direct (target ≤ 1.03), in wall-clock time and in the CPU time of rank 0's process (all its
-threads): on a machine shared with other work the CPU-time ratio shows plait's own extra work
-when waiting on a descheduled peer blurs the wall-clock one.
+of the slower rank, rather than a share of the skew the previous step left between the ranks.
+It prints each side's median step time and the ratio plait / direct (target ≤ 1.03): the median,
+over the batches, of a plait step's time over the direct step's on the same batch (taken moments
+apart, so slow swings in the machine's load cancel), in wall-clock time and in the CPU time of
+rank 0's process (all its threads): on a machine shared with other work the CPU-time ratio shows
+plait's own extra work when waiting on a descheduled peer blurs the wall-clock one.
 
     zero 0 / DDP, zero 2 / FSDP2 (reshard_after_forward=False), zero 3 / FSDP2 (defaults).
 
@@ -139,12 +141,14 @@ def main() -> None:
         print(f"model {args.model}, global batch {args.global_batch}×{args.seq_len}, dp 2, "
               f"{torch.get_num_threads()} thread per rank, {args.steps - 2} interleaved steps each (2 warm-up)")
         for stage, (name, _) in pairs.items():
-            (wall, cpu), (wall_direct, cpu_direct) = (
-                [statistics.median(column) for column in zip(*times[stage, side][2:])] for side in ("plait", "direct")
-            )
+            mine, theirs = times[stage, "plait"][2:], times[stage, "direct"][2:]
+            (wall, cpu), (wall_direct, cpu_direct) = ([statistics.median(column) for column in zip(*side)]
+                                                      for side in (mine, theirs))
+            # Each step against the direct step on the same batch, taken moments apart.
+            wall_ratio, cpu_ratio = (statistics.median(a[kind] / b[kind] for a, b in zip(mine, theirs)) for kind in (0, 1))
             print(f"plait zero {stage} {wall * 1e3:7.1f} ms ({cpu * 1e3:6.1f} ms CPU)   {name:34s} "
                   f"{wall_direct * 1e3:7.1f} ms ({cpu_direct * 1e3:6.1f} ms CPU)   "
-                  f"ratio {wall / wall_direct:.3f} wall, {cpu / cpu_direct:.3f} CPU")
+                  f"ratio {wall_ratio:.3f} wall, {cpu_ratio:.3f} CPU")
     dist.destroy_process_group()
 
 

@@ -8,7 +8,10 @@ in an order rotated from round to round so that load from other work falls on al
 
 - dp1: one rank, the global batch;
 - dp2: two ranks, the same global batch (half on each);
-- dp1 half: one rank, half the global batch: the work of one dp2 rank without a second rank.
+- dp1 half: one rank, half the global batch: the work of one dp2 rank without a second rank;
+- 2 × dp1 half: two unrelated dp1-half runs at once, sharing nothing: the machine as busy as at
+  dp2 (both cores, their shared cache and memory), without data parallelism. Its step is the
+  slower run's.
 
 Every figure is the fastest of the rounds' (other work only ever slows a run down, so the fastest
 round is the least disturbed), and the efficiencies of each round are printed beside it, to show
@@ -16,6 +19,8 @@ the spread. Two efficiencies: at the same global batch,
 dp1 / (2 · dp2), what a second rank gives a fixed batch; and at the same batch per rank,
 (dp1 half) / dp2, which holds each rank's working set equal, so that it leaves out how a
 smaller per-rank batch changes the speed of the arithmetic itself (on a CPU, better cache reuse).
+A third, (2 × dp1 half) / dp2, compares dp2 with the same two processes' worth of work run with no
+communication, so it is what data parallelism itself costs, the machine's two-core ceiling left out.
 It also prints the compute-to-sync ratio, where compute is one rank's forward and backward pass on
 its half of the batch (the work a second rank halves) and sync is an all-reduce of every gradient
 (Ψ fp32 values) between the two ranks; the rest of a step — the optimizer, which every rank
@@ -54,10 +59,14 @@ MODELS = {
 REPEATS = 10
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
 
 
 def compute_time(model: nn.Module, config: RunConfig) -> float:
@@ -97,10 +106,20 @@ def worker(rank: int, world: int, port: int, config: RunConfig, results) -> None
     dist.destroy_process_group()
 
 
-def median_step(config: RunConfig, results) -> tuple[float, float]:
-    """(median step seconds, then at dp = 1 the compute time, at dp = 2 the sync time)."""
+def unrelated_worker(index: int, ports: list[int], config: RunConfig, results) -> None:
+    """One of several dp = 1 runs started together: each a world of its own, sharing no gradients."""
+    worker(0, 1, ports[index], config, results)
+
+
+def median_step(config: RunConfig, results, copies: int = 1) -> tuple[float, float]:
+    """(median step seconds, then at dp = 1 the compute time, at dp = 2 the sync time). With
+    ``copies`` > 1, that many unrelated dp = 1 runs at once, and the slower one's figures."""
+    if copies > 1:
+        mp.start_processes(unrelated_worker, args=(free_ports(copies), config, results), nprocs=copies,
+                           start_method="spawn")
+        return max(results.get() for _ in range(copies))
     world = config.layout.world_size
-    mp.start_processes(worker, args=(world, free_port(), config, results), nprocs=world, start_method="spawn")
+    mp.start_processes(worker, args=(world, free_ports(1)[0], config, results), nprocs=world, start_method="spawn")
     return results.get()
 
 
@@ -112,21 +131,28 @@ def main() -> None:
     results = mp.get_context("spawn").SimpleQueue()
     for name, (fields, batch) in MODELS.items():
         spec = model_spec(None, family="gpt2", **fields)
-        runs = {"dp1": (1, batch), "dp2": (2, batch), "dp1 half": (1, batch // 2)}
+        # name → (dp, global batch, copies run at once)
+        runs = {"dp1": (1, batch, 1), "dp2": (2, batch, 1), "dp1 half": (1, batch // 2, 1),
+                "2 × dp1 half": (1, batch // 2, 2)}
         rounds = []
         for index in range(args.rounds):
             order = list(runs)[index % len(runs):] + list(runs)[:index % len(runs)]
             rounds.append({run: median_step(RunConfig(
                 spec, Layout(dp=runs[run][0]), TrainSpec(steps=args.steps, global_batch=runs[run][1]), model_name=name,
-            ), results) for run in order})
+            ), results, copies=runs[run][2]) for run in order})
         strong = [r["dp1"][0] / (2 * r["dp2"][0]) for r in rounds]
         weak = [r["dp1 half"][0] / r["dp2"][0] for r in rounds]
-        t1, t2, half, compute, sync = (min(r[run][part] for r in rounds) for run, part in
-                                       (("dp1", 0), ("dp2", 0), ("dp1 half", 0), ("dp1 half", 1), ("dp2", 1)))
+        unrelated = [r["2 × dp1 half"][0] / r["dp2"][0] for r in rounds]
+        t1, t2, half, pair, compute, sync = (
+            min(r[run][part] for r in rounds) for run, part in
+            (("dp1", 0), ("dp2", 0), ("dp1 half", 0), ("2 × dp1 half", 0), ("dp1 half", 1), ("dp2", 1))
+        )
         print(f"{name}: Ψ={parameter_count(spec) / 1e6:.2f}M, batch {batch}×{spec.seq_len}: step dp1 {t1 * 1e3:.1f} ms, "
-              f"dp2 {t2 * 1e3:.1f} ms, dp1 at half the batch {half * 1e3:.1f} ms\n"
+              f"dp2 {t2 * 1e3:.1f} ms, dp1 at half the batch {half * 1e3:.1f} ms alone and {pair * 1e3:.1f} ms "
+              f"two at once\n"
               f"  efficiency, same global batch {t1 / (2 * t2):.2f} (rounds {fmt(strong)}); "
-              f"same batch per rank {half / t2:.2f} (rounds {fmt(weak)})\n"
+              f"same batch per rank {half / t2:.2f} (rounds {fmt(weak)}); "
+              f"against two unrelated runs {pair / t2:.2f} (rounds {fmt(unrelated)})\n"
               f"  per rank: compute {compute * 1e3:.1f} ms / sync {sync * 1e3:.1f} ms = {compute / sync:.2f}, "
               f"optimizer and the rest {(half - compute) * 1e3:.1f} ms")
 
