@@ -5,13 +5,13 @@ same core as the kernels, so a small layer costs far more than its matmuls. Two 
 the profile (plait.plan.hardware):
 
 * host overhead: plait's transformer at a size where kernels take microseconds, with one and with
-  three layers, forward and forward + backward; the difference per layer, less what the kernel
+  four layers, forward and forward + backward; the difference per layer, less what the kernel
   model (plait.plan.compute) already charges at that size, is the per-layer overhead, and what the
   one-layer model leaves beyond its layer is the per-pass overhead of embedding, head and loss;
 * optimizer: plait's gradient clipping and AdamW step over many small tensors and over a few large
   ones, fitted to t = a·parameters + b·tensors;
 * wrapper overhead: on two ranks, a whole ``plait train`` step of the same small model under each
-  parallel wrapper (DDP, ZeRO 1–3, tensor, sequence, context parallel) with one and with three
+  parallel wrapper (DDP, ZeRO 1–3, tensor, sequence, context parallel) with one and with four
   layers, against the planner's prediction of it; what the prediction misses per layer and per
   step is what the wrapper adds (DTensor dispatch, hooks, gradient bookkeeping).
 """
@@ -46,7 +46,7 @@ from plait.train.optim import build_optimizer
 
 FAMILIES = ("gpt2", "llama")
 PLAIT_KERNELS = Kernels(fused=False, context_exchange="all-to-all")  # how plait's own model runs
-PROBE_LAYERS = (1, 3)
+PROBE_LAYERS = (1, 4)
 PROBE_SHAPE = {"hidden": 64, "heads": 2, "vocab": 16, "seq_len": 8}  # kernels of a few microseconds
 
 
@@ -73,7 +73,7 @@ def probe_spec(family: str, layers: int) -> ModelSpec:
 
 def fit_host_overhead(t: dict[str, float], layer: LayerTimes, head: LayerTimes) -> HostOverhead:
     """The overhead that makes the kernel model's ``layer`` and ``head`` times of the probe add up
-    to the measured seconds ``t`` ("forward1": one-layer forward, "both3": three-layer forward
+    to the measured seconds ``t`` ("forward1": one-layer forward, "both4": four-layer forward
     and backward, ...)."""
     few, many = PROBE_LAYERS
     forward_per_layer = (t[f"forward{many}"] - t[f"forward{few}"]) / (many - few)
@@ -116,9 +116,11 @@ PARALLEL_STYLES = {  # two ranks each; plait.plan.costs.parallel_styles names wh
 }
 
 
-def _timed_steps(family: str, layers: int, topology: Topology, precision: str, rounds: int = 5, calls: int = 3) -> float:
-    """Median seconds of one ``plait train`` step of the probe model on ``topology`` (every rank
-    runs the same fixed number of steps, as their collectives must match)."""
+def _timed_steps(family: str, layers: int, topology: Topology, precision: str, rounds: int = 7, calls: int = 3) -> float:
+    """Seconds of one ``plait train`` step of the probe model on ``topology``: the quickest of
+    ``rounds`` rounds, as two ranks in lockstep wait out any pause of either core, and a
+    neighbour's burst would otherwise read as overhead (every rank runs the same fixed number of
+    steps, as their collectives must match)."""
     device = torch.device("cpu")
     config = RunConfig(probe_spec(family, layers), topology.layout, TrainSpec(global_batch=topology.layout.dp, precision=precision))
     model = apply_parallelisms(build_model(config, device), topology, precision)
@@ -140,7 +142,7 @@ def _timed_steps(family: str, layers: int, topology: Topology, precision: str, r
         for _ in range(calls):
             step()
         runs.append((time.perf_counter() - start) / calls)
-    return statistics.median(runs)
+    return min(runs)
 
 
 def fit_wrapper_overhead(measured: dict[int, float], predicted: dict[int, float], base: HostOverhead) -> HostOverhead:
