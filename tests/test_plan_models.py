@@ -9,7 +9,7 @@ from plait.plan.comm import Link, all_reduce_seconds, group_link, reduce_scatter
 from plait.plan.compute import Gemm, gemm_seconds, layer_shape
 from plait.plan.hardware import hardware
 from plait.plan.memory import Kernels
-from plait.plan.search import scan
+from plait.plan.search import best_layout, scan
 from plait.plan.simulate import Workload
 
 
@@ -65,3 +65,10 @@ def test_the_dominance_rules_the_search_relies_on():
     one, two = _scores({"zero": 1, "recompute": "none"}), _scores({"zero": 2, "recompute": "none"})
     for fields, step in one.items():
         assert two[fields[:5] + (2,) + fields[6:]] <= step + 1e-12
+
+
+def test_the_search_keeps_every_fixed_choice_of_the_layout():
+    """What the flags fix comes back in the picked layout, recomputation included."""
+    fixed = {"dp": 4, "tp": 2, "pp": 2, "cp": 1, "zero": 0, "sp": True, "recompute": "full", "schedule": "1f1b"}
+    picked = best_layout(Workload(model_spec("gpt2-large"), 64), hardware("a100-40gb"), 16, fixed).layout
+    assert {name: getattr(picked, name) for name in fixed} == fixed

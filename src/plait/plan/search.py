@@ -36,6 +36,15 @@ class NothingFits(ConfigError):
     """Every layout agreeing with the flags needs more memory than a device has."""
 
 
+# The fields a scanned layout is recorded by, in the order of its tuple; by name, as Layout has
+# fields the search leaves at their defaults.
+SCANNED = ("dp", "tp", "cp", "pp", "sp", "zero", "schedule", "virtual_stages", "microbatches", "recompute")
+
+
+def scanned_layout(fields: tuple) -> Layout:
+    return Layout(**dict(zip(SCANNED, fields)))
+
+
 @dataclass
 class Scan:
     """What a walk over the layouts found: counts, the best fitting, the smallest, the fastest overall."""
@@ -61,7 +70,7 @@ class Scan:
                 heapq.heapreplace(self.best, (-step, fields))
 
     def layouts(self) -> list[Layout]:
-        return [Layout(*fields) for _, fields in sorted(self.best, reverse=True)]
+        return [scanned_layout(fields) for _, fields in sorted(self.best, reverse=True)]
 
 
 @dataclass
@@ -132,7 +141,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
             schedules = [(n, v, in_flight_chunks(n, pp, v, m, 0), in_flight_chunks(n, pp, v, m, pp - 1))
                          for n, v in _schedules(pp, m, layers, fixed)]
             for sp in _options(fixed, "sp", sps if tp > 1 else (False,)):
-                base = Layout(dp, tp, cp, pp, sp, 0, "1f1b", 1, m, "none")
+                base = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m)
                 flight = boundary_seconds(spec, hw, base, mbs, precision)
                 head = head_times(spec, hw, precision, mbs, tp, cp)
                 head_work = head.forward + head.backward
@@ -216,7 +225,7 @@ def _check_fixed(workload: Workload, gpus: int, fixed: dict) -> None:
 def _does_not_fit(workload: Workload, hw: Hardware, gpus: int, found: Scan) -> str:
     peak, fields = found.smallest
     head = (f"no layout fits {gpus} × {hw.name} ({hw.memory_bytes / 1e9:.0f} GB each): the smallest, "
-            f"{Layout(*fields).describe()}, needs {peak / 1e9:.1f} GB per GPU")
+            f"{scanned_layout(fields).describe()}, needs {peak / 1e9:.1f} GB per GPU")
     for scale in (2, 4, 8, 16, 32, 64):
         wider = replace(workload, global_batch=workload.global_batch * scale)
         more = scan(wider, hw, gpus * scale, {}, None, keep=1)
@@ -245,7 +254,7 @@ def explain(ranked: list[Prediction], found: Scan, hw: Hardware) -> str:
         line += f"; the runner-up {ranked[1].layout.describe()} loses {deltas[why]:.3g} s on {why}"
     step, fields, peak = found.fastest
     if peak > hw.memory_bytes and step < best.step_time_s:
-        line += f"; the faster {Layout(*fields).describe()} would need {peak / 1e9:.0f} GB"
+        line += f"; the faster {scanned_layout(fields).describe()} would need {peak / 1e9:.0f} GB"
     return line
 
 
