@@ -21,7 +21,8 @@ on a CPU, whose cores run both):
   by bucket; the last bucket and whatever exceeds that backward are exposed;
 - ZeRO-3 all-gathers of the next layer's parameters are prefetched under the current layer's
   compute, forward and backward; only the excess is exposed;
-- the ZeRO-1/2 all-gather of updated parameters after the optimizer step is exposed.
+- the ZeRO-1/2 all-gather of updated parameters after the optimizer step is exposed, and so are
+  the step's scalar all-reduces (the logged loss, a tensor-parallel gradient norm).
 """
 
 from __future__ import annotations
