@@ -136,8 +136,11 @@ def layer_times(
     return LayerTimes(forward, backward_input, grad_weight, extra, attention)
 
 
+NO_OVERHEAD = HostOverhead()
+
+
 def host_overhead(hw: Hardware, spec: ModelSpec) -> HostOverhead:
-    return hw.host_overhead.get(spec.family, HostOverhead())
+    return hw.host_overhead.get(spec.family, NO_OVERHEAD)
 
 
 def with_host(hw: Hardware, device_s: float, host_s: float) -> float:

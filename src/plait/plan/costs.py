@@ -13,7 +13,7 @@ from plait.models.spec import ModelSpec
 from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, all_to_all_seconds, exposed_under, group_link, merged_link, send_seconds,
 )
-from plait.plan.compute import LayerTimes, head_times, layer_times
+from plait.plan.compute import NO_OVERHEAD, LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
 from plait.plan.memory import ACTIVATION_BYTES, Kernels, bytes_per_parameter, kv_heads_per_rank
 from plait.models.flops import layer_parameter_count
@@ -31,9 +31,6 @@ class ChunkCost:
     @property
     def backward(self) -> float:
         return self.backward_input + self.backward_weight
-
-
-NO_OVERHEAD = HostOverhead()
 
 
 def parallel_styles(layout: Layout) -> list[str]:
