@@ -155,19 +155,24 @@ def fit_wrapper_overhead(measured: dict[int, float], predicted: dict[int, float]
     return HostOverhead(layer_forward=per_layer * forward_share, layer_backward=per_layer * (1 - forward_share), step=per_step)
 
 
-def measure_wrapper_overhead(profile: Hardware, precision: str) -> dict[str, HostOverhead]:
+def measure_wrapper_overhead(profile: Hardware, precision: str, passes: int = 3) -> dict[str, HostOverhead]:
     """Run on both ranks of a two-rank group: per family and parallel style, the host seconds per
     layer and per step by which plait's step there exceeds the planner's prediction of it with the
-    single-device host overhead (``profile``'s) alone."""
+    single-device host overhead (``profile``'s) alone. Every probe is timed in ``passes`` passes
+    over all of them, and its median taken, so that a burst of steal time spoils one reading, not
+    a fit."""
+    topologies = {style: build_topology(layout, torch.device("cpu")) for style, layout in PARALLEL_STYLES.items()}
+    probes = [(style, family, layers) for style in PARALLEL_STYLES for family in FAMILIES for layers in PROBE_LAYERS]
+    readings: dict[tuple, list[float]] = {probe: [] for probe in probes}
+    for _ in range(passes):
+        for style, family, layers in probes:
+            readings[style, family, layers].append(_timed_steps(family, layers, topologies[style], precision))
     out = {}
     for style, layout in PARALLEL_STYLES.items():
-        topology = build_topology(layout, torch.device("cpu"))
         for family in FAMILIES:
-            measured, predicted = {}, {}
-            for layers in PROBE_LAYERS:
-                measured[layers] = _timed_steps(family, layers, topology, precision)
-                workload = Workload(probe_spec(family, layers), layout.dp, precision, PLAIT_KERNELS)
-                predicted[layers] = evaluate(workload, profile, layout.world_size, layout).step_time_s
+            measured = {n: statistics.median(readings[style, family, n]) for n in PROBE_LAYERS}
+            predicted = {n: evaluate(Workload(probe_spec(family, n), layout.dp, precision, PLAIT_KERNELS), profile,
+                                     layout.world_size, layout).step_time_s for n in PROBE_LAYERS}
             out[f"{family}/{style}"] = fit_wrapper_overhead(measured, predicted, profile.host_overhead[family])
     return out
 
