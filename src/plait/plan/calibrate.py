@@ -44,21 +44,10 @@ SIZES = [2**k for k in range(10, 26, 3)]  # bytes per all-reduce: 1 KiB … 32 M
 OVERLAP_BYTES = 4 * 2**20  # a few gradient buckets' worth of a small model
 
 
-def _typical_time(fn, repeat: int = 7, min_time: float = 0.05) -> float:
-    """Median seconds per call over ``repeat`` timed batches: on a shared machine the typical
-    time, not the luckiest, is what a training step will see."""
-    fn()
-    runs = []
-    for _ in range(repeat):
-        count, start = 0, time.perf_counter()
-        while True:
-            fn()
-            count += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_time:
-                break
-        runs.append(elapsed / count)
-    return statistics.median(runs)
+def _typical_time(fn) -> float:
+    """Median seconds per call over 7 timed batches of at least 50 ms: on a shared machine the
+    typical time, not the luckiest, is what a training step will see."""
+    return interleaved_medians({"probe": fn}, rounds=7, min_time=0.05)["probe"]
 
 
 def measure_matmuls(dtype: torch.dtype) -> list[tuple[tuple[int, int, int], float]]:
@@ -125,33 +114,32 @@ def measure_attention(dtype: torch.dtype, profile: Hardware, precision: str) -> 
     return 1 / inverse, per_score, ratio, points
 
 
-def _two_rank_worker(rank: int, port: int, threads: int, profile: Hardware, precision: str, results) -> None:
-    """All-reduce times and overlap; then, with ``profile`` (None: skip), the wrappers' overhead."""
+def _two_rank_worker(rank: int, port: int, threads: int, results, job, *args) -> None:
+    """Run ``job(*args)`` on this rank of a two-rank gloo group; rank 0 keeps what it returns."""
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        if profile is not None:
-            wrappers = measure_wrapper_overhead(profile, precision)
-            if rank == 0:
-                results["wrappers"] = wrappers
-            return
-        for size in SIZES:
-            tensor = torch.ones(size // 4)
-            count = max(5, min(200, 2**24 // size))  # the same on both ranks: collectives must match
-            runs = []
-            for _ in range(4):
-                dist.barrier()
-                start = time.perf_counter()
-                for _ in range(count):
-                    dist.all_reduce(tensor)
-                runs.append((time.perf_counter() - start) / count)
-            if rank == 0:
-                results[size] = statistics.median(runs[1:])
-        overlap = _measure_overlap()
+        outcome = job(*args)
         if rank == 0:
-            results["overlap"] = overlap
+            results["outcome"] = outcome
     finally:
         dist.destroy_process_group()
+
+
+def _all_reduce_job() -> tuple[dict[int, float], float]:
+    times = {}
+    for size in SIZES:
+        tensor = torch.ones(size // 4)
+        count = max(5, min(200, 2**24 // size))  # the same on both ranks: collectives must match
+        runs = []
+        for _ in range(4):
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(count):
+                dist.all_reduce(tensor)
+            runs.append((time.perf_counter() - start) / count)
+        times[size] = statistics.median(runs[1:])
+    return times, _measure_overlap()
 
 
 def _measure_overlap(rounds: int = 5) -> float:
@@ -181,26 +169,25 @@ def _measure_overlap(rounds: int = 5) -> float:
     return min(1.0, max(0.0, statistics.median(shares)))
 
 
-def _on_two_ranks(threads: int, profile: Hardware | None = None, precision: str = "fp32") -> dict:
+def _on_two_ranks(threads: int, job, *args):
+    """What ``job(*args)`` returns on rank 0 of two local processes of ``threads`` threads each."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_two_rank_worker, args=(port, threads, profile, precision, results), nprocs=2, join=True)
-        return dict(results)
+        mp.spawn(_two_rank_worker, args=(port, threads, results, job, *args), nprocs=2, join=True)
+        return results["outcome"]
 
 
 def measure_all_reduce(threads: int) -> tuple[dict[int, float], float]:
     """Two-rank all-reduce seconds by message size, and the share of one that hides under compute."""
-    results = _on_two_ranks(threads)
-    overlap = results.pop("overlap")
-    return results, overlap
+    return _on_two_ranks(threads, _all_reduce_job)
 
 
 def measure_wrappers(threads: int, profile: Hardware, precision: str) -> dict[str, HostOverhead]:
     """What each parallel wrapper adds to the host's overhead, on two ranks (plait.plan.calibrate_host)."""
-    return _on_two_ranks(threads, profile, precision)["wrappers"]
+    return _on_two_ranks(threads, measure_wrapper_overhead, profile, precision)
 
 
 def fit_link(times: dict[int, float]) -> tuple[float, float]:
