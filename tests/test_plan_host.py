@@ -12,11 +12,12 @@ from plait.models.flops import embedding_tensor_count, head_tensor_count, layer_
 from plait.models.spec import PRESETS, model_spec
 from plait.models.transformer import Transformer
 from plait.plan.calibrate_host import (
-    PARALLEL_STYLES, PLAIT_KERNELS, PROBE_LAYERS, fit_host_overhead, fit_wrapper_overhead, probe_spec,
+    PARALLEL_STYLES, PLAIT_KERNELS, PROBE_LAYERS, WORKING_MICRO_BATCH, fit_host_overhead, fit_layer_kernel_scale,
+    fit_wrapper_overhead, probe_spec, working_spec,
 )
 from plait.plan.compute import head_times, layer_times
 from plait.plan.costs import layer_cost, parallel_styles
-from plait.plan.hardware import HostOverhead, hardware, load_profile, save_profile
+from plait.plan.hardware import HostOverhead, KernelScale, hardware, load_profile, save_profile
 from plait.plan.simulate import Workload, evaluate
 
 CPU_LIKE = replace(hardware("a100-80gb"), host_runs_ahead=False, comm_overlap=0.0)
@@ -53,6 +54,26 @@ def test_the_fitted_host_overhead_reproduces_the_probe_passes():
     assert astuple(fit_host_overhead(t, layer, head)) == pytest.approx(astuple(extra))
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_fitted_kernel_scale_reproduces_the_working_layers(family):
+    """Layers whose kernels take 1.4× (forward) and 1.2× (backward) the kernel model's time, on a
+    host with its own overhead: the fit recovers both factors, and the planner's layer time with
+    them (and the host overhead) equals the "measured" per-layer seconds."""
+    host = {family: HostOverhead(layer_forward=4e-4, layer_backward=6e-4)}
+    spec = working_spec(family, 1)
+    kernels = layer_times(spec, CPU_LIKE, "fp32", WORKING_MICRO_BATCH, kernels=PLAIT_KERNELS)
+    forward, backward = 1.4 * kernels.forward + 4e-4, 1.2 * kernels.backward + 6e-4
+    t = {}
+    for n in PROBE_LAYERS:
+        t[f"forward{n}"] = n * forward + 0.01  # plus a head and embedding that the fit must ignore
+        t[f"both{n}"] = n * (forward + backward) + 0.03
+    scale = fit_layer_kernel_scale(t, kernels, host[family])
+    assert (scale.forward, scale.backward) == pytest.approx((1.4, 1.2))
+    fitted = layer_times(spec, replace(CPU_LIKE, host_overhead=host, layer_kernel_scale={family: scale}), "fp32",
+                         WORKING_MICRO_BATCH, kernels=PLAIT_KERNELS)
+    assert (fitted.forward, fitted.backward) == pytest.approx((forward, backward))
+
+
 @pytest.mark.parametrize("style", sorted(PARALLEL_STYLES))
 def test_the_fitted_wrapper_overhead_reproduces_the_probe_steps(style):
     """Fitted from steps that exceed the prediction by 2 ms per layer and 5 ms per step, the
@@ -85,7 +106,7 @@ def test_each_wrapper_counts_once_per_layout():
 
 def test_a_calibrated_profile_round_trips_through_its_file(tmp_path):
     profile = replace(CPU_LIKE, host_overhead={"gpt2": HostOverhead(1e-3, 2e-3, 3e-3, 4e-3, 5e-3)},
-                      optimizer_parameter_s=1e-8, optimizer_tensor_s=5e-5)
+                      layer_kernel_scale={"llama": KernelScale(1.3, 1.1)}, optimizer_parameter_s=1e-8, optimizer_tensor_s=5e-5)
     save_profile(profile, tmp_path / "profile.json")
     assert load_profile(tmp_path / "profile.json") == profile
 

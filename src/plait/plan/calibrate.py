@@ -33,9 +33,10 @@ import torch.multiprocessing as mp
 from plait.plan.comm import LINK_EFFICIENCY, Link, all_reduce_seconds
 from plait.plan.compute import Gemm, gemm_seconds
 from plait.plan.calibrate_host import (
-    interleaved_medians, measure_host_overhead, measure_optimizer, measure_wrapper_overhead,
+    interleaved_medians, measure_host_overhead, measure_layer_kernel_scale, measure_optimizer,
+    measure_wrapper_overhead,
 )
-from plait.plan.hardware import Hardware, HostOverhead
+from plait.plan.hardware import Hardware
 from plait.plan.least_squares import relative_least_squares
 
 SHAPES = [(64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 512, 512),
@@ -126,7 +127,8 @@ def _two_rank_worker(rank: int, port: int, threads: int, results, job, *args) ->
         dist.destroy_process_group()
 
 
-def _all_reduce_job() -> tuple[dict[int, float], float]:
+def measure_all_reduce() -> tuple[dict[int, float], float]:
+    """Two-rank all-reduce seconds by message size, and the share of one that hides under compute."""
     times = {}
     for size in SIZES:
         tensor = torch.ones(size // 4)
@@ -180,16 +182,6 @@ def _on_two_ranks(threads: int, job, *args):
         return results["outcome"]
 
 
-def measure_all_reduce(threads: int) -> tuple[dict[int, float], float]:
-    """Two-rank all-reduce seconds by message size, and the share of one that hides under compute."""
-    return _on_two_ranks(threads, _all_reduce_job)
-
-
-def measure_wrappers(threads: int, profile: Hardware, precision: str) -> dict[str, HostOverhead]:
-    """What each parallel wrapper adds to the host's overhead, on two ranks (plait.plan.calibrate_host)."""
-    return _on_two_ranks(threads, measure_wrapper_overhead, profile, precision)
-
-
 def fit_link(times: dict[int, float]) -> tuple[float, float]:
     """(latency α, bandwidth β) from two-rank all-reduce times t = 2α + S/β."""
     latency, inverse = relative_least_squares([(2.0, float(s)) for s in times], list(times.values()))
@@ -202,33 +194,39 @@ def fit_matmul(matmuls: list[tuple[tuple[int, int, int], float]]) -> tuple[float
     return 1 / inverse, max(overhead, 0.0)
 
 
-def calibrate(out: str | Path, name: str = "this-machine", precision: str = "fp32", threads: int | None = None) -> Hardware:
-    """Measure, fit, write the profile (with each fit's errors) to ``out`` and return it."""
-    threads = threads or max(1, (os.cpu_count() or 2) // 2)
-    torch.set_num_threads(threads)
+def _calibration_job(name: str, precision: str, threads: int) -> tuple[Hardware, dict]:
+    """Every measurement, on both ranks of a two-rank group at once: one rank's kernels run beside
+    the other's as they do in training, sharing the caches, memory bandwidth and host, so rank 0's
+    readings are a device's while its neighbour works (alone, a core reads up to 10% faster)."""
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     matmuls = measure_matmuls(dtype)
     peak, overhead = fit_matmul(matmuls)
-    peak /= 1e12
+    dist.barrier()  # each phase starts together, so the ranks' probes overlap like for like
     memory_gbps, activation_gbps = measure_elementwise_gbps(dtype)
-    reduce_times, overlap = measure_all_reduce(threads)
+    dist.barrier()
+    reduce_times, overlap = measure_all_reduce()
     latency, bandwidth = fit_link(reduce_times)
     total_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     profile = Hardware(
-        name=name, bf16_tflops=peak, fp32_tflops=peak, memory_bytes=total_memory / 2, memory_gbps=memory_gbps,
-        activation_gbps=activation_gbps,
+        name=name, bf16_tflops=peak / 1e12, fp32_tflops=peak / 1e12, memory_bytes=total_memory / 2,
+        memory_gbps=memory_gbps, activation_gbps=activation_gbps,
         intra_node_gbps=bandwidth / 1e9 / LINK_EFFICIENCY, inter_node_gbps=bandwidth / 1e9 / LINK_EFFICIENCY,
         gpus_per_node=2, intra_node_latency_s=latency, inter_node_latency_s=latency,
         matmul_efficiency=1.0, kernel_overhead_s=overhead, matmul_tile=1, reserved_bytes=0.3e9,
+        comm_overlap=overlap, host_runs_ahead=False,
     )
     efficiency, per_score, backward_ratio, attention_points = measure_attention(dtype, profile, precision)
     profile = replace(profile, attention_efficiency=efficiency, attention_score_s=per_score,
                       attention_backward_ratio=backward_ratio)
+    dist.barrier()
     per_parameter, per_tensor, optimizer_points = measure_optimizer()
-    profile = replace(profile, comm_overlap=overlap, optimizer_parameter_s=per_parameter, optimizer_tensor_s=per_tensor,
-                      host_runs_ahead=False)
+    profile = replace(profile, optimizer_parameter_s=per_parameter, optimizer_tensor_s=per_tensor)
+    dist.barrier()
     profile = replace(profile, host_overhead=measure_host_overhead(profile, precision))
-    profile = replace(profile, host_overhead={**profile.host_overhead, **measure_wrappers(threads, profile, precision)})
+    dist.barrier()
+    profile = replace(profile, layer_kernel_scale=measure_layer_kernel_scale(profile, precision))
+    dist.barrier()
+    profile = replace(profile, host_overhead={**profile.host_overhead, **measure_wrapper_overhead(profile, precision)})
     link = Link(bandwidth, latency, False)
     fits = {
         "threads_per_device": threads,
@@ -238,5 +236,12 @@ def calibrate(out: str | Path, name: str = "this-machine", precision: str = "fp3
         "all_reduce": [{"bytes": s, "measured_s": t, "predicted_s": all_reduce_seconds(s, 2, link)}
                        for s, t in reduce_times.items()],
     }
+    return profile, fits
+
+
+def calibrate(out: str | Path, name: str = "this-machine", precision: str = "fp32", threads: int | None = None) -> Hardware:
+    """Measure, fit, write the profile (with each fit's errors) to ``out`` and return it."""
+    threads = threads or max(1, (os.cpu_count() or 2) // 2)
+    profile, fits = _on_two_ranks(threads, _calibration_job, name, precision, threads)
     Path(out).write_text(json.dumps({**profile.to_dict(), "calibration": fits}, indent=2) + "\n")
     return profile

@@ -31,12 +31,13 @@ from torch import nn
 from plait.config import RunConfig, TrainSpec
 from plait.layout import Layout
 from plait.models.spec import ModelSpec, model_spec
+from plait.models.init import init_weights
 from plait.models.transformer import Transformer
 from plait.parallel.context import average_over_context, context_shard
 from plait.parallel.data import optimizer_shard_mesh
 from plait.parallel.grad_norm import clip_grad_norm
 from plait.plan.compute import LayerTimes, head_times, layer_times
-from plait.plan.hardware import Hardware, HostOverhead
+from plait.plan.hardware import Hardware, HostOverhead, KernelScale
 from plait.plan.least_squares import relative_least_squares
 from plait.plan.memory import Kernels
 from plait.plan.simulate import Workload, evaluate
@@ -87,26 +88,66 @@ def fit_host_overhead(t: dict[str, float], layer: LayerTimes, head: LayerTimes) 
     )
 
 
+def _model_probes(spec_of: Callable[[int], ModelSpec], micro_batch: int) -> dict[str, Callable[[], object]]:
+    """Forward ("forward1") and forward + backward ("both1") of plait's model, as trained (its
+    seeded weights: default initialisation drives a backward into denormals, several times
+    slower), with each of PROBE_LAYERS layers."""
+    probes = {}
+    for layers in PROBE_LAYERS:
+        spec = spec_of(layers)
+        model = Transformer(spec)
+        init_weights(model, spec, seed=0)
+        tokens = torch.randint(0, spec.vocab, (micro_batch, spec.seq_len), generator=torch.Generator().manual_seed(0))
+
+        def loss(model=model, tokens=tokens) -> torch.Tensor:
+            return F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+
+        probes[f"forward{layers}"] = loss
+        probes[f"both{layers}"] = lambda loss=loss: loss().backward()
+    return probes
+
+
 def measure_host_overhead(profile: Hardware, precision: str) -> dict[str, HostOverhead]:
     """Per family: the host seconds per layer and per model pass that the kernel model misses."""
-    kernels_only = replace(profile, host_overhead={}, host_runs_ahead=False)
+    kernels_only = replace(profile, host_overhead={}, layer_kernel_scale={}, host_runs_ahead=False)
     out = {}
     for family in FAMILIES:
-        probes = {}
-        for layers in PROBE_LAYERS:
-            spec = probe_spec(family, layers)
-            model = Transformer(spec)
-            tokens = torch.randint(0, spec.vocab, (1, spec.seq_len))
-
-            def loss(model=model, tokens=tokens) -> torch.Tensor:
-                return F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
-
-            probes[f"forward{layers}"] = loss
-            probes[f"both{layers}"] = lambda loss=loss: loss().backward()
-        t = interleaved_medians(probes)
+        t = interleaved_medians(_model_probes(lambda layers: probe_spec(family, layers), 1))
         spec = probe_spec(family, PROBE_LAYERS[0])
         layer = layer_times(spec, kernels_only, precision, 1, kernels=PLAIT_KERNELS)
         out[family] = fit_host_overhead(t, layer, head_times(spec, kernels_only, precision, 1, 1, 1))
+    return out
+
+
+WORKING_SHAPE = {"hidden": 256, "heads": 4, "vocab": 16, "seq_len": 64}  # kernels of milliseconds a layer
+WORKING_MICRO_BATCH = 4
+
+
+def working_spec(family: str, layers: int) -> ModelSpec:
+    return model_spec(None, family=family, layers=layers, kv_heads=1 if family == "llama" else None, **WORKING_SHAPE)
+
+
+def fit_layer_kernel_scale(t: dict[str, float], kernels: LayerTimes, host: HostOverhead) -> KernelScale:
+    """The factor by which a layer's kernels (``kernels``: the kernel model's times, no host)
+    take longer than modelled, forward and backward, once the ``host`` overhead per layer is
+    taken from the measured per-layer seconds (keys as fit_host_overhead's)."""
+    few, many = PROBE_LAYERS
+    forward = (t[f"forward{many}"] - t[f"forward{few}"]) / (many - few)
+    backward = (t[f"both{many}"] - t[f"both{few}"]) / (many - few) - forward
+    return KernelScale(forward=max(forward - host.layer_forward, 0.0) / kernels.forward,
+                       backward=max(backward - host.layer_backward, 0.0) / kernels.backward)
+
+
+def measure_layer_kernel_scale(profile: Hardware, precision: str) -> dict[str, KernelScale]:
+    """Per family: plait's layer at a working size (WORKING_SHAPE) against the kernel model,
+    with ``profile``'s host overhead per layer taken off first."""
+    kernels_only = replace(profile, host_overhead={}, layer_kernel_scale={}, host_runs_ahead=False)
+    out = {}
+    for family in FAMILIES:
+        t = interleaved_medians(_model_probes(lambda layers: working_spec(family, layers), WORKING_MICRO_BATCH),
+                                rounds=7, min_time=0.05)
+        layer = layer_times(working_spec(family, 1), kernels_only, precision, WORKING_MICRO_BATCH, kernels=PLAIT_KERNELS)
+        out[family] = fit_layer_kernel_scale(t, layer, profile.host_overhead.get(family, HostOverhead()))
     return out
 
 
@@ -117,10 +158,9 @@ PARALLEL_STYLES = {  # two ranks each; plait.plan.costs.parallel_styles names wh
 
 
 def _timed_steps(family: str, layers: int, topology: Topology, precision: str, rounds: int = 7, calls: int = 3) -> float:
-    """Seconds of one ``plait train`` step of the probe model on ``topology``: the quickest of
-    ``rounds`` rounds, as two ranks in lockstep wait out any pause of either core, and a
-    neighbour's burst would otherwise read as overhead (every rank runs the same fixed number of
-    steps, as their collectives must match)."""
+    """Seconds of one ``plait train`` step of the probe model on ``topology``: the median of
+    ``rounds`` rounds, as a training run's step time is read (every rank runs the same fixed
+    number of steps, as their collectives must match)."""
     device = torch.device("cpu")
     config = RunConfig(probe_spec(family, layers), topology.layout, TrainSpec(global_batch=topology.layout.dp, precision=precision))
     model = apply_parallelisms(build_model(config, device), topology, precision)
@@ -142,7 +182,7 @@ def _timed_steps(family: str, layers: int, topology: Topology, precision: str, r
         for _ in range(calls):
             step()
         runs.append((time.perf_counter() - start) / calls)
-    return min(runs)
+    return statistics.median(runs)
 
 
 def fit_wrapper_overhead(measured: dict[int, float], predicted: dict[int, float], base: HostOverhead) -> HostOverhead:

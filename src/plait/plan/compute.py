@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from plait.models.spec import ModelSpec
-from plait.plan.hardware import Hardware, HostOverhead
+from plait.plan.hardware import Hardware, HostOverhead, KernelScale
 from plait.plan.memory import ACTIVATION_BYTES, Kernels, kv_heads_per_rank
 
 # Non-matmul kernels one layer launches forward (two norms, two residual adds, the activation,
@@ -126,17 +126,20 @@ def layer_times(
     activation_rate = (hw.activation_gbps or hw.memory_gbps) * 1e9
     elementwise = (shape.elementwise_bytes / memory_rate + shape.activation_bytes / activation_rate
                    + ELEMENTWISE_KERNELS * hw.kernel_overhead_s)
-    host = host_overhead(hw, spec)
-    forward = with_host(hw, weights + attention + elementwise, host.layer_forward)
+    host, scale = host_overhead(hw, spec), hw.layer_kernel_scale.get(spec.family, UNSCALED)
+    forward = with_host(hw, scale.forward * (weights + attention + elementwise), host.layer_forward)
     # Backward: dX = dY·Wᵀ is an (m×n)·(n×k) product, dW = Xᵀ·dY a (k×m)·(m×n) one.
     grad_input = sum(gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n, g.batch)) for g in shape.weights)
-    grad_weight = sum(gemm_seconds(hw, precision, Gemm(g.k, g.n, g.m, g.batch)) for g in shape.weights)
-    backward_input = with_host(hw, grad_input + hw.attention_backward_ratio * attention + 2 * elementwise, host.layer_backward)
+    grad_weight = scale.backward * sum(gemm_seconds(hw, precision, Gemm(g.k, g.n, g.m, g.batch)) for g in shape.weights)
+    backward_input = with_host(hw, scale.backward * (grad_input + hw.attention_backward_ratio * attention + 2 * elementwise),
+                               host.layer_backward)
+    attention *= scale.forward
     extra = {"none": 0.0, "selective": attention, "full": forward}[recompute]
     return LayerTimes(forward, backward_input, grad_weight, extra, attention)
 
 
 NO_OVERHEAD = HostOverhead()
+UNSCALED = KernelScale()
 
 
 def host_overhead(hw: Hardware, spec: ModelSpec) -> HostOverhead:

@@ -31,6 +31,16 @@ class HostOverhead:
 
 
 @dataclass(frozen=True)
+class KernelScale:
+    """How much longer a real layer's kernels take than the kernel model's microbenchmarks say,
+    forward and backward: cache and memory traffic between a layer's kernels, and a neighbour
+    rank's, that kernels timed one at a time on hot data do not meet."""
+
+    forward: float = 1.0
+    backward: float = 1.0
+
+
+@dataclass(frozen=True)
 class Hardware:
     """One accelerator and the links around it."""
 
@@ -72,6 +82,10 @@ class Hardware:
     # device, so calibrate measures it with plait's own model and it adds to the kernels' time.
     host_overhead: dict[str, HostOverhead] = field(default_factory=dict, hash=False)
     host_runs_ahead: bool = True
+    # By model family: a whole layer's kernels against the sum of their microbenchmarks. Empty
+    # (1) in the catalog, whose matmul efficiency is fitted to whole published runs; calibrate
+    # times plait's own layers at a working size.
+    layer_kernel_scale: dict[str, KernelScale] = field(default_factory=dict, hash=False)
     # Fraction of a collective that can run under compute: 1 where the device has engines of its
     # own for it (NCCL on a GPU); on a CPU gloo's threads take the cores compute needs, so
     # calibrate measures it.
@@ -117,7 +131,7 @@ CATALOG: dict[str, Hardware] = {
     "mi300x": Hardware("mi300x", 1307.4, 163.4, 192 * GB, 5300, 448, 50),
 }
 
-OVERRIDABLE = tuple(f.name for f in fields(Hardware) if f.name not in ("name", "host_overhead"))
+OVERRIDABLE = tuple(f.name for f in fields(Hardware) if f.name not in ("name", "host_overhead", "layer_kernel_scale"))
 
 
 def hardware(name: str, **overrides: float | None) -> Hardware:
@@ -151,6 +165,8 @@ def load_profile(path: str | Path) -> Hardware:
     try:
         values = {k: v for k, v in data.items() if k in names}
         values["host_overhead"] = {family: HostOverhead(**seconds) for family, seconds in values.get("host_overhead", {}).items()}
+        values["layer_kernel_scale"] = {family: KernelScale(**scale)
+                                        for family, scale in values.get("layer_kernel_scale", {}).items()}
         return Hardware(**values)
     except TypeError as error:
         raise ConfigError(f"hardware profile {path} is incomplete ({error}); rerun `plait calibrate`") from error
