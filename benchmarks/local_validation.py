@@ -66,7 +66,9 @@ def measure(out: Path, name: str, layout: Layout, batch: int) -> float:
     if not (run_dir / "metrics.jsonl").exists():  # measured before: predict again without re-running
         command = [sys.executable, "-m", "plait", "train", *model_flags(name), *layout_flags(layout),
                    "--global-batch", str(batch), "--steps", str(STEPS), "--run-dir", str(run_dir)]
-        subprocess.run(command, check=True, capture_output=True, env={**os.environ})
+        finished = subprocess.run(command, capture_output=True, text=True, env={**os.environ})
+        if finished.returncode:
+            raise SystemExit(f"{' '.join(command)} failed:\n{finished.stderr[-3000:]}")
     times = [json.loads(line)["step_time_s"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return statistics.median(times[3:])
 

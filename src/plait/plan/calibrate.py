@@ -2,7 +2,8 @@
 
 Imports torch (outside the planner's torch-free path; only ``plait calibrate`` loads it). On a CPU
 one "device" is one training rank: ``threads`` cores (plait train gives each of N local ranks
-cores/N threads). Measured:
+cores/N threads). Everything is measured on two local ranks at once, each timing its own probes
+while the other works, as two training ranks share caches, memory bandwidth and the host:
 
 * matmul throughput by shape, fitted to t = 2mnk/peak + overhead by least relative squares (so
   matmul_efficiency is 1 and tiles are 1);
@@ -10,12 +11,15 @@ cores/N threads). Measured:
   SiLU, whose transcendentals make them slower on a CPU);
 * causal attention against the two matmuls of its shapes, plus a cost per score (a CPU pays for
   every exponential), and its backward's time as a multiple of its forward's;
-* all-reduce time over two local gloo processes, fitted to t = 2α + S/β (the two-rank ring of
+* all-reduce time over the two ranks, fitted to t = 2α + S/β (the two-rank ring of
   plait.plan.comm), and the share of an all-reduce that hides under compute;
-* the host's overhead beyond the kernels and plait's optimizer step (plait.plan.calibrate_host).
+* the host's overhead beyond the kernels, plait's optimizer step, what a whole layer's kernels
+  take beyond the sum of their microbenchmarks, and what each parallel wrapper adds
+  (plait.plan.calibrate_host).
 
 Each fit's points, measured and predicted, are written beside the profile.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +37,8 @@ import torch.multiprocessing as mp
 from plait.plan.comm import LINK_EFFICIENCY, Link, all_reduce_seconds
 from plait.plan.compute import Gemm, gemm_seconds
 from plait.plan.calibrate_host import (
-    interleaved_medians, measure_host_overhead, measure_layer_kernel_scale, measure_optimizer,
-    measure_wrapper_overhead,
+    interleaved_medians, layer_kernel_scales, measure_host_overhead, measure_optimizer, measure_wrapper_overhead,
+    working_layer_probes,
 )
 from plait.plan.hardware import Hardware
 from plait.plan.least_squares import relative_least_squares
@@ -51,12 +55,16 @@ def _typical_time(fn) -> float:
     return interleaved_medians({"probe": fn}, rounds=7, min_time=0.05)["probe"]
 
 
-def measure_matmuls(dtype: torch.dtype) -> list[tuple[tuple[int, int, int], float]]:
-    out = []
+def measure_matmuls_and_layers(dtype: torch.dtype, precision: str) -> tuple[list[tuple[tuple[int, int, int], float]], dict[str, float]]:
+    """Seconds of each matmul of SHAPES, and of plait's layers at a working size
+    (plait.plan.calibrate_host.working_layer_probes), timed in one interleaved pass."""
+    probes: dict = {}
     for m, n, k in SHAPES:
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-        out.append(((m, n, k), _typical_time(lambda: torch.matmul(a, b))))
-    return out
+        probes[m, n, k] = lambda a=a, b=b: torch.matmul(a, b)
+    layers = working_layer_probes(precision)
+    times = interleaved_medians({**probes, **layers}, rounds=7, min_time=0.05)
+    return [(shape, times[shape]) for shape in SHAPES], {key: times[key] for key in layers}
 
 
 def measure_elementwise_gbps(dtype: torch.dtype) -> tuple[float, float]:
@@ -195,11 +203,11 @@ def fit_matmul(matmuls: list[tuple[tuple[int, int, int], float]]) -> tuple[float
 
 
 def _calibration_job(name: str, precision: str, threads: int) -> tuple[Hardware, dict]:
-    """Every measurement, on both ranks of a two-rank group at once: one rank's kernels run beside
-    the other's as they do in training, sharing the caches, memory bandwidth and host, so rank 0's
-    readings are a device's while its neighbour works (alone, a core reads up to 10% faster)."""
+    """Every measurement, on both ranks of a two-rank group at once: rank 0's readings are a
+    device's while its neighbour works, as in training (alone, a core here reads up to 10% faster,
+    and half the memory bandwidth)."""
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
-    matmuls = measure_matmuls(dtype)
+    matmuls, working_layers = measure_matmuls_and_layers(dtype, precision)
     peak, overhead = fit_matmul(matmuls)
     dist.barrier()  # each phase starts together, so the ranks' probes overlap like for like
     memory_gbps, activation_gbps = measure_elementwise_gbps(dtype)
@@ -224,8 +232,7 @@ def _calibration_job(name: str, precision: str, threads: int) -> tuple[Hardware,
     dist.barrier()
     profile = replace(profile, host_overhead=measure_host_overhead(profile, precision))
     dist.barrier()
-    profile = replace(profile, layer_kernel_scale=measure_layer_kernel_scale(profile, precision))
-    dist.barrier()
+    profile = replace(profile, layer_kernel_scale=layer_kernel_scales(working_layers, profile, precision))
     profile = replace(profile, host_overhead={**profile.host_overhead, **measure_wrapper_overhead(profile, precision)})
     link = Link(bandwidth, latency, False)
     fits = {

@@ -1,13 +1,17 @@
 """What a CPU spends beyond its kernels, measured with plait's own model and optimizer.
 
 On a CPU the host is the device: Python, the dispatcher and autograd's bookkeeping run on the
-same core as the kernels, so a small layer costs far more than its matmuls. Two measurements feed
-the profile (plait.plan.hardware):
+same core as the kernels, so a small layer costs far more than its matmuls. Four measurements
+feed the profile (plait.plan.hardware):
 
 * host overhead: plait's transformer at a size where kernels take microseconds, with one and with
   four layers, forward and forward + backward; the difference per layer, less what the kernel
   model (plait.plan.compute) already charges at that size, is the per-layer overhead, and what the
   one-layer model leaves beyond its layer is the per-pass overhead of embedding, head and loss;
+* layer kernel scale: the same model at a working size (kernels of milliseconds), one and four
+  layers; its per-layer time less that host overhead, over the kernel model's time, forward and
+  backward. A layer's kernels read what the previous one wrote and stream its weights, which
+  kernels timed one at a time on hot inputs do not (here they took 1.1–1.8× their sum);
 * optimizer: plait's gradient clipping and AdamW step over many small tensors and over a few large
   ones, fitted to t = a·parameters + b·tensors;
 * wrapper overhead: on two ranks, a whole ``plait train`` step of the same small model under each
@@ -88,10 +92,10 @@ def fit_host_overhead(t: dict[str, float], layer: LayerTimes, head: LayerTimes) 
     )
 
 
-def _model_probes(spec_of: Callable[[int], ModelSpec], micro_batch: int) -> dict[str, Callable[[], object]]:
+def _model_probes(spec_of: Callable[[int], ModelSpec], micro_batch: int, precision: str) -> dict[str, Callable[[], object]]:
     """Forward ("forward1") and forward + backward ("both1") of plait's model, as trained (its
     seeded weights: default initialisation drives a backward into denormals, several times
-    slower), with each of PROBE_LAYERS layers."""
+    slower; bf16 under autocast), with each of PROBE_LAYERS layers."""
     probes = {}
     for layers in PROBE_LAYERS:
         spec = spec_of(layers)
@@ -100,7 +104,8 @@ def _model_probes(spec_of: Callable[[int], ModelSpec], micro_batch: int) -> dict
         tokens = torch.randint(0, spec.vocab, (micro_batch, spec.seq_len), generator=torch.Generator().manual_seed(0))
 
         def loss(model=model, tokens=tokens) -> torch.Tensor:
-            return F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                return F.cross_entropy(model(tokens).flatten(0, 1).float(), tokens.flatten())
 
         probes[f"forward{layers}"] = loss
         probes[f"both{layers}"] = lambda loss=loss: loss().backward()
@@ -112,7 +117,7 @@ def measure_host_overhead(profile: Hardware, precision: str) -> dict[str, HostOv
     kernels_only = replace(profile, host_overhead={}, layer_kernel_scale={}, host_runs_ahead=False)
     out = {}
     for family in FAMILIES:
-        t = interleaved_medians(_model_probes(lambda layers: probe_spec(family, layers), 1))
+        t = interleaved_medians(_model_probes(lambda layers: probe_spec(family, layers), 1, precision))
         spec = probe_spec(family, PROBE_LAYERS[0])
         layer = layer_times(spec, kernels_only, precision, 1, kernels=PLAIT_KERNELS)
         out[family] = fit_host_overhead(t, layer, head_times(spec, kernels_only, precision, 1, 1, 1))
@@ -138,14 +143,22 @@ def fit_layer_kernel_scale(t: dict[str, float], kernels: LayerTimes, host: HostO
                        backward=max(backward - host.layer_backward, 0.0) / kernels.backward)
 
 
-def measure_layer_kernel_scale(profile: Hardware, precision: str) -> dict[str, KernelScale]:
-    """Per family: plait's layer at a working size (WORKING_SHAPE) against the kernel model,
-    with ``profile``'s host overhead per layer taken off first."""
+def working_layer_probes(precision: str) -> dict[str, Callable[[], object]]:
+    """Plait's model at the working size, per family ("gpt2/forward1", ...): to be timed in one
+    interleaved pass with the matmuls whose fitted peak the kernel model then uses, so that a slow
+    minute of a shared host falls on both and cancels in the scale."""
+    return {f"{family}/{key}": probe
+            for family in FAMILIES
+            for key, probe in _model_probes(lambda layers: working_spec(family, layers), WORKING_MICRO_BATCH, precision).items()}
+
+
+def layer_kernel_scales(times: dict[str, float], profile: Hardware, precision: str) -> dict[str, KernelScale]:
+    """Per family: the working layers' seconds (``times``, keyed as working_layer_probes) against
+    the kernel model of ``profile``, with its host overhead per layer taken off first."""
     kernels_only = replace(profile, host_overhead={}, layer_kernel_scale={}, host_runs_ahead=False)
     out = {}
     for family in FAMILIES:
-        t = interleaved_medians(_model_probes(lambda layers: working_spec(family, layers), WORKING_MICRO_BATCH),
-                                rounds=7, min_time=0.05)
+        t = {key.split("/")[1]: seconds for key, seconds in times.items() if key.startswith(f"{family}/")}
         layer = layer_times(working_spec(family, 1), kernels_only, precision, WORKING_MICRO_BATCH, kernels=PLAIT_KERNELS)
         out[family] = fit_layer_kernel_scale(t, layer, profile.host_overhead.get(family, HostOverhead()))
     return out
