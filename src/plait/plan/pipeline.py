@@ -12,7 +12,7 @@ playing the best ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from plait.plan.costs import ChunkCost
 from plait.plan.memory import peak_activation_bytes
@@ -32,17 +32,23 @@ class Played:
         return 1.0 - sum(self.busy) / (len(self.busy) * self.step_time) if self.step_time else 0.0
 
 
-def action_cost(action: Action, chunks: Sequence[ChunkCost]) -> float:
-    """Seconds of one action: compute by kind, transfers free on the sender (flight time apart)."""
-    c = chunks[action.chunk]
-    return {
-        Kind.FORWARD: c.forward, Kind.BACKWARD: c.backward,
-        Kind.BACKWARD_INPUT: c.backward_input, Kind.BACKWARD_WEIGHT: c.backward_weight,
-    }.get(action.kind, 0.0)
+def action_costs(chunks: Sequence[ChunkCost]) -> Callable[[Action], float]:
+    """Seconds of one action: compute by kind, transfers free on the sender (flight time apart).
+    A table by kind, then chunk: the search plays lists of hundreds of thousands of actions."""
+    table = {
+        Kind.FORWARD: [c.forward for c in chunks], Kind.BACKWARD: [c.backward for c in chunks],
+        Kind.BACKWARD_INPUT: [c.backward_input for c in chunks], Kind.BACKWARD_WEIGHT: [c.backward_weight for c in chunks],
+    }
+
+    def cost(action: Action) -> float:
+        by_chunk = table.get(action.kind)
+        return by_chunk[action.chunk] if by_chunk is not None else 0.0
+
+    return cost
 
 
 def play_list(schedule: Schedule, chunks: Sequence[ChunkCost], flight: float, chunk_bytes: Sequence[float]) -> Played:
-    timeline = simulate(schedule, lambda a: action_cost(a, chunks), lambda a: flight)
+    timeline = simulate(schedule, action_costs(chunks), lambda a: flight)
     peaks = tuple(
         peak_activation_bytes(schedule.actions[r], {c: chunk_bytes[c] for c in schedule.chunks_of(r)})
         for r in range(schedule.pp)

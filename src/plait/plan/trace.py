@@ -13,7 +13,7 @@ from plait.layout import Layout
 from plait.plan.costs import boundary_seconds, chunk_costs
 from plait.plan.hardware import Hardware
 from plait.plan.memory import rank_parameters, rank_tensors
-from plait.plan.pipeline import action_cost
+from plait.plan.pipeline import action_costs
 from plait.plan.simulate import Workload, check_layout, flush_costs
 from plait.schedules import Timeline, generate, simulate, split_layers
 
@@ -26,7 +26,7 @@ def simulated_timeline(workload: Workload, hw: Hardware, gpus: int, layout: Layo
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
     flight = boundary_seconds(spec, hw, layout, micro_batch, precision)
     schedule = generate(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
-    return simulate(schedule, lambda a: action_cost(a, chunks), lambda a: flight)
+    return simulate(schedule, action_costs(chunks), lambda a: flight)
 
 
 def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> dict:
