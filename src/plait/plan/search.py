@@ -156,8 +156,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     key = (tp, cp, sp, mbs, dp if zero == 3 else 0, (zero, dp > 1) if hw.host_overhead else None)
                     if key not in works:
                         works[key] = {rc: _layer_work(replace(base, zero=zero, recompute=rc), workload, hw, mbs, times) for rc in recomputes}
-                    flush = flush_costs(workload, hw, replace(base, zero=zero), max(params), tensors)
-                    other = other_bytes(spec, replace(base, zero=zero), mbs, precision, hw.reserved_bytes)
+                    staged = replace(base, zero=zero)
+                    flush = flush_costs(workload, hw, staged, max(params), tensors)
+                    other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes)
                     first, last = (model_state_bytes(p, precision, zero, dp * cp).total + other for p in params)
                     for name, v, held_first, held_last in schedules:
                         for rc in recomputes:

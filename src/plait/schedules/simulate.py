@@ -81,10 +81,14 @@ def as_cost_fn(cost: Cost) -> CostFn:
     return lambda action: float(cost)
 
 
+SENDS = frozenset({Kind.SEND_ACTIVATION, Kind.SEND_GRAD})
+RECEIVES = frozenset({Kind.RECV_ACTIVATION, Kind.RECV_GRAD})
+
+
 def _channel(action: Action, rank: int) -> tuple[int, int, str]:
     """The (sender, receiver, what) channel a transfer travels on."""
     what = "activation" if action.kind in (Kind.SEND_ACTIVATION, Kind.RECV_ACTIVATION) else "grad"
-    return (rank, action.peer, what) if action.kind.is_send else (action.peer, rank, what)
+    return (rank, action.peer, what) if action.kind in SENDS else (action.peer, rank, what)
 
 
 def _sent_as(action: Action) -> tuple[int, int]:
@@ -113,7 +117,7 @@ def simulate(schedule: Schedule, cost: Cost = UNIT_COSTS, p2p_cost: Cost = 0.0) 
             while position[rank] < len(actions):
                 action = actions[position[rank]]
                 start = end = clock[rank]
-                if action.kind.is_recv:
+                if action.kind in RECEIVES:
                     queue = channels.get(_channel(action, rank))
                     if not queue:
                         break
@@ -126,7 +130,7 @@ def simulate(schedule: Schedule, cost: Cost = UNIT_COSTS, p2p_cost: Cost = 0.0) 
                     end = max(start, arrival)
                 else:
                     end = start + cost_fn(action)
-                    if action.kind.is_send:
+                    if action.kind in SENDS:
                         channels.setdefault(_channel(action, rank), deque()).append((action, end + flight(action)))
                 spans[rank].append(Span(action, start, end))
                 clock[rank] = end
