@@ -11,7 +11,7 @@ feed the profile (plait.plan.hardware):
 * layer kernel scale: the same model at a working size (kernels of milliseconds), one and four
   layers; its per-layer time less that host overhead, over the kernel model's time, forward and
   backward. A layer's kernels read what the previous one wrote and stream its weights, which
-  kernels timed one at a time on hot inputs do not (here they took 1.1–1.8× their sum);
+  kernels timed one at a time on hot inputs do not (here they took 1.0–1.5× their sum);
 * optimizer: plait's gradient clipping and AdamW step over many small tensors and over a few large
   ones, fitted to t = a·parameters + b·tensors;
 * wrapper overhead: on two ranks, a whole ``plait train`` step of the same small model under each
