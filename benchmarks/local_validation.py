@@ -1,7 +1,7 @@
 """Predicted against measured step time for layouts trained on this machine, after calibration.
 
 Calibrates a profile of one core per device (what each of two local ranks gets from `plait
-train`), trains each two-rank layout (data, ZeRO, tensor, sequence, context parallel) for a few steps, takes the median step time after the first
+train`), trains each two-rank layout (data, ZeRO, tensor, sequence, context, pipeline parallel) for a few steps, takes the median step time after the first
 three, and sets it beside `plait simulate` with that profile. Rerun on the same OUT_DIR to predict
 the runs already measured there again (after a model change) without measuring anything. Single-rank layouts are left out:
 `plait train` gives a lone rank both cores, and on a shared 2-core machine that thread pair is
@@ -38,6 +38,7 @@ RUNS = [  # model, layout on two ranks, global batch
     ("tiny-llama", Layout(dp=2), 8), ("tiny-llama", Layout(dp=2, microbatches=2), 16),
     ("gpt-small", Layout(dp=2), 8), ("gpt-small", Layout(dp=2, microbatches=2), 16),
     ("gpt-small", Layout(dp=2, microbatches=4), 32),
+    ("tiny", Layout(pp=2, microbatches=4), 16), ("gpt-small", Layout(pp=2, microbatches=4), 16),
 ]
 STEPS = 15
 
@@ -61,7 +62,7 @@ def layout_flags(layout: Layout) -> list[str]:
 
 
 def measure(out: Path, name: str, layout: Layout, batch: int) -> float:
-    extras = "".join(f"-{k}{getattr(layout, k)}" for k in ("tp", "cp", "zero") if getattr(layout, k) > (0 if k == "zero" else 1))
+    extras = "".join(f"-{k}{getattr(layout, k)}" for k in ("tp", "cp", "pp", "zero") if getattr(layout, k) > (0 if k == "zero" else 1))
     run_dir = out / f"{name}-dp{layout.dp}-m{layout.microbatches}-b{batch}{extras}{'-sp' if layout.sp else ''}"
     if not (run_dir / "metrics.jsonl").exists():  # measured before: predict again without re-running
         command = [sys.executable, "-m", "plait", "train", *model_flags(name), *layout_flags(layout),
