@@ -37,14 +37,16 @@ class Kind(Enum):
 
     @property
     def is_send(self) -> bool:
-        return self in (Kind.SEND_ACTIVATION, Kind.SEND_GRAD)
+        return self in SEND_KINDS
 
     @property
     def is_recv(self) -> bool:
-        return self in (Kind.RECV_ACTIVATION, Kind.RECV_GRAD)
+        return self in RECV_KINDS
 
 
 COMPUTE_KINDS = frozenset({Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT})
+SEND_KINDS = frozenset({Kind.SEND_ACTIVATION, Kind.SEND_GRAD})
+RECV_KINDS = frozenset({Kind.RECV_ACTIVATION, Kind.RECV_GRAD})
 
 
 @dataclass(frozen=True)

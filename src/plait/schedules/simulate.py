@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, Union
 
-from plait.schedules.actions import Action, Kind, Schedule
+from plait.schedules.actions import RECV_KINDS, SEND_KINDS, Action, Kind, Schedule
 
 CostFn = Callable[[Action], float]
 Cost = Union[CostFn, Mapping[Kind, float], float]
@@ -81,14 +81,10 @@ def as_cost_fn(cost: Cost) -> CostFn:
     return lambda action: float(cost)
 
 
-SENDS = frozenset({Kind.SEND_ACTIVATION, Kind.SEND_GRAD})
-RECEIVES = frozenset({Kind.RECV_ACTIVATION, Kind.RECV_GRAD})
-
-
 def _channel(action: Action, rank: int) -> tuple[int, int, str]:
     """The (sender, receiver, what) channel a transfer travels on."""
     what = "activation" if action.kind in (Kind.SEND_ACTIVATION, Kind.RECV_ACTIVATION) else "grad"
-    return (rank, action.peer, what) if action.kind in SENDS else (action.peer, rank, what)
+    return (rank, action.peer, what) if action.kind in SEND_KINDS else (action.peer, rank, what)
 
 
 def _sent_as(action: Action) -> tuple[int, int]:
@@ -117,7 +113,7 @@ def simulate(schedule: Schedule, cost: Cost = UNIT_COSTS, p2p_cost: Cost = 0.0) 
             while position[rank] < len(actions):
                 action = actions[position[rank]]
                 start = end = clock[rank]
-                if action.kind in RECEIVES:
+                if action.kind in RECV_KINDS:
                     queue = channels.get(_channel(action, rank))
                     if not queue:
                         break
@@ -130,7 +126,7 @@ def simulate(schedule: Schedule, cost: Cost = UNIT_COSTS, p2p_cost: Cost = 0.0) 
                     end = max(start, arrival)
                 else:
                     end = start + cost_fn(action)
-                    if action.kind in SENDS:
+                    if action.kind in SEND_KINDS:
                         channels.setdefault(_channel(action, rank), deque()).append((action, end + flight(action)))
                 spans[rank].append(Span(action, start, end))
                 clock[rank] = end
