@@ -112,9 +112,15 @@ def _model_probes(spec_of: Callable[[int], ModelSpec], micro_batch: int, precisi
     return probes
 
 
+def kernel_model(profile: Hardware) -> Hardware:
+    """``profile`` with its kernels alone: no host overhead and no layer scale, the baseline both
+    are fitted against."""
+    return replace(profile, host_overhead={}, layer_kernel_scale={}, host_runs_ahead=False)
+
+
 def measure_host_overhead(profile: Hardware, precision: str) -> dict[str, HostOverhead]:
     """Per family: the host seconds per layer and per model pass that the kernel model misses."""
-    kernels_only = replace(profile, host_overhead={}, layer_kernel_scale={}, host_runs_ahead=False)
+    kernels_only = kernel_model(profile)
     out = {}
     for family in FAMILIES:
         t = interleaved_medians(_model_probes(lambda layers: probe_spec(family, layers), 1, precision))
@@ -155,7 +161,7 @@ def working_layer_probes(precision: str) -> dict[str, Callable[[], object]]:
 def layer_kernel_scales(times: dict[str, float], profile: Hardware, precision: str) -> dict[str, KernelScale]:
     """Per family: the working layers' seconds (``times``, keyed as working_layer_probes) against
     the kernel model of ``profile``, with its host overhead per layer taken off first."""
-    kernels_only = replace(profile, host_overhead={}, layer_kernel_scale={}, host_runs_ahead=False)
+    kernels_only = kernel_model(profile)
     out = {}
     for family in FAMILIES:
         t = {key.split("/")[1]: seconds for key, seconds in times.items() if key.startswith(f"{family}/")}
