@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from plait.config import RunConfig, TrainSpec
 from plait.layout import Layout
 from plait.models.spec import model_spec
-from plait.parallel.data import apply_data_parallel, optimizer_shard_mesh
+from plait.parallel.data import apply_data_parallel
 from plait.topology import build_topology
 from plait.train.data import BatchSource, default_corpus
 from plait.train.loop import build_model, train_step
@@ -91,7 +91,7 @@ def direct_step(config: RunConfig, wrap: Callable[[nn.Module], nn.Module]) -> Ca
 def plait_step(config: RunConfig) -> Callable[[int, list[torch.Tensor]], None]:
     topology = build_topology(config.layout, CPU)
     model = apply_data_parallel(build_model(config, CPU), topology, config.train.precision)
-    optimizer = build_optimizer(model, config.train, shard_over=optimizer_shard_mesh(topology))
+    optimizer = build_optimizer(model, config.train, topology)
 
     def step(index: int, batch: list[torch.Tensor]) -> None:
         set_learning_rate(optimizer, learning_rate(index, config.train))

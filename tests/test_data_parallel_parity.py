@@ -11,16 +11,16 @@ import torch
 
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
-from plait.parallel.zero_memory import model_state_bytes
+from plait.parallel.zero_memory import model_state_bytes, zero_paper_bytes
 from tests.cases import run_config, train_outcome
 
 RELATIVE_TOLERANCE = 1e-5
 MEMORY_TOLERANCE = 0.01
 MODELS = ("tiny", "tiny-llama")
 SHARDINGS = [(dp, stage) for dp in (2, 4) for stage in (0, 1, 2, 3)]
-# Every sharding with one micro-batch, and gradient accumulation once with DDP and once with FSDP2.
+# Every sharding with one micro-batch, and gradient accumulation with DDP, ZeRO-2 and FSDP2.
 LAYOUTS = [(model, dp, stage, 1) for model in MODELS for dp, stage in SHARDINGS]
-LAYOUTS += [("tiny", 2, 0, 2), ("tiny-llama", 2, 3, 2)]
+LAYOUTS += [("tiny", 2, 0, 2), ("tiny", 4, 2, 2), ("tiny-llama", 2, 3, 2)]
 
 
 def assert_same_losses(expected: list[float], actual: list[float]) -> None:
@@ -75,5 +75,8 @@ def test_each_rank_holds_what_the_stage_promises(outcomes, model, dp, stage):
     parameters = parameter_count(model_spec(model, seq_len=64))
     expected = model_state_bytes(stage, parameters, dp, "fp32")
     for rank, outcome in enumerate(outcomes(model, dp, stage)):
-        for kind, measured in outcome["model_state_bytes"].items():
+        held = outcome["model_state_bytes"]
+        for kind, measured in held.items():
             assert measured == pytest.approx(expected[kind], rel=MEMORY_TOLERANCE), f"rank {rank} {kind}"
+        paper = zero_paper_bytes(stage, parameters, dp, "fp32")  # 16Ψ, 8Ψ + 8Ψ/Nd, 4Ψ + 12Ψ/Nd, 16Ψ/Nd
+        assert sum(held.values()) == pytest.approx(paper, rel=MEMORY_TOLERANCE), f"rank {rank}"

@@ -1,10 +1,10 @@
 """What each rank really holds of the model state: bytes of parameters, gradients, optimizer state.
 
 Counted from the live tensors, local shards only (a DTensor counts its local tensor), each storage
-once (DDP's gradients are views of its buckets; FSDP2's gradient shards are views of one
-reduce-scatter output), at the moment each is largest: parameters at the end of a forward pass
-(where stage 2 still holds the gathered copy beside its shard), gradients just before the
-optimizer step, optimizer state just after it.
+once (DDP's gradients are views of its buckets; ZeRO-2's and FSDP2's gradient shards are views
+of their reduce-scatter outputs), at the moment each is largest: parameters at the end of a
+forward pass, gradients just before the optimizer step, optimizer state (with any fp32 master
+copy) just after it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+
+from plait.parallel.sharded_adamw import ShardedAdamW, gradients_of
 
 
 @torch.no_grad()  # to_local() records no autograd node, which keeps each count near a millisecond
@@ -48,8 +50,10 @@ class ModelStateMeter:
         self._keep("parameters", storage_bytes([*self.model.parameters(), *self._optimized()]))
 
     def _before_step(self, optimizer, args, kwargs) -> None:
-        self._keep("gradients", storage_bytes(p.grad for p in self._optimized() if p.grad is not None))
+        self._keep("gradients", storage_bytes(gradients_of(self.optimizer)))
 
     def _after_step(self, optimizer, args, kwargs) -> None:
         state = [value for values in self.optimizer.state.values() for value in values.values()]
+        if isinstance(self.optimizer, ShardedAdamW):  # the fp32 masters are optimizer state, as in the ZeRO paper
+            state.extend(self.optimizer.masters.values())
         self._keep("optimizer", storage_bytes(value for value in state if isinstance(value, torch.Tensor)))

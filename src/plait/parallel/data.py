@@ -1,11 +1,15 @@
 """Data parallelism over the mesh's ``dp`` dimension, with the ZeRO stages 0–3.
 
 - stage 0: PyTorch DDP, replicated parameters; bucketed gradient all-reduce overlapping backward.
-- stage 1: DDP plus ``ShardedAdamW``: each rank keeps Adam's moments for 1/Nd of every parameter.
-- stage 2: FSDP2 ``fully_shard`` with ``reshard_after_forward=False``: gradients reduce-scattered,
-  parameters gathered once per forward and kept gathered through the backward pass.
-- stage 3: FSDP2 ``fully_shard`` per block and on the root with ``reshard_after_forward=True``:
-  parameters gathered block by block, just in time, with the next block's all-gather prefetched.
+- stage 1: DDP plus ``ShardedAdamW``: each rank keeps the optimizer state of 1/Nd of every parameter.
+- stage 2: ``ShardedAdamW`` with ``shard_gradients``: replicated parameters, no wrapper; the
+  optimizer's hooks reduce-scatter the gradients in buckets, overlapping backward.
+- stage 3: FSDP2 ``fully_shard`` per block and on the root: parameters gathered block by block,
+  just in time, with the next block's all-gather prefetched.
+
+In bf16, stages 1 and 2 hold bf16 parameters and gradients with the fp32 master in the optimizer
+(the ZeRO paper's accounting); stage 0 runs autocast over fp32 parameters, which are their own
+master; stage 3 uses FSDP2's mixed precision, whose fp32 shards are the master.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from plait.parallel.sharded_adamw import ShardedAdamW
 from plait.topology import Topology
 
 
@@ -28,43 +33,53 @@ def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "
         # DDP cannot hold tensor-parallel (DTensor) weights: plait.parallel.replicas averages them.
         return model
     stage = topology.layout.zero
+    if stage in (1, 2) and precision == "bf16":
+        model = model.to(torch.bfloat16)  # ShardedAdamW keeps the fp32 master of each rank's rows
     if stage <= 1:
         # Gradients as views of DDP's buckets: the rank holds one copy of the gradients, not two.
         return DistributedDataParallel(model, process_group=topology.group("dp"), gradient_as_bucket_view=True)
-    return fully_shard_model(model, topology.mesh["dp"], reshard_after_forward=stage == 3, precision=precision)
+    if stage == 2:
+        return model  # ShardedAdamW(shard_gradients=True) reduce-scatters the gradients itself
+    return fully_shard_model(model, topology.mesh["dp"], precision)
 
 
-def fully_shard_model(model: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool, precision: str) -> nn.Module:
+def fully_shard_model(model: nn.Module, mesh: DeviceMesh, precision: str) -> nn.Module:
     """FSDP2 on every transformer block, then on the root (embeddings, final norm, head)."""
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" \
         else MixedPrecisionPolicy()
     blocks = list(model.layers.values())
     for block in blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
-    if reshard_after_forward:
-        for current, following in zip(blocks, blocks[1:]):
-            current.set_modules_to_forward_prefetch([following])
-            following.set_modules_to_backward_prefetch([current])
+        fully_shard(block, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
+    # True on the root too: FSDP2's default keeps the root's parameters gathered after forward.
+    fully_shard(model, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
+    for current, following in zip(blocks, blocks[1:]):
+        current.set_modules_to_forward_prefetch([following])
+        following.set_modules_to_backward_prefetch([current])
     return model
 
 
-def optimizer_shard_mesh(topology: Topology) -> DeviceMesh | None:
-    """The mesh the optimizer itself shards its state over: the dp mesh for stage 1, else none.
+def zero_optimizer_mesh(topology: Topology) -> DeviceMesh | None:
+    """The mesh ``ShardedAdamW`` shards over: the dp mesh for stages 1 and 2, else none.
 
-    Stages 2 and 3 need none: their parameters are already DTensor shards, and so is Adam's state.
+    Stage 3 needs none: its parameters are already DTensor shards, and so is Adam's state.
     """
-    if topology.layout.zero == 1 and topology.size("dp") > 1:
+    if topology.layout.zero in (1, 2) and topology.size("dp") > 1:
         return topology.mesh["dp"]
     return None
 
 
 @contextlib.contextmanager
-def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+def gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, enabled: bool) -> Iterator[None]:
     """Skip the gradient reduction unless ``enabled`` (every micro-batch but the last)."""
     if isinstance(model, FSDPModule):
         model.set_requires_gradient_sync(enabled)
         yield
+    elif isinstance(optimizer, ShardedAdamW) and optimizer.gradient_shards is not None:
+        optimizer.gradient_shards.sync = enabled
+        try:
+            yield
+        finally:
+            optimizer.gradient_shards.sync = True
     elif enabled or not isinstance(model, DistributedDataParallel):
         yield
     else:

@@ -1,16 +1,24 @@
-"""ZeRO stage 1: AdamW whose moments each rank keeps for its own slice of every parameter only.
+"""ZeRO stages 1 and 2: AdamW whose state each rank keeps for its own rows of every parameter only.
 
-Gradients arrive whole (DDP all-reduces them); each rank updates the rows of every parameter it
-owns, then one all-gather per step hands the updated rows to the other ranks.
+Stage 1: gradients arrive whole (DDP all-reduces them). Stage 2: ``GradientReduceScatter`` leaves
+each rank only the averaged gradient of its own rows. Either way each rank updates the rows it
+owns, and one all-gather per step hands the updated rows to the other ranks.
+
+Mixed precision, as the ZeRO paper accounts it: parameters and gradients in bf16 (2 + 2 bytes,
+replicated), and for the rows a rank owns an fp32 master copy that Adam updates (12 bytes with
+the two moments, sharded); the bf16 parameters are the master rounded after every step.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.optim.adamw import adamw
+
+from plait.parallel.gradient_shards import GradientReduceScatter, owned_rows, row_shape
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -20,50 +28,94 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 # rank, which torch.distributed.checkpoint cannot reshard. Here every parameter is split by rows
 # like DTensor's Shard(0) and the moments are DTensors, so any layout can load the checkpoint.
 class ShardedAdamW(torch.optim.Optimizer):
-    """AdamW (decoupled weight decay, PyTorch's fused kernel, as ``build_optimizer``) with state sharded over ``mesh``."""
+    """AdamW (decoupled weight decay, PyTorch's fused kernel, as ``build_optimizer``) with state sharded over ``mesh``.
+
+    ``shard_gradients``: reduce-scatter the gradients too (ZeRO-2). Parameters held in a lower
+    precision than fp32 get an fp32 master copy of the owned rows (``masters``)."""
 
     def __init__(self, params, mesh: DeviceMesh, lr: float, betas: tuple[float, float],
-                 eps: float = 1e-8, weight_decay: float = 1e-2):
+                 eps: float = 1e-8, weight_decay: float = 1e-2, shard_gradients: bool = False):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.mesh = mesh
+        optimized = [param for group in self.param_groups for param in group["params"]]
+        self.masters = {param: self._as_shard(param.detach()[self._rows(param)].to(torch.float32, copy=True), param)
+                        for param in optimized if param.dtype != torch.float32}
+        self.gradient_shards = GradientReduceScatter(optimized, mesh) if shard_gradients else None
         self._pieces: list[list[tuple[torch.Tensor, slice]]] | None = None
 
-    def _rows(self, param: torch.Tensor, rank: int) -> slice:
-        """The rows of ``param`` that ``rank`` owns: torch.chunk's split, as DTensor's Shard(0)."""
-        rows = param.shape[0]
-        chunk = -(-rows // self.mesh.size())
-        start = min(rank * chunk, rows)
-        return slice(start, min(start + chunk, rows))
+    def _rows(self, param: torch.Tensor, rank: int | None = None) -> slice:
+        rank = self.mesh.get_local_rank() if rank is None else rank
+        return owned_rows(param.shape[0], rank, self.mesh.size())
 
-    def _moment(self, param: torch.Tensor) -> DTensor:
-        local = torch.zeros_like(param[self._rows(param, self.mesh.get_local_rank())])
+    def _as_shard(self, local: torch.Tensor, param: torch.Tensor) -> DTensor:
+        """``local``, this rank's rows of a tensor shaped like ``param``, as a DTensor over the mesh."""
         return DTensor.from_local(local, self.mesh, [Shard(0)], shape=param.shape, stride=param.stride())
 
     def _state(self, param: torch.Tensor) -> dict:
         state = self.state[param]
         if not state:
+            shape = row_shape(param, self._rows(param))
             state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
-            state.update({name: self._moment(param) for name in MOMENTS})
+            state.update({name: self._as_shard(torch.zeros(shape, dtype=torch.float32, device=param.device), param)
+                          for name in MOMENTS})
         return state
+
+    def _owned_gradient(self, param: torch.Tensor) -> torch.Tensor | None:
+        """This rank's rows of ``param``'s gradient: its reduce-scattered shard, or rows of the whole one."""
+        if self.gradient_shards is not None and param in self.gradient_shards.shards:
+            return self.gradient_shards.shards[param].to_local()
+        return None if param.grad is None else param.grad[self._rows(param)]
+
+    def gradients(self) -> list[torch.Tensor]:
+        """The gradients the next step uses: DTensor shards under ZeRO-2, else the parameters' whole ones."""
+        optimized = [param for group in self.param_groups for param in group["params"]]
+        if self.gradient_shards is not None and self.gradient_shards.shards:
+            return [self.gradient_shards.shards[param] for param in optimized if param in self.gradient_shards.shards]
+        return [param.grad for param in optimized if param.grad is not None]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Optimizer's, keeping the loaded moments fp32: it would cast them to a bf16 parameter's dtype."""
+        super().load_state_dict(state_dict)
+        saved_ids = [index for group in state_dict["param_groups"] for index in group["params"]]
+        params = [param for group in self.param_groups for param in group["params"]]
+        for index, param in zip(saved_ids, params):
+            saved = state_dict["state"].get(index, {})
+            self.state[param].update({name: saved[name] for name in MOMENTS if name in saved})
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        if self.gradient_shards is not None:
+            self.gradient_shards.clear()
 
     @torch.no_grad()
     def step(self, closure=None) -> None:
         if closure is not None:
             raise ValueError("ShardedAdamW.step takes no closure")
-        rank = self.mesh.get_local_rank()
         for group in self.param_groups:
-            params = [param for param in group["params"] if param.grad is not None]
-            rows = [self._rows(param, rank) for param in params]
+            params = [param for param in group["params"] if self._owned_gradient(param) is not None]
+            targets = [self.masters[param].to_local() if param in self.masters else param.detach()[self._rows(param)]
+                       for param in params]
+            # The fused kernel wants gradients in the dtype of what it updates: bf16 → fp32 for a master.
+            grads = [self._owned_gradient(param).to(target.dtype) for param, target in zip(params, targets)]
             states = [self._state(param) for param in params]
             beta1, beta2 = group["betas"]
             adamw(
-                [param.detach()[mine] for param, mine in zip(params, rows)],
-                [param.grad[mine] for param, mine in zip(params, rows)],
+                targets, grads,
                 [state["exp_avg"].to_local() for state in states], [state["exp_avg_sq"].to_local() for state in states],
                 [], [state["step"] for state in states],
                 fused=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
                 weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
             )
+            for param, target in zip(params, targets):
+                if param in self.masters:
+                    param.detach()[self._rows(param)].copy_(target)
+        self._share_updated_rows()
+
+    @torch.no_grad()
+    def parameters_from_masters(self) -> None:
+        """Round every master into its parameter rows and share them (after a checkpoint loads the masters)."""
+        for param, master in self.masters.items():
+            param.detach()[self._rows(param)].copy_(master.to_local())
         self._share_updated_rows()
 
     def _share_updated_rows(self) -> None:
@@ -82,3 +134,18 @@ class ShardedAdamW(torch.optim.Optimizer):
                 target = param.detach()[rows]
                 target.copy_(gathered[offset:offset + target.numel()].view_as(target))
                 offset += target.numel()
+
+
+def gradients_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The gradients ``optimizer`` steps with: ZeRO-2's owned shards, else each parameter's ``.grad``."""
+    if isinstance(optimizer, ShardedAdamW):
+        return optimizer.gradients()
+    return [param.grad for group in optimizer.param_groups for param in group["params"] if param.grad is not None]
+
+
+def master_weights(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, DTensor]:
+    """The fp32 masters of ``model``'s lower-precision parameters, by the parameter's state-dict name."""
+    if not isinstance(optimizer, ShardedAdamW) or not optimizer.masters:
+        return {}
+    inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    return {name: optimizer.masters[param] for name, param in inner.named_parameters() if param in optimizer.masters}

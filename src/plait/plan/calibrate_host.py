@@ -38,7 +38,6 @@ from plait.models.spec import ModelSpec, model_spec
 from plait.models.init import init_weights
 from plait.models.transformer import Transformer
 from plait.parallel.context import average_over_context, context_shard
-from plait.parallel.data import optimizer_shard_mesh
 from plait.parallel.grad_norm import clip_grad_norm
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead, KernelScale
@@ -183,7 +182,7 @@ def _timed_steps(family: str, layers: int, topology: Topology, precision: str, r
     device = torch.device("cpu")
     config = RunConfig(probe_spec(family, layers), topology.layout, TrainSpec(global_batch=topology.layout.dp, precision=precision))
     model = apply_parallelisms(build_model(config, device), topology, precision)
-    optimizer = build_optimizer(model, config.train, shard_over=optimizer_shard_mesh(topology))
+    optimizer = build_optimizer(model, config.train, topology)
     tokens = torch.randint(0, config.model.vocab, (1, config.model.seq_len), generator=torch.Generator().manual_seed(0))
     inputs, targets, positions = context_shard(tokens, tokens, topology)
 
@@ -259,7 +258,7 @@ def measure_optimizer() -> tuple[float, float, list[dict]]:
         def step(module=module, optimizer=optimizer, grads=grads) -> None:
             for p, g in zip(module.parameters(), grads):
                 p.grad = g
-            clip_grad_norm(module.parameters(), 1.0)
+            clip_grad_norm(grads, 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 

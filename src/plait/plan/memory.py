@@ -24,6 +24,7 @@ from plait.models.flops import (
     embedding_tensor_count, head_tensor_count, layer_parameter_count, layer_tensor_count, norm_parameter_count,
 )
 from plait.models.spec import ModelSpec
+from plait.parallel.zero_memory import PAPER_BYTES, sharded_split
 from plait.schedules.actions import Action, Kind
 
 ACTIVATION_BYTES = {"bf16": 2, "fp32": 4}
@@ -45,17 +46,13 @@ class ModelStates:
 
 def bytes_per_parameter(precision: str) -> tuple[int, int, int]:
     """(parameter, gradient, optimizer) bytes per parameter: ZeRO's 2 + 2 + K with K = 12."""
-    return (2, 2, 12) if precision == "bf16" else (4, 4, 8)
+    return PAPER_BYTES[precision]
 
 
 def model_state_bytes(parameters: float, precision: str, zero: int, shards: int) -> ModelStates:
     """Model states of ``parameters`` on one rank, with ZeRO ``zero`` over ``shards`` ranks."""
-    p, g, o = (b * parameters for b in bytes_per_parameter(precision))
-    return ModelStates(
-        params=p / shards if zero >= 3 else p,
-        grads=g / shards if zero >= 2 else g,
-        optimizer=o / shards if zero >= 1 else o,
-    )
+    split = sharded_split(zero, parameters, shards, PAPER_BYTES[precision])
+    return ModelStates(params=split["parameters"], grads=split["gradients"], optimizer=split["optimizer"])
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from plait.parallel.sharded_adamw import master_weights
+
 CHECKPOINT_DIR = "checkpoints"
 PARTIAL = ".partial"
 STEP_FILE = "step.json"
@@ -43,6 +45,8 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
     final = checkpoint_root(run_dir) / f"step_{step:07d}"
     partial = final.with_name(final.name + PARTIAL)
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
+    # The fp32 masters stand for their bf16 parameters, so every layout resumes at full precision.
+    model_state.update(master_weights(model, optimizer))
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
     dist.barrier()
     if dist.get_rank() == 0:
@@ -55,8 +59,12 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Load ``path`` into the (already parallelised) model and optimizer; return its step."""
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
-    state = {"model": model_state, "optimizer": optimizer_state}
+    masters = master_weights(model, optimizer)
+    state = {"model": {**model_state, **masters}, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
-                   options=OPTIONS)
+    # A parameter with a master keeps its own tensor here and is then rounded from the loaded master.
+    set_state_dict(model, optimizer, model_state_dict={**state["model"], **{name: model_state[name] for name in masters}},
+                   optim_state_dict=state["optimizer"], options=OPTIONS)
+    if masters:
+        optimizer.parameters_from_masters()
     return json.loads((Path(path) / STEP_FILE).read_text())["step"]

@@ -26,10 +26,11 @@ from plait.observe.model_state import ModelStateMeter
 from plait.observe.run_files import MetricsLog, draw_loss
 from plait.observe.summary import write_summary
 from plait.parallel.context import apply_context_parallel, average_over_context, context_shard
-from plait.parallel.data import apply_data_parallel, gradient_sync, optimizer_shard_mesh
+from plait.parallel.data import apply_data_parallel, gradient_sync
 from plait.parallel.grad_norm import clip_grad_norm
 from plait.parallel.pipeline import apply_pipeline
 from plait.parallel.replicas import average_replica_gradients
+from plait.parallel.sharded_adamw import gradients_of
 from plait.parallel.tensor import (
     apply_tensor_parallel,
     finish_tensor_gradients,
@@ -91,7 +92,7 @@ def train_step(
     count = len(micro_batches)
     for index, (inputs, targets) in enumerate(micro_batches):
         sync = index == count - 1
-        with record_function(f"plait.microbatch.{index}"), gradient_sync(model, sync), autocast(config, device):
+        with record_function(f"plait.microbatch.{index}"), gradient_sync(model, optimizer, sync), autocast(config, device):
             logits = model(inputs.to(device), positions)
             with vocab_parallel_loss(topology):
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()) / count
@@ -100,7 +101,7 @@ def train_step(
     finish_tensor_gradients(model)
     average_replica_gradients(model, topology)
     max_norm = config.train.grad_clip if config.train.grad_clip > 0 else math.inf
-    grad_norm = clip_grad_norm(model.parameters(), max_norm)
+    grad_norm = clip_grad_norm(gradients_of(optimizer), max_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return local_loss, grad_norm
@@ -120,7 +121,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
         model = pipeline.model
     else:
         model = apply_parallelisms(model, topology, train_spec.precision)
-    optimizer = build_optimizer(model, train_spec, shard_over=optimizer_shard_mesh(topology))
+    optimizer = build_optimizer(model, train_spec, topology)
     meter = ModelStateMeter(model, optimizer)
     result = TrainResult(model=model, model_state_bytes=meter.held)
     if train_spec.resume and run_dir is not None and (checkpoint := latest_checkpoint(run_dir)) is not None:

@@ -6,11 +6,12 @@ import math
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from plait.config import TrainSpec
+from plait.parallel.data import zero_optimizer_mesh
 from plait.parallel.sharded_adamw import ShardedAdamW
+from plait.topology import Topology
 
 BETAS = (0.9, 0.95)
 
@@ -25,11 +26,12 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": params, "weight_decay": weight_decay if decays else 0.0} for (decays, _), params in groups.items()]
 
 
-def build_optimizer(model: nn.Module, train: TrainSpec, shard_over: DeviceMesh | None = None) -> torch.optim.Optimizer:
-    """AdamW decaying 2-D and larger parameters only; its state sharded over ``shard_over`` if given (ZeRO-1)."""
+def build_optimizer(model: nn.Module, train: TrainSpec, topology: Topology | None = None) -> torch.optim.Optimizer:
+    """AdamW decaying 2-D and larger parameters only. Under ZeRO stage 1 or 2 of ``topology``, its
+    state is sharded over the data-parallel ranks, and for stage 2 the gradients too."""
     groups = parameter_groups(model, train.weight_decay)
-    if shard_over is not None:
-        return ShardedAdamW(groups, shard_over, lr=train.lr, betas=BETAS)
+    if topology is not None and (mesh := zero_optimizer_mesh(topology)) is not None:
+        return ShardedAdamW(groups, mesh, lr=train.lr, betas=BETAS, shard_gradients=topology.layout.zero == 2)
     # fused=True: PyTorch's single-kernel AdamW (CPU and CUDA; plain and DTensor parameters), several
     # times faster than the per-tensor loop. Each element's update depends on that element alone,
     # so every sharding of the parameters gives the single-process result.

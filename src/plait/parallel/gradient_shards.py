@@ -1,0 +1,128 @@
+"""ZeRO-2's gradient path: each gradient reduce-scattered into the rows of it this rank owns.
+
+A hook on every parameter sees its gradient once the backward pass has accumulated it; buckets
+of gradients are reduce-scattered asynchronously while the backward pass goes on, and each full
+gradient is freed as soon as its bucket is packed. When the backward pass ends, the rank holds,
+for every parameter, only the averaged gradient of its own rows: ``torch.chunk``'s split of dim 0,
+as DTensor's ``Shard(0)`` and ``ShardedAdamW`` split it.
+
+Not FSDP2 ``fully_shard(reshard_after_forward=False)``: it keeps the parameters sharded and
+gathers a second, full copy for compute, so a rank holds 4Ψ/Nd bytes more than ZeRO-2's
+replicated parameters; here the parameters stay whole and only the gradients are sharded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.autograd import Variable
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket size
+
+
+def owned_rows(rows: int, rank: int, ranks: int) -> slice:
+    """The rows of a ``rows``-row tensor that ``rank`` of ``ranks`` owns: torch.chunk's split, as Shard(0)."""
+    chunk = -(-rows // ranks)
+    start = min(rank * chunk, rows)
+    return slice(start, min(start + chunk, rows))
+
+
+def row_shape(param: torch.Tensor, rows: slice) -> tuple[int, ...]:
+    return (rows.stop - rows.start, *param.shape[1:])
+
+
+class GradientReduceScatter:
+    """Hooks that leave each rank of ``mesh`` holding only its rows of every averaged gradient.
+
+    ``sync`` False (every micro-batch but the last) lets the gradients accumulate whole, untouched.
+    ``shards`` maps each parameter to its gradient rows, a DTensor over ``mesh``, until ``clear``."""
+
+    def __init__(self, params: list[nn.Parameter], mesh: DeviceMesh, bucket_bytes: int = BUCKET_BYTES):
+        self.mesh, self.group = mesh, mesh.get_group()
+        self.ranks, self.rank = mesh.size(), mesh.get_local_rank()
+        self.sync = True
+        self.shards: dict[nn.Parameter, DTensor] = {}
+        # The backward pass reaches the last parameters first: bucket them in that order.
+        self.buckets = self._partition(list(reversed(params)), bucket_bytes)
+        self.widths = [max(sum(math.prod(row_shape(p, owned_rows(p.shape[0], rank, self.ranks))) for p in bucket)
+                           for rank in range(self.ranks)) for bucket in self.buckets]
+        self._bucket_of = {param: index for index, bucket in enumerate(self.buckets) for param in bucket}
+        self._ready = [0] * len(self.buckets)
+        self._launched = 0
+        self._in_flight: list[tuple[dist.Work, int, torch.Tensor, torch.Tensor]] = []
+        self._finish_queued = False
+        for param in params:
+            param.register_post_accumulate_grad_hook(self._gradient_ready)
+
+    @staticmethod
+    def _partition(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.Parameter]]:
+        buckets: list[list[nn.Parameter]] = []
+        size = 0
+        for param in params:
+            nbytes = param.numel() * param.element_size()
+            if not buckets or size + nbytes > bucket_bytes or buckets[-1][0].dtype != param.dtype:
+                buckets.append([])
+                size = 0
+            buckets[-1].append(param)
+            size += nbytes
+        return buckets
+
+    def _gradient_ready(self, param: nn.Parameter) -> None:
+        if not self.sync:
+            return
+        if not self._finish_queued:
+            # What DDP and FSDP2 use too: a callback the autograd engine runs when this backward ends.
+            Variable._execution_engine.queue_callback(self._finish)
+            self._finish_queued = True
+        self._ready[self._bucket_of[param]] += 1
+        # Buckets go out in a fixed order, so every rank issues the same collectives in the same order.
+        while self._launched < len(self.buckets) and self._ready[self._launched] == len(self.buckets[self._launched]):
+            self._launch(self._launched)
+
+    def _launch(self, index: int) -> None:
+        """Pack each rank's rows of the bucket's gradients into that rank's segment; reduce-scatter."""
+        bucket, width = self.buckets[index], self.widths[index]
+        packed = torch.zeros(width * self.ranks, dtype=bucket[0].dtype, device=bucket[0].device)
+        for rank in range(self.ranks):
+            offset = rank * width
+            for param in bucket:
+                rows = owned_rows(param.shape[0], rank, self.ranks)
+                count = math.prod(row_shape(param, rows))
+                if param.grad is not None:  # a parameter this backward did not reach contributes zeros
+                    packed[offset:offset + count].copy_(param.grad[rows].reshape(-1))
+                offset += count
+        for param in bucket:
+            param.grad = None
+        mine = torch.empty(width, dtype=packed.dtype, device=packed.device)
+        work = dist.reduce_scatter_tensor(mine, packed, group=self.group, async_op=True)
+        self._in_flight.append((work, index, packed, mine))
+        self._launched += 1
+
+    def _finish(self) -> None:
+        while self._launched < len(self.buckets):
+            self._launch(self._launched)
+        for work, index, _packed, mine in self._in_flight:
+            work.wait()
+            mine.div_(self.ranks)
+            offset = 0
+            for param in self.buckets[index]:
+                shape = row_shape(param, owned_rows(param.shape[0], self.rank, self.ranks))
+                rows = mine[offset:offset + math.prod(shape)].view(shape)
+                offset += rows.numel()
+                if param in self.shards:  # a second synchronised backward before the optimizer step
+                    self.shards[param].to_local().add_(rows)
+                else:
+                    self.shards[param] = DTensor.from_local(rows, self.mesh, [Shard(0)],
+                                                            shape=param.shape, stride=param.stride())
+        self._in_flight.clear()
+        self._ready = [0] * len(self.buckets)
+        self._launched = 0
+        self._finish_queued = False
+
+    def clear(self) -> None:
+        self.shards.clear()
