@@ -18,7 +18,8 @@ apart, so slow swings in the machine's load cancel), in wall-clock time and in t
 rank 0's process (all its threads): on a machine shared with other work the CPU-time ratio shows
 plait's own extra work when waiting on a descheduled peer blurs the wall-clock one.
 
-    zero 0 / DDP, zero 2 / FSDP2 (reshard_after_forward=False), zero 3 / FSDP2 (defaults).
+    zero 0 / DDP, zero 2 / FSDP2 with reshard_after_forward=False (the nearest FSDP2 comes to
+    ZeRO-2; plait's stage 2 is its own), zero 3 / FSDP2 (defaults).
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 benchmarks/data_parallel_overhead.py \
         [--model tiny] [--seq-len 128] [--global-batch 16] [--steps 60]
