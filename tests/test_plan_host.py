@@ -15,6 +15,8 @@ from plait.plan.calibrate_host import (
     PARALLEL_STYLES, PLAIT_KERNELS, PROBE_LAYERS, WORKING_MICRO_BATCH, fit_host_overhead, fit_layer_kernel_scale,
     fit_wrapper_overhead, probe_spec, working_spec,
 )
+from plait.plan.calibrate import SIZES, fit_ring_scale
+from plait.plan.comm import Link, ring_pass_seconds
 from plait.plan.compute import head_times, layer_times
 from plait.plan.costs import layer_cost, parallel_styles
 from plait.plan.hardware import HostOverhead, KernelScale, hardware, load_profile, save_profile
@@ -106,7 +108,8 @@ def test_each_wrapper_counts_once_per_layout():
 
 def test_a_calibrated_profile_round_trips_through_its_file(tmp_path):
     profile = replace(CPU_LIKE, host_overhead={"gpt2": HostOverhead(1e-3, 2e-3, 3e-3, 4e-3, 5e-3)},
-                      layer_kernel_scale={"llama": KernelScale(1.3, 1.1)}, optimizer_parameter_s=1e-8, optimizer_tensor_s=5e-5)
+                      layer_kernel_scale={"llama": KernelScale(1.3, 1.1)}, optimizer_parameter_s=1e-8, optimizer_tensor_s=5e-5,
+                      reduce_scatter_scale=2.1, all_gather_scale=1.2)
     save_profile(profile, tmp_path / "profile.json")
     assert load_profile(tmp_path / "profile.json") == profile
 
@@ -118,3 +121,23 @@ def test_communication_hides_under_compute_only_as_far_as_the_hardware_overlaps(
     assert serial.time_breakdown["exposed_dp_comm_s"] > gpu.time_breakdown["exposed_dp_comm_s"]
     assert serial.step_time_s == pytest.approx(gpu.step_time_s + serial.time_breakdown["exposed_dp_comm_s"]
                                                - gpu.time_breakdown["exposed_dp_comm_s"])
+
+
+def test_the_fitted_ring_scale_reproduces_the_measured_collectives():
+    link = Link(2e9, 3e-5, False)
+    measured = {size: 2.1 * ring_pass_seconds(size, 2, link) for size in SIZES}
+    assert fit_ring_scale(measured, link) == pytest.approx(2.1)
+
+
+def test_sequence_parallel_pays_the_measured_reduce_scatter_and_all_gather():
+    """On ring collectives (NCCL, scales 1) sp's all-gather + reduce-scatter pairs cost what tp's
+    all-reduces do; where a reduce-scatter costs a whole all-reduce (gloo), sp pays that."""
+    spec = model_spec("gpt2")
+
+    def tp_comm(hw, sp: bool) -> float:
+        return layer_cost(spec, hw, Layout(tp=2, sp=sp), 2, "fp32", PLAIT_KERNELS).comm_forward
+
+    assert tp_comm(CPU_LIKE, True) == pytest.approx(tp_comm(CPU_LIKE, False))
+    gloo_like = replace(CPU_LIKE, reduce_scatter_scale=2.0, all_gather_scale=1.0)
+    assert tp_comm(gloo_like, False) == pytest.approx(tp_comm(CPU_LIKE, False))
+    assert tp_comm(gloo_like, True) == pytest.approx(1.5 * tp_comm(CPU_LIKE, False))

@@ -37,11 +37,14 @@ class ShardedAdamW(torch.optim.Optimizer):
                  eps: float = 1e-8, weight_decay: float = 1e-2, shard_gradients: bool = False):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.mesh = mesh
-        optimized = [param for group in self.param_groups for param in group["params"]]
+        optimized = self._optimized()
         self.masters = {param: self._as_shard(param.detach()[self._rows(param)].to(torch.float32, copy=True), param)
                         for param in optimized if param.dtype != torch.float32}
         self.gradient_shards = GradientReduceScatter(optimized, mesh) if shard_gradients else None
         self._pieces: list[list[tuple[torch.Tensor, slice]]] | None = None
+
+    def _optimized(self) -> list[torch.Tensor]:
+        return [param for group in self.param_groups for param in group["params"]]
 
     def _rows(self, param: torch.Tensor, rank: int | None = None) -> slice:
         rank = self.mesh.get_local_rank() if rank is None else rank
@@ -68,7 +71,7 @@ class ShardedAdamW(torch.optim.Optimizer):
 
     def gradients(self) -> list[torch.Tensor]:
         """The gradients the next step uses: DTensor shards under ZeRO-2, else the parameters' whole ones."""
-        optimized = [param for group in self.param_groups for param in group["params"]]
+        optimized = self._optimized()
         if self.gradient_shards is not None and self.gradient_shards.shards:
             return [self.gradient_shards.shards[param] for param in optimized if param in self.gradient_shards.shards]
         return [param.grad for param in optimized if param.grad is not None]
@@ -77,8 +80,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         """Optimizer's, keeping the loaded moments fp32: it would cast them to a bf16 parameter's dtype."""
         super().load_state_dict(state_dict)
         saved_ids = [index for group in state_dict["param_groups"] for index in group["params"]]
-        params = [param for group in self.param_groups for param in group["params"]]
-        for index, param in zip(saved_ids, params):
+        for index, param in zip(saved_ids, self._optimized()):
             saved = state_dict["state"].get(index, {})
             self.state[param].update({name: saved[name] for name in MOMENTS if name in saved})
 
@@ -121,8 +123,8 @@ class ShardedAdamW(torch.optim.Optimizer):
     def _share_updated_rows(self) -> None:
         """All-gather every rank's updated rows (one flat buffer per rank, padded to equal length)."""
         if self._pieces is None:
-            params = [param for group in self.param_groups for param in group["params"]]
-            self._pieces = [[(param, self._rows(param, rank)) for param in params] for rank in range(self.mesh.size())]
+            self._pieces = [[(param, self._rows(param, rank)) for param in self._optimized()]
+                            for rank in range(self.mesh.size())]
         width = max(sum(param[rows].numel() for param, rows in pieces) for pieces in self._pieces)
         mine = torch.cat([param.detach()[rows].reshape(-1) for param, rows in self._pieces[self.mesh.get_local_rank()]])
         local = torch.nn.functional.pad(mine, (0, width - mine.numel()))

@@ -12,7 +12,9 @@ while the other works, as two training ranks share caches, memory bandwidth and 
 * causal attention against the two matmuls of its shapes, plus a cost per score (a CPU pays for
   every exponential), and its backward's time as a multiple of its forward's;
 * all-reduce time over the two ranks, fitted to t = 2α + S/β (the two-rank ring of
-  plait.plan.comm), and the share of an all-reduce that hides under compute;
+  plait.plan.comm); reduce-scatter and all-gather time as multiples of that ring's one pass
+  (gloo's reduce-scatter costs about a whole all-reduce); and the share of an all-reduce that
+  hides under compute;
 * the host's overhead beyond the kernels, plait's optimizer step, what a whole layer's kernels
   take beyond the sum of their microbenchmarks, and what each parallel wrapper adds
   (plait.plan.calibrate_host).
@@ -34,7 +36,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from plait.plan.comm import LINK_EFFICIENCY, Link, all_reduce_seconds
+from plait.plan.comm import (
+    LINK_EFFICIENCY, Link, all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds, ring_pass_seconds,
+)
 from plait.plan.compute import Gemm, gemm_seconds
 from plait.plan.calibrate_host import (
     interleaved_medians, layer_kernel_scales, measure_host_overhead, measure_optimizer, measure_wrapper_overhead,
@@ -135,20 +139,27 @@ def _two_rank_worker(rank: int, port: int, threads: int, results, job, *args) ->
         dist.destroy_process_group()
 
 
-def measure_all_reduce() -> tuple[dict[int, float], float]:
-    """Two-rank all-reduce seconds by message size, and the share of one that hides under compute."""
-    times = {}
+def measure_collectives() -> tuple[dict[str, dict[int, float]], float]:
+    """Two-rank seconds by buffer size of an all-reduce, a reduce-scatter of the buffer and an
+    all-gather into it, and the share of an all-reduce that hides under compute."""
+    times: dict[str, dict[int, float]] = {"all_reduce": {}, "reduce_scatter": {}, "all_gather": {}}
     for size in SIZES:
-        tensor = torch.ones(size // 4)
+        whole, half = torch.ones(size // 4), torch.ones(size // 8)
+        calls = {
+            "all_reduce": lambda: dist.all_reduce(whole),
+            "reduce_scatter": lambda: dist.reduce_scatter_tensor(half, whole),
+            "all_gather": lambda: dist.all_gather_into_tensor(whole, half),
+        }
         count = max(5, min(200, 2**24 // size))  # the same on both ranks: collectives must match
-        runs = []
-        for _ in range(4):
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(count):
-                dist.all_reduce(tensor)
-            runs.append((time.perf_counter() - start) / count)
-        times[size] = statistics.median(runs[1:])
+        for kind, call in calls.items():
+            runs = []
+            for _ in range(4):
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(count):
+                    call()
+                runs.append((time.perf_counter() - start) / count)
+            times[kind][size] = statistics.median(runs[1:])
     return times, _measure_overlap()
 
 
@@ -196,6 +207,11 @@ def fit_link(times: dict[int, float]) -> tuple[float, float]:
     return max(latency, 1e-7), 1 / inverse
 
 
+def fit_ring_scale(times: dict[int, float], link: Link) -> float:
+    """Measured reduce-scatter or all-gather time over the ring model's on ``link``, median over sizes."""
+    return statistics.median(t / ring_pass_seconds(s, 2, link) for s, t in times.items())
+
+
 def fit_matmul(matmuls: list[tuple[tuple[int, int, int], float]]) -> tuple[float, float]:
     """(peak FLOP/s, launch overhead s) from matmul times t = 2mnk/peak + overhead."""
     inverse, overhead = relative_least_squares([(2.0 * m * n * k, 1.0) for (m, n, k), _ in matmuls], [t for _, t in matmuls])
@@ -212,8 +228,9 @@ def _calibration_job(name: str, precision: str, threads: int) -> tuple[Hardware,
     dist.barrier()  # each phase starts together, so the ranks' probes overlap like for like
     memory_gbps, activation_gbps = measure_elementwise_gbps(dtype)
     dist.barrier()
-    reduce_times, overlap = measure_all_reduce()
-    latency, bandwidth = fit_link(reduce_times)
+    collectives, overlap = measure_collectives()
+    latency, bandwidth = fit_link(collectives["all_reduce"])
+    link = Link(bandwidth, latency, False)
     total_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     profile = Hardware(
         name=name, bf16_tflops=peak / 1e12, fp32_tflops=peak / 1e12, memory_bytes=total_memory / 2,
@@ -222,6 +239,8 @@ def _calibration_job(name: str, precision: str, threads: int) -> tuple[Hardware,
         gpus_per_node=2, intra_node_latency_s=latency, inter_node_latency_s=latency,
         matmul_efficiency=1.0, kernel_overhead_s=overhead, matmul_tile=1, reserved_bytes=0.3e9,
         comm_overlap=overlap, host_runs_ahead=False,
+        reduce_scatter_scale=fit_ring_scale(collectives["reduce_scatter"], link),
+        all_gather_scale=fit_ring_scale(collectives["all_gather"], link),
     )
     efficiency, per_score, backward_ratio, attention_points = measure_attention(dtype, profile, precision)
     profile = replace(profile, attention_efficiency=efficiency, attention_score_s=per_score,
@@ -234,14 +253,15 @@ def _calibration_job(name: str, precision: str, threads: int) -> tuple[Hardware,
     dist.barrier()
     profile = replace(profile, layer_kernel_scale=layer_kernel_scales(working_layers, profile, precision))
     profile = replace(profile, host_overhead={**profile.host_overhead, **measure_wrapper_overhead(profile, precision)})
-    link = Link(bandwidth, latency, False)
+    link = replace(link, reduce_scatter_scale=profile.reduce_scatter_scale, all_gather_scale=profile.all_gather_scale)
+    predictors = {"all_reduce": all_reduce_seconds, "reduce_scatter": reduce_scatter_seconds, "all_gather": all_gather_seconds}
     fits = {
         "threads_per_device": threads,
         "optimizer": optimizer_points,
         "attention": attention_points,
         "matmul": [{"shape": s, "measured_s": t, "predicted_s": gemm_seconds(profile, precision, Gemm(*s))} for s, t in matmuls],
-        "all_reduce": [{"bytes": s, "measured_s": t, "predicted_s": all_reduce_seconds(s, 2, link)}
-                       for s, t in reduce_times.items()],
+        **{kind: [{"bytes": s, "measured_s": t, "predicted_s": predictors[kind](s, 2, link)} for s, t in times.items()]
+           for kind, times in collectives.items()},
     }
     return profile, fits
 

@@ -44,6 +44,8 @@ class Link:
     bandwidth: float
     latency: float
     crosses_nodes: bool
+    reduce_scatter_scale: float = 1.0  # Hardware's: measured time over the ring model's
+    all_gather_scale: float = 1.0
 
 
 def group_link(hw: Hardware, layout: Layout, dim: str) -> Link:
@@ -61,11 +63,12 @@ def merged_link(hw: Hardware, layout: Layout, dims: tuple[str, ...]) -> Link:
     for name in dims:
         size *= getattr(layout, name)
     intra = hw.intra_node_gbps * 1e9 * LINK_EFFICIENCY
+    scales = {"reduce_scatter_scale": hw.reduce_scatter_scale, "all_gather_scale": hw.all_gather_scale}
     if stride * size <= hw.gpus_per_node:
-        return Link(intra, hw.intra_node_latency_s, False)
+        return Link(intra, hw.intra_node_latency_s, False, **scales)
     members_per_node = max(1, hw.gpus_per_node // stride)
     inter = hw.inter_node_gbps * 1e9 * LINK_EFFICIENCY * members_per_node
-    return Link(min(intra, inter), hw.inter_node_latency_s, True)
+    return Link(min(intra, inter), hw.inter_node_latency_s, True, **scales)
 
 
 def all_reduce_seconds(nbytes: float, n: int, link: Link) -> float:
@@ -75,21 +78,26 @@ def all_reduce_seconds(nbytes: float, n: int, link: Link) -> float:
     return 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
 
 
-def reduce_scatter_seconds(nbytes: float, n: int, link: Link) -> float:
-    """Ring reduce-scatter of a ``nbytes`` buffer (each rank keeps 1/n) over ``n`` ranks."""
+def ring_pass_seconds(nbytes: float, n: int, link: Link) -> float:
+    """One pass round a ring of ``n`` ranks, each step moving 1/n of a ``nbytes`` buffer."""
     if n == 1:
         return 0.0
     return (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
 
 
+def reduce_scatter_seconds(nbytes: float, n: int, link: Link) -> float:
+    """Reduce-scatter of a ``nbytes`` buffer (each rank keeps 1/n) over ``n`` ranks: one ring pass."""
+    return link.reduce_scatter_scale * ring_pass_seconds(nbytes, n, link)
+
+
 def all_gather_seconds(nbytes: float, n: int, link: Link) -> float:
-    """Ring all-gather that assembles a ``nbytes`` buffer from ``n`` equal shards."""
-    return reduce_scatter_seconds(nbytes, n, link)
+    """All-gather that assembles a ``nbytes`` buffer from ``n`` equal shards: one ring pass."""
+    return link.all_gather_scale * ring_pass_seconds(nbytes, n, link)
 
 
 def all_to_all_seconds(nbytes: float, n: int, link: Link) -> float:
     """All-to-all of a ``nbytes`` buffer per rank over ``n`` ranks: a 1/n piece to each peer, n−1 steps."""
-    return reduce_scatter_seconds(nbytes, n, link)
+    return ring_pass_seconds(nbytes, n, link)
 
 
 def send_seconds(nbytes: float, link: Link) -> float:

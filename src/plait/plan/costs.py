@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields, replace
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
-    all_gather_seconds, all_reduce_seconds, all_to_all_seconds, exposed_under, group_link, merged_link, send_seconds,
+    all_gather_seconds, all_reduce_seconds, all_to_all_seconds, exposed_under, group_link, merged_link, reduce_scatter_seconds,
+    send_seconds,
 )
 from plait.plan.compute import NO_OVERHEAD, LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
@@ -77,9 +78,14 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
                         backward_input=times.backward_input + wrappers.layer_backward)
     e = ACTIVATION_BYTES[precision]
     tokens = micro_batch * spec.seq_len // layout.cp
-    # Tensor parallel: two all-reduces (or all-gather + reduce-scatter pairs with sp, the same
-    # ring volume) per pass; full recomputation repeats the forward ones.
-    tp_pass = 2 * all_reduce_seconds(tokens * spec.hidden * e, layout.tp, group_link(hw, layout, "tp"))
+    # Tensor parallel: two all-reduces per pass, or with sp two all-gather + reduce-scatter pairs
+    # (the same ring volume where, as on NCCL, each costs half an all-reduce); full recomputation
+    # repeats the forward ones.
+    tp_bytes, tp_link = tokens * spec.hidden * e, group_link(hw, layout, "tp")
+    if layout.sp:
+        tp_pass = 2 * (all_gather_seconds(tp_bytes, layout.tp, tp_link) + reduce_scatter_seconds(tp_bytes, layout.tp, tp_link))
+    else:
+        tp_pass = 2 * all_reduce_seconds(tp_bytes, layout.tp, tp_link)
     tp_forward = tp_pass
     tp_backward = tp_pass * (2 if layout.recompute == "full" else 1)
     # Context parallel: K and V go round the ring under the attention they feed; backward also

@@ -90,6 +90,10 @@ class Hardware:
     # own for it (NCCL on a GPU); on a CPU gloo's threads take the cores compute needs, so
     # calibrate measures it.
     comm_overlap: float = 1.0
+    # Reduce-scatter and all-gather time against the ring model's (half an all-reduce each): 1 for
+    # NCCL's rings; gloo's reduce-scatter costs about a whole all-reduce, so calibrate measures both.
+    reduce_scatter_scale: float = 1.0
+    all_gather_scale: float = 1.0
     # Optimizer step (with gradient clipping) per local parameter and per parameter tensor;
     # None: Adam's bytes at memory bandwidth (plait.plan.compute), with no per-tensor cost as
     # multi-tensor kernels launch once for all tensors. Calibrate measures plait's optimizer.
