@@ -16,10 +16,10 @@ from plait.plan.calibrate_host import (
     fit_wrapper_overhead, probe_spec, working_spec,
 )
 from plait.plan.calibrate import SIZES, fit_ring_scale
-from plait.plan.comm import Link, ring_pass_seconds
+from plait.plan.comm import Link, reduce_scatter_seconds, ring_pass_seconds
 from plait.plan.compute import head_times, layer_times
 from plait.plan.costs import layer_cost, parallel_styles
-from plait.plan.hardware import HostOverhead, KernelScale, hardware, load_profile, save_profile
+from plait.plan.hardware import CollectiveScale, HostOverhead, KernelScale, hardware, load_profile, save_profile
 from plait.plan.simulate import Workload, evaluate
 
 CPU_LIKE = replace(hardware("a100-80gb"), host_runs_ahead=False, comm_overlap=0.0)
@@ -109,7 +109,7 @@ def test_each_wrapper_counts_once_per_layout():
 def test_a_calibrated_profile_round_trips_through_its_file(tmp_path):
     profile = replace(CPU_LIKE, host_overhead={"gpt2": HostOverhead(1e-3, 2e-3, 3e-3, 4e-3, 5e-3)},
                       layer_kernel_scale={"llama": KernelScale(1.3, 1.1)}, optimizer_parameter_s=1e-8, optimizer_tensor_s=5e-5,
-                      reduce_scatter_scale=2.1, all_gather_scale=1.2)
+                      reduce_scatter_scale=CollectiveScale(2.1, 3.4), all_gather_scale=CollectiveScale(0.5, 3.6))
     save_profile(profile, tmp_path / "profile.json")
     assert load_profile(tmp_path / "profile.json") == profile
 
@@ -124,9 +124,15 @@ def test_communication_hides_under_compute_only_as_far_as_the_hardware_overlaps(
 
 
 def test_the_fitted_ring_scale_reproduces_the_measured_collectives():
+    """A collective whose latency is 2.1 passes' and whose bandwidth term is 3.4 passes' (gloo's
+    reduce-scatter reads about so): the fit recovers both, and reduce_scatter_seconds the times."""
     link = Link(2e9, 3e-5, False)
-    measured = {size: 2.1 * ring_pass_seconds(size, 2, link) for size in SIZES}
-    assert fit_ring_scale(measured, link) == pytest.approx(2.1)
+    scale = CollectiveScale(2.1, 3.4)
+    measured = {size: ring_pass_seconds(size, 2, link, scale) for size in SIZES}
+    fitted = fit_ring_scale(measured, link)
+    assert astuple(fitted) == pytest.approx(astuple(scale))
+    for size, seconds in measured.items():
+        assert reduce_scatter_seconds(size, 2, replace(link, reduce_scatter_scale=fitted)) == pytest.approx(seconds)
 
 
 def test_sequence_parallel_pays_the_measured_reduce_scatter_and_all_gather():
@@ -138,6 +144,6 @@ def test_sequence_parallel_pays_the_measured_reduce_scatter_and_all_gather():
         return layer_cost(spec, hw, Layout(tp=2, sp=sp), 2, "fp32", PLAIT_KERNELS).comm_forward
 
     assert tp_comm(CPU_LIKE, True) == pytest.approx(tp_comm(CPU_LIKE, False))
-    gloo_like = replace(CPU_LIKE, reduce_scatter_scale=2.0, all_gather_scale=1.0)
+    gloo_like = replace(CPU_LIKE, reduce_scatter_scale=CollectiveScale(2.0, 2.0))
     assert tp_comm(gloo_like, False) == pytest.approx(tp_comm(CPU_LIKE, False))
     assert tp_comm(gloo_like, True) == pytest.approx(1.5 * tp_comm(CPU_LIKE, False))

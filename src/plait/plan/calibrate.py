@@ -13,7 +13,7 @@ while the other works, as two training ranks share caches, memory bandwidth and 
   every exponential), and its backward's time as a multiple of its forward's;
 * all-reduce time over the two ranks, fitted to t = 2α + S/β (the two-rank ring of
   plait.plan.comm); reduce-scatter and all-gather time as multiples of that ring's one pass
-  (gloo's reduce-scatter costs about a whole all-reduce); and the share of an all-reduce that
+  (gloo's are not rings); and the share of an all-reduce that
   hides under compute;
 * the host's overhead beyond the kernels, plait's optimizer step, what a whole layer's kernels
   take beyond the sum of their microbenchmarks, and what each parallel wrapper adds
@@ -37,14 +37,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from plait.plan.comm import (
-    LINK_EFFICIENCY, Link, all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds, ring_pass_seconds,
+    LINK_EFFICIENCY, Link, all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds,
 )
 from plait.plan.compute import Gemm, gemm_seconds
 from plait.plan.calibrate_host import (
     interleaved_medians, layer_kernel_scales, measure_host_overhead, measure_optimizer, measure_wrapper_overhead,
     working_layer_probes,
 )
-from plait.plan.hardware import Hardware
+from plait.plan.hardware import CollectiveScale, Hardware
 from plait.plan.least_squares import relative_least_squares
 
 SHAPES = [(64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 512, 512),
@@ -207,9 +207,11 @@ def fit_link(times: dict[int, float]) -> tuple[float, float]:
     return max(latency, 1e-7), 1 / inverse
 
 
-def fit_ring_scale(times: dict[int, float], link: Link) -> float:
-    """Measured reduce-scatter or all-gather time over the ring model's on ``link``, median over sizes."""
-    return statistics.median(t / ring_pass_seconds(s, 2, link) for s, t in times.items())
+def fit_ring_scale(times: dict[int, float], link: Link) -> CollectiveScale:
+    """Factors on one two-rank ring pass's latency and bandwidth terms that fit a reduce-scatter's
+    or all-gather's measured seconds by buffer size (least relative squares)."""
+    latency, bandwidth = relative_least_squares([(link.latency, s / 2 / link.bandwidth) for s in times], list(times.values()))
+    return CollectiveScale(max(latency, 0.0), max(bandwidth, 0.0))
 
 
 def fit_matmul(matmuls: list[tuple[tuple[int, int, int], float]]) -> tuple[float, float]:

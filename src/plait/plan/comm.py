@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plait.layout import MESH_DIMS, Layout
-from plait.plan.hardware import Hardware
+from plait.plan.hardware import CollectiveScale, Hardware
 
 # Fraction of the nominal link bandwidth a large collective achieves (NCCL's bus bandwidth on
 # NVLink and InfiniBand is ~80% of nominal in nccl-tests reports).
@@ -44,8 +44,8 @@ class Link:
     bandwidth: float
     latency: float
     crosses_nodes: bool
-    reduce_scatter_scale: float = 1.0  # Hardware's: measured time over the ring model's
-    all_gather_scale: float = 1.0
+    reduce_scatter_scale: CollectiveScale = CollectiveScale()  # the Hardware's
+    all_gather_scale: CollectiveScale = CollectiveScale()
 
 
 def group_link(hw: Hardware, layout: Layout, dim: str) -> Link:
@@ -78,21 +78,21 @@ def all_reduce_seconds(nbytes: float, n: int, link: Link) -> float:
     return 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
 
 
-def ring_pass_seconds(nbytes: float, n: int, link: Link) -> float:
+def ring_pass_seconds(nbytes: float, n: int, link: Link, scale: CollectiveScale = CollectiveScale()) -> float:
     """One pass round a ring of ``n`` ranks, each step moving 1/n of a ``nbytes`` buffer."""
     if n == 1:
         return 0.0
-    return (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
+    return scale.latency * (n - 1) * link.latency + scale.bandwidth * (n - 1) / n * nbytes / link.bandwidth
 
 
 def reduce_scatter_seconds(nbytes: float, n: int, link: Link) -> float:
     """Reduce-scatter of a ``nbytes`` buffer (each rank keeps 1/n) over ``n`` ranks: one ring pass."""
-    return link.reduce_scatter_scale * ring_pass_seconds(nbytes, n, link)
+    return ring_pass_seconds(nbytes, n, link, link.reduce_scatter_scale)
 
 
 def all_gather_seconds(nbytes: float, n: int, link: Link) -> float:
     """All-gather that assembles a ``nbytes`` buffer from ``n`` equal shards: one ring pass."""
-    return link.all_gather_scale * ring_pass_seconds(nbytes, n, link)
+    return ring_pass_seconds(nbytes, n, link, link.all_gather_scale)
 
 
 def all_to_all_seconds(nbytes: float, n: int, link: Link) -> float:

@@ -41,6 +41,15 @@ class KernelScale:
 
 
 @dataclass(frozen=True)
+class CollectiveScale:
+    """A collective's time against one pass of the ring model (plait.plan.comm), as factors on the
+    pass's latency term and on its bandwidth term."""
+
+    latency: float = 1.0
+    bandwidth: float = 1.0
+
+
+@dataclass(frozen=True)
 class Hardware:
     """One accelerator and the links around it."""
 
@@ -90,10 +99,11 @@ class Hardware:
     # own for it (NCCL on a GPU); on a CPU gloo's threads take the cores compute needs, so
     # calibrate measures it.
     comm_overlap: float = 1.0
-    # Reduce-scatter and all-gather time against the ring model's (half an all-reduce each): 1 for
-    # NCCL's rings; gloo's reduce-scatter costs about a whole all-reduce, so calibrate measures both.
-    reduce_scatter_scale: float = 1.0
-    all_gather_scale: float = 1.0
+    # Reduce-scatter and all-gather against the ring model's one pass (half an all-reduce): 1 for
+    # NCCL's rings. Gloo's are not rings (its reduce-scatter costs more than a whole all-reduce),
+    # so calibrate measures both.
+    reduce_scatter_scale: CollectiveScale = CollectiveScale()
+    all_gather_scale: CollectiveScale = CollectiveScale()
     # Optimizer step (with gradient clipping) per local parameter and per parameter tensor;
     # None: Adam's bytes at memory bandwidth (plait.plan.compute), with no per-tensor cost as
     # multi-tensor kernels launch once for all tensors. Calibrate measures plait's optimizer.
@@ -135,7 +145,8 @@ CATALOG: dict[str, Hardware] = {
     "mi300x": Hardware("mi300x", 1307.4, 163.4, 192 * GB, 5300, 448, 50),
 }
 
-OVERRIDABLE = tuple(f.name for f in fields(Hardware) if f.name not in ("name", "host_overhead", "layer_kernel_scale"))
+MEASURED_ONLY = ("name", "host_overhead", "layer_kernel_scale", "reduce_scatter_scale", "all_gather_scale")
+OVERRIDABLE = tuple(f.name for f in fields(Hardware) if f.name not in MEASURED_ONLY)
 
 
 def hardware(name: str, **overrides: float | None) -> Hardware:
@@ -171,6 +182,8 @@ def load_profile(path: str | Path) -> Hardware:
         values["host_overhead"] = {family: HostOverhead(**seconds) for family, seconds in values.get("host_overhead", {}).items()}
         values["layer_kernel_scale"] = {family: KernelScale(**scale)
                                         for family, scale in values.get("layer_kernel_scale", {}).items()}
+        for name in ("reduce_scatter_scale", "all_gather_scale"):
+            values[name] = CollectiveScale(**values.get(name, {}))
         return Hardware(**values)
     except TypeError as error:
         raise ConfigError(f"hardware profile {path} is incomplete ({error}); rerun `plait calibrate`") from error
