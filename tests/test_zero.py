@@ -49,14 +49,16 @@ def test_bf16_memory_is_the_paper_formula(pool, stage):
         assert sum(held.values()) == pytest.approx(zero_paper_bytes(stage, parameters, dp, "bf16"), rel=0.01)
 
 
-def test_checkpoint_of_one_stage_resumes_under_another(pool, tmp_path):
+@pytest.mark.parametrize("written, resumed_as", [(3, 1), (2, 0)])
+def test_checkpoint_of_one_stage_resumes_under_another(pool, tmp_path, written, resumed_as):
+    """Both ways between PyTorch's AdamW (stages 0, 3) and plait's ShardedAdamW (stages 1, 2)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    first = run_config(dp=2, zero=3, steps=4)
+    first = run_config(dp=2, zero=written, steps=4)
     first = dataclasses.replace(first, train=dataclasses.replace(first.train, checkpoint_every=2))
     uninterrupted = pool.run(train_losses, 2, first, str(run_dir))[0]
     shutil.rmtree(checkpoint_root(run_dir) / "step_0000004")
-    second = run_config(dp=2, zero=1, steps=4)
+    second = run_config(dp=2, zero=resumed_as, steps=4)
     second = dataclasses.replace(second, train=dataclasses.replace(second.train, resume=True))
     resumed = pool.run(train_losses, 2, second, str(run_dir))[0]
     assert resumed == pytest.approx(uninterrupted[2:], rel=1e-5)

@@ -60,11 +60,17 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     """Load ``path`` into the (already parallelised) model and optimizer; return its step."""
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
     masters = master_weights(model, optimizer)
-    state = {"model": {**model_state, **masters}, "optimizer": optimizer_state}
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    # Hyperparameters only another optimizer keeps (torch's AdamW has amsgrad, fused, ... that
+    # ShardedAdamW has not) stay as this run configured them; every tensor must be in the file.
+    kept = {key: value for key, value in optimizer_state.items()
+            if key.startswith("param_groups.") and f"optimizer.{key}" not in saved}
+    state = {"model": {**model_state, **masters},
+             "optimizer": {key: value for key, value in optimizer_state.items() if key not in kept}}
     dcp.load(state, checkpoint_id=str(path))
     # A parameter with a master keeps its own tensor here and is then rounded from the loaded master.
     set_state_dict(model, optimizer, model_state_dict={**state["model"], **{name: model_state[name] for name in masters}},
-                   optim_state_dict=state["optimizer"], options=OPTIONS)
+                   optim_state_dict={**state["optimizer"], **kept}, options=OPTIONS)
     if masters:
         optimizer.parameters_from_masters()
     return json.loads((Path(path) / STEP_FILE).read_text())["step"]
