@@ -37,9 +37,8 @@ def test_accumulation_reduces_gradients_only_on_the_last_microbatch(pool, stage)
                 assert issued and not any(is_reduction(name) for name in issued), f"micro-batch {index}: {issued}"
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_bf16_memory_is_the_paper_formula(pool, stage):
-    dp = 2
+@pytest.mark.parametrize("dp, stage", [(2, 0), (2, 1), (2, 2), (2, 3), (4, 1), (4, 2)])
+def test_bf16_memory_is_the_paper_formula(pool, dp, stage):
     parameters = parameter_count(model_spec("tiny", seq_len=64))
     expected = model_state_bytes(stage, parameters, dp, "bf16")
     for outcome in pool.run(train_outcome, dp, run_config(dp=dp, zero=stage, steps=2, precision="bf16")):
