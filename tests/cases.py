@@ -79,3 +79,59 @@ def assert_refused_in_one_line(argv: list[str], expected: str, capsys, run_root:
     assert len(lines) == 1, lines
     assert lines[0].startswith("plait") and expected in lines[0], lines[0]
     assert not (run_root / "runs").exists()
+
+
+def zero2_gradient_rows(config: RunConfig, bucket_bytes: int) -> dict:
+    """One ZeRO-2 backward in buckets of ``bucket_bytes``: how far this rank's averaged gradient rows
+    are from the single-process gradient, and whether a reduce-scatter went out before the
+    backward pass accumulated most of its gradients."""
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    from plait.parallel.gradient_shards import owned_rows
+    from plait.parallel.sharded_adamw import ShardedAdamW
+    from plait.train.data import BatchSource, training_tokens
+    from plait.train.loop import build_model
+    from plait.train.optim import BETAS, parameter_groups
+
+    topology = build_topology(config.layout, torch.device("cpu"))
+    model, reference = build_model(config, torch.device("cpu")), build_model(config, torch.device("cpu"))
+    optimizer = ShardedAdamW(parameter_groups(model, 0.0), topology.mesh["dp"], lr=1e-3, betas=BETAS,
+                             gradient_order=list(model.parameters()), bucket_bytes=bucket_bytes)
+    source = BatchSource(training_tokens(config.train.data, config.model.vocab, config.model.seq_len),
+                         config.model.seq_len, config.train.global_batch, config.train.seed)
+
+    def backward(module: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        F.cross_entropy(module(inputs).flatten(0, 1), targets.flatten()).backward()
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        backward(model, *source.local_batch(0, topology.coordinate("dp"), topology.size("dp")))
+    backward(reference, *source.local_batch(0, 0, 1))
+    events = profiler.events()
+    first_scatter = min(e.time_range.start for e in events if e.name.startswith("c10d::") and "reduce_scatter" in e.name)
+    accumulated = [e.time_range.start for e in events if e.name.endswith("AccumulateGrad")]
+    shards = optimizer.gradient_shards.shards
+    rank, ranks = topology.coordinate("dp"), topology.size("dp")
+    # Relative to the largest gradient anywhere: the attention key bias's true gradient is 0 (softmax
+    # ignores it), so its own largest element is rounding noise no two summation orders share.
+    scale = max(param.grad.abs().max().item() for param in reference.parameters())
+    error = max((shards[mine].to_local() - theirs.grad[owned_rows(theirs.shape[0], rank, ranks)]).abs().max().item()
+                for mine, theirs in zip(model.parameters(), reference.parameters()))
+    return {"buckets": len(optimizer.gradient_shards.buckets), "relative_error": error / scale,
+            "gradients_after_first_scatter": sum(start > first_scatter for start in accumulated) / len(accumulated)}
+
+
+def resumed_weights(config: RunConfig, run_dir: str) -> dict | None:
+    """On rank 0, the full weights ``config``'s layout holds right after loading ``run_dir``'s last checkpoint."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from plait.train.checkpoint import latest_checkpoint, load_checkpoint
+    from plait.train.loop import apply_parallelisms, build_model
+    from plait.train.optim import build_optimizer
+
+    topology = build_topology(config.layout, torch.device("cpu"))
+    model = apply_parallelisms(build_model(config, torch.device("cpu")), topology, config.train.precision)
+    optimizer = build_optimizer(model, config.train, topology)
+    load_checkpoint(latest_checkpoint(Path(run_dir)), model, optimizer)
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {name: value.detach().float().clone() for name, value in weights.items()} if topology.rank == 0 else None

@@ -11,7 +11,7 @@ import torch
 
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
-from plait.parallel.zero_memory import model_state_bytes, zero_paper_bytes
+from plait.parallel.zero_memory import held_model_state_bytes, zero_paper_bytes
 from tests.cases import run_config, train_outcome
 
 RELATIVE_TOLERANCE = 1e-5
@@ -73,7 +73,7 @@ def test_matches_single_process(outcomes, model, dp, stage, microbatches):
 @pytest.mark.parametrize("dp, stage", SHARDINGS)
 def test_each_rank_holds_what_the_stage_promises(outcomes, model, dp, stage):
     parameters = parameter_count(model_spec(model, seq_len=64))
-    expected = model_state_bytes(stage, parameters, dp, "fp32")
+    expected = held_model_state_bytes(stage, parameters, dp, "fp32")
     for rank, outcome in enumerate(outcomes(model, dp, stage)):
         held = outcome["model_state_bytes"]
         for kind, measured in held.items():

@@ -12,9 +12,9 @@ import pytest
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
 from plait.observe.run_files import read_metrics
-from plait.parallel.zero_memory import model_state_bytes, zero_paper_bytes
+from plait.parallel.zero_memory import held_model_state_bytes, zero_paper_bytes
 from plait.train.checkpoint import checkpoint_root
-from tests.cases import collectives_per_microbatch, run_config, train_losses, train_outcome
+from tests.cases import collectives_per_microbatch, run_config, train_losses, train_outcome, zero2_gradient_rows, resumed_weights
 
 MICROBATCHES = 4
 
@@ -37,10 +37,18 @@ def test_accumulation_reduces_gradients_only_on_the_last_microbatch(pool, stage)
                 assert issued and not any(is_reduction(name) for name in issued), f"micro-batch {index}: {issued}"
 
 
+@pytest.mark.parametrize("dp", [2, 4])
+def test_zero2_reduces_buckets_during_backward_into_each_ranks_averaged_rows(pool, dp):
+    for outcome in pool.run(zero2_gradient_rows, dp, run_config(dp=dp, zero=2), 64 * 1024):
+        assert outcome["buckets"] >= 8
+        assert outcome["relative_error"] < 1e-5
+        assert outcome["gradients_after_first_scatter"] > 0.5, "the first bucket should go out early in backward"
+
+
 @pytest.mark.parametrize("dp, stage", [(2, 0), (2, 1), (2, 2), (2, 3), (4, 1), (4, 2)])
 def test_bf16_memory_is_the_paper_formula(pool, dp, stage):
     parameters = parameter_count(model_spec("tiny", seq_len=64))
-    expected = model_state_bytes(stage, parameters, dp, "bf16")
+    expected = held_model_state_bytes(stage, parameters, dp, "bf16")
     for outcome in pool.run(train_outcome, dp, run_config(dp=dp, zero=stage, steps=2, precision="bf16")):
         held = outcome["model_state_bytes"]
         for kind, measured in held.items():
@@ -65,16 +73,17 @@ def test_checkpoint_of_one_stage_resumes_under_another(pool, tmp_path, written, 
 
 def test_clipping_uses_the_norm_over_every_shard(pool, tmp_path):
     norms = {}
-    for dp, stage in ((1, 0), (2, 3)):
+    for dp, stage in ((1, 0), (2, 2), (2, 3)):
         run_dir = tmp_path / f"zero{stage}"
         run_dir.mkdir()
         pool.run(train_losses, dp, run_config(dp=dp, zero=stage, steps=3), str(run_dir))
         norms[stage] = [row["grad_norm"] for row in read_metrics(run_dir)]
     assert norms[0][0] > 1, "the gradient norm should exceed the clipping threshold of 1"
-    assert norms[3] == pytest.approx(norms[0], rel=1e-5)
+    assert norms[2] == pytest.approx(norms[0], rel=1e-5)  # ZeRO-2: the optimizer's gradient shards
+    assert norms[3] == pytest.approx(norms[0], rel=1e-5)  # FSDP2's
 
 
-def test_bf16_checkpoint_holds_the_fp32_masters_and_resumes_exactly(pool, tmp_path):
+def test_bf16_checkpoint_holds_the_fp32_masters_and_any_layout_resumes_from_them(pool, tmp_path):
     import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -90,6 +99,10 @@ def test_bf16_checkpoint_holds_the_fp32_masters_and_resumes_exactly(pool, tmp_pa
     # Masters have drifted off the bf16 grid; bf16 parameters written as fp32 would all sit on it.
     off_grid = [name for name, value in weights.items() if not torch.equal(value, value.bfloat16().float())]
     assert len(off_grid) > len(weights) // 2, off_grid
+    # Stage 3's parameters are fp32 shards: they load the masters exactly, not their bf16 rounding.
+    stage3 = pool.run(resumed_weights, 2, run_config(dp=2, zero=3, precision="bf16"), str(run_dir))[0]
+    assert stage3.keys() == weights.keys()
+    assert all(torch.equal(stage3[name], weights[name]) for name in weights)
     second = dataclasses.replace(first, train=dataclasses.replace(first.train, resume=True))
     resumed = pool.run(train_losses, 2, second, str(run_dir))[0]
     assert resumed == pytest.approx(uninterrupted[2:], rel=1e-5)

@@ -2,9 +2,10 @@
 
 Counted from the live tensors, local shards only (a DTensor counts its local tensor), each storage
 once (DDP's gradients are views of its buckets; ZeRO-2's and FSDP2's gradient shards are views
-of their reduce-scatter outputs), at the moment each is largest: parameters at the end of a
-forward pass, gradients just before the optimizer step, optimizer state (with any fp32 master
-copy) just after it.
+of their reduce-scatter outputs): parameters at the end of a forward pass, gradients just
+before the optimizer step (what the step is given: mid-backward, ZeRO-2 also holds the gradients
+not yet packed and its buckets in flight, as DDP and FSDP2 hold theirs), optimizer state (with
+any fp32 master copy) just after it; each the largest seen.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from plait.config import RunConfig
 from plait.models.flops import flops_per_sequence, parameter_count
 from plait.observe.run_files import SUMMARY_FILE, write_json_atomically
-from plait.parallel.zero_memory import model_state_bytes
+from plait.parallel.zero_memory import held_model_state_bytes
 from plait.topology import Topology
 
 
@@ -71,7 +71,7 @@ def write_summary(run_dir: Path, config: RunConfig, topology: Topology, result) 
         "model_state_bytes_per_rank": model_state,
     }
     if layout.tp == 1 and layout.pp == 1:  # every rank holds (a shard of) the whole model
-        formula = model_state_bytes(layout.zero, parameter_count(config.model), layout.dp, train.precision)
+        formula = held_model_state_bytes(layout.zero, parameter_count(config.model), layout.dp, train.precision)
         summary["model_state_bytes_formula"] = {kind: round(value) for kind, value in formula.items()}
     write_json_atomically(Path(run_dir) / SUMMARY_FILE, summary)
     return summary

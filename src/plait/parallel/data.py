@@ -2,7 +2,7 @@
 
 - stage 0: PyTorch DDP, replicated parameters; bucketed gradient all-reduce overlapping backward.
 - stage 1: DDP plus ``ShardedAdamW``: each rank keeps the optimizer state of 1/Nd of every parameter.
-- stage 2: ``ShardedAdamW`` with ``shard_gradients``: replicated parameters, no wrapper; the
+- stage 2: ``ShardedAdamW`` with ``gradient_order``: replicated parameters, no wrapper; the
   optimizer's hooks reduce-scatter the gradients in buckets, overlapping backward.
 - stage 3: FSDP2 ``fully_shard`` per block and on the root: parameters gathered block by block,
   just in time, with the next block's all-gather prefetched.
@@ -34,12 +34,16 @@ def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "
         return model
     stage = topology.layout.zero
     if stage in (1, 2) and precision == "bf16":
-        model = model.to(torch.bfloat16)  # ShardedAdamW keeps the fp32 master of each rank's rows
+        # The parameters only (buffers such as RoPE's tables stay fp32, as in every other layout);
+        # ShardedAdamW keeps the fp32 master of each rank's rows.
+        with torch.no_grad():
+            for param in model.parameters():
+                param.data = param.data.to(torch.bfloat16)
     if stage <= 1:
         # Gradients as views of DDP's buckets: the rank holds one copy of the gradients, not two.
         return DistributedDataParallel(model, process_group=topology.group("dp"), gradient_as_bucket_view=True)
     if stage == 2:
-        return model  # ShardedAdamW(shard_gradients=True) reduce-scatters the gradients itself
+        return model  # ShardedAdamW(gradient_order=...) reduce-scatters the gradients itself
     return fully_shard_model(model, topology.mesh["dp"], precision)
 
 

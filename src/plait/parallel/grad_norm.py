@@ -28,10 +28,12 @@ def clip_grad_norm(grads: Iterable[torch.Tensor], max_norm: float) -> torch.Tens
         groups.setdefault((grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None, []).append(grad)
     norms = []
     for group in groups.values():
-        norm = torch.nn.utils.get_total_norm(group)
+        # Each tensor's norm accumulated in fp32 (bf16 gradients under ZeRO 1–2 would round it).
+        local = torch.stack(torch._foreach_norm(group, 2, dtype=torch.float32))
+        norm = torch.linalg.vector_norm(local, 2)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     total = torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else (norms or [torch.zeros(())])[0]
-    if math.isfinite(max_norm):
+    if math.isfinite(max_norm) and grads:
         coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # clip_grads_with_norm_'s
         # Scaling a DTensor's local tensor scales the DTensor; one multi-tensor kernel over them all.
         torch._foreach_mul_([grad.to_local() if isinstance(grad, DTensor) else grad for grad in grads], coefficient)

@@ -1,10 +1,12 @@
 """ZeRO-2's gradient path: each gradient reduce-scattered into the rows of it this rank owns.
 
-A hook on every parameter sees its gradient once the backward pass has accumulated it; buckets
-of gradients are reduce-scattered asynchronously while the backward pass goes on, and each full
-gradient is freed as soon as its bucket is packed. When the backward pass ends, the rank holds,
-for every parameter, only the averaged gradient of its own rows: ``torch.chunk``'s split of dim 0,
-as DTensor's ``Shard(0)`` and ``ShardedAdamW`` split it.
+A hook on every parameter sees its gradient once the backward pass has accumulated it. Buckets
+follow the model's parameters in reverse, the order backward produces their gradients; each full
+bucket is packed, its gradients freed, and reduce-scattered asynchronously while the backward
+pass goes on, and a finished reduce-scatter's buffer is released as soon as it is seen done.
+When the backward pass ends, the rank holds, for every parameter a backward reached, only the
+averaged gradient of its own rows: ``torch.chunk``'s split of dim 0, as DTensor's ``Shard(0)``
+and ``ShardedAdamW`` split it. Every rank must reach the same parameters, as under DDP.
 
 Not FSDP2 ``fully_shard(reshard_after_forward=False)``: it keeps the parameters sharded and
 gathers a second, full copy for compute, so a rank holds 4Ψ/Nd bytes more than ZeRO-2's
@@ -39,8 +41,9 @@ def row_shape(param: torch.Tensor, rows: slice) -> tuple[int, ...]:
 class GradientReduceScatter:
     """Hooks that leave each rank of ``mesh`` holding only its rows of every averaged gradient.
 
-    ``sync`` False (every micro-batch but the last) lets the gradients accumulate whole, untouched.
-    ``shards`` maps each parameter to its gradient rows, a DTensor over ``mesh``, until ``clear``."""
+    ``params`` in the model's order. ``sync`` False (every micro-batch but the last) lets the
+    gradients accumulate whole, untouched. ``shards`` maps each parameter to its gradient rows, a
+    DTensor over ``mesh``, until ``clear``."""
 
     def __init__(self, params: list[nn.Parameter], mesh: DeviceMesh, bucket_bytes: int = BUCKET_BYTES):
         self.mesh, self.group = mesh, mesh.get_group()
@@ -54,7 +57,7 @@ class GradientReduceScatter:
         self._bucket_of = {param: index for index, bucket in enumerate(self.buckets) for param in bucket}
         self._ready = [0] * len(self.buckets)
         self._launched = 0
-        self._in_flight: list[tuple[dist.Work, int, torch.Tensor, torch.Tensor]] = []
+        self._in_flight: list[tuple[dist.Work, int, torch.Tensor, set[nn.Parameter]]] = []
         self._finish_queued = False
         for param in params:
             param.register_post_accumulate_grad_hook(self._gradient_ready)
@@ -86,40 +89,51 @@ class GradientReduceScatter:
 
     def _launch(self, index: int) -> None:
         """Pack each rank's rows of the bucket's gradients into that rank's segment; reduce-scatter."""
+        self._release_finished()
         bucket, width = self.buckets[index], self.widths[index]
+        reached = {param for param in bucket if param.grad is not None}
         packed = torch.zeros(width * self.ranks, dtype=bucket[0].dtype, device=bucket[0].device)
         for rank in range(self.ranks):
             offset = rank * width
             for param in bucket:
                 rows = owned_rows(param.shape[0], rank, self.ranks)
                 count = math.prod(row_shape(param, rows))
-                if param.grad is not None:  # a parameter this backward did not reach contributes zeros
+                if param.grad is not None:  # one this backward did not reach contributes zeros
                     packed[offset:offset + count].copy_(param.grad[rows].reshape(-1))
                 offset += count
         for param in bucket:
             param.grad = None
         mine = torch.empty(width, dtype=packed.dtype, device=packed.device)
+        # The work keeps ``packed`` alive until it is released, and no longer.
         work = dist.reduce_scatter_tensor(mine, packed, group=self.group, async_op=True)
-        self._in_flight.append((work, index, packed, mine))
+        self._in_flight.append((work, index, mine, reached))
         self._launched += 1
+
+    def _release_finished(self) -> None:
+        """Take the rows of every reduce-scatter already done, in launch order, freeing its buffer."""
+        while self._in_flight and self._in_flight[0][0].is_completed():
+            self._take_rows(*self._in_flight.pop(0))
+
+    def _take_rows(self, work: dist.Work, index: int, mine: torch.Tensor, reached: set[nn.Parameter]) -> None:
+        work.wait()
+        mine.div_(self.ranks)
+        offset = 0
+        for param in self.buckets[index]:
+            shape = row_shape(param, owned_rows(param.shape[0], self.rank, self.ranks))
+            rows = mine[offset:offset + math.prod(shape)].view(shape)
+            offset += rows.numel()
+            if param not in reached:  # no gradient, no step, as torch's optimizers skip grad=None
+                continue
+            if param in self.shards:  # a second synchronised backward before the optimizer step
+                self.shards[param].to_local().add_(rows)
+            else:
+                self.shards[param] = DTensor.from_local(rows, self.mesh, [Shard(0)], shape=param.shape, stride=param.stride())
 
     def _finish(self) -> None:
         while self._launched < len(self.buckets):
             self._launch(self._launched)
-        for work, index, _packed, mine in self._in_flight:
-            work.wait()
-            mine.div_(self.ranks)
-            offset = 0
-            for param in self.buckets[index]:
-                shape = row_shape(param, owned_rows(param.shape[0], self.rank, self.ranks))
-                rows = mine[offset:offset + math.prod(shape)].view(shape)
-                offset += rows.numel()
-                if param in self.shards:  # a second synchronised backward before the optimizer step
-                    self.shards[param].to_local().add_(rows)
-                else:
-                    self.shards[param] = DTensor.from_local(rows, self.mesh, [Shard(0)],
-                                                            shape=param.shape, stride=param.stride())
-        self._in_flight.clear()
+        while self._in_flight:
+            self._take_rows(*self._in_flight.pop(0))
         self._ready = [0] * len(self.buckets)
         self._launched = 0
         self._finish_queued = False

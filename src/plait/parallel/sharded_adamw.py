@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.optim.adamw import adamw
 
-from plait.parallel.gradient_shards import GradientReduceScatter, owned_rows, row_shape
+from plait.parallel.gradient_shards import BUCKET_BYTES, GradientReduceScatter, owned_rows, row_shape
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -30,17 +30,22 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 class ShardedAdamW(torch.optim.Optimizer):
     """AdamW (decoupled weight decay, PyTorch's fused kernel, as ``build_optimizer``) with state sharded over ``mesh``.
 
-    ``shard_gradients``: reduce-scatter the gradients too (ZeRO-2). Parameters held in a lower
-    precision than fp32 get an fp32 master copy of the owned rows (``masters``)."""
+    With ``gradient_order``, the model's parameters in order, the gradients are reduce-scattered
+    too (ZeRO-2), bucketed in the reverse of that order. Parameters held in a lower precision than
+    fp32 get an fp32 master copy of the owned rows (``masters``)."""
 
-    def __init__(self, params, mesh: DeviceMesh, lr: float, betas: tuple[float, float],
-                 eps: float = 1e-8, weight_decay: float = 1e-2, shard_gradients: bool = False):
+    def __init__(self, params, mesh: DeviceMesh, lr: float, betas: tuple[float, float], eps: float = 1e-8,
+                 weight_decay: float = 1e-2, gradient_order: list[nn.Parameter] | None = None,
+                 bucket_bytes: int = BUCKET_BYTES):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.mesh = mesh
         optimized = self._optimized()
         self.masters = {param: self._as_shard(param.detach()[self._rows(param)].to(torch.float32, copy=True), param)
                         for param in optimized if param.dtype != torch.float32}
-        self.gradient_shards = GradientReduceScatter(optimized, mesh) if shard_gradients else None
+        self.gradient_shards = None
+        if gradient_order is not None:
+            stepped = set(optimized)
+            self.gradient_shards = GradientReduceScatter([p for p in gradient_order if p in stepped], mesh, bucket_bytes)
         self._pieces: list[list[tuple[torch.Tensor, slice]]] | None = None
 
     def _optimized(self) -> list[torch.Tensor]:

@@ -3,7 +3,7 @@
 Pure Python (no torch), so the planner can import it. Ψ is the parameter count and Nd the
 data-parallel size. ``zero_paper_bytes`` is the accounting of the ZeRO paper (Rajbhandari et al.
 2020) for mixed precision: bf16 parameters and gradients (2 + 2 bytes) and an fp32 master copy
-plus Adam's two moments (12 bytes). ``model_state_bytes`` is what plait's implementation holds,
+plus Adam's two moments (12 bytes). ``held_model_state_bytes`` is what plait's implementation holds,
 split into parameters, gradients and optimizer state, which the training run measures and
 ``summary.json`` reports; every stage's total is the paper's (docs/data_parallel.md).
 """
@@ -33,7 +33,7 @@ def zero_paper_bytes(stage: int, parameters: int, dp: int, precision: str = "bf1
     return sum(sharded_split(stage, parameters, dp, PAPER_BYTES[precision]).values())
 
 
-def model_state_bytes(stage: int, parameters: int, dp: int, precision: str) -> dict[str, float]:
+def held_model_state_bytes(stage: int, parameters: int, dp: int, precision: str) -> dict[str, float]:
     """Bytes per rank of parameters, gradients and optimizer state as plait holds them at their largest.
 
     fp32, and bf16 stages 1 and 2, are the paper's split. bf16 stage 0 runs autocast over fp32

@@ -16,7 +16,8 @@ from plait.plan.comm import (
 )
 from plait.plan.compute import NO_OVERHEAD, LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
-from plait.plan.memory import ACTIVATION_BYTES, Kernels, bytes_per_parameter, kv_heads_per_rank
+from plait.parallel.zero_memory import PAPER_BYTES
+from plait.plan.memory import ACTIVATION_BYTES, Kernels, kv_heads_per_rank
 from plait.models.flops import layer_parameter_count
 
 
@@ -104,7 +105,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         cp_backward = exposed_under(2 * ring, hw.attention_backward_ratio * attention_s, hw.comm_overlap)
     zero_forward = zero_backward = gather = 0.0
     if layout.zero == 3:
-        gathered = layer_parameter_count(spec) / layout.tp * bytes_per_parameter(precision)[0]
+        gathered = layer_parameter_count(spec) / layout.tp * PAPER_BYTES[precision][0]
         gather = all_gather_seconds(gathered, layout.dp * layout.cp, merged_link(hw, layout, ("dp", "cp")))
         zero_forward = exposed_under(gather, times.forward, hw.comm_overlap)
         zero_backward = exposed_under(gather, times.backward, hw.comm_overlap)

@@ -44,11 +44,6 @@ class ModelStates:
         return self.params + self.grads + self.optimizer
 
 
-def bytes_per_parameter(precision: str) -> tuple[int, int, int]:
-    """(parameter, gradient, optimizer) bytes per parameter: ZeRO's 2 + 2 + K with K = 12."""
-    return PAPER_BYTES[precision]
-
-
 def model_state_bytes(parameters: float, precision: str, zero: int, shards: int) -> ModelStates:
     """Model states of ``parameters`` on one rank, with ZeRO ``zero`` over ``shards`` ranks."""
     split = sharded_split(zero, parameters, shards, PAPER_BYTES[precision])
@@ -198,6 +193,6 @@ def other_bytes(
     if layout.pp > 1:
         extra += 2 * micro_batch * spec.seq_len // layout.cp * spec.hidden * e / (layout.tp if layout.sp else 1)
     if layout.zero == 3:
-        params, grads, _ = bytes_per_parameter(precision)
+        params, grads, _ = PAPER_BYTES[precision]
         extra += layer_parameter_count(spec) / layout.tp * (2 * params + grads)
     return extra

@@ -13,6 +13,7 @@ from plait.errors import ConfigError
 from plait.layout import Layout
 from plait.models.flops import flops_per_sequence
 from plait.models.spec import ModelSpec
+from plait.parallel.zero_memory import PAPER_BYTES
 from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, reduce_scatter_seconds,
 )
@@ -20,7 +21,7 @@ from plait.plan.compute import optimizer_seconds
 from plait.plan.costs import boundary_seconds, chunk_costs, wrapper_overhead
 from plait.plan.hardware import Hardware
 from plait.plan.memory import (
-    Kernels, RankMemory, activation_bytes_per_layer, bytes_per_parameter, head_activation_bytes,
+    Kernels, RankMemory, activation_bytes_per_layer, head_activation_bytes,
     model_state_bytes, other_bytes, rank_parameters, rank_tensors,
 )
 from plait.plan.pipeline import play
@@ -140,7 +141,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     precision = workload.precision
     shards = layout.dp * layout.cp
     link = merged_link(hw, layout, ("dp", "cp"))
-    p_bytes, g_bytes, _ = bytes_per_parameter(precision)
+    p_bytes, g_bytes, _ = PAPER_BYTES[precision]
     grads = params * g_bytes
     reduce = all_reduce_seconds(grads, shards, link) if layout.zero < 2 else reduce_scatter_seconds(grads, shards, link)
     last_bucket = reduce * min(1.0, BUCKET_BYTES / grads) if grads else 0.0

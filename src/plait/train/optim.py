@@ -31,7 +31,8 @@ def build_optimizer(model: nn.Module, train: TrainSpec, topology: Topology | Non
     state is sharded over the data-parallel ranks, and for stage 2 the gradients too."""
     groups = parameter_groups(model, train.weight_decay)
     if topology is not None and (mesh := zero_optimizer_mesh(topology)) is not None:
-        return ShardedAdamW(groups, mesh, lr=train.lr, betas=BETAS, shard_gradients=topology.layout.zero == 2)
+        order = list(model.parameters()) if topology.layout.zero == 2 else None
+        return ShardedAdamW(groups, mesh, lr=train.lr, betas=BETAS, gradient_order=order)
     # fused=True: PyTorch's single-kernel AdamW (CPU and CUDA; plain and DTensor parameters), several
     # times faster than the per-tensor loop. Each element's update depends on that element alone,
     # so every sharding of the parameters gives the single-process result.
