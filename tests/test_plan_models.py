@@ -7,7 +7,7 @@ from plait.models.flops import layer_flops
 from plait.models.spec import model_spec
 from plait.plan.comm import Link, all_reduce_seconds, group_link, reduce_scatter_seconds
 from plait.plan.compute import Gemm, gemm_seconds, layer_shape
-from plait.plan.hardware import hardware
+from plait.plan.hardware import CATALOG, catalog_name_of, hardware
 from plait.plan.memory import Kernels
 from plait.plan.search import best_layout, scan
 from plait.plan.simulate import Workload
@@ -72,3 +72,14 @@ def test_the_search_keeps_every_fixed_choice_of_the_layout():
     fixed = {"dp": 4, "tp": 2, "pp": 2, "cp": 1, "zero": 0, "sp": True, "recompute": "full", "schedule": "1f1b"}
     picked = best_layout(Workload(model_spec("gpt2-large"), 64), hardware("a100-40gb"), 16, fixed).layout
     assert {name: getattr(picked, name) for name in fixed} == fixed
+
+
+@pytest.mark.parametrize("device_name, entry", [
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H100 NVL", None),
+    ("NVIDIA H200", "h200"), ("NVIDIA B200", "b200"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
+    ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA A100-PCIE-40GB", "a100-40gb"), ("AMD Instinct MI300X", "mi300x"),
+    ("NVIDIA GeForce RTX 4090", None), ("NVIDIA H800", None),
+])
+def test_a_device_is_found_in_the_catalog_by_the_name_its_driver_gives(device_name, entry):
+    assert catalog_name_of(device_name) == entry
+    assert entry is None or entry in CATALOG

@@ -1,7 +1,8 @@
 """summary.json: the run's headline figures, gathered from every rank by rank 0.
 
-Fields whose measurement has not landed yet are written as null: ``comm_fraction`` (needs the
-span tracer) and ``mfu`` (needs the device's peak FLOP/s from the hardware catalog). Without
+``mfu`` is the model FLOP/s per rank over the device's peak from the hardware catalog
+(``plait.plan.hardware``), null on a device the catalog does not hold (any CPU). Fields whose
+measurement has not landed yet are written as null: ``comm_fraction`` (needs the span tracer). Without
 pipeline parallelism there is no bubble, so ``bubble_fraction`` is 0. ``model_state_bytes_per_rank``
 is what each rank measured it holds of parameters, gradients and optimizer state
 (``plait.observe.model_state``), beside the formula for its ZeRO stage (docs/data_parallel.md).
@@ -20,6 +21,7 @@ from plait.config import RunConfig
 from plait.models.flops import flops_per_sequence, parameter_count
 from plait.observe.run_files import SUMMARY_FILE, write_json_atomically
 from plait.parallel.zero_memory import held_model_state_bytes
+from plait.plan.hardware import catalog_name_of, hardware
 from plait.topology import Topology
 
 
@@ -28,6 +30,14 @@ def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def catalog_peak_tflops(device: torch.device, precision: str) -> float | None:
+    """The catalog's dense peak TFLOP/s of ``device`` in ``precision``, or None if it is not a catalog GPU."""
+    if device.type != "cuda":
+        return None
+    name = catalog_name_of(torch.cuda.get_device_name(device))
+    return None if name is None else hardware(name).peak_tflops(precision)
 
 
 def steady_step_time(step_times: list[float]) -> float:
@@ -48,6 +58,8 @@ def write_summary(run_dir: Path, config: RunConfig, topology: Topology, result) 
     step_time = steady_step_time(result.step_times)
     sequences_per_s = train.global_batch / step_time
     model_flops = flops_per_sequence(config.model, recompute=layout.recompute).model
+    model_tflops = model_flops * sequences_per_s / layout.world_size / 1e12
+    peak = catalog_peak_tflops(topology.device, train.precision)
     summary = {
         "layout": {**layout.to_dict(), "name": layout.describe()},
         "world_size": layout.world_size,
@@ -61,11 +73,11 @@ def write_summary(run_dir: Path, config: RunConfig, topology: Topology, result) 
         "final_loss": result.losses[-1],
         "step_time_s": step_time,
         "tokens_per_s": sequences_per_s * config.model.seq_len,
-        "model_tflops_per_rank": model_flops * sequences_per_s / layout.world_size / 1e12,
+        "model_tflops_per_rank": model_tflops,
         "bubble_fraction": result.pipeline.get("bubble_fraction", 0.0 if layout.pp == 1 else None),
         "bubble_fraction_theory": result.pipeline.get("bubble_fraction_theory", 0.0 if layout.pp == 1 else None),
         "comm_fraction": None,
-        "mfu": None,
+        "mfu": None if peak is None else model_tflops / peak,
         "peak_memory_bytes": max(per_rank),
         "peak_memory_bytes_per_rank": per_rank,
         "model_state_bytes_per_rank": model_state,

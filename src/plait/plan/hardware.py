@@ -149,6 +149,20 @@ MEASURED_ONLY = ("name", "host_overhead", "layer_kernel_scale", "reduce_scatter_
 OVERRIDABLE = tuple(f.name for f in fields(Hardware) if f.name not in MEASURED_ONLY)
 
 
+# What the driver calls each catalog part (torch.cuda.get_device_name), most specific first:
+# "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-40GB", "AMD Instinct MI300X".
+DEVICE_NAMES: tuple[tuple[str, str | None], ...] = (
+    ("H100 NVL", None),  # a PCIe part with its own peak, not in the catalog
+    ("H100 PCIe", "h100-pcie"), ("H100", "h100-sxm"), ("H200", "h200"), ("B200", "b200"),
+    ("A100-SXM4-40GB", "a100-40gb"), ("A100-PCIE-40GB", "a100-40gb"), ("A100", "a100-80gb"), ("MI300X", "mi300x"),
+)
+
+
+def catalog_name_of(device_name: str) -> str | None:
+    """The catalog entry for a device as its driver names it, or None for a part not in the catalog."""
+    return next((entry for marker, entry in DEVICE_NAMES if marker.lower() in device_name.lower()), None)
+
+
 def hardware(name: str, **overrides: float | None) -> Hardware:
     """The catalog entry ``name`` with any figure replaced by ``overrides`` (``None`` keeps it)."""
     if name not in CATALOG:
