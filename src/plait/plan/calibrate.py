@@ -13,8 +13,7 @@ while the other works, as two training ranks share caches, memory bandwidth and 
   every exponential), and its backward's time as a multiple of its forward's;
 * all-reduce time over the two ranks, fitted to t = 2α + S/β (the two-rank ring of
   plait.plan.comm); reduce-scatter and all-gather time as multiples of that ring's one pass
-  (gloo's are not rings); and the share of an all-reduce that
-  hides under compute;
+  (gloo's are not rings); and the share of an all-reduce that hides under compute;
 * the host's overhead beyond the kernels, plait's optimizer step, what a whole layer's kernels
   take beyond the sum of their microbenchmarks, and what each parallel wrapper adds
   (plait.plan.calibrate_host).

@@ -2,7 +2,8 @@
 
 Ring algorithms (Patarasuk & Yuan 2009; NCCL's default for large messages): over n ranks an
 all-reduce of S bytes sends 2(n−1)/n·S per rank in 2(n−1) steps, a reduce-scatter or all-gather
-(n−1)/n·S in n−1 steps. Each step pays the link latency.
+(n−1)/n·S in n−1 steps. Each step pays the link latency. Where reduce-scatter and all-gather are
+not rings (gloo), the hardware's calibrated ``CollectiveScale`` multiplies their two terms.
 
 Topology: the mesh is (pp, dp, cp, tp) with tp innermost, ranks numbered row-major and nodes
 holding consecutive ranks. A group whose members all sit in one node uses the intra-node link.
