@@ -25,6 +25,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket size
+# torch 2.13 renamed the two single-tensor collectives and warns under the old names; torch
+# before 2.13 has only those.
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 
 
 def owned_rows(rows: int, rank: int, ranks: int) -> slice:
@@ -105,7 +109,7 @@ class GradientReduceScatter:
             param.grad = None
         mine = torch.empty(width, dtype=packed.dtype, device=packed.device)
         # The work keeps ``packed`` alive until it is released, and no longer.
-        work = dist.reduce_scatter_tensor(mine, packed, group=self.group, async_op=True)
+        work = reduce_scatter_single(mine, packed, group=self.group, async_op=True)
         self._in_flight.append((work, index, mine, reached))
         self._launched += 1
 

@@ -12,13 +12,12 @@ the two moments, sharded); the bf16 parameters are the master rounded after ever
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.optim.adamw import adamw
 
-from plait.parallel.gradient_shards import BUCKET_BYTES, GradientReduceScatter, owned_rows, row_shape
+from plait.parallel.gradient_shards import BUCKET_BYTES, GradientReduceScatter, all_gather_single, owned_rows, row_shape
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -134,7 +133,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         mine = torch.cat([param.detach()[rows].reshape(-1) for param, rows in self._pieces[self.mesh.get_local_rank()]])
         local = torch.nn.functional.pad(mine, (0, width - mine.numel()))
         gathered = torch.empty(width * self.mesh.size(), dtype=local.dtype, device=local.device)
-        dist.all_gather_into_tensor(gathered, local, group=self.mesh.get_group())
+        all_gather_single(gathered, local, group=self.mesh.get_group())
         for rank, pieces in enumerate(self._pieces):
             offset = rank * width
             for param, rows in pieces:

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from plait.parallel.gradient_shards import all_gather_single, reduce_scatter_single
 from plait.plan.comm import (
     LINK_EFFICIENCY, Link, all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds,
 )
@@ -146,8 +147,8 @@ def measure_collectives() -> tuple[dict[str, dict[int, float]], float]:
         whole, half = torch.ones(size // 4), torch.ones(size // 8)
         calls = {
             "all_reduce": lambda: dist.all_reduce(whole),
-            "reduce_scatter": lambda: dist.reduce_scatter_tensor(half, whole),
-            "all_gather": lambda: dist.all_gather_into_tensor(whole, half),
+            "reduce_scatter": lambda: reduce_scatter_single(half, whole),
+            "all_gather": lambda: all_gather_single(whole, half),
         }
         count = max(5, min(200, 2**24 // size))  # the same on both ranks: collectives must match
         for kind, call in calls.items():
