@@ -135,3 +135,32 @@ def resumed_weights(config: RunConfig, run_dir: str) -> dict | None:
     load_checkpoint(latest_checkpoint(Path(run_dir)), model, optimizer)
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     return {name: value.detach().float().clone() for name, value in weights.items()} if topology.rank == 0 else None
+
+
+def zero2_rows_after_a_backward_that_reaches_no_parameter(config: RunConfig) -> float:
+    """Accumulate one micro-batch without synchronising, then run a synchronised backward that
+    reaches no parameter: how far this rank's gradient rows are from the average of the ranks'
+    accumulated gradients (they must still be reduced)."""
+    import torch.distributed as dist
+
+    from plait.parallel.data import gradient_sync
+    from plait.parallel.gradient_shards import owned_rows
+    from plait.parallel.sharded_adamw import ShardedAdamW
+
+    topology = build_topology(config.layout, torch.device("cpu"))
+    rank, ranks = topology.coordinate("dp"), topology.size("dp")
+    model = torch.nn.Linear(8, 6)
+    torch.nn.init.constant_(model.weight, 0.1)
+    optimizer = ShardedAdamW(model.parameters(), topology.mesh["dp"], lr=1e-3, betas=(0.9, 0.95),
+                             gradient_order=list(model.parameters()))
+    with gradient_sync(model, optimizer, False):
+        model(torch.full((4, 8), float(rank + 1))).square().sum().backward()
+    expected = [param.grad.clone() for param in model.parameters()]
+    for grad in expected:
+        dist.all_reduce(grad, group=topology.group("dp"))
+        grad /= ranks
+    with gradient_sync(model, optimizer, True):
+        (torch.ones(3, requires_grad=True) * 2).sum().backward()
+    shards = optimizer.gradient_shards.shards
+    return max((shards[param].to_local() - grad[owned_rows(param.shape[0], rank, ranks)]).abs().max().item()
+               for param, grad in zip(model.parameters(), expected))

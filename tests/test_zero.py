@@ -14,7 +14,10 @@ from plait.models.spec import model_spec
 from plait.observe.run_files import read_metrics
 from plait.parallel.zero_memory import held_model_state_bytes, zero_paper_bytes
 from plait.train.checkpoint import checkpoint_root
-from tests.cases import collectives_per_microbatch, run_config, train_losses, train_outcome, zero2_gradient_rows, resumed_weights
+from tests.cases import (
+    collectives_per_microbatch, resumed_weights, run_config, train_losses, train_outcome, zero2_gradient_rows,
+    zero2_rows_after_a_backward_that_reaches_no_parameter,
+)
 
 MICROBATCHES = 4
 
@@ -43,6 +46,11 @@ def test_zero2_reduces_buckets_during_backward_into_each_ranks_averaged_rows(poo
         assert outcome["buckets"] >= 8
         assert outcome["relative_error"] < 1e-5
         assert outcome["gradients_after_first_scatter"] > 0.5, "the first bucket should go out early in backward"
+
+
+def test_zero2_reduces_accumulated_gradients_even_when_the_last_backward_reaches_none(pool):
+    errors = pool.run(zero2_rows_after_a_backward_that_reaches_no_parameter, 2, run_config(dp=2, zero=2))
+    assert max(errors) < 1e-6
 
 
 @pytest.mark.parametrize("dp, stage", [(2, 0), (2, 1), (2, 2), (2, 3), (4, 1), (4, 2)])

@@ -84,6 +84,8 @@ def gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, enabled: b
             yield
         finally:
             optimizer.gradient_shards.sync = True
+        if enabled:
+            optimizer.gradient_shards.flush()
     elif enabled or not isinstance(model, DistributedDataParallel):
         yield
     else:

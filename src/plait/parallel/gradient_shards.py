@@ -138,9 +138,23 @@ class GradientReduceScatter:
             self._launch(self._launched)
         while self._in_flight:
             self._take_rows(*self._in_flight.pop(0))
+        self._restart()
+
+    def _restart(self) -> None:
         self._ready = [0] * len(self.buckets)
         self._launched = 0
         self._finish_queued = False
 
+    def flush(self) -> None:
+        """Reduce what a synchronised backward left whole: one that reached no parameter leaves the
+        gradients of earlier micro-batches unreduced (after a normal one there is nothing left)."""
+        if any(param.grad is not None for bucket in self.buckets for param in bucket):
+            self._finish()
+
     def clear(self) -> None:
+        """Drop the shards, and whatever a backward pass that raised left behind."""
+        for work, *_ in self._in_flight:
+            work.wait()  # its collective was issued on every rank; let it end before its buffers go
+        self._in_flight.clear()
+        self._restart()
         self.shards.clear()
