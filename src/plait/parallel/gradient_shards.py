@@ -56,8 +56,11 @@ class GradientReduceScatter:
         self.shards: dict[nn.Parameter, DTensor] = {}
         # The backward pass reaches the last parameters first: bucket them in that order.
         self.buckets = self._partition(list(reversed(params)), bucket_bytes)
-        self.widths = [max(sum(math.prod(row_shape(p, owned_rows(p.shape[0], rank, self.ranks))) for p in bucket)
-                           for rank in range(self.ranks)) for bucket in self.buckets]
+        # Each parameter's rows per rank and their shapes, fixed for the run: the hooks only look them up.
+        self._rows = {param: [owned_rows(param.shape[0], rank, self.ranks) for rank in range(self.ranks)] for param in params}
+        self._shapes = {param: [row_shape(param, rows) for rows in self._rows[param]] for param in params}
+        self.widths = [max(sum(math.prod(self._shapes[p][rank]) for p in bucket) for rank in range(self.ranks))
+                       for bucket in self.buckets]
         self._bucket_of = {param: index for index, bucket in enumerate(self.buckets) for param in bucket}
         self._ready = [0] * len(self.buckets)
         self._launched = 0
@@ -100,10 +103,9 @@ class GradientReduceScatter:
         for rank in range(self.ranks):
             offset = rank * width
             for param in bucket:
-                rows = owned_rows(param.shape[0], rank, self.ranks)
-                count = math.prod(row_shape(param, rows))
+                count = math.prod(self._shapes[param][rank])
                 if param.grad is not None:  # one this backward did not reach contributes zeros
-                    packed[offset:offset + count].copy_(param.grad[rows].reshape(-1))
+                    packed[offset:offset + count].copy_(param.grad[self._rows[param][rank]].reshape(-1))
                 offset += count
         for param in bucket:
             param.grad = None
@@ -123,7 +125,7 @@ class GradientReduceScatter:
         mine.div_(self.ranks)
         offset = 0
         for param in self.buckets[index]:
-            shape = row_shape(param, owned_rows(param.shape[0], self.rank, self.ranks))
+            shape = self._shapes[param][self.rank]
             rows = mine[offset:offset + math.prod(shape)].view(shape)
             offset += rows.numel()
             if param not in reached:  # no gradient, no step, as torch's optimizers skip grad=None

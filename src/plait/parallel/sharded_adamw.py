@@ -98,11 +98,12 @@ class ShardedAdamW(torch.optim.Optimizer):
         if closure is not None:
             raise ValueError("ShardedAdamW.step takes no closure")
         for group in self.param_groups:
-            params = [param for param in group["params"] if self._owned_gradient(param) is not None]
+            owned = {param: grad for param in group["params"] if (grad := self._owned_gradient(param)) is not None}
+            params = list(owned)
             targets = [self.masters[param].to_local() if param in self.masters else param.detach()[self._rows(param)]
                        for param in params]
             # The fused kernel wants gradients in the dtype of what it updates: bf16 → fp32 for a master.
-            grads = [self._owned_gradient(param).to(target.dtype) for param, target in zip(params, targets)]
+            grads = [owned[param].to(target.dtype) for param, target in zip(params, targets)]
             states = [self._state(param) for param in params]
             beta1, beta2 = group["betas"]
             adamw(
