@@ -11,6 +11,7 @@ from plait.config import RunConfig
 from plait.observe.collectives import CollectiveBytes
 from plait.observe.saved_activations import SavedBytes
 from plait.parallel.context import apply_context_parallel, context_shard
+from plait.parallel.recompute import apply_recompute
 from plait.parallel.replicas import average_replica_gradients
 from plait.parallel.tensor import apply_tensor_parallel, finish_tensor_gradients, vocab_parallel_loss
 from plait.topology import build_topology
@@ -23,6 +24,7 @@ def _one_step(config: RunConfig, layers: int, topology) -> tuple[CollectiveBytes
     """Forward and backward of one batch through a ``layers``-deep model, measured."""
     config = replace(config, model=replace(config.model, layers=layers))
     model = apply_context_parallel(apply_tensor_parallel(build_model(config, CPU), topology), topology)
+    model = apply_recompute(model, config.layout.recompute)
     generator = torch.Generator().manual_seed(0)
     shape = (config.train.global_batch, config.model.seq_len)
     tokens = torch.randint(0, config.model.vocab, shape, generator=generator)

@@ -1,4 +1,5 @@
-"""Measured per-layer costs of tp, sp and cp equal the analytic ones: collective bytes and saved activations."""
+"""Measured per-layer costs of tp, sp, cp and recomputation equal the analytic ones: collective bytes and
+saved activations."""
 
 from __future__ import annotations
 
@@ -11,12 +12,20 @@ from tests.probes import layer_costs
 
 BATCH, SEQ = 2, 64
 LAYOUTS = [
+    {},
     {"tp": 2},
     {"tp": 2, "sp": True},
     {"tp": 4},
     {"tp": 4, "sp": True},
     {"cp": 2},
     {"tp": 2, "cp": 2},
+    {"recompute": "selective"},
+    {"recompute": "full"},
+    {"tp": 2, "recompute": "selective"},
+    {"tp": 2, "recompute": "full"},
+    {"tp": 2, "sp": True, "recompute": "full"},
+    {"cp": 2, "recompute": "selective"},
+    {"cp": 2, "recompute": "full"},
 ]
 
 
@@ -54,3 +63,13 @@ def test_sequence_parallel_divides_the_norm_region_by_tp(measured, model, tp):
     assert norms > 0
     assert measured[model, plain]["saved"] - measured[model, sharded]["saved"] == norms - norms // tp
 
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
+@pytest.mark.parametrize("layout", [{}, {"tp": 2}, {"cp": 2}], ids=["single", "tp2", "cp2"])
+def test_recomputation_keeps_less_and_full_keeps_only_the_block_input(measured, model, layout):
+    """Saved bytes fall from none to selective to full, and full keeps one residual stream a layer."""
+    saved = {mode: measured[model, LAYOUTS.index({**layout, "recompute": mode} if mode != "none" else layout)]["saved"]
+             for mode in ("none", "selective", "full")}
+    assert saved["none"] > saved["selective"] > saved["full"]
+    assert saved["full"] == BATCH * SEQ // layout.get("cp", 1) * model_spec(model).hidden * 4

@@ -82,7 +82,6 @@ def check_supported(layout: Layout) -> None:
     unsupported = [
         (layout.pp > 1 and (layout.tp > 1 or layout.cp > 1 or layout.zero > 0),
          "pipeline parallelism (--pp) together with --tp, --cp or --zero"),
-        (layout.recompute != "none", "activation recomputation (--recompute)"),
         (layout.zero > 0 and (layout.tp > 1 or layout.cp > 1), "ZeRO (--zero) together with --tp or --cp"),
     ]
     for refused, what in unsupported:

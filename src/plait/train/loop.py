@@ -29,6 +29,7 @@ from plait.parallel.context import apply_context_parallel, average_over_context,
 from plait.parallel.data import apply_data_parallel, gradient_sync
 from plait.parallel.grad_norm import clip_grad_norm
 from plait.parallel.pipeline import apply_pipeline
+from plait.parallel.recompute import apply_recompute
 from plait.parallel.replicas import average_replica_gradients
 from plait.parallel.sharded_adamw import gradients_of
 from plait.parallel.tensor import (
@@ -64,9 +65,11 @@ def build_model(config: RunConfig, device: torch.device) -> nn.Module:
 
 
 def apply_parallelisms(model: nn.Module, topology: Topology, precision: str) -> nn.Module:
-    """Tensor, context, then data parallelism, each applied from outside the model (pp aside)."""
+    """Tensor, context parallelism, recomputation, then data parallelism, each applied from
+    outside the model (pp aside)."""
     model = apply_tensor_parallel(model, topology)
     model = apply_context_parallel(model, topology)
+    model = apply_recompute(model, topology.layout.recompute)
     return apply_data_parallel(model, topology, precision)
 
 
@@ -116,7 +119,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
     source = BatchSource(tokens, config.model.seq_len, train_spec.global_batch, train_spec.seed)
 
     model = build_model(config, device)
-    pipeline = apply_pipeline(model, config, topology) if layout.pp > 1 else None
+    pipeline = apply_pipeline(apply_recompute(model, layout.recompute), config, topology) if layout.pp > 1 else None
     if pipeline is not None:
         model = pipeline.model
     else:

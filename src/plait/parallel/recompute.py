@@ -1,0 +1,47 @@
+"""Activation recomputation (``--recompute``), applied from outside the model.
+
+- ``full``: each block keeps only its inputs (the residual stream, and the rotary angles on
+  Llama); its whole forward runs again in backward (Chen et al. 2016; Megatron-LM's "full").
+- ``selective``: only the attention core (softmax(q kᵀ) v) runs again; it keeps q, k and v
+  instead of its output and softmax statistics (Korthikanti et al. 2022, §4).
+
+``torch.utils.checkpoint`` (non-reentrant) does the work. The module's class is swapped for a
+subclass whose forward runs the original under it, as FSDP2's ``fully_shard`` swaps classes: no
+wrapper module, so parameter names (and with them tensor-parallel plans, pipeline pruning and
+checkpoints) stay the single-device ones. Not ``torch.distributed._composable.checkpoint``, which
+also keeps names: it cannot recompute a module twice, and the zero-bubble schedules' split backward
+(input gradients, then weight gradients in a second pass) recomputes twice. Apply it after tensor
+and context parallelism (context parallelism swaps the attention core that ``selective``
+recomputes) and before data parallelism, as torchtitan does.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from plait.models.transformer import Transformer
+
+
+class Recomputed:
+    """Mixin placed before a module's class: its forward keeps only its inputs for backward."""
+
+    def forward(self, *args, **kwargs):
+        return checkpoint(super().forward, *args, use_reentrant=False, **kwargs)
+
+
+def recomputed_modules(model: Transformer, mode: str) -> list[nn.Module]:
+    """The modules whose forward ``mode`` reruns in backward, one per block."""
+    if mode == "full":
+        return list(model.layers.values())
+    if mode == "selective":
+        return [block.attention.core for block in model.layers.values()]
+    return []
+
+
+def apply_recompute(model: Transformer, mode: str) -> Transformer:
+    """Recompute each block (``full``) or each attention core (``selective``) in backward."""
+    for module in recomputed_modules(model, mode):
+        if not isinstance(module, Recomputed):
+            module.__class__ = type(f"Recomputed{type(module).__name__}", (Recomputed, type(module)), {})
+    return model
