@@ -50,6 +50,11 @@ def collectives_per_microbatch(config: RunConfig) -> list[dict[str, int]]:
     ]
 
 
+def layout_world_size(layout: dict) -> int:
+    """Ranks a layout given as Layout fields needs (unset sizes are 1)."""
+    return layout.get("dp", 1) * layout.get("tp", 1) * layout.get("cp", 1) * layout.get("pp", 1)
+
+
 def run_config(
     model: str = "tiny", steps: int = 10, global_batch: int = 8, seq_len: int = 64, precision: str = "fp32", **layout,
 ) -> RunConfig:

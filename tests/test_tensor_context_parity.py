@@ -1,4 +1,5 @@
-"""Tensor, sequence and context parallelism give the single-process losses, step for step (fp32)."""
+"""Tensor, sequence and context parallelism give the single-process losses, step for step (fp32):
+alone, with data parallelism, cut into pipeline stages, and with activation recomputation."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.cases import run_config, train_losses
+from tests.cases import layout_world_size, run_config, train_losses
 from tests.test_data_parallel_parity import assert_same_losses
 
 LAYOUTS = [
@@ -17,11 +18,22 @@ LAYOUTS = [
     {"cp": 4},
     {"tp": 2, "cp": 2},
     {"tp": 2, "dp": 2},  # gradients averaged over dp by plait.parallel.replicas (DDP cannot hold DTensors)
+    # Recomputation (on one process the losses are equal bit for bit)
+    {"recompute": "selective"},
+    {"recompute": "full"},
+    {"dp": 2, "zero": 3, "recompute": "full"},  # FSDP2 gathers the block's weights again to recompute it
+    {"dp": 2, "zero": 2, "recompute": "full", "microbatches": 2},
+    {"tp": 2, "sp": True, "recompute": "full"},
+    {"cp": 2, "recompute": "selective"},  # the recomputed core exchanges heads again
+    {"pp": 2, "schedule": "zb-h1", "microbatches": 4, "recompute": "full"},  # recomputed for I, then for W
+    {"pp": 2, "schedule": "1f1b", "microbatches": 4, "recompute": "selective"},
+    # Pipeline stages cut from the tensor- or context-parallel model
+    {"pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 4},
+    {"pp": 2, "tp": 2, "sp": True, "schedule": "zb-h1", "microbatches": 4},
+    {"pp": 2, "tp": 2, "schedule": "interleaved-1f1b", "virtual_stages": 2, "microbatches": 2},
+    {"pp": 2, "cp": 2, "schedule": "gpipe", "microbatches": 2},
+    {"pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 2, "recompute": "full"},
 ]
-
-
-def world_size(layout: dict) -> int:
-    return layout.get("tp", 1) * layout.get("cp", 1) * layout.get("dp", 1)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +47,7 @@ def single_process(pool):
 def test_layout_matches_single_process(pool, single_process, model, layout):
     reference = single_process[model]
     assert reference[-1] < reference[0], "the reference run should learn"
-    for losses in pool.run(train_losses, world_size(layout), run_config(model, **layout)):
+    for losses in pool.run(train_losses, layout_world_size(layout), run_config(model, **layout)):
         assert_same_losses(reference, losses)
 
 
@@ -61,3 +73,20 @@ def test_checkpoint_of_one_layout_resumes_under_tensor_and_context_parallel(pool
         config = run_config("tiny-llama", steps=4, **layout)
         resumed = pool.run(train_losses, 2, replace(config, train=replace(config.train, resume=True)), saved_dir)
         assert_same_losses(straight[2:], resumed[0])
+
+
+def test_checkpoint_of_pipeline_with_tensor_parallel_resumes_under_other_layouts(pool, tmp_path):
+    """A pp2·tp2 checkpoint (GPT-2's tied embedding on both stages, vocabulary-sharded) resumes on
+    one process, under tp alone and under pp·cp, continuing the uninterrupted run's losses."""
+    def config(steps: int, **layout):
+        base = run_config("tiny", steps=steps, **layout)
+        return replace(base, train=replace(base.train, checkpoint_every=3))
+
+    straight = pool.run(train_losses, 1, config(6))[0]
+    saved = str(tmp_path / "saved")
+    pool.run(train_losses, 4, config(3, pp=2, tp=2, schedule="1f1b", microbatches=2), saved)
+    for layout in ({}, {"tp": 2}, {"pp": 2, "cp": 2, "schedule": "gpipe", "microbatches": 2}):
+        resumed_config = config(6, **layout)
+        resumed_config = replace(resumed_config, train=replace(resumed_config.train, resume=True, checkpoint_every=0))
+        resumed = pool.run(train_losses, layout_world_size(layout), resumed_config, saved)[0]
+        assert_same_losses(straight[3:], resumed)

@@ -80,8 +80,7 @@ class RunConfig:
 # Paradigms whose implementation has not landed yet: refused rather than silently ignored.
 def check_supported(layout: Layout) -> None:
     unsupported = [
-        (layout.pp > 1 and (layout.tp > 1 or layout.cp > 1 or layout.zero > 0),
-         "pipeline parallelism (--pp) together with --tp, --cp or --zero"),
+        (layout.pp > 1 and layout.zero > 0, "pipeline parallelism (--pp) together with --zero"),
         (layout.zero > 0 and (layout.tp > 1 or layout.cp > 1), "ZeRO (--zero) together with --tp or --cp"),
     ]
     for refused, what in unsupported:

@@ -6,10 +6,15 @@ its single-device name and checkpoints map one to one. Each chunk runs through a
 copy of that model whose ``layers`` holds only the chunk's blocks and whose embedding or head is
 ``None`` where the chunk does not own it, so ``Transformer.forward`` runs unchanged.
 
+Tensor, sequence and context parallelism are applied to the whole model before it is cut, so a
+stage is a slice of the tensor-parallel model: hidden states cross stages as each rank's local
+tensor (a sequence shard under sp or cp), and the last stage takes the loss on vocabulary shards.
+
 Tied embeddings (GPT-2) live on the first and last stages at once, as in Megatron-LM: both copies
 start equal, their gradients are summed across the two ranks after each step, so they stay equal.
-Data parallelism over pipeline stages averages gradients explicitly after the step rather than
-through DDP, whose per-backward hooks cannot follow a backward split into input and weight halves.
+Data and context parallelism over pipeline stages average gradients explicitly after the step
+rather than through DDP, whose per-backward hooks cannot follow a backward split into input and
+weight halves.
 """
 
 from __future__ import annotations
@@ -18,16 +23,19 @@ import copy
 import math
 import statistics
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from plait.config import RunConfig
 from plait.observe.timeline import TIMELINE_PICTURE, draw_timeline
+from plait.parallel.grad_norm import scale_to_norm, total_norm
+from plait.parallel.replicas import average_gradients
+from plait.parallel.tensor import finish_tensor_gradients, vocab_parallel_loss
 from plait.schedules.actions import Schedule
 from plait.schedules.executor import Executor, StepRecord
 from plait.schedules.generators import generate
@@ -86,34 +94,30 @@ def chunk_views(model: nn.Module, schedule: Schedule, rank: int, split: tuple[ra
     return views
 
 
-@dataclass
-class PipelineGroups:
-    """The process groups a pipeline step talks over; ``dp`` is None without data parallelism."""
-
-    pp: dist.ProcessGroup
-    pp_rank: int
-    dp: dist.ProcessGroup | None = None
-
-
 class Pipeline:
     """One pipeline rank: its pruned model, its chunks and the executor that runs the schedule."""
 
-    def __init__(self, model: nn.Module, schedule: Schedule, split: tuple[range, ...], groups: PipelineGroups,
-                 device: torch.device):
-        self.schedule, self.groups, self.device = schedule, groups, device
-        self.model = prune_to_rank(model, schedule, groups.pp_rank, split)
-        self.chunks = chunk_views(self.model, schedule, groups.pp_rank, split)
+    def __init__(self, model: nn.Module, schedule: Schedule, split: tuple[range, ...], topology: Topology):
+        self.schedule, self.topology, self.device = schedule, topology, topology.device
+        self.pp_group, self.pp_rank = topology.group("pp"), topology.coordinate("pp")
+        self.model = prune_to_rank(model, schedule, self.pp_rank, split)
+        self.chunks = chunk_views(self.model, schedule, self.pp_rank, split)
         self.holds_first = 0 in self.chunks
         self.holds_last = schedule.num_chunks - 1 in self.chunks
         self.tied = model.spec.tie_embeddings and schedule.pp > 1
         self.hidden = model.spec.hidden
+        # Hidden states cross stages as sequence shards under sp (cp shards the token ids already).
+        self.sequence_split = topology.size("tp") if topology.layout.sp else 1
+        self.replica_dims = [dim for dim in ("dp", "cp") if topology.size(dim) > 1]
         self.spans: deque[list[Span]] = deque(maxlen=KEPT_STEPS)  # this rank's spans, one list per step
         self.steps_run = 0
 
-    def step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast) -> StepRecord:
+    def step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast,
+             positions: torch.Tensor | None = None) -> StepRecord:
         """Forward and backward every micro-batch by the schedule; gradients end synchronised.
 
-        Returns this rank's record with ``loss`` (the global mean loss, on every pp rank).
+        ``positions`` are those of the sequence slice this rank holds (None: all of them). Returns
+        this rank's record with ``loss`` (the mean loss of its tokens, on every pp rank).
         """
         count = len(micro_batches)
         targets = [t.to(self.device) for _, t in micro_batches]
@@ -122,16 +126,20 @@ class Pipeline:
             return F.cross_entropy(logits.flatten(0, 1).float(), targets[mb].flatten()) / count
 
         def recv_shape(mb: int) -> tuple[int, ...]:
-            return (*micro_batches[mb][0].shape, self.hidden)
+            batch, tokens = micro_batches[mb][0].shape
+            return batch, tokens // self.sequence_split, self.hidden
 
-        chunks = {c: _Autocast(view, autocast) for c, view in self.chunks.items()}
-        executor = Executor(self.schedule, self.groups.pp_rank, chunks, loss_fn, recv_shape, self.groups.pp, self.device)
-        dist.barrier(group=self.groups.pp)  # a common start, so every rank's spans share one clock origin
-        record = executor.run([inputs for inputs, _ in micro_batches])
+        if positions is None:  # stages after the first see hidden states, not how long the sequence is
+            positions = torch.arange(micro_batches[0][0].shape[1], device=self.device)
+        chunks = {c: _Chunk(view, autocast, positions.to(self.device)) for c, view in self.chunks.items()}
+        executor = Executor(self.schedule, self.pp_rank, chunks, loss_fn, recv_shape, self.pp_group, self.device)
+        dist.barrier(group=self.pp_group)  # a common start, so every rank's spans share one clock origin
+        with vocab_parallel_loss(self.topology):  # the last chunk's loss and its backward
+            record = executor.run([inputs for inputs, _ in micro_batches])
         self._sync_gradients()
         loss = record.loss if record.loss is not None else torch.zeros((), device=self.device)
-        last = dist.get_global_rank(self.groups.pp, self.schedule.pp - 1)
-        dist.broadcast(loss, src=last, group=self.groups.pp)
+        last = dist.get_global_rank(self.pp_group, self.schedule.pp - 1)
+        dist.broadcast(loss, src=last, group=self.pp_group)
         record.loss = loss
         origin = min((span.start for span in record.spans), default=0.0)
         self.spans.append([Span(s.action, s.start - origin, s.end - origin) for s in record.spans])
@@ -139,9 +147,9 @@ class Pipeline:
         return record
 
     def train_step(self, optimizer: torch.optim.Optimizer, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
-                   grad_clip: float, autocast) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step over the pipeline; returns (global mean loss, global grad norm)."""
-        record = self.step(micro_batches, autocast)
+                   grad_clip: float, autocast, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over the pipeline; returns (this rank's mean loss, global grad norm)."""
+        record = self.step(micro_batches, autocast, positions)
         norm = self.clip_gradients(grad_clip if grad_clip > 0 else math.inf)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -150,7 +158,7 @@ class Pipeline:
     def timelines(self) -> list[Timeline]:
         """Collective over the pp group: every step's measured timeline, all ranks together."""
         gathered: list[list[list[Span]] | None] = [None] * self.schedule.pp
-        dist.all_gather_object(gathered, list(self.spans), group=self.groups.pp)
+        dist.all_gather_object(gathered, list(self.spans), group=self.pp_group)
         return [Timeline(tuple(tuple(rank[step]) for rank in gathered)) for step in range(len(self.spans))]
 
     def report(self, run_dir: Path | None) -> dict[str, float]:
@@ -163,7 +171,7 @@ class Pipeline:
         warmup_kept = self.steps_run == len(timelines) and len(timelines) > 1
         steady = timelines[1:] if warmup_kept else timelines
         measured = statistics.median(t.bubble_fraction for t in steady)
-        if run_dir is not None and self.groups.pp_rank == 0 and timelines:
+        if run_dir is not None and self.pp_rank == 0 and timelines:
             title = f"{self.schedule.name}, pp={self.schedule.pp}, m={self.schedule.microbatches}"
             if self.schedule.virtual_stages > 1:
                 title += f", v={self.schedule.virtual_stages}"
@@ -171,20 +179,16 @@ class Pipeline:
         return {"bubble_fraction": measured, "bubble_fraction_theory": theoretical_bubble(self.schedule)}
 
     def _sync_gradients(self) -> None:
+        finish_tensor_gradients(self.model)  # laid out as the parameters are, so the tied copies match
         if self.tied and (self.holds_first or self.holds_last):
-            grad = self.model.tok_embeddings.weight.grad
+            grad = _local(self.model.tok_embeddings.weight.grad)
             peer = self.schedule.pp - 1 if self.holds_first else 0
             other = torch.empty_like(grad)
-            send = dist.isend(grad.contiguous(), group=self.groups.pp, group_dst=peer)
-            dist.recv(other, group=self.groups.pp, group_src=peer)
+            send = dist.isend(grad.contiguous(), group=self.pp_group, group_dst=peer)
+            dist.recv(other, group=self.pp_group, group_src=peer)
             send.wait()
             grad += other
-        if self.groups.dp is not None:
-            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-            flat = torch.cat([g.flatten() for g in grads])  # one all-reduce instead of one per tensor
-            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=self.groups.dp)
-            for grad, synced in zip(grads, flat.split([g.numel() for g in grads])):
-                grad.copy_(synced.view_as(grad))
+        average_gradients(self.model, self.topology, self.replica_dims)
 
     def clip_gradients(self, max_norm: float) -> torch.Tensor:
         """Clip by the norm over every stage's gradients (a tied weight counted once); return the norm."""
@@ -192,31 +196,33 @@ class Pipeline:
         counted = params
         if self.tied and self.holds_last and not self.holds_first:
             counted = [p for p in params if p is not self.model.tok_embeddings.weight]
-        squares = sum((p.grad.detach().float().pow(2).sum() for p in counted), torch.zeros((), device=self.device))
-        dist.all_reduce(squares, group=self.groups.pp)
+        squares = total_norm([p.grad for p in counted]).square()
+        dist.all_reduce(squares, group=self.pp_group)
         norm = squares.sqrt()
-        if math.isfinite(max_norm):
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        scale_to_norm([p.grad for p in params], max_norm, norm)
         return norm
 
 
-class _Autocast(nn.Module):
-    """Runs a chunk inside the run's precision context (a no-op context in fp32)."""
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
-    def __init__(self, chunk: nn.Module, autocast):
+
+class _Chunk(nn.Module):
+    """Runs a chunk at the rank's sequence positions, inside the run's precision context."""
+
+    def __init__(self, chunk: nn.Module, autocast, positions: torch.Tensor):
         super().__init__()
-        self.chunk, self.autocast = chunk, autocast
+        self.chunk, self.autocast, self.positions = chunk, autocast, positions
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with self.autocast():
-            return self.chunk(x)
+            return self.chunk(x, self.positions)
 
 
 def apply_pipeline(model: nn.Module, config: RunConfig, topology: Topology) -> Pipeline:
-    """Split the seeded single-device ``model`` for this rank's place on the mesh's pp dimension."""
+    """Split the seeded ``model`` (tensor and context parallelism already applied) for this rank's
+    place on the mesh's pp dimension."""
     layout = config.layout
     schedule = generate(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
     split = split_layers(config.model, layout.pp, layout.virtual_stages, layout.stage_layers)
-    dp = topology.group("dp") if topology.size("dp") > 1 else None
-    groups = PipelineGroups(topology.group("pp"), topology.coordinate("pp"), dp)
-    return Pipeline(model, schedule, split, groups, topology.device)
+    return Pipeline(model, schedule, split, topology)

@@ -104,6 +104,8 @@ def _replicated_output(mesh: DeviceMesh, module: nn.Module, inputs, output: torc
 
 
 def _mask_padded_vocabulary(model: nn.Module, inputs, logits: DTensor) -> DTensor:
+    if model.norm is None:  # a pipeline chunk that ends before the head: hidden states, not logits
+        return logits
     return logits + model.vocab_mask
 
 
@@ -151,12 +153,13 @@ def apply_tensor_parallel(model: Transformer, topology: Topology) -> Transformer
 
 @torch.no_grad()
 def finish_tensor_gradients(model: nn.Module) -> None:
-    """After the step's backward: sum the partial gradients sequence parallelism leaves on the norms'
-    replicated weights (each rank saw only its sequence shard), once, rather than letting every
-    optimizer operation on them redistribute again."""
+    """After the step's backward: lay every gradient out as its parameter is, once, rather than
+    letting every optimizer operation on it redistribute again. Sequence parallelism leaves partial
+    sums on the norms' replicated weights (each rank saw only its sequence shard); the embedding's
+    backward leaves its vocabulary-sharded weight a replicated gradient."""
     for param in model.parameters():
         grad = param.grad
-        if isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements):
+        if isinstance(grad, DTensor) and grad.placements != param.placements:
             param.grad = grad.redistribute(placements=param.placements)
 
 

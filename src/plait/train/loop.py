@@ -67,10 +67,14 @@ def build_model(config: RunConfig, device: torch.device) -> nn.Module:
 def apply_parallelisms(model: nn.Module, topology: Topology, precision: str) -> nn.Module:
     """Tensor, context parallelism, recomputation, then data parallelism, each applied from
     outside the model (pp aside)."""
+    return apply_data_parallel(apply_within_stage(model, topology), topology, precision)
+
+
+def apply_within_stage(model: nn.Module, topology: Topology) -> nn.Module:
+    """Tensor and context parallelism, then recomputation: what a pipeline stage keeps of them."""
     model = apply_tensor_parallel(model, topology)
     model = apply_context_parallel(model, topology)
-    model = apply_recompute(model, topology.layout.recompute)
-    return apply_data_parallel(model, topology, precision)
+    return apply_recompute(model, topology.layout.recompute)
 
 
 def autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -119,7 +123,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
     source = BatchSource(tokens, config.model.seq_len, train_spec.global_batch, train_spec.seed)
 
     model = build_model(config, device)
-    pipeline = apply_pipeline(apply_recompute(model, layout.recompute), config, topology) if layout.pp > 1 else None
+    pipeline = apply_pipeline(apply_within_stage(model, topology), config, topology) if layout.pp > 1 else None
     if pipeline is not None:
         model = pipeline.model
     else:
@@ -145,7 +149,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
         micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
         if pipeline is not None:
             local_loss, grad_norm = pipeline.train_step(optimizer, micro, train_spec.grad_clip,
-                                                        lambda: autocast(config, device))
+                                                        lambda: autocast(config, device), positions)
         else:
             local_loss, grad_norm = train_step(model, optimizer, micro, config, device, topology, positions)
         dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
