@@ -3,9 +3,12 @@ alone, with data parallelism, cut into pipeline stages, and with activation reco
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
+
+from plait.config import DEFAULT_LAYOUT
+from plait.layout import Layout
 
 from tests.cases import layout_world_size, run_config, train_losses
 from tests.test_data_parallel_parity import assert_same_losses
@@ -33,6 +36,8 @@ LAYOUTS = [
     {"pp": 2, "tp": 2, "schedule": "interleaved-1f1b", "virtual_stages": 2, "microbatches": 2},
     {"pp": 2, "cp": 2, "schedule": "gpipe", "microbatches": 2},
     {"pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 2, "recompute": "full"},
+    # plait train's default, a 3-D layout (dp2·tp2·pp2)
+    {f.name: getattr(DEFAULT_LAYOUT, f.name) for f in fields(Layout) if getattr(DEFAULT_LAYOUT, f.name) != f.default},
 ]
 
 

@@ -28,7 +28,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 DEFAULT_MODEL = "tiny"
-DEFAULT_LAYOUT = Layout(dp=2)
+DEFAULT_LAYOUT = Layout(dp=2, tp=2, pp=2, microbatches=2)  # 3-D: every rank in three groups
 
 
 @dataclass(frozen=True)
