@@ -1,5 +1,6 @@
 """summary.json: the run's headline figures, gathered from every rank by rank 0.
 
+``model_spec``, ``global_batch`` and ``device_name`` let ``plait explain`` predict the same run.
 ``mfu`` is the model FLOP/s per rank over the device's peak from the hardware catalog
 (``plait.plan.hardware``), null on a device the catalog does not hold (any CPU). Fields whose
 measurement has not landed yet are written as null: ``comm_fraction`` (needs the span tracer). Without
@@ -11,6 +12,7 @@ is what each rank measured it holds of parameters, gradients and optimizer state
 from __future__ import annotations
 
 import resource
+from dataclasses import asdict
 import statistics
 from pathlib import Path
 
@@ -64,9 +66,12 @@ def write_summary(run_dir: Path, config: RunConfig, topology: Topology, result) 
         "layout": {**layout.to_dict(), "name": layout.describe()},
         "world_size": layout.world_size,
         "model": config.model_name,
+        "model_spec": asdict(config.model),
+        "global_batch": train.global_batch,
         "parameters": parameter_count(config.model),
         "precision": train.precision,
         "device": topology.device.type,
+        "device_name": torch.cuda.get_device_name(topology.device) if topology.device.type == "cuda" else "cpu",
         "steps": train.steps,
         "first_step": result.first_step,
         "initial_loss": result.losses[0],

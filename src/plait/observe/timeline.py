@@ -25,14 +25,39 @@ LABELS = {Kind.FORWARD: "forward", Kind.BACKWARD: "backward", Kind.BACKWARD_INPU
 
 def draw_timeline(timeline: Timeline, path: Path, title: str) -> None:
     """Draw one pipeline step: a row per rank, time in milliseconds from the step's start."""
+    draw_timelines([(timeline, title)], path)
+
+
+def draw_timelines(panels: list[tuple[Timeline, str]], path: Path) -> None:
+    """Draw steps one above the other on a shared time axis (``plait explain``: measured, simulated)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    heights = [0.6 * len(timeline.spans) + 0.8 for timeline, _ in panels]
+    figure, axes_list = plt.subplots(len(panels), 1, figsize=(12, sum(heights) + 0.8), squeeze=False, sharex=True,
+                                     gridspec_kw={"height_ratios": heights})
+    longest = max(timeline.step_time for timeline, _ in panels) * 1e3
+    used: set[Kind] = set()
+    for (timeline, title), (axes,) in zip(panels, axes_list):
+        _draw_ranks(axes, timeline, longest)
+        used |= {s.action.kind for spans in timeline.spans for s in spans if s.action.kind.is_compute}
+        axes.set_title(title, fontsize=10)
+    handles = [Patch(color=COLOURS[k], label=LABELS[k]) for k in sorted(used, key=list(COLOURS).index)]
+    handles.append(Patch(color="#999999", label="send / receive (idle)"))
+    last = axes_list[-1][0]
+    last.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=len(handles), fontsize=8)
+    last.set_xlim(0, longest)
+    last.set_xlabel("time in step (ms); outside the coloured blocks a rank is idle")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _draw_ranks(axes, timeline: Timeline, longest_ms: float) -> None:
     ranks = len(timeline.spans)
-    figure, axes = plt.subplots(figsize=(12, 0.6 * ranks + 1.6))
     for rank, spans in enumerate(timeline.spans):
         for span in spans:
             kind = span.action.kind
@@ -40,20 +65,10 @@ def draw_timeline(timeline: Timeline, path: Path, title: str) -> None:
             if kind.is_compute:
                 axes.broken_barh([(start, width)], (rank - 0.4, 0.8), facecolors=COLOURS[kind], edgecolor="white",
                                  linewidth=0.3)
-                if width > timeline.step_time * 1e3 / 60:
+                if width > longest_ms / 60:
                     axes.text(start + width / 2, rank, f"{span.action.microbatch}", ha="center", va="center",
                               fontsize=6, color="white")
             else:
                 axes.broken_barh([(start, width)], (rank - 0.08, 0.16), facecolors="#999999")
-    used = sorted({s.action.kind for spans in timeline.spans for s in spans if s.action.kind.is_compute},
-                  key=list(COLOURS).index)
-    handles = [Patch(color=COLOURS[k], label=LABELS[k]) for k in used] + [Patch(color="#999999", label="send / receive (idle)")]
-    axes.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(handles), fontsize=8)
     axes.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
     axes.invert_yaxis()
-    axes.set_xlim(0, timeline.step_time * 1e3)
-    axes.set_xlabel("time in step (ms); outside the coloured blocks a rank is idle")
-    axes.set_title(title, fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)

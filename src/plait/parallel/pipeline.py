@@ -32,7 +32,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from plait.config import RunConfig
+from plait.observe.run_files import write_json_atomically
 from plait.observe.timeline import TIMELINE_PICTURE, draw_timeline
+from plait.observe.trace import TRACE_FILE, timeline_events
 from plait.parallel.grad_norm import scale_to_norm, total_norm
 from plait.parallel.replicas import average_gradients
 from plait.parallel.tensor import finish_tensor_gradients, vocab_parallel_loss
@@ -165,7 +167,7 @@ class Pipeline:
         """Collective: measured (median over the kept steps, the first step left out as warm-up) and
         theoretical bubble fractions.
 
-        With ``run_dir``, pp rank 0 draws the last step's timeline there.
+        With ``run_dir``, pp rank 0 draws the last step's timeline there and writes it as trace.json.
         """
         timelines = self.timelines()
         warmup_kept = self.steps_run == len(timelines) and len(timelines) > 1
@@ -176,6 +178,9 @@ class Pipeline:
             if self.schedule.virtual_stages > 1:
                 title += f", v={self.schedule.virtual_stages}"
             draw_timeline(timelines[-1], Path(run_dir) / TIMELINE_PICTURE, f"{title}: measured bubble {measured:.1%}")
+            trace = {"traceEvents": timeline_events(timelines[-1]), "displayTimeUnit": "ms",
+                     "otherData": {"measured": True, "step": self.steps_run - 1}}
+            write_json_atomically(Path(run_dir) / TRACE_FILE, trace)
         return {"bubble_fraction": measured, "bubble_fraction_theory": theoretical_bubble(self.schedule)}
 
     def _sync_gradients(self) -> None:

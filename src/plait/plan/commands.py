@@ -71,6 +71,15 @@ def add_plan_commands(subparsers) -> None:
     calibrate.add_argument("--precision", choices=PRECISIONS, default="fp32")
     calibrate.add_argument("--threads", type=int, help="cores per device (default: half the cores, as two local ranks get)")
     calibrate.set_defaults(handler=run_calibrate)
+    explain = subparsers.add_parser("explain", help="set a finished run's measurements beside their prediction",
+                                    description="Predict a finished run's layout and compare each figure with "
+                                                "what the run measured; pipeline runs also get explain.png.")
+    explain.add_argument("run_dir", metavar="RUN_DIR", help="the --run-dir of a finished plait train run")
+    explain.add_argument("--gpu", help="predict for this catalog GPU (default: the run's own GPU)")
+    explain.add_argument("--hardware-profile", metavar="FILE",
+                         help="a profile written by `plait calibrate` (needed for runs on CPU)")
+    explain.add_argument("--json", action="store_true", help="machine-readable output")
+    explain.set_defaults(handler=run_explain)
 
 
 def _inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]:
@@ -154,6 +163,21 @@ def format_prediction(p: Prediction, hw: Hardware) -> str:
         f"{'' if p.fits else '  — DOES NOT FIT'}: " + "  ".join(f"{k} {v / 1e9:.2f}" for k, v in mem.items()),
     ]
     return "\n".join(lines)
+
+
+def run_explain(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    from plait.observe.explain import explain
+
+    profile = load_profile(args.hardware_profile) if args.hardware_profile else None
+    explanation = explain(Path(args.run_dir), args.gpu, profile)
+    picture = explanation.draw()
+    if args.json:
+        print(json.dumps({**explanation.to_dict(), "picture": str(picture) if picture else None}, indent=2))
+    else:
+        print(explanation.report())
+        if picture is not None:
+            print(f"measured and simulated steps drawn in {picture}")
+    return 0
 
 
 def run_calibrate(args: argparse.Namespace, argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ format, so the same viewer or renderer shows prediction and measurement side by 
 from __future__ import annotations
 
 from plait.layout import Layout
+from plait.observe.trace import timeline_events
 from plait.plan.costs import boundary_seconds, chunk_costs
 from plait.plan.hardware import Hardware
 from plait.plan.memory import rank_parameters, rank_tensors
@@ -37,15 +38,8 @@ def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout)
     counts = tuple(len(r) for r in split_layers(spec, pp, v))
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
     timeline = simulated_timeline(workload, hw, gpus, layout)
-    events = []
-    for rank, spans in enumerate(timeline.spans):
-        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank, "args": {"name": f"pipeline rank {rank}"}})
-        for span in spans:
-            if span.action.kind.is_compute:
-                events.append({
-                    "name": str(span.action), "cat": span.action.kind.name.lower(), "ph": "X", "pid": 0, "tid": rank,
-                    "ts": span.start * 1e6, "dur": (span.end - span.start) * 1e6,
-                })
+    events = timeline_events(timeline, compute_only=True)
+    for rank in range(len(timeline.spans)):
         mine = range(rank, pp * v, pp)
         layers, first, last = sum(counts[c] for c in mine), 0 in mine, pp * v - 1 in mine
         params = rank_parameters(spec, layers, first, last, layout.tp, pp)

@@ -84,7 +84,7 @@ def print_summary(summary: dict, run_dir: Path) -> None:
         f"  throughput  {summary['tokens_per_s']:,.0f} tokens/s, {summary['step_time_s'] * 1e3:.1f} ms/step (median)\n"
         f"  memory      {summary['peak_memory_bytes'] / 2**20:,.0f} MiB peak on the busiest rank\n"
         f"{bubble}"
-        f"  files       {run_dir}/ (metrics.jsonl, summary.json, loss.png{', timeline.png' if pipelined else ''})"
+        f"  files       {run_dir}/ (metrics.jsonl, summary.json, loss.png{', timeline.png, trace.json' if pipelined else ''})"
     )
 
 

@@ -1,0 +1,155 @@
+"""``plait explain RUN``: the planner's prediction for a finished run, beside what the run measured.
+
+Pure Python, like the planner it calls: it reads the run directory's summary.json (and trace.json
+for pipeline runs), predicts the same model, batch and layout with ``plait.plan.simulate.evaluate``
+on the run's hardware, and reports each figure both ways. Pipeline runs also get ``explain.png``:
+the measured step above the simulated one, drawn alike.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from plait.errors import ConfigError
+from plait.layout import Layout
+from plait.models.spec import ModelSpec
+from plait.observe.run_files import SUMMARY_FILE
+from plait.observe.timeline import draw_timelines
+from plait.observe.trace import TRACE_FILE, timeline_from_trace
+from plait.plan.hardware import Hardware, catalog_name_of, hardware
+from plait.plan.memory import Kernels
+from plait.plan.simulate import Prediction, Workload, evaluate
+from plait.plan.trace import simulated_timeline
+
+EXPLAIN_PICTURE = "explain.png"
+# plait's own model: one eager kernel per elementwise op, heads exchanged all-to-all under cp.
+PLAIT_KERNELS = Kernels(fused=False, context_exchange="all-to-all")
+STATE_KINDS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer"}
+
+
+@dataclass
+class Explanation:
+    """A run's measured figures and the planner's prediction of the same run."""
+
+    run_dir: Path
+    summary: dict
+    workload: Workload
+    layout: Layout
+    hardware: Hardware
+    prediction: Prediction
+
+    def rows(self) -> list[tuple[str, float | None, float | None, str]]:
+        """(quantity, predicted, measured, unit) for every figure both sides have."""
+        p, s = self.prediction, self.summary
+        held = s.get("model_state_bytes_per_rank") or []
+        rows = [
+            ("step time", p.step_time_s, s["step_time_s"], "s"),
+            ("tokens per second", self.workload.global_batch * self.workload.spec.seq_len / p.step_time_s,
+             s["tokens_per_s"], "tokens/s"),
+            ("pipeline bubble", p.bubble_fraction, s.get("bubble_fraction"), "fraction"),
+        ]
+        for predicted_kind, measured_kind in STATE_KINDS.items():
+            measured = max((rank[measured_kind] for rank in held if rank), default=None)
+            rows.append((f"{measured_kind} per rank (most)", p.memory_breakdown[predicted_kind], measured, "bytes"))
+        measured_peak = s.get("peak_memory_bytes") if s.get("device") == "cuda" else None  # a CPU's RSS is not it
+        rows.append(("peak memory per rank", p.peak_memory_bytes, measured_peak, "bytes"))
+        rows.append(("MFU", p.mfu if s.get("device") == "cuda" else None, s.get("mfu"), "fraction"))
+        return rows
+
+    def to_dict(self) -> dict:
+        return {
+            "run_dir": str(self.run_dir), "hardware": self.hardware.name, "layout": self.layout.to_dict(),
+            "predicted": self.prediction.to_dict(),
+            "rows": [{"quantity": q, "predicted": p, "measured": m, "unit": u} for q, p, m, u in self.rows()],
+        }
+
+    def report(self) -> str:
+        s = self.summary
+        lines = [
+            f"{self.run_dir}: {self.layout.describe()}, model {s.get('model') or 'custom'}, {s['world_size']} ranks "
+            f"on {s.get('device_name', s.get('device'))}; predicted for {self.hardware.name}",
+            "",
+            "| quantity | predicted | measured | error |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for quantity, predicted, measured, unit in self.rows():
+            if predicted is None or not measured:
+                error = "—"
+            elif unit == "fraction":  # a share of the step: its difference, in points
+                error = f"{(predicted - measured) * 100:+.1f} points"
+            else:
+                error = f"{predicted / measured - 1:+.1%}"
+            lines.append(f"| {quantity} | {_format(predicted, unit)} | {_format(measured, unit)} | {error} |")
+        if s.get("bubble_fraction_theory"):
+            lines.append(f"\nthe schedule's bubble with equal stage costs: {s['bubble_fraction_theory']:.1%}")
+        lines.append("predicted time per step: " + ", ".join(
+            f"{name.removesuffix('_s').replace('_', ' ')} {seconds:.4g} s"
+            for name, seconds in self.prediction.time_breakdown.items()))
+        return "\n".join(lines)
+
+    def draw(self) -> Path | None:
+        """explain.png: the measured pipeline step above the simulated one; None without trace.json."""
+        trace = self.run_dir / TRACE_FILE
+        if not trace.exists():
+            return None
+        measured = timeline_from_trace(json.loads(trace.read_text()))
+        simulated = simulated_timeline(self.workload, self.hardware, self.layout.world_size, self.layout)
+        path = self.run_dir / EXPLAIN_PICTURE
+        draw_timelines([
+            (measured, f"measured: {self.layout.describe()}, bubble {measured.bubble_fraction:.1%}"),
+            (simulated, f"simulated on {self.hardware.name}: bubble {simulated.bubble_fraction:.1%}"),
+        ], path)
+        return path
+
+
+def _format(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
+    if unit == "fraction":
+        return f"{value:.1%}"
+    if unit in ("bytes", "tokens/s"):
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def read_summary(run_dir: Path) -> dict:
+    path = Path(run_dir) / SUMMARY_FILE
+    if not path.exists():
+        raise ConfigError(f"{run_dir} holds no {SUMMARY_FILE}; explain reads the directory of a finished "
+                          "`plait train --run-dir DIR` run")
+    summary = json.loads(path.read_text())
+    if "model_spec" not in summary:
+        raise ConfigError(f"{path} has no model_spec: it was written before plait explain existed; train the run again")
+    return summary
+
+
+def run_hardware(summary: dict, gpu: str | None, profile: Hardware | None) -> Hardware:
+    """The hardware to predict on: a given profile or GPU, else the catalog entry of the run's GPU."""
+    if profile is not None:
+        return profile
+    if gpu is not None:
+        return hardware(gpu)
+    name = summary.get("device_name", summary.get("device", "cpu"))
+    entry = None if name == "cpu" else catalog_name_of(name)
+    if entry is None:
+        raise ConfigError(
+            f"the run was on {name}, which the hardware catalog does not hold; measure this machine with "
+            "`plait calibrate --out FILE` and pass --hardware-profile FILE (or name a catalog GPU with --gpu)"
+        )
+    return hardware(entry)
+
+
+def explain(run_dir: Path, gpu: str | None = None, profile: Hardware | None = None) -> Explanation:
+    """Predict the run in ``run_dir`` and pair each prediction with its measurement."""
+    summary = read_summary(run_dir)
+    layout_fields = {f.name for f in fields(Layout)}
+    values = {k: v for k, v in summary["layout"].items() if k in layout_fields}
+    if values.get("stage_layers") is not None:
+        values["stage_layers"] = tuple(values["stage_layers"])
+    layout = Layout(**values)
+    workload = Workload(ModelSpec(**summary["model_spec"]), summary["global_batch"], summary["precision"], PLAIT_KERNELS)
+    hw = run_hardware(summary, gpu, profile)
+    prediction = evaluate(workload, hw, summary["world_size"], layout)
+    return Explanation(Path(run_dir), summary, workload, layout, hw, prediction)

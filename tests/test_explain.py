@@ -1,0 +1,78 @@
+"""plait explain: a finished run's measurements beside the planner's prediction of the same run."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from plait.cli import main
+from plait.layout import Layout
+from plait.models.spec import model_spec
+from plait.observe.explain import PLAIT_KERNELS, explain
+from plait.observe.trace import timeline_from_trace
+from plait.plan.hardware import hardware
+from plait.plan.simulate import Workload, evaluate
+from plait.schedules import generate
+from tests.cases import run_config, train_losses
+
+LAYOUT = {"pp": 2, "schedule": "1f1b", "microbatches": 2}
+
+
+@pytest.fixture(scope="module")
+def run_dir(pool, tmp_path_factory):
+    """A finished two-stage run's directory."""
+    path = tmp_path_factory.mktemp("explain") / "run"
+    pool.run(train_losses, 2, run_config("tiny", steps=3, **LAYOUT), str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    path.write_text(json.dumps(replace(hardware("a100-80gb"), name="test-profile").to_dict()))
+    return path
+
+
+def test_prediction_is_the_planner_on_the_runs_own_model_batch_and_layout(run_dir, profile):
+    from plait.plan.hardware import load_profile
+
+    hw = load_profile(profile)
+    explanation = explain(run_dir, profile=hw)
+    expected = evaluate(Workload(model_spec("tiny", seq_len=64), 8, "fp32", PLAIT_KERNELS), hw, 2, Layout(**LAYOUT))
+    assert explanation.prediction == expected
+    summary = json.loads((run_dir / "summary.json").read_text())
+    measured = {quantity: value for quantity, _, value, _ in explanation.rows()}
+    assert measured["step time"] == summary["step_time_s"]
+    assert measured["pipeline bubble"] == summary["bubble_fraction"]
+    assert measured["optimizer per rank (most)"] == max(r["optimizer"] for r in summary["model_state_bytes_per_rank"])
+
+
+def test_trace_holds_the_measured_step_in_the_schedules_order(run_dir):
+    timeline = timeline_from_trace(json.loads((run_dir / "trace.json").read_text()))
+    schedule = generate("1f1b", 2, 2)
+    assert [[span.action for span in spans] for spans in timeline.spans] == [list(a) for a in schedule.actions]
+    assert all(span.end >= span.start >= 0 for spans in timeline.spans for span in spans)
+    assert 0 < timeline.bubble_fraction < 1
+
+
+def test_cli_reports_both_sides_and_draws_them(run_dir, profile, capsys):
+    assert main(["explain", str(run_dir), "--hardware-profile", str(profile), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["hardware"] == "test-profile"
+    assert report["layout"]["pp"] == 2
+    step = next(row for row in report["rows"] if row["quantity"] == "step time")
+    assert step["predicted"] == report["predicted"]["step_time_s"] and step["measured"] > 0
+    assert (run_dir / "explain.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("no summary", "holds no summary.json"),
+    ("cpu without a profile", "--hardware-profile FILE"),
+])
+def test_explain_refuses_what_it_cannot_predict_in_one_line(run_dir, tmp_path, capsys, case, expected):
+    target = tmp_path if case == "no summary" else run_dir
+    assert main(["explain", str(target)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("plait: error:") and expected in lines[0], lines
