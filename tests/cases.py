@@ -18,6 +18,12 @@ def train_losses(config: RunConfig, run_dir: str | None = None) -> list[float]:
     return train(config, topology, Path(run_dir) if run_dir else None).losses
 
 
+def block_classes(config: RunConfig) -> list[str]:
+    """The class names of the blocks this rank trained (a pipeline rank holds only its own)."""
+    topology = build_topology(config.layout, torch.device("cpu"))
+    return [type(block).__name__ for block in train(config, topology).model.layers.values()]
+
+
 def train_outcome(config: RunConfig) -> dict:
     """Per-step losses, this rank's measured model-state bytes and, on rank 0, the full final weights."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -10,12 +10,11 @@ import torch.nn.functional as F
 from plait.config import RunConfig
 from plait.observe.collectives import CollectiveBytes
 from plait.observe.saved_activations import SavedBytes
-from plait.parallel.context import apply_context_parallel, context_shard
-from plait.parallel.recompute import apply_recompute
+from plait.parallel.context import context_shard
 from plait.parallel.replicas import average_replica_gradients
-from plait.parallel.tensor import apply_tensor_parallel, finish_tensor_gradients, vocab_parallel_loss
+from plait.parallel.tensor import finish_tensor_gradients, vocab_parallel_loss
 from plait.topology import build_topology
-from plait.train.loop import build_model
+from plait.train.loop import apply_within_stage, build_model
 
 CPU = torch.device("cpu")
 
@@ -23,8 +22,7 @@ CPU = torch.device("cpu")
 def _one_step(config: RunConfig, layers: int, topology) -> tuple[CollectiveBytes, SavedBytes]:
     """Forward and backward of one batch through a ``layers``-deep model, measured."""
     config = replace(config, model=replace(config.model, layers=layers))
-    model = apply_context_parallel(apply_tensor_parallel(build_model(config, CPU), topology), topology)
-    model = apply_recompute(model, config.layout.recompute)
+    model = apply_within_stage(build_model(config, CPU), topology)
     generator = torch.Generator().manual_seed(0)
     shape = (config.train.global_batch, config.model.seq_len)
     tokens = torch.randint(0, config.model.vocab, shape, generator=generator)

@@ -56,6 +56,8 @@ BAD_INPUTS = {
     "overwriting a finished run": (["--run-dir", "{finished_run}"], "already holds a run"),
     "resume without checkpoint": (["--run-dir", "{finished_run}", "--resume"], "no complete checkpoint"),
     "resume without run dir": (["--resume"], "--resume needs --run-dir"),
+    "batch the default layout cannot split": (["--global-batch", "2"], "with the default layout dp2·tp2·pp2"),
+    "ZeRO-2 with tensor parallelism": (["--dp", "2", "--tp", "2", "--zero", "2"], "stage 3 composes with them"),
 }
 
 

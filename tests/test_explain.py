@@ -63,7 +63,11 @@ def test_cli_reports_both_sides_and_draws_them(run_dir, profile, capsys):
     assert report["hardware"] == "test-profile"
     assert report["layout"]["pp"] == 2
     step = next(row for row in report["rows"] if row["quantity"] == "step time")
-    assert step["predicted"] == report["predicted"]["step_time_s"] and step["measured"] > 0
+    expected = evaluate(Workload(model_spec("tiny", seq_len=64), 8, "fp32", PLAIT_KERNELS),
+                        replace(hardware("a100-80gb"), name="test-profile"), 2, Layout(**LAYOUT))
+    assert step["predicted"] == pytest.approx(expected.step_time_s, rel=1e-12)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert step["measured"] == summary["step_time_s"]
     assert (run_dir / "explain.png").stat().st_size > 10_000
 
 

@@ -10,7 +10,7 @@ import pytest
 from plait.config import DEFAULT_LAYOUT
 from plait.layout import Layout
 
-from tests.cases import layout_world_size, run_config, train_losses
+from tests.cases import block_classes, layout_world_size, run_config, train_losses
 from tests.test_data_parallel_parity import assert_same_losses
 
 LAYOUTS = [
@@ -21,9 +21,10 @@ LAYOUTS = [
     {"cp": 4},
     {"tp": 2, "cp": 2},
     {"tp": 2, "dp": 2},  # gradients averaged over dp by plait.parallel.replicas (DDP cannot hold DTensors)
-    # Recomputation (on one process the losses are equal bit for bit)
-    {"recompute": "selective"},
-    {"recompute": "full"},
+    {"tp": 2, "dp": 2, "zero": 3},  # FSDP2 over dp shards the tensor-parallel shards (2-D)
+    {"tp": 2, "sp": True, "dp": 2, "zero": 3},
+    {"cp": 2, "dp": 2, "zero": 3},
+    # Recomputation (on one process: test_recomputation_on_one_process_changes_no_bit)
     {"dp": 2, "zero": 3, "recompute": "full"},  # FSDP2 gathers the block's weights again to recompute it
     {"dp": 2, "zero": 2, "recompute": "full", "microbatches": 2},
     {"tp": 2, "sp": True, "recompute": "full"},
@@ -66,6 +67,8 @@ def test_padded_vocabulary_and_replicated_kv_heads_with_biases_train_as_single_p
     reference = pool.run(train_losses, 1, config())[0]
     for losses in pool.run(train_losses, 2, config(tp=2, sp=True)):
         assert_same_losses(reference, losses)
+    for losses in pool.run(train_losses, 4, config(pp=2, tp=2, schedule="1f1b", microbatches=2)):
+        assert_same_losses(reference, losses)  # the mask must reach the logits, not the hidden states
 
 
 def test_checkpoint_of_one_layout_resumes_under_tensor_and_context_parallel(pool, tmp_path):
@@ -95,3 +98,28 @@ def test_checkpoint_of_pipeline_with_tensor_parallel_resumes_under_other_layouts
         resumed_config = replace(resumed_config, train=replace(resumed_config.train, resume=True, checkpoint_every=0))
         resumed = pool.run(train_losses, layout_world_size(layout), resumed_config, saved)[0]
         assert_same_losses(straight[3:], resumed)
+
+
+def test_zero3_over_tensor_parallel_shards_each_ranks_state_over_dp(pool):
+    """dp2·tp2 with ZeRO-3 holds half of what tp2 alone holds of each kind of model state."""
+    from tests.cases import train_outcome
+
+    alone = pool.run(train_outcome, 2, run_config("tiny-llama", steps=2, tp=2))
+    sharded = pool.run(train_outcome, 4, run_config("tiny-llama", steps=2, tp=2, dp=2, zero=3))
+    for kind in ("parameters", "gradients", "optimizer"):
+        whole = max(outcome["model_state_bytes"][kind] for outcome in alone)
+        for outcome in sharded:
+            assert outcome["model_state_bytes"][kind] == pytest.approx(whole / 2, rel=0.01), kind
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
+def test_recomputation_on_one_process_changes_no_bit(pool, single_process, model):
+    for mode in ("selective", "full"):
+        assert pool.run(train_losses, 1, run_config(model, recompute=mode))[0] == single_process[model], mode
+
+
+def test_pipeline_stages_recompute_their_blocks(pool):
+    """Parity cannot show recomputation happened: the stages' blocks must run under checkpoint."""
+    config = run_config("tiny", steps=1, pp=2, schedule="1f1b", microbatches=2, recompute="full")
+    for classes in pool.run(block_classes, 2, config):
+        assert classes and all(name == "RecomputedBlock" for name in classes), classes

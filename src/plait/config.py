@@ -81,7 +81,8 @@ class RunConfig:
 def check_supported(layout: Layout) -> None:
     unsupported = [
         (layout.pp > 1 and layout.zero > 0, "pipeline parallelism (--pp) together with --zero"),
-        (layout.zero > 0 and (layout.tp > 1 or layout.cp > 1), "ZeRO (--zero) together with --tp or --cp"),
+        (layout.zero in (1, 2) and (layout.tp > 1 or layout.cp > 1),
+         "ZeRO stages 1 and 2 together with --tp or --cp (stage 3 composes with them)"),
     ]
     for refused, what in unsupported:
         if refused:
@@ -215,5 +216,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     layout = _typed(Layout, layout_values) if layout_values else DEFAULT_LAYOUT
     train = _typed(TrainSpec, {**tables["train"], **_set_flags(args, tuple(f.name for f in fields(TrainSpec)))})
     config = RunConfig(spec, layout, train, model_name=name)
-    validate_run(config)
+    try:
+        validate_run(config)
+    except ConfigError as error:
+        if layout is not DEFAULT_LAYOUT:
+            raise
+        raise ConfigError(f"{error} (with the default layout {layout.describe()}; "
+                          "pass --dp, --tp, --pp or --microbatches to choose another)") from error
     return config

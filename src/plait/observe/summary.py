@@ -12,8 +12,8 @@ is what each rank measured it holds of parameters, gradients and optimizer state
 from __future__ import annotations
 
 import resource
-from dataclasses import asdict
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 
 import torch

@@ -7,6 +7,7 @@ blocks is idle time: the bubble.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from plait.schedules.actions import Kind
@@ -29,7 +30,9 @@ def draw_timeline(timeline: Timeline, path: Path, title: str) -> None:
 
 
 def draw_timelines(panels: list[tuple[Timeline, str]], path: Path) -> None:
-    """Draw steps one above the other on a shared time axis (``plait explain``: measured, simulated)."""
+    """Draw steps one above the other (``plait explain``: measured, simulated), on one time axis
+    unless one step is over three times another, when each gets its own so neither is a sliver.
+    Written to a temporary file, then renamed: a reader never sees half a picture."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,23 +40,27 @@ def draw_timelines(panels: list[tuple[Timeline, str]], path: Path) -> None:
     from matplotlib.patches import Patch
 
     heights = [0.6 * len(timeline.spans) + 0.8 for timeline, _ in panels]
-    figure, axes_list = plt.subplots(len(panels), 1, figsize=(12, sum(heights) + 0.8), squeeze=False, sharex=True,
+    steps = [timeline.step_time * 1e3 for timeline, _ in panels]
+    shared = max(steps) <= 3 * min(steps)
+    figure, axes_list = plt.subplots(len(panels), 1, figsize=(12, sum(heights) + 0.8), squeeze=False, sharex=shared,
                                      gridspec_kw={"height_ratios": heights})
-    longest = max(timeline.step_time for timeline, _ in panels) * 1e3
     used: set[Kind] = set()
-    for (timeline, title), (axes,) in zip(panels, axes_list):
-        _draw_ranks(axes, timeline, longest)
+    for (timeline, title), (axes,), step in zip(panels, axes_list, steps):
+        length = max(steps) if shared else step
+        _draw_ranks(axes, timeline, length)
+        axes.set_xlim(0, length)
         used |= {s.action.kind for spans in timeline.spans for s in spans if s.action.kind.is_compute}
         axes.set_title(title, fontsize=10)
     handles = [Patch(color=COLOURS[k], label=LABELS[k]) for k in sorted(used, key=list(COLOURS).index)]
     handles.append(Patch(color="#999999", label="send / receive (idle)"))
     last = axes_list[-1][0]
     last.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=len(handles), fontsize=8)
-    last.set_xlim(0, longest)
     last.set_xlabel("time in step (ms); outside the coloured blocks a rank is idle")
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    temporary = path.with_name(path.name + ".partial")
+    figure.savefig(temporary, dpi=120, format="png")
     plt.close(figure)
+    os.replace(temporary, path)
 
 
 def _draw_ranks(axes, timeline: Timeline, longest_ms: float) -> None:

@@ -89,12 +89,12 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     s, b, h, f = seq // cp, batch, spec.hidden, spec.ffn_hidden
     heads = spec.heads // tp
     sbh = s * b * h
+    if recompute == "full":
+        return {"block_input": (sbh // tp if sp else sbh) * FP32}
     if spec.family == "gpt2":
         norms = 2 * (sbh + 2 * s * b)
     else:
         norms = 2 * (2 * sbh + s * b)
-    if recompute == "full":
-        return {"block_input": (sbh // tp if sp else sbh) * FP32}
     relaid = (spec.family == "llama" or cp > 1) and heads > 1
     attention = (4 + relaid) * sbh // tp + heads * s * b
     if recompute == "selective":

@@ -5,7 +5,8 @@
 - stage 2: ``ShardedAdamW`` with ``gradient_order``: replicated parameters, no wrapper; the
   optimizer's hooks reduce-scatter the gradients in buckets, overlapping backward.
 - stage 3: FSDP2 ``fully_shard`` per block and on the root: parameters gathered block by block,
-  just in time, with the next block's all-gather prefetched.
+  just in time, with the next block's all-gather prefetched. Under tensor parallelism FSDP2
+  shards each rank's tensor-parallel shard further over dp (torchtitan's 2-D layout).
 
 In bf16, stages 1 and 2 hold bf16 parameters and gradients with the fp32 master in the optimizer
 (the ZeRO paper's accounting); stage 0 runs autocast over fp32 parameters, which are their own
@@ -29,10 +30,11 @@ from plait.topology import Topology
 
 def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "fp32") -> nn.Module:
     """Replicate (stages 0, 1) or shard (stages 2, 3) ``model`` over the dp group."""
-    if topology.size("dp") == 1 or topology.size("tp") > 1:
-        # DDP cannot hold tensor-parallel (DTensor) weights: plait.parallel.replicas averages them.
-        return model
     stage = topology.layout.zero
+    if topology.size("dp") == 1 or (topology.size("tp") > 1 and stage < 3):
+        # DDP cannot hold tensor-parallel (DTensor) weights: plait.parallel.replicas averages them.
+        # FSDP2 can: over the dp mesh dimension it shards DTensors already split over tp (2-D).
+        return model
     if stage in (1, 2) and precision == "bf16":
         # The parameters only (buffers such as RoPE's tables stay fp32, as in every other layout);
         # ShardedAdamW keeps the fp32 master of each rank's rows.

@@ -183,6 +183,7 @@ class Pipeline:
             write_json_atomically(Path(run_dir) / TRACE_FILE, trace)
         return {"bubble_fraction": measured, "bubble_fraction_theory": theoretical_bubble(self.schedule)}
 
+    @torch.no_grad()
     def _sync_gradients(self) -> None:
         finish_tensor_gradients(self.model)  # laid out as the parameters are, so the tied copies match
         if self.tied and (self.holds_first or self.holds_last):

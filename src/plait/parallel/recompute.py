@@ -17,6 +17,8 @@ recomputes) and before data parallelism, as torchtitan does.
 
 from __future__ import annotations
 
+import functools
+
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -43,5 +45,11 @@ def apply_recompute(model: Transformer, mode: str) -> Transformer:
     """Recompute each block (``full``) or each attention core (``selective``) in backward."""
     for module in recomputed_modules(model, mode):
         if not isinstance(module, Recomputed):
-            module.__class__ = type(f"Recomputed{type(module).__name__}", (Recomputed, type(module)), {})
+            module.__class__ = recomputed_class(type(module))
     return model
+
+
+@functools.cache
+def recomputed_class(cls: type) -> type:
+    """One recomputed subclass per module class, as FSDP2 keeps one per class it wraps."""
+    return type(f"Recomputed{cls.__name__}", (Recomputed, cls), {})

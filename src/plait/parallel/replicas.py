@@ -1,9 +1,10 @@
 """Average gradients over ranks that hold the same weights but saw different tokens, where DDP does not.
 
 Context-parallel ranks always need it: each computed its gradients from its own slice of the
-sequences. Data-parallel ranks need it only under tensor parallelism, because PyTorch DDP cannot
-hold DTensor weights (``apply_data_parallel`` leaves such a model unwrapped): then the average is
-taken here, after backward, without DDP's bucketing and overlap. Pipeline stages average over dp
+sequences. Data-parallel ranks need it only under tensor parallelism below ZeRO-3, because PyTorch
+DDP cannot hold DTensor weights (``apply_data_parallel`` leaves such a model unwrapped): then the
+average is taken here, after backward, without DDP's bucketing and overlap. (FSDP2, ZeRO-3, does
+hold them and reduces over dp itself.) Pipeline stages average over dp
 and cp here too (``average_gradients``): DDP's per-backward hooks cannot follow their schedules.
 """
 
@@ -19,7 +20,7 @@ from plait.topology import Topology
 
 def replica_dims(topology: Topology) -> list[str]:
     """The mesh dimensions over which this module averages gradients."""
-    dims = ["dp"] if topology.size("tp") > 1 and topology.size("dp") > 1 else []
+    dims = ["dp"] if topology.size("tp") > 1 and topology.size("dp") > 1 and topology.layout.zero < 3 else []
     return dims + (["cp"] if topology.size("cp") > 1 else [])
 
 

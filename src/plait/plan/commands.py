@@ -75,9 +75,10 @@ def add_plan_commands(subparsers) -> None:
                                     description="Predict a finished run's layout and compare each figure with "
                                                 "what the run measured; pipeline runs also get explain.png.")
     explain.add_argument("run_dir", metavar="RUN_DIR", help="the --run-dir of a finished plait train run")
-    explain.add_argument("--gpu", help="predict for this catalog GPU (default: the run's own GPU)")
-    explain.add_argument("--hardware-profile", metavar="FILE",
-                         help="a profile written by `plait calibrate` (needed for runs on CPU)")
+    hardware_choice = explain.add_mutually_exclusive_group()
+    hardware_choice.add_argument("--gpu", help="predict for this catalog GPU (default: the run's own GPU)")
+    hardware_choice.add_argument("--hardware-profile", metavar="FILE",
+                                 help="a profile written by `plait calibrate` (needed for runs on CPU)")
     explain.add_argument("--json", action="store_true", help="machine-readable output")
     explain.set_defaults(handler=run_explain)
 

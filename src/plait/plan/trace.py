@@ -23,7 +23,7 @@ def simulated_timeline(workload: Workload, hw: Hardware, gpus: int, layout: Layo
     """The schedule's full action lists played with this layout's per-action costs."""
     micro_batch = check_layout(workload, gpus, layout)
     spec, precision = workload.spec, workload.precision
-    counts = tuple(len(r) for r in split_layers(spec, layout.pp, layout.virtual_stages))
+    counts = tuple(len(r) for r in split_layers(spec, layout.pp, layout.virtual_stages, layout.stage_layers))
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
     flight = boundary_seconds(spec, hw, layout, micro_batch, precision)
     schedule = generate(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
@@ -35,7 +35,7 @@ def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout)
     micro_batch = check_layout(workload, gpus, layout)
     spec, precision = workload.spec, workload.precision
     pp, v = layout.pp, layout.virtual_stages
-    counts = tuple(len(r) for r in split_layers(spec, pp, v))
+    counts = tuple(len(r) for r in split_layers(spec, pp, v, layout.stage_layers))
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
     timeline = simulated_timeline(workload, hw, gpus, layout)
     events = timeline_events(timeline, compute_only=True)

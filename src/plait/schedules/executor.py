@@ -24,9 +24,9 @@ from typing import Callable, Mapping
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
+from plait.parallel.tensor import local_value
 from plait.schedules.actions import Action, Kind, Schedule
 from plait.schedules.simulate import Span
 
@@ -152,8 +152,7 @@ class Executor:
         output = self.chunks[c](state.input)
         if c == self.last_chunk:
             output = self.loss_fn(output, mb)
-            loss = output.detach()
-            record.loss += loss.full_tensor() if isinstance(loss, DTensor) else loss  # replicated under tp
+            record.loss += local_value(output.detach())  # a replicated DTensor under tp
         state.output = output
 
     def _output_grads(self, action: Action, state: _MicroState, states: dict) -> list[torch.Tensor] | None:
