@@ -37,6 +37,7 @@ LAYOUTS = [
     {"pp": 2, "tp": 2, "schedule": "interleaved-1f1b", "virtual_stages": 2, "microbatches": 2},
     {"pp": 2, "cp": 2, "schedule": "gpipe", "microbatches": 2},
     {"pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 2, "recompute": "full"},
+    {"pp": 2, "dp": 2, "zero": 1, "schedule": "zb-h1", "microbatches": 2},  # Megatron's distributed optimizer
     # plait train's default, a 3-D layout (dp2·tp2·pp2)
     {f.name: getattr(DEFAULT_LAYOUT, f.name) for f in fields(Layout) if getattr(DEFAULT_LAYOUT, f.name) != f.default},
 ]
@@ -123,3 +124,17 @@ def test_pipeline_stages_recompute_their_blocks(pool):
     config = run_config("tiny", steps=1, pp=2, schedule="1f1b", microbatches=2, recompute="full")
     for classes in pool.run(block_classes, 2, config):
         assert classes and all(name == "RecomputedBlock" for name in classes), classes
+
+
+def test_zero1_under_pipeline_shards_each_stages_optimizer_state_over_dp(pool):
+    """pp2·dp2 with ZeRO-1 holds half the optimizer state of pp2·dp2 without it, and the same
+    parameters and gradients."""
+    from tests.cases import train_outcome
+
+    layout = {"pp": 2, "dp": 2, "schedule": "1f1b", "microbatches": 2}
+    whole = pool.run(train_outcome, 4, run_config("tiny-llama", steps=2, **layout))
+    sharded = pool.run(train_outcome, 4, run_config("tiny-llama", steps=2, zero=1, **layout))
+    for plain, zero in zip(whole, sharded):
+        held, shared = plain["model_state_bytes"], zero["model_state_bytes"]
+        assert shared["parameters"] == held["parameters"] and shared["gradients"] == held["gradients"]
+        assert shared["optimizer"] == pytest.approx(held["optimizer"] / 2, rel=0.01)

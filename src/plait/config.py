@@ -80,7 +80,7 @@ class RunConfig:
 # Paradigms whose implementation has not landed yet: refused rather than silently ignored.
 def check_supported(layout: Layout) -> None:
     unsupported = [
-        (layout.pp > 1 and layout.zero > 0, "pipeline parallelism (--pp) together with --zero"),
+        (layout.pp > 1 and layout.zero > 1, "ZeRO stages 2 and 3 together with --pp (stage 1 composes with it)"),
         (layout.zero in (1, 2) and (layout.tp > 1 or layout.cp > 1),
          "ZeRO stages 1 and 2 together with --tp or --cp (stage 3 composes with them)"),
     ]
