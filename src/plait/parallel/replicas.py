@@ -4,8 +4,8 @@ Context-parallel ranks always need it: each computed its gradients from its own 
 sequences. Data-parallel ranks need it only under tensor parallelism below ZeRO-3, because PyTorch
 DDP cannot hold DTensor weights (``apply_data_parallel`` leaves such a model unwrapped): then the
 average is taken here, after backward, without DDP's bucketing and overlap. (FSDP2, ZeRO-3, does
-hold them and reduces over dp itself.) Pipeline stages average over dp
-and cp here too (``average_gradients``): DDP's per-backward hooks cannot follow their schedules.
+hold them and reduces over dp itself.) Pipeline stages average over dp and cp here too
+(``average_gradients``): DDP's per-backward hooks cannot follow their schedules.
 """
 
 from __future__ import annotations
