@@ -69,7 +69,7 @@ class Explanation:
         s = self.summary
         lines = [
             f"{self.run_dir}: {self.layout.describe()}, model {s.get('model') or 'custom'}, {s['world_size']} ranks "
-            f"on {s.get('device_name', s.get('device'))}; predicted for {self.hardware.name}",
+            f"on {s['device_name']}; predicted for {self.hardware.name}",
             "",
             "| quantity | predicted | measured | error |",
             "| --- | ---: | ---: | ---: |",
@@ -120,7 +120,7 @@ def read_summary(run_dir: Path) -> dict:
         raise ConfigError(f"{run_dir} holds no {SUMMARY_FILE}; explain reads the directory of a finished "
                           "`plait train --run-dir DIR` run")
     summary = json.loads(path.read_text())
-    if "model_spec" not in summary:
+    if "model_spec" not in summary or "device_name" not in summary:
         raise ConfigError(f"{path} has no model_spec: it was written before plait explain existed; train the run again")
     return summary
 
@@ -131,7 +131,7 @@ def run_hardware(summary: dict, gpu: str | None, profile: Hardware | None) -> Ha
         return profile
     if gpu is not None:
         return hardware(gpu)
-    name = summary.get("device_name", summary.get("device", "cpu"))
+    name = summary["device_name"]
     entry = None if name == "cpu" else catalog_name_of(name)
     if entry is None:
         raise ConfigError(
