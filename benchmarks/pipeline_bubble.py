@@ -31,15 +31,17 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from pipeline_common import batch, equal_chunks, run_on_ranks  # noqa: E402
+from pipeline_common import (  # noqa: E402
+    StageClock, TimedChunk, batch, equal_chunks, run_on_ranks, slowest_action, stop_clock,
+)
 
-from plait.schedules import Schedule, Span, Timeline, generate, simulate, theoretical_bubble  # noqa: E402
+from plait.schedules import Kind, Schedule, Span, Timeline, generate, simulate, theoretical_bubble  # noqa: E402
 from plait.schedules.executor import Executor  # noqa: E402
 
 SCHEDULES = [("naive", 1), ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)]
 
 
-def measure(m: int, steps: int, width: int, depth: int, rows: int, names: list[str]) -> list[dict]:
+def measure(m: int, steps: int, width: int, depth: int, rows: int, names: list[str], hold: float) -> list[dict]:
     rank, pp = dist.get_rank(), dist.get_world_size()
     inputs, targets = batch(m, rows, width)
     micro_inputs = [x.clone().requires_grad_() for x in inputs.chunk(m)]
@@ -49,9 +51,16 @@ def measure(m: int, steps: int, width: int, depth: int, rows: int, names: list[s
         schedule = generate(name, pp, m, v)
         chunks = equal_chunks(pp * v, width, depth // v)  # the same layers per rank for every v
         mine = {c: chunks[c] for c in schedule.chunks_of(rank)}
+        last = schedule.num_chunks - 1
+        clocks: dict[int, StageClock] = {}
+        if hold:
+            forward_s, backward_s = slowest_action(next(iter(mine.values())), rows, width)
+            clocks = {c: StageClock(hold * forward_s, hold * backward_s) for c in mine}
+            mine = {c: TimedChunk(chunk, clocks[c], stop=c != last) for c, chunk in mine.items()}
 
         def loss_fn(output: torch.Tensor, mb: int) -> torch.Tensor:
-            return torch.nn.functional.mse_loss(output, micro_targets[mb]) / m
+            loss = torch.nn.functional.mse_loss(output, micro_targets[mb]) / m
+            return stop_clock(loss, clocks[last]) if clocks else loss  # the last chunk's clock covers its loss
 
         executor = Executor(schedule, rank, mine, loss_fn, lambda mb: (rows, width), None, torch.device("cpu"))
         timelines = []
@@ -82,8 +91,20 @@ def measure(m: int, steps: int, width: int, depth: int, rows: int, names: list[s
             "replayed": replayed,
             "measured": statistics.median(t.bubble_fraction for t in timelines),
             "step_ms": statistics.median(t.step_time for t in timelines) * 1e3,
+            "costs": stage_costs(mean),
         })
     return rows_out
+
+
+def stage_costs(mean: dict) -> str:
+    """Each chunk's mean compute spans in ms, e.g. ``0: F 41 B 83 · 1: F 42 B 80``: equal stages read alike."""
+    chunks = sorted({chunk for chunk, _ in mean})
+    return " · ".join(f"{c}: " + " ".join(f"{kind.value} {mean[(c, kind)] * 1e3:.0f}" for kind in Kind
+                                          if (c, kind) in mean) for c in chunks)
+
+
+def splits_backward(schedule: Schedule) -> bool:
+    return any(action.kind is Kind.BACKWARD_INPUT for actions in schedule.actions for action in actions)
 
 
 def replay(schedule: Schedule, timeline: Timeline) -> Timeline:
@@ -101,19 +122,31 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=4, help="Linear layers per rank (split over its v chunks)")
     parser.add_argument("--rows", type=int, default=512,
                         help="rows per micro-batch: enough that stage compute, not message latency, sets the step")
-    parser.add_argument("--schedules", nargs="+", default=[n for n, _ in SCHEDULES], choices=[n for n, _ in SCHEDULES])
+    parser.add_argument("--hold", type=float, default=0.0,
+                        help="a control: hold every forward and backward to HOLD × the slowest (90th percentile) "
+                             "real one, so stage costs are exactly equal and steady; 0 (default) runs them free")
+    parser.add_argument("--schedules", nargs="+", choices=[n for n, _ in SCHEDULES],
+                        help="default: every schedule (with --hold, every one without a split backward)")
     args = parser.parse_args()
+    split = [n for n, v in SCHEDULES if splits_backward(generate(n, args.pp, args.microbatches, v))]
+    if args.hold and set(args.schedules or ()) & set(split):
+        parser.error(f"--hold holds forwards and full backwards only; leave out {', '.join(split)}, "
+                     "whose backward is split into I and W")
+    args.schedules = args.schedules or [n for n, _ in SCHEDULES if not (args.hold and n in split)]
     load_before = os.getloadavg()[0]
     rows = run_on_ranks(measure, args.pp, args.microbatches, args.steps, args.width, args.depth, args.rows,
-                        args.schedules)
+                        args.schedules, args.hold)
     print(f"pp={args.pp}, m={args.microbatches}, {args.depth}×Linear({args.width}) per rank, {args.rows} rows "
-          f"per micro-batch, median of {args.steps} steps; 1-minute load average {load_before:.2f} before, "
+          f"per micro-batch, median of {args.steps} steps"
+          + (f", every F and B held to {args.hold}× its slowest" if args.hold else ", stages run free")
+          + f"; 1-minute load average {load_before:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after (the run itself adds pp)")
-    print("| schedule | theory | simulated (mean costs) | replayed (each step's costs) | measured | step (ms) |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| schedule | theory | simulated (mean costs) | replayed (each step's costs) | measured | step (ms) "
+          "| chunk costs (ms) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         print(f"| {row['schedule']} | {row['theory']:.1%} | {row['simulated']:.1%} | {row['replayed']:.1%} "
-              f"| {row['measured']:.1%} | {row['step_ms']:.1f} |")
+              f"| {row['measured']:.1%} | {row['step_ms']:.1f} | {row['costs']} |")
 
 
 if __name__ == "__main__":

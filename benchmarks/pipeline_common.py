@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Callable
 
 import torch
@@ -46,3 +47,95 @@ def run_on_ranks(function: Callable, world: int, *args):
     results = context.Queue()
     mp.start_processes(_entry, args=(world, port, function, args, results), nprocs=world, start_method="spawn")
     return results.get()
+
+
+class StageClock:
+    """Fixed durations for one stage chunk's forward and backward, so that every chunk costs the same.
+
+    A control for the bubble benchmark: the chunk still does its real work, then waits (spinning, so
+    it holds its core as compute does) until the action's fixed duration has passed. Set the durations
+    above the slowest real action and the host's variation from one action to the next vanishes.
+    """
+
+    def __init__(self, forward_s: float, backward_s: float):
+        self.forward_s, self.backward_s, self.started = forward_s, backward_s, 0.0
+
+
+def _spin_until(deadline: float) -> None:
+    while time.perf_counter() < deadline:
+        pass
+
+
+class _StartClock(torch.autograd.Function):
+    """At the chunk's input: the forward starts the clock; the backward (the last step of B) waits it out."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, clock: StageClock) -> torch.Tensor:
+        clock.started, ctx.clock = time.perf_counter(), clock
+        return x.clone()  # not a view: the split backward detaches outputs in place
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        _spin_until(ctx.clock.started + ctx.clock.backward_s)
+        return grad, None
+
+
+class _StopClock(torch.autograd.Function):
+    """At the chunk's output: the forward waits the clock out; the backward (the first step of B) starts it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, clock: StageClock) -> torch.Tensor:
+        _spin_until(clock.started + clock.forward_s)
+        ctx.clock = clock
+        return x.clone()  # not a view: the split backward detaches outputs in place
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.clock.started = time.perf_counter()
+        return grad, None
+
+
+def start_clock(x: torch.Tensor, clock: StageClock) -> torch.Tensor:
+    return _StartClock.apply(x, clock)
+
+
+def stop_clock(x: torch.Tensor, clock: StageClock) -> torch.Tensor:
+    return _StopClock.apply(x, clock)
+
+
+class TimedChunk(nn.Module):
+    """``chunk`` with its forward and backward held to ``clock``'s durations (the loss, if any, outside)."""
+
+    def __init__(self, chunk: nn.Module, clock: StageClock, stop: bool = True):
+        super().__init__()
+        self.chunk, self.clock, self.stop = chunk, clock, stop
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.chunk(start_clock(x, self.clock))
+        return stop_clock(y, self.clock) if self.stop else y
+
+
+def time_stage(chunk: nn.Module, x: torch.Tensor, iterations: int, warmup: int = 3) -> tuple[list, list]:
+    """``iterations`` timings (seconds) of ``chunk``'s forward and of its backward on ``x``, after ``warmup``."""
+    forward, backward = [], []
+    for iteration in range(warmup + iterations):
+        started = time.perf_counter()
+        y = chunk(x)
+        middle = time.perf_counter()
+        y.backward(torch.ones_like(y))
+        if iteration >= warmup:
+            forward.append(middle - started)
+            backward.append(time.perf_counter() - middle)
+    chunk.zero_grad(set_to_none=True)
+    return forward, backward
+
+
+def slowest_action(chunk: nn.Module, rows: int, width: int, iterations: int = 12) -> tuple[float, float]:
+    """The 90th percentile of ``chunk``'s forward and backward times here, the largest over all ranks.
+
+    Every rank times its chunk at once, so the figures include what the ranks cost each other.
+    """
+    forward, backward = time_stage(chunk, torch.randn(rows, width, requires_grad=True), iterations)
+    p90 = torch.tensor([sorted(forward)[iterations * 9 // 10], sorted(backward)[iterations * 9 // 10]])
+    dist.all_reduce(p90, op=dist.ReduceOp.MAX)
+    return float(p90[0]), float(p90[1])

@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from pipeline_common import batch, equal_chunks  # noqa: E402
+from pipeline_common import batch, equal_chunks, time_stage  # noqa: E402
 
 QUANTILES = (0.1, 0.25, 0.75, 0.9)
 
@@ -35,16 +34,7 @@ def main() -> None:
     stage = equal_chunks(1, args.width, args.depth)[0]
     inputs, _ = batch(1, args.rows, args.width)
     inputs.requires_grad_()
-    forward, backward = [], []
-    for iteration in range(args.iterations + 3):
-        started = time.perf_counter()
-        output = stage(inputs)
-        middle = time.perf_counter()
-        output.backward(torch.ones_like(output))
-        ended = time.perf_counter()
-        if iteration >= 3:  # warm-up
-            forward.append(middle - started)
-            backward.append(ended - middle)
+    forward, backward = time_stage(stage, inputs, args.iterations)
     for name, times in (("forward", forward), ("backward", backward)):
         median = statistics.median(times)
         cuts = statistics.quantiles(times, n=20)  # 5% steps
