@@ -11,11 +11,16 @@ spans of all ranks form the step's measured timeline. Four figures per schedule:
 * measured: idle share of the measured timeline, median over steps.
 
 So measured − replayed is what transfers and the executor cost, replayed − theory what the stages'
-real costs do. The stages are equal: every chunk is the same layers, chunk 0's input requires a
-gradient as a transformer's first block does (the embedding below needs it), and the last chunk's
-loss is one mean-squared error, an elementwise pass beside four matmul layers.
+real costs do. The stages are equal in what they compute: every chunk is the same layers, chunk 0's
+input requires a gradient as a transformer's first block does (the embedding below needs it), and
+the last chunk's loss is one mean-squared error, an elementwise pass beside four matmul layers.
 
-    PYTHONPATH=src python benchmarks/pipeline_bubble.py --pp 2 --microbatches 8
+``--hold H`` is the control that makes their costs equal in fact: every forward and full backward
+does its real work and is then held to H × the slowest (90th percentile over ranks) of its kind, so
+the host's variation from one action to the next drops out while transfers and the executor's own
+work stay as they are (``pipeline_common.TimedChunk``).
+
+    PYTHONPATH=src python benchmarks/pipeline_bubble.py --pp 2 --microbatches 8 [--hold 1.1]
 """
 
 from __future__ import annotations

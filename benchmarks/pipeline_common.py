@@ -1,4 +1,4 @@
-"""Shared pieces of the pipeline benchmarks: equal stages, data, and a gloo world of spawned ranks."""
+"""Shared pieces of the pipeline benchmarks: equal stages, data, stage clocks, a gloo world of spawned ranks."""
 
 from __future__ import annotations
 
@@ -104,7 +104,11 @@ def stop_clock(x: torch.Tensor, clock: StageClock) -> torch.Tensor:
 
 
 class TimedChunk(nn.Module):
-    """``chunk`` with its forward and backward held to ``clock``'s durations (the loss, if any, outside)."""
+    """``chunk`` with its forward and backward held to ``clock``'s durations.
+
+    An action whose real work outlasts its duration takes its real time. With ``stop=False`` (the
+    last chunk) the caller stops the clock itself, after the loss, so the loss is held too.
+    """
 
     def __init__(self, chunk: nn.Module, clock: StageClock, stop: bool = True):
         super().__init__()
