@@ -40,6 +40,7 @@ from pipeline_common import (  # noqa: E402
     StageClock, TimedChunk, batch, equal_chunks, run_on_ranks, slowest_action, stop_clock,
 )
 
+from plait.errors import ConfigError  # noqa: E402
 from plait.schedules import Kind, Schedule, Span, Timeline, generate, simulate, theoretical_bubble  # noqa: E402
 from plait.schedules.executor import Executor  # noqa: E402
 
@@ -133,11 +134,15 @@ def main() -> None:
     parser.add_argument("--schedules", nargs="+", choices=[n for n, _ in SCHEDULES],
                         help="default: every schedule (with --hold, every one without a split backward)")
     args = parser.parse_args()
-    split = [n for n, v in SCHEDULES if splits_backward(generate(n, args.pp, args.microbatches, v))]
-    if args.hold and set(args.schedules or ()) & set(split):
+    names = args.schedules or [n for n, _ in SCHEDULES]
+    try:  # every schedule is generated here first, so a bad --pp or --microbatches is one line
+        split = [n for n, v in SCHEDULES if n in names and splits_backward(generate(n, args.pp, args.microbatches, v))]
+    except ConfigError as error:
+        parser.error(str(error))
+    if args.hold and split and args.schedules:
         parser.error(f"--hold holds forwards and full backwards only; leave out {', '.join(split)}, "
                      "whose backward is split into I and W")
-    args.schedules = args.schedules or [n for n, _ in SCHEDULES if not (args.hold and n in split)]
+    args.schedules = [n for n in names if not (args.hold and n in split)]
     load_before = os.getloadavg()[0]
     rows = run_on_ranks(measure, args.pp, args.microbatches, args.steps, args.width, args.depth, args.rows,
                         args.schedules, args.hold)
