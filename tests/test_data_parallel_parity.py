@@ -35,7 +35,7 @@ def assert_same_weights(expected: dict[str, torch.Tensor], actual: dict[str, tor
 
     The floor is the larger of 1e-5 of the model's largest weight and 1% of one learning-rate step.
     Adam turns the rounding noise of gradients near zero (the attention key bias, which softmax
-    ignores, has nothing else) into updates that no two summation orders share: on an AVX2-only
+    ignores, gets nothing but that noise) into updates that no two summation orders share: on an AVX2-only
     CPU one embedding element of tiny-llama ended 1.2e-5 from the single process after 10 steps,
     every loss equal within 1.4e-7 relative. An element that missed or repeated one update would be
     a whole step, lr × O(1), away: some hundred times the floor.
