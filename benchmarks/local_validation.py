@@ -21,9 +21,9 @@ from pathlib import Path
 
 from plait.layout import Layout
 from plait.models.spec import model_spec
-from plait.plan.calibrate import calibrate
+from plait.calibrate.machine import calibrate
 from plait.plan.hardware import load_profile
-from plait.plan.memory import Kernels
+from plait.facts.stack import Kernels
 from plait.plan.simulate import Workload, evaluate
 
 MODELS = {

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from plait.models.flops import flops_per_sequence
 from plait.models.spec import ModelSpec, model_spec
 from plait.plan.hardware import hardware
-from plait.plan.memory import Kernels
+from plait.facts.stack import Kernels
 from plait.plan.search import best_layout
 from plait.plan.simulate import Workload, evaluate
 

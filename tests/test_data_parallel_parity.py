@@ -11,7 +11,7 @@ import torch
 
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
-from plait.parallel.zero_memory import held_model_state_bytes, zero_paper_bytes
+from plait.facts.model_state import held_model_state_bytes, zero_paper_bytes
 from tests.cases import run_config, train_outcome
 
 RELATIVE_TOLERANCE = 1e-5

@@ -3,8 +3,10 @@
 import pytest
 
 from plait.models.spec import ModelSpec
-from plait.plan.memory import Kernels, activation_bytes_per_layer, model_state_bytes
-from plait.plan.pipeline import in_flight_chunks
+from plait.facts.activations import activation_bytes_per_layer
+from plait.facts.in_flight import in_flight_chunks
+from plait.facts.model_state import model_state_bytes
+from plait.facts.stack import Kernels
 from plait.schedules import generate, peak_in_flight
 
 GB = 1e9

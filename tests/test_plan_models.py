@@ -8,8 +8,9 @@ from plait.models.spec import model_spec
 from plait.plan.comm import Link, all_reduce_seconds, group_link, reduce_scatter_seconds
 from plait.plan.compute import Gemm, gemm_seconds, layer_shape
 from plait.plan.hardware import CATALOG, catalog_name_of, hardware
-from plait.plan.memory import Kernels
-from plait.plan.search import best_layout, scan
+from plait.facts.stack import Kernels
+from plait.facts.validity import supported_problems
+from plait.plan.search import best_layout, scan, scanned_layout
 from plait.plan.simulate import Workload
 
 
@@ -63,8 +64,14 @@ def test_the_dominance_rules_the_search_relies_on():
             twin = fields[:4] + (True,) + fields[5:]
             assert with_sp[twin] <= step + 1e-12
     one, two = _scores({"zero": 1, "recompute": "none"}), _scores({"zero": 2, "recompute": "none"})
+    compared = 0
     for fields, step in one.items():
-        assert two[fields[:5] + (2,) + fields[6:]] <= step + 1e-12
+        twin = fields[:5] + (2,) + fields[6:]
+        if supported_problems(scanned_layout(twin)):  # ZeRO-2 refused here (with pp): ZeRO-1 is searched
+            continue
+        assert two[twin] <= step + 1e-12
+        compared += 1
+    assert compared >= 3
 
 
 def test_the_search_keeps_every_fixed_choice_of_the_layout():

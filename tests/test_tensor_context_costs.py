@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from plait.models.spec import model_spec
-from plait.parallel.analytic import collective_bytes_per_layer, saved_bytes_per_layer
+from plait.facts.activations import saved_bytes_per_layer
+from plait.facts.collectives import collective_bytes_per_layer
 from tests.cases import run_config
 from tests.probes import layer_costs
 

@@ -12,7 +12,7 @@ import pytest
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
 from plait.observe.run_files import read_metrics
-from plait.parallel.zero_memory import held_model_state_bytes, zero_paper_bytes
+from plait.facts.model_state import held_model_state_bytes, zero_paper_bytes
 from plait.train.checkpoint import checkpoint_root
 from tests.cases import (
     collectives_per_microbatch, resumed_weights, run_config, train_losses, train_outcome, zero2_gradient_rows,

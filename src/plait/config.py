@@ -17,10 +17,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from plait.errors import ConfigError
+from plait.facts.validity import check_run
 from plait.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
 from plait.models.spec import FAMILIES, SPEC_FIELDS, ModelSpec, model_spec
-from plait.parallel.fit import check_parallel_fit
-from plait.schedules.split import check_pipeline
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -77,34 +76,10 @@ class RunConfig:
     model_name: str | None = None
 
 
-# Paradigms whose implementation has not landed yet: refused rather than silently ignored.
-def check_supported(layout: Layout) -> None:
-    unsupported = [
-        (layout.pp > 1 and layout.zero > 1, "ZeRO stages 2 and 3 together with --pp (stage 1 composes with it)"),
-        (layout.zero in (1, 2) and (layout.tp > 1 or layout.cp > 1),
-         "ZeRO stages 1 and 2 together with --tp or --cp (stage 3 composes with them)"),
-    ]
-    for refused, what in unsupported:
-        if refused:
-            raise ConfigError(f"{what} is not supported yet by plait train; leave it out for now")
-
-
 def validate_run(config: RunConfig) -> None:
-    """Every check that needs no worker: the model, the layout, and how they fit together."""
-    config.model.validate()
-    config.layout.validate()
+    """Every check that needs no worker: the training settings, then the one validation of the run."""
     config.train.validate()
-    check_supported(config.layout)
-    check_parallel_fit(config.model, config.layout)
-    if config.layout.pp > 1:
-        check_pipeline(config.model, config.layout)
-    layout, train = config.layout, config.train
-    per_rank = layout.dp * layout.microbatches
-    if train.global_batch % per_rank:
-        raise ConfigError(
-            f"global batch {train.global_batch} is not divisible by dp × microbatches = {per_rank}; "
-            f"choose a global batch that is a multiple of {per_rank}"
-        )
+    check_run(config.model, config.layout, global_batch=config.train.global_batch)
 
 
 # ---------------------------------------------------------------- flags

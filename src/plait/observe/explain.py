@@ -13,19 +13,17 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from plait.errors import ConfigError
+from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
 from plait.observe.run_files import SUMMARY_FILE
 from plait.observe.timeline import draw_timelines
 from plait.observe.trace import TRACE_FILE, timeline_from_trace
 from plait.plan.hardware import Hardware, catalog_name_of, hardware
-from plait.plan.memory import Kernels
 from plait.plan.simulate import Prediction, Workload, evaluate
-from plait.plan.trace import simulated_timeline
+from plait.observe.simulated import simulated_timeline
 
 EXPLAIN_PICTURE = "explain.png"
-# plait's own model: one eager kernel per elementwise op, heads exchanged all-to-all under cp.
-PLAIT_KERNELS = Kernels(fused=False, context_exchange="all-to-all")
 STATE_KINDS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer"}
 
 
@@ -149,7 +147,7 @@ def explain(run_dir: Path, gpu: str | None = None, profile: Hardware | None = No
     if values.get("stage_layers") is not None:
         values["stage_layers"] = tuple(values["stage_layers"])
     layout = Layout(**values)
-    workload = Workload(ModelSpec(**summary["model_spec"]), summary["global_batch"], summary["precision"], PLAIT_KERNELS)
+    workload = Workload(ModelSpec(**summary["model_spec"]), summary["global_batch"], summary["precision"], STACKS["plait"])
     hw = run_hardware(summary, gpu, profile)
     prediction = evaluate(workload, hw, summary["world_size"], layout)
     return Explanation(Path(run_dir), summary, workload, layout, hw, prediction)

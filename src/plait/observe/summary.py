@@ -22,7 +22,7 @@ import torch.distributed as dist
 from plait.config import RunConfig
 from plait.models.flops import flops_per_sequence, parameter_count
 from plait.observe.run_files import SUMMARY_FILE, write_json_atomically
-from plait.parallel.zero_memory import held_model_state_bytes
+from plait.facts.model_state import held_model_state_bytes
 from plait.plan.hardware import catalog_name_of, hardware
 from plait.topology import Topology
 

@@ -39,7 +39,7 @@ from torch.distributed.tensor.parallel import (
 
 from plait.models.spec import ModelSpec
 from plait.models.transformer import Transformer
-from plait.parallel.fit import padded_vocab
+from plait.facts.model_state import padded_vocab
 from plait.parallel.tensor_communications import slice_replicated_rows
 from plait.topology import Topology
 

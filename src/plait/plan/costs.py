@@ -16,8 +16,9 @@ from plait.plan.comm import (
 )
 from plait.plan.compute import NO_OVERHEAD, LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
-from plait.parallel.zero_memory import PAPER_BYTES
-from plait.plan.memory import ACTIVATION_BYTES, Kernels, kv_heads_per_rank
+from plait.facts.activations import ACTIVATION_BYTES, kv_heads_per_rank
+from plait.facts.model_state import PAPER_BYTES
+from plait.facts.stack import Kernels
 from plait.models.flops import layer_parameter_count
 
 

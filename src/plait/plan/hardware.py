@@ -85,6 +85,13 @@ class Hardware:
     matmul_tile: int = 128
     # Memory a process holds before any tensor: runtime context, NCCL workspaces, allocator slack.
     reserved_bytes: float = 2 * GB
+    # Share of device memory the planner leaves free beyond everything it counts. PyTorch's caching
+    # allocator rounds every block up (to 512 bytes, and large ones into 2 MiB-aligned segments it
+    # splits and caches), so on a long run the memory it reserves exceeds what tensors hold by a
+    # few percent to over ten ("Memory management" in the torch.cuda documentation; the
+    # `expandable_segments` option exists to cut this fragmentation). A plan at 79.9 of 80 GB fails
+    # there, so at least 5% stays free; `--memory-headroom` changes it.
+    memory_headroom: float = 0.05
     # Host overhead by model family ("gpt2"), and what each parallel wrapper adds to it
     # ("gpt2/tp"; styles in plait.plan.costs.parallel_styles). Empty in the catalog: a GPU's host
     # queues kernels ahead of the device (``host_runs_ahead``), which hides it. A CPU's host is its
@@ -109,6 +116,11 @@ class Hardware:
     # multi-tensor kernels launch once for all tensors. Calibrate measures plait's optimizer.
     optimizer_parameter_s: float | None = None
     optimizer_tensor_s: float = 0.0
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """Device memory a plan may fill: all of it but the headroom."""
+        return self.memory_bytes * (1 - self.memory_headroom)
 
     def peak_tflops(self, precision: str) -> float:
         return self.bf16_tflops if precision == "bf16" else self.fp32_tflops

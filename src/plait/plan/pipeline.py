@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from plait.plan.costs import ChunkCost
-from plait.plan.memory import peak_activation_bytes
+from plait.facts.in_flight import peak_activation_bytes
 from plait.schedules import Action, Kind, Schedule, generate, simulate
 
 
@@ -78,26 +78,6 @@ def play(
         tuple(extend(x, y) for x, y in zip(a.busy, b.busy)),
         tuple(extend(x, y) for x, y in zip(a.peak_activations, b.peak_activations)),
     )
-
-
-def in_flight_chunks(name: str, pp: int, virtual_stages: int, microbatches: int, rank: int) -> int:
-    """Chunk activations rank ``rank`` holds at its peak, from each generator's documented warm-up.
-
-    gpipe holds every micro-batch; naive one; 1f1b p − r (Narayanan et al. 2021); zb-h1 p
-    (Qi et al. 2023); interleaved Megatron's warm-up 2(p − r − 1) + (v − 1)p plus one.
-    Tests hold these equal to counting over the generated lists.
-    """
-    p, m, v = pp, microbatches, virtual_stages
-    if name == "gpipe":
-        return m
-    if name == "naive":
-        return 1
-    if name == "1f1b":
-        return min(p - rank, m)
-    if name == "zb-h1":
-        return min(p, m)
-    total = m * v
-    return total if m == p else min(2 * (p - rank - 1) + (v - 1) * p + 1, total)
 
 
 def estimate_step(name: str, pp: int, virtual_stages: int, microbatches: int,

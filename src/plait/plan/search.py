@@ -23,13 +23,19 @@ from plait.layout import Layout
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.costs import boundary_seconds, layer_cost
 from plait.plan.hardware import Hardware
-from plait.plan.memory import (
-    activation_bytes_per_layer, head_activation_bytes, model_state_bytes, other_bytes, rank_parameters, rank_tensors,
-)
-from plait.plan.pipeline import estimate_step, in_flight_chunks
+from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
+from plait.facts.in_flight import in_flight_chunks
+from plait.facts.model_state import model_state_bytes, rank_parameters, rank_tensors
+from plait.facts.validity import fit_problems, run_problems, supported_problems
+from plait.plan.memory import other_bytes
+from plait.plan.pipeline import estimate_step
 from plait.plan.simulate import Prediction, Workload, evaluate, flush_costs
+from plait.schedules.split import split_problems
 
-PLAYED = 2  # layouts whose schedules are played exactly after the closed-form pass
+PLAYED = 4  # layouts whose schedules are played exactly after the closed-form pass
+# The planner's own step-time error: its median |error| on the published runs held out of every
+# fit (docs/VALIDATION.md). Layouts predicted closer than this cannot be told apart by it.
+PLANNER_ERROR = 0.077
 
 
 class NothingFits(ConfigError):
@@ -41,8 +47,8 @@ class NothingFits(ConfigError):
 SCANNED = ("dp", "tp", "cp", "pp", "sp", "zero", "schedule", "virtual_stages", "microbatches", "recompute")
 
 
-def scanned_layout(fields: tuple) -> Layout:
-    return Layout(**dict(zip(SCANNED, fields)))
+def scanned_layout(fields: tuple, stage_layers: tuple[int, ...] | None = None) -> Layout:
+    return Layout(**dict(zip(SCANNED, fields)), stage_layers=stage_layers)
 
 
 @dataclass
@@ -69,8 +75,8 @@ class Scan:
             elif -self.best[0][0] > step:
                 heapq.heapreplace(self.best, (-step, fields))
 
-    def layouts(self) -> list[Layout]:
-        return [scanned_layout(fields) for _, fields in sorted(self.best, reverse=True)]
+    def layouts(self, stage_layers: tuple[int, ...] | None = None) -> list[Layout]:
+        return [scanned_layout(fields, stage_layers) for _, fields in sorted(self.best, reverse=True)]
 
 
 @dataclass
@@ -90,16 +96,16 @@ def _options(fixed: dict, name: str, choices) -> tuple:
 
 
 def _meshes(workload: Workload, gpus: int, fixed: dict) -> Iterator[tuple[int, int, int, int]]:
+    """(tp, cp, pp, dp) of ``gpus`` devices that agree with ``fixed`` and that the model can be cut into
+    (the shared validation's tensor, context and stage checks; the rest is checked per layout)."""
     spec = workload.spec
     for tp in _options(fixed, "tp", divisors(gpus)):
-        if spec.heads % tp or (spec.kv_heads % tp and tp % spec.kv_heads):
-            continue
         for cp in _options(fixed, "cp", divisors(gpus // tp)):
-            if cp > 1 and spec.seq_len % (2 * cp):
+            if fit_problems(spec, Layout(tp=tp, cp=cp), workload.kernels):
                 continue
             for pp in _options(fixed, "pp", divisors(gpus // (tp * cp))):
                 dp = gpus // (tp * cp * pp)
-                if fixed.get("dp", dp) == dp and pp <= spec.layers and workload.global_batch % dp == 0:
+                if fixed.get("dp", dp) == dp and not split_problems(spec, pp) and workload.global_batch % dp == 0:
                     yield tp, cp, pp, dp
 
 
@@ -120,15 +126,14 @@ def _schedules(pp: int, m: int, layers: int, fixed: dict) -> list[tuple[str, int
 def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: int | None, keep: int) -> Scan:
     """Score every valid layout in closed form; keep the ``keep`` fastest that fit."""
     spec, precision, kernels, layers = workload.spec, workload.precision, workload.kernels, workload.spec.layers
+    stage_layers = fixed.get("stage_layers")
     recomputes = _options(fixed, "recompute", ("none", "selective", "full"))
-    # Dominated choices, skipped unless asked for: without sp a layout is never faster nor smaller
-    # than with it, and ZeRO-1 never beats ZeRO-2 (same gathers, a reduce-scatter instead of an
-    # all-reduce, less memory). Tests hold both claims.
-    sps = (True, False) if "sp" in fixed else (True,)
-    zeros = (0, 1, 2, 3) if "zero" in fixed else (0, 2, 3)
+    # Dominated choices, skipped unless asked for or unless the dominating one is refused: without
+    # sp a layout is never faster nor smaller than with it, and ZeRO-1 never beats ZeRO-2 (same
+    # gathers, a reduce-scatter instead of an all-reduce, less memory). Tests hold both claims.
     works: dict[tuple, dict] = {}
     times_cache: dict[tuple, LayerTimes] = {}
-    found, capacity = Scan(), hw.memory_bytes
+    found, capacity = Scan(), hw.usable_memory_bytes
     for tp, cp, pp, dp in _meshes(workload, gpus, fixed):
         per_rank = math.ceil(layers / pp)
         params = (rank_parameters(spec, per_rank, True, pp == 1, tp, pp), rank_parameters(spec, per_rank, pp == 1, True, tp, pp))
@@ -140,8 +145,12 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 continue
             schedules = [(n, v, in_flight_chunks(n, pp, v, m, 0), in_flight_chunks(n, pp, v, m, pp - 1))
                          for n, v in _schedules(pp, m, layers, fixed)]
-            for sp in _options(fixed, "sp", sps if tp > 1 else (False,)):
+            for sp in _options(fixed, "sp", (True, False) if tp > 1 else (False,)):
                 base = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m)
+                if sp and fit_problems(spec, base, kernels):
+                    continue
+                if tp > 1 and not sp and "sp" not in fixed and not fit_problems(spec, replace(base, sp=True), kernels):
+                    continue
                 flight = boundary_seconds(spec, hw, base, mbs, precision)
                 head = head_times(spec, hw, precision, mbs, tp, cp)
                 head_work = head.forward + head.backward
@@ -151,7 +160,11 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         times_cache[tp, cp, sp, mbs, rc] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels)
                 times = {rc: times_cache[tp, cp, sp, mbs, rc] for rc in recomputes}
                 acts = {rc: activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels) for rc in recomputes}
-                for zero in _options(fixed, "zero", zeros if dp * cp > 1 else (0,)):
+                for zero in _options(fixed, "zero", (0, 1, 2, 3) if dp > 1 else (0,)):
+                    if supported_problems(replace(base, zero=zero)):
+                        continue
+                    if zero == 1 and "zero" not in fixed and not supported_problems(replace(base, zero=2)):
+                        continue
                     # ZeRO-3's gathers depend on dp; a measured host's wrapper overhead on the stage.
                     key = (tp, cp, sp, mbs, dp if zero == 3 else 0, (zero, dp > 1) if hw.host_overhead else None)
                     if key not in works:
@@ -161,6 +174,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes)
                     first, last = (model_state_bytes(p, precision, zero, dp * cp).total + other for p in params)
                     for name, v, held_first, held_last in schedules:
+                        candidate = replace(staged, schedule=name, virtual_stages=v, stage_layers=stage_layers)
+                        if run_problems(spec, candidate, gpus, workload.global_batch, kernels):
+                            continue
                         for rc in recomputes:
                             act = acts[rc] * per_rank / v
                             peak = max(first + held_first * act, last + held_last * act + head_act * max(1, held_last // v))
@@ -186,18 +202,18 @@ def _layer_work(layout: Layout, workload: Workload, hw: Hardware, mbs: int, time
 
 
 def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = None,
-           micro_batch: int | None = None, top: int = PLAYED) -> SearchResult:
-    """Rank the layouts of ``gpus`` devices that fit; raise ConfigError (saying what would fit) if none does."""
+           micro_batch: int | None = None, top: int = PLAYED, tie_break: str = "simplicity") -> SearchResult:
+    """Rank the layouts of ``gpus`` devices that fit; raise ConfigError (saying what would fit) if none does.
+
+    Every layout ranked passes the one validation ``plait train`` uses (plait.facts.validity).
+    """
     fixed = fixed or {}
     _check_fixed(workload, gpus, fixed)
     found = scan(workload, hw, gpus, fixed, micro_batch, keep=max(top, PLAYED) * 2)
     if not found.scored:
-        raise ConfigError(
-            f"no layout of {gpus} GPUs agrees with the layout flags given and divides global batch "
-            f"{workload.global_batch} over data parallelism; change --gpus, --global-batch or the layout flags"
-        )
+        raise ConfigError(_nothing_valid(workload, gpus, fixed))
     ranked: list[Prediction] = []
-    for layout in found.layouts():
+    for layout in found.layouts(fixed.get("stage_layers")):
         prediction = evaluate(workload, hw, gpus, layout)
         if prediction.fits:
             ranked.append(prediction)
@@ -205,27 +221,59 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
             break
     if not ranked:
         raise NothingFits(_does_not_fit(workload, hw, gpus, found))
-    ranked.sort(key=lambda p: p.step_time_s)
-    return SearchResult(ranked[:top], found.scored, found.fitting, explain(ranked, found, hw))
+    ranked = rank(ranked, tie_break)
+    return SearchResult(ranked[:top], found.scored, found.fitting, explain(ranked, found, hw, tie_break))
+
+
+def parallel_dimensions(layout: Layout) -> int:
+    """How many of dp, tp, cp and pp a layout spreads over (more is harder to run and debug)."""
+    return sum(getattr(layout, name) > 1 for name in ("dp", "tp", "cp", "pp"))
+
+
+def rank(predictions: list[Prediction], tie_break: str = "simplicity") -> list[Prediction]:
+    """Fastest first; with ``simplicity``, the layouts predicted within the planner's own error of the
+    fastest count as tied and come first by fewer parallel dimensions, then by time."""
+    by_time = sorted(predictions, key=lambda p: p.step_time_s)
+    if tie_break != "simplicity":
+        return by_time
+    limit = by_time[0].step_time_s * (1 + PLANNER_ERROR)
+    tied = [p for p in by_time if p.step_time_s <= limit]
+    return sorted(tied, key=lambda p: (parallel_dimensions(p.layout), p.step_time_s)) + by_time[len(tied):]
+
+
+def _nothing_valid(workload: Workload, gpus: int, fixed: dict) -> str:
+    """Why no layout agrees with the flags: the shared validation's reason for the pinned sizes, if any."""
+    sizes = {k: fixed[k] for k in ("dp", "tp", "cp", "pp") if k in fixed}
+    free = [k for k in ("dp", "tp", "cp", "pp") if k not in sizes]
+    if len(free) <= 1:
+        if free:
+            sizes[free[0]] = gpus // math.prod(sizes.values())
+        pinned = Layout(**{**{k: v for k, v in fixed.items() if k in SCANNED or k == "stage_layers"}, **sizes})
+        problems = run_problems(workload.spec, pinned, gpus, workload.global_batch, workload.kernels)
+        if problems:
+            return problems[0]
+    return (f"no layout of {gpus} GPUs agrees with the layout flags given, divides global batch "
+            f"{workload.global_batch} over data parallelism and passes plait train's validation; "
+            "change --gpus, --global-batch or the layout flags")
 
 
 def _check_fixed(workload: Workload, gpus: int, fixed: dict) -> None:
     """Name the flag at fault when the fixed layout sizes cannot make ``gpus`` GPUs."""
     sizes = {k: fixed[k] for k in ("dp", "tp", "cp", "pp") if k in fixed}
+    for name, value in sizes.items():
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
     product = math.prod(sizes.values())
     if gpus % product:
         flags = " × ".join(f"--{k} {v}" for k, v in sizes.items())
         raise ConfigError(f"{flags} = {product} does not divide --gpus {gpus}; choose sizes whose product divides it")
     if len(sizes) == 4 and product != gpus:
         raise ConfigError(f"dp·tp·cp·pp = {product} but --gpus is {gpus}; make the product equal the GPU count")
-    heads = workload.spec.heads
-    if "tp" in fixed and heads % fixed["tp"]:
-        raise ConfigError(f"--tp {fixed['tp']} does not divide the model's {heads} attention heads; choose a tp that does")
 
 
 def _does_not_fit(workload: Workload, hw: Hardware, gpus: int, found: Scan) -> str:
     peak, fields = found.smallest
-    head = (f"no layout fits {gpus} × {hw.name} ({hw.memory_bytes / 1e9:.0f} GB each): the smallest, "
+    head = (f"no layout fits {gpus} × {hw.name} ({hw.memory_bytes / 1e9:.0f} GB each, {hw.memory_headroom:.0%} kept free): the smallest, "
             f"{scanned_layout(fields).describe()}, needs {peak / 1e9:.1f} GB per GPU")
     for scale in (2, 4, 8, 16, 32, 64):
         wider = replace(workload, global_batch=workload.global_batch * scale)
@@ -235,16 +283,27 @@ def _does_not_fit(workload: Workload, hw: Hardware, gpus: int, found: Scan) -> s
     return f"{head}; use a smaller model or GPUs with more memory"
 
 
-def explain(ranked: list[Prediction], found: Scan, hw: Hardware) -> str:
-    """One line: why the top layout wins (memory, bubble or exposed communication)."""
+def explain(ranked: list[Prediction], found: Scan, hw: Hardware, tie_break: str = "simplicity") -> str:
+    """Why the top layout wins (memory, bubble or exposed communication), its memory margin, and
+    whether the runner-up is within the planner's own error of it."""
     best = ranked[0]
     b = best.time_breakdown
     exposed = b["critical_path_comm_s"] + b["exposed_dp_comm_s"]
+    free = hw.memory_bytes - best.peak_memory_bytes
     line = (f"{best.layout.describe()} wins at {best.step_time_s:.3g} s/step "
-            f"({best.bubble_fraction:.0%} bubble, {exposed / best.step_time_s:.0%} exposed communication, "
-            f"{best.peak_memory_bytes / 1e9:.1f} of {hw.memory_bytes / 1e9:.0f} GB)")
+            f"({best.bubble_fraction:.0%} bubble, {exposed / best.step_time_s:.0%} exposed communication); "
+            f"it needs {best.peak_memory_bytes / 1e9:.1f} of {hw.memory_bytes / 1e9:.0f} GB, leaving "
+            f"{free / 1e9:.1f} GB ({free / hw.memory_bytes:.0%}) free where the plan keeps at least "
+            f"{hw.memory_headroom:.0%}")
+    fastest = min(ranked, key=lambda p: p.step_time_s)
+    if fastest is not best:
+        line += (f"; the fastest, {fastest.layout.describe()}, is predicted {best.step_time_s / fastest.step_time_s - 1:.1%} "
+                 f"ahead, within the planner's error of {PLANNER_ERROR:.1%}, so the layout with fewer parallel "
+                 "dimensions comes first")
     if len(ranked) > 1:
-        o = ranked[1].time_breakdown
+        runner = ranked[1]
+        o = runner.time_breakdown
+        gap = runner.step_time_s / best.step_time_s - 1
         deltas = {
             "pipeline bubble": o["bubble_s"] - b["bubble_s"],
             "exposed communication": o["critical_path_comm_s"] + o["exposed_dp_comm_s"] - exposed,
@@ -252,13 +311,16 @@ def explain(ranked: list[Prediction], found: Scan, hw: Hardware) -> str:
             "the optimizer step": o["optimizer_s"] - b["optimizer_s"],
         }
         why = max(deltas, key=deltas.get)
-        line += f"; the runner-up {ranked[1].layout.describe()} loses {deltas[why]:.3g} s on {why}"
+        within = ("within the planner's error" if abs(gap) <= PLANNER_ERROR else "beyond the planner's error")
+        line += (f"; the runner-up {runner.layout.describe()} is {gap:+.1%} ({within} of {PLANNER_ERROR:.1%})"
+                 + (f", losing {deltas[why]:.3g} s on {why}" if deltas[why] > 0 else ""))
     step, fields, peak = found.fastest
-    if peak > hw.memory_bytes and step < best.step_time_s:
+    if peak > hw.usable_memory_bytes and step < fastest.step_time_s:
         line += f"; the faster {scanned_layout(fields).describe()} would need {peak / 1e9:.0f} GB"
     return line
 
 
-def best_layout(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: int | None = None) -> Prediction:
+def best_layout(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: int | None = None,
+                tie_break: str = "simplicity") -> Prediction:
     """The top pick given the layout fields already ``fixed``: what ``plait simulate`` fills in."""
-    return search(workload, hw, gpus, fixed, micro_batch, top=1).ranked[0]
+    return search(workload, hw, gpus, fixed, micro_batch, top=1, tie_break=tie_break).ranked[0]

@@ -9,24 +9,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from plait.errors import ConfigError
 from plait.layout import Layout
 from plait.models.flops import flops_per_sequence
 from plait.models.spec import ModelSpec
-from plait.parallel.zero_memory import PAPER_BYTES
 from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, reduce_scatter_seconds,
 )
 from plait.plan.compute import optimizer_seconds
 from plait.plan.costs import boundary_seconds, chunk_costs, wrapper_overhead
 from plait.plan.hardware import Hardware
-from plait.plan.memory import (
-    Kernels, RankMemory, activation_bytes_per_layer, head_activation_bytes,
-    model_state_bytes, other_bytes, rank_parameters, rank_tensors,
-)
+from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
+from plait.facts.model_state import PAPER_BYTES, model_state_bytes, rank_parameters, rank_tensors
+from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
+from plait.facts.validity import check_run
+from plait.plan.memory import RankMemory, other_bytes
 from plait.plan.pipeline import play
 from plait.schedules import split_layers
-from plait.schedules.generators import validate as validate_schedule
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default gradient bucket; the last one cannot overlap anything
 
@@ -38,7 +36,7 @@ class Workload:
     spec: ModelSpec
     global_batch: int
     precision: str = "bf16"
-    kernels: Kernels = Kernels()
+    kernels: Kernels = STACKS[DEFAULT_STACK]
 
 
 @dataclass(frozen=True)
@@ -68,34 +66,9 @@ class Prediction:
 
 
 def check_layout(workload: Workload, gpus: int, layout: Layout) -> int:
-    """Raise ConfigError if the layout cannot run this workload on ``gpus``; return the micro-batch size."""
-    layout.validate()
-    spec = workload.spec
-    if layout.world_size != gpus:
-        raise ConfigError(
-            f"layout {layout.describe()} uses dp·cp·tp·pp = {layout.world_size} GPUs but --gpus is {gpus}; "
-            "make the product of the layout sizes equal the GPU count"
-        )
-    if spec.heads % layout.tp or (spec.kv_heads % layout.tp and layout.tp % spec.kv_heads):
-        raise ConfigError(
-            f"--tp {layout.tp} must divide the {spec.heads} attention heads and divide or be a multiple of "
-            f"the {spec.kv_heads} kv-heads; choose a tp that does"
-        )
-    if spec.seq_len % (2 * layout.cp) and layout.cp > 1:
-        raise ConfigError(f"--cp {layout.cp} needs a sequence length divisible by 2·cp, got {spec.seq_len}")
-    per_replica, rest = divmod(workload.global_batch, layout.dp * layout.microbatches)
-    if rest or per_replica == 0:
-        raise ConfigError(
-            f"global batch {workload.global_batch} does not split into dp={layout.dp} × "
-            f"{layout.microbatches} micro-batches; make it a multiple of {layout.dp * layout.microbatches}"
-        )
-    validate_schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
-    if layout.pp * layout.virtual_stages > spec.layers:
-        raise ConfigError(
-            f"{spec.layers} layers cannot fill pp × virtual-stages = {layout.pp * layout.virtual_stages} "
-            "stage chunks; lower --pp or --virtual-stages"
-        )
-    return per_replica
+    """Raise ConfigError if the run is invalid (the one validation train uses); return the micro-batch size."""
+    check_run(workload.spec, layout, gpus, workload.global_batch, workload.kernels)
+    return workload.global_batch // (layout.dp * layout.microbatches)
 
 
 def stage_memory(workload: Workload, hw: Hardware, layout: Layout, micro_batch: int, layers: int,
@@ -185,7 +158,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         layout=layout, micro_batch_size=micro_batch, step_time_s=step,
         model_tflops_per_gpu=model_tflops, hardware_tflops_per_gpu=hardware_tflops,
         mfu=model_tflops / hw.peak_tflops(precision), bubble_fraction=played.bubble_fraction,
-        peak_memory_bytes=int(peak.total), memory_breakdown=peak.breakdown(), fits=peak.total <= hw.memory_bytes,
+        peak_memory_bytes=int(peak.total), memory_breakdown=peak.breakdown(), fits=peak.total <= hw.usable_memory_bytes,
         time_breakdown={
             "compute_s": played.busy[busiest] - comm_inside,
             "critical_path_comm_s": comm_inside,

@@ -12,10 +12,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from plait.errors import ConfigError
-from plait.layout import Layout
 from plait.models.flops import head_forward_flops, layer_flops
 from plait.models.spec import ModelSpec
-from plait.schedules.generators import validate
 
 
 def chunk_costs(spec: ModelSpec, counts: Sequence[int], seq_len: int | None = None) -> tuple[int, ...]:
@@ -50,6 +48,24 @@ def _balanced_counts(spec: ModelSpec, chunks: int, seq_len: int | None) -> tuple
     return best[chunks][layers][2]
 
 
+def split_problems(spec: ModelSpec, pp: int, virtual_stages: int = 1,
+                   layers_per_chunk: Sequence[int] | None = None) -> list[str]:
+    """Why the model's blocks cannot be cut into pp × v chunks of at least one block ([] if they can)."""
+    chunks = pp * virtual_stages
+    if pp > spec.layers:
+        return [f"--pp {pp} is larger than the model's {spec.layers} layers; each pipeline stage needs "
+                f"at least one layer, so use --pp {spec.layers} or fewer"]
+    if chunks > spec.layers:
+        return [f"{spec.layers} layers cannot be divided into pp × virtual-stages = {chunks} chunks of at "
+                f"least one layer each; use --virtual-stages {spec.layers // pp} or fewer"]
+    if layers_per_chunk is not None:
+        counts = tuple(layers_per_chunk)
+        if len(counts) != chunks or sum(counts) != spec.layers or min(counts, default=0) < 1:
+            return [f"--stage-layers must give {chunks} chunk sizes (pp × virtual-stages) of at least one layer "
+                    f"summing to the model's {spec.layers} layers, got {','.join(map(str, counts))}"]
+    return []
+
+
 def split_layers(
     spec: ModelSpec,
     pp: int,
@@ -58,31 +74,12 @@ def split_layers(
     seq_len: int | None = None,
 ) -> tuple[range, ...]:
     """The block indices of each of the pp × v chunks, balanced by cost or as the user gave them."""
-    chunks = pp * virtual_stages
-    if pp > spec.layers:
-        raise ConfigError(
-            f"--pp {pp} is larger than the model's {spec.layers} layers; each pipeline stage needs "
-            f"at least one layer, so use --pp {spec.layers} or fewer"
-        )
-    if chunks > spec.layers:
-        raise ConfigError(
-            f"{spec.layers} layers cannot be divided into pp × virtual-stages = {chunks} chunks of at "
-            f"least one layer each; use --virtual-stages {spec.layers // pp} or fewer"
-        )
+    problems = split_problems(spec, pp, virtual_stages, layers_per_chunk)
+    if problems:
+        raise ConfigError(problems[0])
     if layers_per_chunk is None:
-        counts = _balanced_counts(spec, chunks, seq_len)
+        counts = _balanced_counts(spec, pp * virtual_stages, seq_len)
     else:
         counts = tuple(layers_per_chunk)
-        if len(counts) != chunks or sum(counts) != spec.layers or min(counts, default=0) < 1:
-            raise ConfigError(
-                f"--stage-layers must give {chunks} chunk sizes (pp × virtual-stages) of at least one layer "
-                f"summing to the model's {spec.layers} layers, got {','.join(map(str, counts))}"
-            )
-    starts = [sum(counts[:i]) for i in range(chunks)]
+    starts = [sum(counts[:i]) for i in range(len(counts))]
     return tuple(range(start, start + n) for start, n in zip(starts, counts))
-
-
-def check_pipeline(spec: ModelSpec, layout: Layout) -> None:
-    """Every pipeline setting checked before any worker starts (schedule, micro-batches, split)."""
-    validate(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
-    split_layers(spec, layout.pp, layout.virtual_stages, layout.stage_layers)

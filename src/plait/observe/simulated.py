@@ -9,11 +9,11 @@ format, so the same viewer or renderer shows prediction and measurement side by 
 
 from __future__ import annotations
 
+from plait.facts.model_state import rank_parameters, rank_tensors
 from plait.layout import Layout
 from plait.observe.trace import timeline_events
 from plait.plan.costs import boundary_seconds, chunk_costs
 from plait.plan.hardware import Hardware
-from plait.plan.memory import rank_parameters, rank_tensors
 from plait.plan.pipeline import action_costs
 from plait.plan.simulate import Workload, check_layout, flush_costs
 from plait.schedules import Timeline, generate, simulate, split_layers

@@ -1,8 +1,8 @@
-"""Per-layer costs of tensor, sequence and context parallelism, worked out on paper.
+"""Bytes each collective of tensor, sequence and context parallelism moves per layer, on paper.
 
-Pure Python: the planner may import it. ``batch`` sequences of ``seq`` tokens go through one
+One home for the engine's tests and the planner. ``batch`` sequences of ``seq`` tokens go through one
 layer on each rank; tensors are fp32 (4 bytes). Tests measure the same quantities in a real step
-(``plait.observe.collectives``, ``plait.observe.saved_activations``) and require equality.
+(``plait.observe.collectives``) and require equality.
 """
 
 from __future__ import annotations
@@ -62,49 +62,3 @@ def _local_layer_parameters(spec: ModelSpec, tp: int) -> int:
     attention = 2 * h * h // tp + 2 * h * kv_local + (h // tp + 2 * kv_local + h if bias else 0)
     mlp = (3 if spec.gated_mlp else 2) * h * f // tp + (f // tp + h if bias else 0)
     return attention + mlp + 2 * norm_parameter_count(spec)
-
-
-def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,
-                          cp: int = 1, recompute: str = "none") -> dict[str, int]:
-    """Bytes one layer keeps for backward, by region, as plait's fp32 model and kernels keep them.
-
-    Korthikanti et al. 2022 count sbh(10 + 24/t + 5as/ht) bytes (half precision, dropout, attention
-    scores kept); here, in fp32, without dropout, with a fused attention kernel that keeps one
-    softmax statistic per query instead of the scores:
-    - norms (replicated over tp; divided by tp under sp): LayerNorm keeps its input, mean and rstd;
-      RMSNorm its input, the normalised input and rstd;
-    - linear inputs: the norms' outputs that wq/wk/wv and w1(/w3) read, whole on every rank even
-      under sp (DTensor keeps the all-gathered copy; Megatron keeps the shard and gathers again);
-    - attention (sharded over tp): q, k, v (grouped-query k, v expanded to the query heads), the
-      output, one log-sum-exp per head and query, and a copy of the output re-laid for wo when the
-      kernel returns it head-major (Llama, whose rotary q is head-major, or cp) with >1 head a rank;
-    - MLP (sharded): GELU input and output; SwiGLU w1, silu(w1), w3 outputs and their product;
-    - rotary tables (Llama): cos and sin of the positions, s·head_dim/2 each.
-
-    ``selective`` recomputation keeps the attention core's inputs q, k, v instead of its output
-    and statistics (its output survives only as wo's input, relaid or not); ``full`` keeps just
-    the block's input, the residual stream (a sequence shard under sp). The rotary tables a
-    recomputed block reads stay alive through its arguments, once for all blocks, unsaved.
-    """
-    s, b, h, f = seq // cp, batch, spec.hidden, spec.ffn_hidden
-    heads = spec.heads // tp
-    sbh = s * b * h
-    if recompute == "full":
-        return {"block_input": (sbh // tp if sp else sbh) * FP32}
-    if spec.family == "gpt2":
-        norms = 2 * (sbh + 2 * s * b)
-    else:
-        norms = 2 * (2 * sbh + s * b)
-    relaid = (spec.family == "llama" or cp > 1) and heads > 1
-    attention = (4 + relaid) * sbh // tp + heads * s * b
-    if recompute == "selective":
-        attention = 4 * sbh // tp  # q, k, v kept for the recomputation, and wo's input
-    mlp = (4 if spec.gated_mlp else 2) * s * b * f // tp
-    regions = {
-        "norms": norms // tp if sp else norms,
-        "linear_inputs": 2 * sbh,
-        "attention": attention,
-        "mlp": mlp,
-        "rotary": 0 if spec.learned_positions else s * spec.head_dim,
-    }
-    return {name: count * FP32 for name, count in regions.items()}

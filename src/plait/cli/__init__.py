@@ -7,7 +7,7 @@ import sys
 
 from plait.config import add_layout_arguments, add_model_arguments, add_train_arguments, config_from_args
 from plait.errors import ConfigError
-from plait.plan.commands import add_plan_commands
+from plait.cli.planning import add_plan_commands
 
 
 class OneLineParser(argparse.ArgumentParser):

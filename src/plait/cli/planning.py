@@ -17,10 +17,10 @@ from plait.layout import PRECISIONS, Layout
 from plait.observe.timeline import draw_timeline
 from plait.models.spec import SPEC_FIELDS, model_spec
 from plait.plan.hardware import CATALOG, Hardware, apply_overrides, hardware, load_profile
-from plait.plan.memory import Kernels
+from plait.facts.stack import Kernels
 from plait.plan.search import NothingFits, best_layout, search
 from plait.plan.simulate import Prediction, Workload, evaluate
-from plait.plan.trace import simulated_timeline, simulated_trace
+from plait.observe.simulated import simulated_timeline, simulated_trace
 
 LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 DEFAULT_TOKENS = 2**20  # default global batch: about a million tokens
@@ -182,7 +182,7 @@ def run_explain(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
 
 def run_calibrate(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    from plait.plan.calibrate import calibrate
+    from plait.calibrate.machine import calibrate
 
     profile = calibrate(args.out, args.name, args.precision, args.threads)
     print(json.dumps(profile.to_dict(), indent=2))

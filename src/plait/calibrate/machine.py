@@ -16,7 +16,7 @@ while the other works, as two training ranks share caches, memory bandwidth and 
   (gloo's are not rings); and the share of an all-reduce that hides under compute;
 * the host's overhead beyond the kernels, plait's optimizer step, what a whole layer's kernels
   take beyond the sum of their microbenchmarks, and what each parallel wrapper adds
-  (plait.plan.calibrate_host).
+  (plait.calibrate.host).
 
 Each fit's points, measured and predicted, are written beside the profile.
 """
@@ -40,7 +40,7 @@ from plait.plan.comm import (
     LINK_EFFICIENCY, Link, all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds,
 )
 from plait.plan.compute import Gemm, gemm_seconds
-from plait.plan.calibrate_host import (
+from plait.calibrate.host import (
     interleaved_medians, layer_kernel_scales, measure_host_overhead, measure_optimizer, measure_wrapper_overhead,
     working_layer_probes,
 )
@@ -61,7 +61,7 @@ def _typical_time(fn) -> float:
 
 def measure_matmuls_and_layers(dtype: torch.dtype, precision: str) -> tuple[list[tuple[tuple[int, int, int], float]], dict[str, float]]:
     """Seconds of each matmul of SHAPES, and of plait's layers at a working size
-    (plait.plan.calibrate_host.working_layer_probes), timed in one interleaved pass."""
+    (plait.calibrate.host.working_layer_probes), timed in one interleaved pass."""
     probes: dict = {}
     for m, n, k in SHAPES:
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)

@@ -42,14 +42,14 @@ from plait.parallel.grad_norm import clip_grad_norm
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead, KernelScale
 from plait.plan.least_squares import relative_least_squares
-from plait.plan.memory import Kernels
+from plait.facts.stack import STACKS
 from plait.plan.simulate import Workload, evaluate
 from plait.topology import Topology, build_topology
 from plait.train.loop import apply_parallelisms, build_model, train_step
 from plait.train.optim import build_optimizer
 
 FAMILIES = ("gpt2", "llama")
-PLAIT_KERNELS = Kernels(fused=False, context_exchange="all-to-all")  # how plait's own model runs
+PLAIT_KERNELS = STACKS["plait"]
 PROBE_LAYERS = (1, 4)
 PROBE_SHAPE = {"hidden": 64, "heads": 2, "vocab": 16, "seq_len": 8}  # kernels of a few microseconds
 

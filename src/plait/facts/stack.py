@@ -1,0 +1,32 @@
+"""Which software stack a prediction models: plait's own kernels, or a reference stack's.
+
+``plait plan``, ``simulate`` and ``explain`` predict plait's own run unless told otherwise
+(``--stack``); the published runs the planner is validated on ran Megatron-LM-like stacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+@dataclass(frozen=True)
+class Kernels:
+    """How the layer's kernels run: dropout masks and the s² attention scores (no flash) are
+    saved; ``fused`` elementwise kernels (Megatron-LM, torchtitan) or one eager PyTorch kernel per
+    operation (plait's own single-device model), which moves more bytes (plait.plan.compute)."""
+
+    dropout: bool = False
+    flash_attention: bool = True
+    fused: bool = True
+    # How context-parallel attention sees the whole sequence: K/V blocks round a ring (Megatron-LM,
+    # torchtitan) or an all-to-all of heads (DeepSpeed-Ulysses, plait's own).
+    context_exchange: str = "ring"
+
+
+STACKS = {
+    # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
+    # query kept, no scores), one eager kernel per elementwise op, heads exchanged all-to-all under cp.
+    "plait": Kernels(fused=False, context_exchange="all-to-all"),
+    # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
+    "megatron": Kernels(),
+}
+DEFAULT_STACK = "plait"

@@ -1,0 +1,121 @@
+"""The one validation of a run: model × layout × world size × global batch × kernels.
+
+``plait train`` (and its ``--dry-run`` and ``--auto``), ``plait simulate``, ``plait plan``'s search
+and ``plait explain`` all ask ``run_problems`` or ``check_run``; nothing else decides what is
+valid. When the engine learns a new composition, ``UNSUPPORTED`` loses a line and the planner's
+search space grows by itself.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from plait.errors import ConfigError
+from plait.facts.stack import STACKS, Kernels
+from plait.layout import Layout
+from plait.models.spec import ModelSpec
+from plait.schedules.generators import validate as validate_schedule
+from plait.schedules.split import split_problems
+
+# Compositions the engine has not learnt yet: (refused?, what), refused before any worker starts.
+UNSUPPORTED: tuple[tuple[Callable[[Layout], bool], str], ...] = (
+    (lambda layout: layout.pp > 1 and layout.zero > 1,
+     "ZeRO stages 2 and 3 together with --pp (stage 1 composes with it)"),
+    (lambda layout: layout.zero in (1, 2) and (layout.tp > 1 or layout.cp > 1),
+     "ZeRO stages 1 and 2 together with --tp or --cp (stage 3 composes with them)"),
+)
+
+
+def _raised(check: Callable[[], object]) -> list[str]:
+    """The message ``check`` raises as a ConfigError, as a list (empty if it passes)."""
+    try:
+        check()
+    except ConfigError as error:
+        return [str(error)]
+    return []
+
+
+def supported_problems(layout: Layout) -> list[str]:
+    """Compositions of ``layout`` that plait train does not run yet."""
+    return [f"{what} is not supported yet by plait train; leave it out for now"
+            for refused, what in UNSUPPORTED if refused(layout)]
+
+
+def fit_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["plait"]) -> list[str]:
+    """Ways ``spec`` cannot be split as ``layout`` asks over tensor, sequence and context parallelism."""
+    tp, cp = layout.tp, layout.cp
+    problems = []
+    if spec.heads % tp:
+        problems.append(f"{spec.heads} attention heads cannot be split over --tp {tp}; choose a tp that divides the heads")
+    if spec.kv_heads % tp and tp % spec.kv_heads:
+        problems.append(
+            f"{spec.kv_heads} kv-heads cannot be split or replicated over --tp {tp}; "
+            "choose a tp that divides the kv-heads or that they divide"
+        )
+    if spec.ffn_hidden % tp:
+        problems.append(f"FFN hidden size {spec.ffn_hidden} is not divisible by --tp {tp}; choose a tp that divides it")
+    if kernels.context_exchange == "ring":
+        if cp > 1 and spec.seq_len % (2 * cp):
+            problems.append(f"ring context parallelism cuts the sequence into 2·cp chunks: sequence length "
+                            f"{spec.seq_len} is not divisible by 2 × --cp {cp}; choose a seq-len that is")
+    else:
+        if spec.seq_len % cp:
+            problems.append(f"sequence length {spec.seq_len} is not divisible by --cp {cp}; "
+                            "choose a seq-len that is a multiple of cp")
+        if not spec.heads % tp and (spec.heads // tp) % cp:
+            problems.append(
+                f"context parallel exchanges heads: the {spec.heads // tp} heads per tensor-parallel rank "
+                f"are not divisible by --cp {cp}; choose cp dividing heads/tp"
+            )
+    if layout.sp and not spec.seq_len % cp and (spec.seq_len // cp) % tp:
+        problems.append(
+            f"sequence parallel splits each rank's {spec.seq_len // cp} positions over --tp {tp}; "
+            "choose a seq-len that is a multiple of cp·tp"
+        )
+    return problems
+
+
+def pipeline_problems(spec: ModelSpec, layout: Layout) -> list[str]:
+    """The schedule and the stage split, when the layout has pipeline stages."""
+    if layout.pp == 1:
+        return []
+    return (_raised(lambda: validate_schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages))
+            + split_problems(spec, layout.pp, layout.virtual_stages, layout.stage_layers))
+
+
+def batch_problems(layout: Layout, global_batch: int) -> list[str]:
+    per_rank = layout.dp * layout.microbatches
+    if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
+        return [f"global batch must be a positive number of sequences, got {global_batch!r}"]
+    if global_batch % per_rank:
+        return [f"global batch {global_batch} is not divisible by dp × microbatches = {per_rank}; "
+                f"choose a global batch that is a multiple of {per_rank}"]
+    return []
+
+
+def run_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None, global_batch: int | None = None,
+                 kernels: Kernels = STACKS["plait"]) -> list[str]:
+    """Every reason this run is invalid or not supported, each one actionable sentence; [] if it runs.
+
+    ``world_size`` and ``global_batch`` are checked when given.
+    """
+    problems = _raised(spec.validate) + _raised(layout.validate)
+    if problems:  # the checks below read the fields as positive integers
+        return problems
+    problems += supported_problems(layout)
+    problems += fit_problems(spec, layout, kernels)
+    problems += pipeline_problems(spec, layout)
+    if world_size is not None and layout.world_size != world_size:
+        problems.append(f"layout {layout.describe()} uses dp·cp·tp·pp = {layout.world_size} ranks but there are "
+                        f"{world_size}; make the product of the layout sizes equal the number of ranks")
+    if global_batch is not None:
+        problems += batch_problems(layout, global_batch)
+    return problems
+
+
+def check_run(spec: ModelSpec, layout: Layout, world_size: int | None = None, global_batch: int | None = None,
+              kernels: Kernels = STACKS["plait"]) -> None:
+    """Raise ConfigError with the first of ``run_problems`` (one sentence), if there is any."""
+    problems = run_problems(spec, layout, world_size, global_batch, kernels)
+    if problems:
+        raise ConfigError(problems[0])
