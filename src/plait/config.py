@@ -18,7 +18,7 @@ from pathlib import Path
 
 from plait.errors import ConfigError
 from plait.facts.validity import check_run
-from plait.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout
+from plait.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout, default_precision
 from plait.models.spec import FAMILIES, SPEC_FIELDS, ModelSpec, model_spec
 
 if sys.version_info >= (3, 11):
@@ -104,7 +104,8 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     for name in ("dp", "tp", "cp", "pp"):
         group.add_argument(f"--{name}", type=int)
     group.add_argument("--zero", type=int)
-    group.add_argument("--sp", action="store_const", const=True, help="sequence parallel (needs --tp > 1)")
+    group.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
+                       help="sequence parallel over the tp ranks (needs --tp > 1); --no-sp pins it off")
     group.add_argument("--schedule", choices=SCHEDULES)
     group.add_argument("--virtual-stages", type=int)
     group.add_argument("--stage-layers", type=_layer_counts, metavar="N,N,...",
@@ -119,7 +120,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--steps", type=int)
     group.add_argument("--global-batch", type=int, help="sequences per optimizer step, over all ranks")
     group.add_argument("--seed", type=int)
-    group.add_argument("--precision", choices=PRECISIONS)
+    group.add_argument("--precision", choices=PRECISIONS, help="default: bf16 on GPUs, fp32 on CPUs")
     group.add_argument("--lr", type=float)
     group.add_argument("--warmup-steps", type=int)
     group.add_argument("--data", help="text file, or token file (.u16/.bin, .u32, .npy)")
@@ -176,20 +177,42 @@ def _typed(cls, values: dict):
     return cls(**values)
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """Defaults ← TOML file ← flags, validated."""
-    tables = read_config_file(args.config) if args.config else {"model": {}, "layout": {}, "train": {}}
+def layout_values(args: argparse.Namespace, tables: dict[str, dict]) -> dict:
+    """The layout settings the file and the flags give (flags win); what ``--auto`` leaves pinned."""
+    return {**tables["layout"], **_set_flags(args, tuple(f.name for f in fields(Layout)))}
+
+
+def config_tables(args: argparse.Namespace) -> dict[str, dict]:
+    return read_config_file(args.config) if args.config else {"model": {}, "layout": {}, "train": {}}
+
+
+def model_and_train(args: argparse.Namespace, tables: dict[str, dict]) -> tuple[ModelSpec, str | None, TrainSpec]:
+    """The model (preset name and spec) and the training settings: defaults ← file ← flags.
+
+    Without --precision anywhere, the run takes ``default_precision`` of its device.
+    """
     model_values = {**tables["model"], **_set_flags(args, ("model", "family") + SPEC_FIELDS)}
     name = model_values.pop("name", None)
     name = model_values.pop("model", name)
     if name is None and not {"layers", "hidden", "heads"} <= set(model_values):
         name = DEFAULT_MODEL
     spec = model_spec(name, **model_values)
+    train_values = {**tables["train"], **_set_flags(args, tuple(f.name for f in fields(TrainSpec)))}
+    if "precision" not in train_values:
+        import torch  # only `plait train` resolves its device; the planner never reaches here
 
-    layout_values = {**tables["layout"], **_set_flags(args, tuple(f.name for f in fields(Layout)))}
-    # Any layout setting replaces the default layout as a whole; unset sizes are then 1.
-    layout = _typed(Layout, layout_values) if layout_values else DEFAULT_LAYOUT
-    train = _typed(TrainSpec, {**tables["train"], **_set_flags(args, tuple(f.name for f in fields(TrainSpec)))})
+        train_values["precision"] = default_precision(on_gpu=torch.cuda.is_available())
+    return spec, name, _typed(TrainSpec, train_values)
+
+
+def config_from_args(args: argparse.Namespace, layout: Layout | None = None) -> RunConfig:
+    """Defaults ← TOML file ← flags, validated; ``layout`` (from ``--auto``) replaces the layout settings."""
+    tables = config_tables(args)
+    spec, name, train = model_and_train(args, tables)
+    if layout is None:
+        values = layout_values(args, tables)
+        # Any layout setting replaces the default layout as a whole; unset sizes are then 1.
+        layout = _typed(Layout, values) if values else DEFAULT_LAYOUT
     config = RunConfig(spec, layout, train, model_name=name)
     try:
         validate_run(config)

@@ -19,6 +19,12 @@ PRECISIONS = ("fp32", "bf16")
 MESH_DIMS = ("pp", "dp", "cp", "tp")
 
 
+def default_precision(on_gpu: bool) -> str:
+    """What plait train runs when --precision is not given, and so what plan predicts by default:
+    bf16 autocast on GPUs (their tensor cores' format), fp32 on CPUs (which have no fast bf16 path)."""
+    return "bf16" if on_gpu else "fp32"
+
+
 @dataclass(frozen=True)
 class Layout:
     """Sizes of each parallel dimension plus the choices that go with them."""

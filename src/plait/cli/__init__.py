@@ -1,13 +1,14 @@
-"""The ``plait`` command."""
+"""The ``plait`` command: train, plan, simulate, calibrate, explain."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from plait.config import add_layout_arguments, add_model_arguments, add_train_arguments, config_from_args
-from plait.errors import ConfigError
 from plait.cli.planning import add_plan_commands
+from plait.cli.training import add_prediction_arguments, run_train
+from plait.config import add_layout_arguments, add_model_arguments, add_train_arguments
+from plait.errors import ConfigError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -15,13 +16,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def run_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from plait.train.launch import launch
-
-    config = config_from_args(args)
-    return launch(config, argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(train)
     add_layout_arguments(train)
     add_train_arguments(train)
+    add_prediction_arguments(train)
     train.set_defaults(handler=run_train)
     add_plan_commands(commands)
     return parser

@@ -8,19 +8,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from plait.config import add_layout_arguments, add_model_arguments
 from plait.errors import ConfigError
-from plait.layout import PRECISIONS, Layout
-from plait.observe.timeline import draw_timeline
+from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
+from plait.layout import PRECISIONS, Layout, default_precision
 from plait.models.spec import SPEC_FIELDS, model_spec
+from plait.observe.simulated import simulated_timeline, simulated_trace
+from plait.observe.timeline import draw_timeline
 from plait.plan.hardware import CATALOG, Hardware, apply_overrides, hardware, load_profile
-from plait.facts.stack import Kernels
 from plait.plan.search import NothingFits, best_layout, search
 from plait.plan.simulate import Prediction, Workload, evaluate
-from plait.observe.simulated import simulated_timeline, simulated_trace
 
 LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 DEFAULT_TOKENS = 2**20  # default global batch: about a million tokens
@@ -38,15 +38,22 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--memory-gb", type=float, help="device memory in GB (10^9 bytes)")
     group.add_argument("--global-batch", type=int, help="sequences per step (default: ~1M tokens, a multiple of --gpus)")
     group.add_argument("--microbatch-size", type=int, help="sequences per micro-batch (default: searched)")
-    group.add_argument("--precision", choices=PRECISIONS, default="bf16")
-    group.add_argument("--attention", choices=("flash", "eager"), default="flash",
-                       help="flash keeps no s×s scores; eager (as Megatron-LM 2021) does")
-    group.add_argument("--dropout", action="store_true", help="the model trains with dropout (1-byte masks)")
-    group.add_argument("--unfused", action="store_true",
-                       help="elementwise ops run one eager PyTorch kernel each, as plait's own model does")
-    group.add_argument("--context-exchange", choices=("ring", "all-to-all"), default="ring",
-                       help="context parallelism passes K/V round a ring, or exchanges heads all-to-all as plait does")
-    group.add_argument("--json", action="store_true", help="machine-readable output")
+    group.add_argument("--memory-headroom", type=float, metavar="FRACTION",
+                       help="share of device memory the plan leaves free (default 0.05)")
+    group.add_argument("--precision", choices=PRECISIONS,
+                       help="default: what plait train uses on the device (bf16 on GPUs, fp32 on a CPU profile)")
+    stack = parser.add_argument_group("software stack (default: plait train's own run)")
+    stack.add_argument("--stack", choices=tuple(STACKS), default=DEFAULT_STACK,
+                       help="plait: plait's own kernels (eager elementwise, all-to-all context parallelism); "
+                            "megatron: fused kernels and ring context parallelism, as Megatron-LM and torchtitan run")
+    stack.add_argument("--attention", choices=("flash", "eager"),
+                       help="override the stack: flash keeps no s×s scores; eager (as Megatron-LM 2021) does")
+    stack.add_argument("--dropout", action="store_true", help="the model trains with dropout (1-byte masks)")
+    stack.add_argument("--unfused", action="store_true",
+                       help="override the stack: elementwise ops run one eager PyTorch kernel each")
+    stack.add_argument("--context-exchange", choices=("ring", "all-to-all"),
+                       help="override the stack: K/V round a ring, or heads exchanged all-to-all")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def add_plan_commands(subparsers) -> None:
@@ -60,6 +67,10 @@ def add_plan_commands(subparsers) -> None:
         add_layout_arguments(parser)
         add_cluster_arguments(parser)
     plan.add_argument("--top", type=int, default=3, help="layouts to list (default 3)")
+    for parser in (plan, simulate):
+        parser.add_argument("--tie-break", choices=("simplicity", "time"), default="simplicity",
+                            help="layouts predicted within the planner's error of the fastest: fewer parallel "
+                                 "dimensions first (default), or strictly by predicted time")
     simulate.add_argument("--trace", metavar="FILE", help="write the simulated step as a Chrome/Perfetto trace")
     simulate.add_argument("--timeline", metavar="FILE.png", help="draw the simulated step as runs draw theirs")
     plan.set_defaults(handler=run_plan)
@@ -83,19 +94,38 @@ def add_plan_commands(subparsers) -> None:
     explain.set_defaults(handler=run_explain)
 
 
-def _inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]:
+def stack_kernels(args: argparse.Namespace) -> Kernels:
+    """The chosen stack's kernels with any of --attention, --dropout, --unfused, --context-exchange over them."""
+    kernels = STACKS[args.stack]
+    overrides = {
+        "flash_attention": None if args.attention is None else args.attention == "flash",
+        "dropout": True if args.dropout else None,
+        "fused": False if args.unfused else None,
+        "context_exchange": args.context_exchange,
+    }
+    return replace(kernels, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def planning_inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]:
+    """The workload, hardware and pinned layout fields that plan and simulate read from their flags."""
     model = {name: getattr(args, name, None) for name in SPEC_FIELDS + ("family",)}
     spec = model_spec(args.model, **model)
+    precision = args.precision
     overrides = {
         "intra_node_gbps": args.intra_node_gbps, "inter_node_gbps": args.inter_node_gbps,
         "gpus_per_node": args.gpus_per_node,
         "memory_bytes": args.memory_gb * 1e9 if args.memory_gb else None,
-        ("bf16_tflops" if args.precision == "bf16" else "fp32_tflops"): args.peak_tflops,
     }
+    if args.memory_headroom is not None and not 0 <= args.memory_headroom < 1:
+        raise ConfigError(f"--memory-headroom is a fraction of device memory in [0, 1), got {args.memory_headroom}")
     if args.hardware_profile:
         hw = apply_overrides(load_profile(args.hardware_profile), **overrides)
     else:
         hw = hardware(args.gpu, **overrides)
+    precision = args.precision or default_precision(on_gpu=hw.host_runs_ahead)
+    hw = apply_overrides(hw, **{("bf16_tflops" if precision == "bf16" else "fp32_tflops"): args.peak_tflops})
+    if args.memory_headroom is not None:
+        hw = replace(hw, memory_headroom=args.memory_headroom)
     if not isinstance(args.gpus, int) or args.gpus < 1:
         raise ConfigError(f"--gpus must be a positive integer, got {args.gpus!r}")
     batch = args.global_batch
@@ -103,22 +133,27 @@ def _inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]:
         batch = args.gpus * max(1, math.ceil(DEFAULT_TOKENS / spec.seq_len / args.gpus))
     if batch < 1:
         raise ConfigError(f"--global-batch must be a positive number of sequences, got {batch}")
-    kernels = Kernels(dropout=args.dropout, flash_attention=args.attention == "flash", fused=not args.unfused,
-                      context_exchange=args.context_exchange)
     fixed = {name: getattr(args, name) for name in LAYOUT_FIELDS if getattr(args, name, None) is not None}
-    return Workload(spec, batch, args.precision, kernels), hw, fixed
+    return Workload(spec, batch, precision, stack_kernels(args)), hw, fixed
+
+
+def stack_name(args: argparse.Namespace) -> str:
+    """The stack the prediction models, as the output names it (with any override said)."""
+    changed = [flag for flag in ("attention", "dropout", "unfused", "context_exchange") if getattr(args, flag)]
+    return args.stack + (f" with --{', --'.join(f.replace('_', '-') for f in changed)}" if changed else "")
 
 
 def run_plan(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    workload, hw, fixed = _inputs(args)
-    result = search(workload, hw, args.gpus, fixed, args.microbatch_size, top=args.top)
+    workload, hw, fixed = planning_inputs(args)
+    result = search(workload, hw, args.gpus, fixed, args.microbatch_size, top=args.top, tie_break=args.tie_break)
     if args.json:
-        ranked = [p.to_dict() for p in result.ranked]
+        ranked = [{**p.to_dict(), "stack": stack_name(args), "precision": workload.precision} for p in result.ranked]
         ranked[0]["reason"] = result.reason
         print(json.dumps(ranked, indent=2))
         return 0
-    print(f"{workload.spec.family} model on {args.gpus} × {hw.name}, global batch {workload.global_batch}: "
-          f"{result.scored} layouts scored, {result.fitting} fit in {hw.memory_bytes / 1e9:.0f} GB")
+    print(f"{workload.spec.family} model on {args.gpus} × {hw.name}, global batch {workload.global_batch}, "
+          f"{workload.precision}, stack {stack_name(args)}: {result.scored} layouts scored, {result.fitting} fit in "
+          f"{hw.usable_memory_bytes / 1e9:.0f} of {hw.memory_bytes / 1e9:.0f} GB ({hw.memory_headroom:.0%} kept free)")
     for i, p in enumerate(result.ranked, 1):
         print(f"{i}. {p.layout.describe():60s} mbs={p.micro_batch_size:<3d} {p.step_time_s:9.4g} s/step  "
               f"MFU {p.mfu:6.1%}  bubble {p.bubble_fraction:5.1%}  {p.peak_memory_bytes / 1e9:6.1f} GB")
@@ -127,9 +162,10 @@ def run_plan(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
 
 def run_simulate(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    workload, hw, fixed = _inputs(args)
+    """Predict one layout; exit 1 when it does not fit (after printing its per-rank memory)."""
+    workload, hw, fixed = planning_inputs(args)
     try:
-        prediction = best_layout(workload, hw, args.gpus, fixed, args.microbatch_size)
+        prediction = best_layout(workload, hw, args.gpus, fixed, args.microbatch_size, args.tie_break)
     except NothingFits:
         # Nothing agreeing with the flags fits: a fully sized layout is still predicted (and shown
         # not to fit); otherwise the search's error says what would.
@@ -145,10 +181,11 @@ def run_simulate(args: argparse.Namespace, argv: list[str] | None = None) -> int
         timeline = simulated_timeline(workload, hw, args.gpus, prediction.layout)
         draw_timeline(timeline, Path(args.timeline), f"simulated: {prediction.layout.describe()} on {args.gpus} × {hw.name}")
     if args.json:
-        print(json.dumps(prediction.to_dict(), indent=2))
+        print(json.dumps({**prediction.to_dict(), "stack": stack_name(args), "precision": workload.precision}, indent=2))
     else:
+        print(f"{workload.precision}, stack {stack_name(args)}")
         print(format_prediction(prediction, hw))
-    return 0
+    return 0 if prediction.fits else 1
 
 
 def format_prediction(p: Prediction, hw: Hardware) -> str:
@@ -160,7 +197,8 @@ def format_prediction(p: Prediction, hw: Hardware) -> str:
         f"step time {p.step_time_s:.4g} s   model {p.model_tflops_per_gpu:.1f} TFLOP/s/GPU   "
         f"hardware {p.hardware_tflops_per_gpu:.1f}   MFU {p.mfu:.1%}   bubble {p.bubble_fraction:.1%}",
         "time: " + "  ".join(f"{k[:-2]} {v:.4g} s" for k, v in p.time_breakdown.items()),
-        f"peak memory {p.peak_memory_bytes / 1e9:.2f} GB of {hw.memory_bytes / 1e9:.0f} GB"
+        f"peak memory per rank {p.peak_memory_bytes / 1e9:.2f} GB of {hw.memory_bytes / 1e9:.0f} GB "
+        f"({hw.memory_headroom:.0%} kept free)"
         f"{'' if p.fits else '  — DOES NOT FIT'}: " + "  ".join(f"{k} {v / 1e9:.2f}" for k, v in mem.items()),
     ]
     return "\n".join(lines)

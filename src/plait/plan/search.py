@@ -312,8 +312,11 @@ def explain(ranked: list[Prediction], found: Scan, hw: Hardware, tie_break: str 
         }
         why = max(deltas, key=deltas.get)
         within = ("within the planner's error" if abs(gap) <= PLANNER_ERROR else "beyond the planner's error")
-        line += (f"; the runner-up {runner.layout.describe()} is {gap:+.1%} ({within} of {PLANNER_ERROR:.1%})"
-                 + (f", losing {deltas[why]:.3g} s on {why}" if deltas[why] > 0 else ""))
+        line += f"; the runner-up {runner.layout.describe()} is predicted {gap:+.1%} ({within} of {PLANNER_ERROR:.1%})"
+        if gap < 0:
+            line += " but spreads over more parallel dimensions"
+        elif deltas[why] > 0:
+            line += f", losing {deltas[why]:.3g} s on {why}"
     step, fields, peak = found.fastest
     if peak > hw.usable_memory_bytes and step < fastest.step_time_s:
         line += f"; the faster {scanned_layout(fields).describe()} would need {peak / 1e9:.0f} GB"

@@ -106,3 +106,8 @@ class BatchSource:
         window = np.stack([np.asarray(self.tokens[o:o + self.seq_len + 1], dtype=np.int64) for o in mine])
         sequences = torch.from_numpy(window)
         return sequences[:, :-1], sequences[:, 1:]
+
+
+def check_data(config) -> None:
+    """Open the run's data and check it fits the model (a ``RunConfig``), before any worker starts."""
+    training_tokens(config.train.data, config.model.vocab, config.model.seq_len)

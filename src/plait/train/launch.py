@@ -23,7 +23,7 @@ from plait.errors import ConfigError
 from plait.observe.run_files import METRICS_FILE
 from plait.topology import build_topology
 from plait.train.checkpoint import latest_checkpoint
-from plait.train.data import training_tokens
+from plait.train.data import check_data
 from plait.train.loop import train
 
 # A collective that has not completed after this long raises on the rank that waits, naming it.
@@ -52,11 +52,6 @@ def prepare_run_dir(config: RunConfig) -> Path:
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
-
-
-def check_data(config: RunConfig) -> None:
-    """Open the data and check it fits the model before any worker starts."""
-    training_tokens(config.train.data, config.model.vocab, config.model.seq_len)
 
 
 def check_devices(config: RunConfig) -> None:

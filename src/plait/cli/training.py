@@ -1,0 +1,153 @@
+"""``plait train``: validate, then predict and stop (``--dry-run``), let the planner pick the layout
+(``--auto``), or launch one process per rank.
+
+Both ``--dry-run`` and ``--auto`` predict with the planner's ``evaluate`` on plait's own stack, on
+the chosen device: ``--gpu`` or ``--hardware-profile``, else the catalog GPU the driver names (a
+CPU has no catalog entry: it needs the profile ``plait calibrate`` writes).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from plait.config import RunConfig, config_from_args, config_tables, layout_values, model_and_train
+from plait.errors import ConfigError
+from plait.facts.stack import DEFAULT_STACK, STACKS
+from plait.layout import Layout
+from plait.plan.hardware import CATALOG, Hardware, catalog_name_of, hardware, load_profile
+from plait.plan.search import search
+from plait.plan.simulate import Prediction, Workload, evaluate
+
+# The flags --auto removes from the workers' command line, with how many values each takes.
+AUTO_FLAGS = {"--auto": 0, "--ranks": 1}
+
+
+def add_prediction_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("prediction (plan's model of this run)")
+    group.add_argument("--dry-run", action="store_true",
+                       help="validate everything, print the resolved layout with its predicted per-rank memory "
+                            "and step time, and exit without starting workers")
+    group.add_argument("--auto", action="store_true",
+                       help="train the layout the planner predicts fastest for --ranks ranks (layout flags given "
+                            "stay pinned)")
+    group.add_argument("--ranks", type=int, help="ranks for --auto (default: this node's GPUs)")
+    choice = group.add_mutually_exclusive_group()
+    choice.add_argument("--gpu", choices=tuple(CATALOG), help="predict for this catalog GPU (default: the driver's)")
+    choice.add_argument("--hardware-profile", metavar="FILE", help="predict with a profile from `plait calibrate`")
+
+
+def prediction_hardware(args: argparse.Namespace) -> Hardware | None:
+    """The device the prediction is for, or None on a CPU given no profile."""
+    if args.hardware_profile:
+        return load_profile(args.hardware_profile)
+    if args.gpu:
+        return hardware(args.gpu)
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    entry = catalog_name_of(name)
+    if entry is None:
+        raise ConfigError(f"this GPU ({name}) is not in the hardware catalog; pass --gpu NAME for the nearest "
+                          "catalog part or --hardware-profile FILE from `plait calibrate`")
+    return hardware(entry)
+
+
+def _workload(config: RunConfig) -> Workload:
+    return Workload(config.model, config.train.global_batch, config.train.precision, STACKS[DEFAULT_STACK])
+
+
+def describe_prediction(config: RunConfig, prediction: Prediction | None, hw: Hardware | None) -> str:
+    """The resolved run and, given a device, the planner's per-rank memory and step time for it."""
+    layout, spec, train = config.layout, config.model, config.train
+    lines = [
+        f"model   {config.model_name or 'custom'} ({spec.family}, {spec.layers} layers, hidden {spec.hidden}, "
+        f"seq-len {spec.seq_len})",
+        f"layout  {layout.describe()} on {layout.world_size} rank(s): " + " ".join(
+            f"{k}={v}" for k, v in layout.to_dict().items()),
+        f"batch   {train.global_batch} sequences per step, micro-batch size "
+        f"{train.global_batch // (layout.dp * layout.microbatches)}, {train.precision}",
+    ]
+    if prediction is None:
+        lines.append("predict pass --hardware-profile FILE (from `plait calibrate`) or --gpu NAME for the "
+                     "per-rank memory and step time")
+        return "\n".join(lines)
+    memory = "  ".join(f"{k} {v / 2**20:,.1f}" for k, v in prediction.memory_breakdown.items())
+    lines += [
+        f"memory  {prediction.peak_memory_bytes / 2**20:,.1f} MiB on the fullest rank of {hw.memory_bytes / 2**20:,.0f} "
+        f"MiB{'' if prediction.fits else ', DOES NOT FIT'} (MiB: {memory})",
+        f"time    {prediction.step_time_s:.4g} s per step predicted on {hw.name}, bubble "
+        f"{prediction.bubble_fraction:.1%}, {train.global_batch * spec.seq_len / prediction.step_time_s:,.0f} tokens/s",
+    ]
+    return "\n".join(lines)
+
+
+def auto_config(args: argparse.Namespace, hw: Hardware | None) -> RunConfig:
+    """Ask the planner for the fastest layout of --ranks ranks on ``hw``; print the choice and why."""
+    if hw is None:
+        raise ConfigError("--auto on a CPU needs this machine's profile: run `plait calibrate --out FILE` once, "
+                          "then pass --hardware-profile FILE")
+    ranks = args.ranks
+    if ranks is None:
+        import torch
+
+        ranks = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not ranks:
+            raise ConfigError("--auto on a CPU needs --ranks N, the number of local processes to train on")
+    if ranks < 1:
+        raise ConfigError(f"--ranks must be a positive integer, got {ranks}")
+    tables = config_tables(args)
+    spec, name, train = model_and_train(args, tables)
+    pinned = layout_values(args, tables)
+    workload = Workload(spec, train.global_batch, train.precision, STACKS[DEFAULT_STACK])
+    result = search(workload, hw, ranks, pinned, top=1)
+    layout = result.ranked[0].layout
+    print(f"plait: --auto picked {layout.describe()} for {ranks} rank(s) on {hw.name}: {result.reason}", flush=True)
+    return config_from_args(args, layout)
+
+
+def layout_flags(layout: Layout) -> list[str]:
+    """Command-line flags that pin every field of ``layout``."""
+    flags = []
+    for name, value in layout.to_dict().items():
+        flag = "--" + name.replace("_", "-")
+        if name == "sp":
+            flags.append("--sp" if value else "--no-sp")
+        elif name == "stage_layers":
+            if value is not None:
+                flags += [flag, ",".join(map(str, value))]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def worker_argv(argv: list[str], layout: Layout) -> list[str]:
+    """``argv`` without --auto and --ranks, with the chosen layout pinned (later flags win)."""
+    kept, skip = [], 0
+    for arg in argv:
+        if skip:
+            skip -= 1
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in AUTO_FLAGS:
+            skip = AUTO_FLAGS[flag] if "=" not in arg else 0
+            continue
+        kept.append(arg)
+    return kept + layout_flags(layout)
+
+
+def run_train(args: argparse.Namespace, argv: list[str]) -> int:
+    hw = prediction_hardware(args) if (args.dry_run or args.auto) else None
+    config = auto_config(args, hw) if args.auto else config_from_args(args)
+    if args.dry_run:
+        from plait.train.data import check_data
+
+        check_data(config)
+        prediction = None if hw is None else evaluate(_workload(config), hw, config.layout.world_size, config.layout)
+        print("plait train --dry-run: the run is valid; nothing was started")
+        print(describe_prediction(config, prediction, hw))
+        return 0 if prediction is None or prediction.fits else 1
+    from plait.train.launch import launch
+
+    return launch(config, worker_argv(argv, config.layout) if args.auto else argv)
