@@ -11,10 +11,11 @@ from plait.config import RunConfig
 from plait.observe.collectives import CollectiveBytes
 from plait.observe.saved_activations import SavedBytes
 from plait.parallel.context import context_shard
-from plait.parallel.replicas import average_replica_gradients
-from plait.parallel.tensor import finish_tensor_gradients, vocab_parallel_loss
+from plait.parallel.gradients import finish_gradients, gradient_reduction
+from plait.parallel.parallelize import apply_within_stage
+from plait.parallel.tensor import vocab_parallel_loss
 from plait.topology import build_topology
-from plait.train.loop import apply_within_stage, build_model
+from plait.train.loop import autocast, build_model
 
 CPU = torch.device("cpu")
 
@@ -29,11 +30,11 @@ def _one_step(config: RunConfig, layers: int, topology) -> tuple[CollectiveBytes
     inputs, targets, positions = context_shard(tokens, tokens.roll(-1, dims=1), topology)
     saved = SavedBytes(model, model.layers["0"])
     with CollectiveBytes() as comm, saved.recording():
-        logits = model(inputs, positions)
-        with vocab_parallel_loss(topology):
-            F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
-        finish_tensor_gradients(model)
-        average_replica_gradients(model, topology)
+        with autocast(config, CPU):  # as the training loop runs it: bf16 autocast over fp32 weights
+            logits = model(inputs, positions)
+            with vocab_parallel_loss(topology):
+                F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()).backward()
+        finish_gradients(model, topology, gradient_reduction(topology))
     return comm, saved
 
 

@@ -1,14 +1,16 @@
 """Activation bytes one transformer layer keeps for backward, per rank and micro-batch.
 
-Two accountings, one home. ``saved_bytes_per_layer`` is exactly what plait's own model and
-kernels keep (tests measure it in real steps). ``activation_bytes_per_layer`` follows Korthikanti
-et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4) for the fused
-kernels of reference stacks: one layer stores sbh(34 + 5as/h) bytes with 16-bit activations and
-1-byte dropout masks, term by term below so that each term can be sharded by what shards it and
-the model's own shapes can replace GPT's: kv_heads for grouped-query attention, ffn_hidden for
-the MLP width, SwiGLU's four saved MLP tensors instead of GELU's two. RoPE rotates Q and K in
-place of the unrotated ones and saves no tensor of its own. Flash attention keeps only the
-softmax's fp32 log-sum-exp instead of the s² score matrices.
+One entry point, ``activation_bytes_per_layer``, dispatching on the stack. For plait's own
+kernels (``Kernels.fused`` false: ``facts.stack.STACKS["plait"]``) it is ``saved_bytes_per_layer``,
+exactly what plait's model keeps in fp32 and under bf16 autocast (tests measure it in real
+steps). For reference stacks it is ``korthikanti_bytes_per_layer``, after Korthikanti et al. 2022
+("Reducing Activation Recomputation in Large Transformer Models", §4) for fused kernels: one layer
+stores sbh(34 + 5as/h) bytes with 16-bit activations and 1-byte dropout masks, term by term below
+so that each term can be sharded by what shards it and the model's own shapes can replace GPT's:
+kv_heads for grouped-query attention, ffn_hidden for the MLP width, SwiGLU's four saved MLP
+tensors instead of GELU's two. RoPE rotates Q and K in place of the unrotated ones and saves no
+tensor of its own. Flash attention keeps only the softmax's fp32 log-sum-exp instead of the s²
+score matrices.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from plait.models.spec import ModelSpec
 ACTIVATION_BYTES = {"bf16": 2, "fp32": 4}
 MASK_BYTES = 1
 FP32 = 4
+BF16 = 2
 
 
 def kv_heads_per_rank(spec: ModelSpec, tp: int) -> int:
@@ -35,8 +38,25 @@ def activation_bytes_per_layer(
     recompute: str = "none",
     precision: str = "bf16",
     kernels: Kernels = Kernels(),
+    zero: int = 0,
+    pp: int = 1,
 ) -> float:
-    """Activation bytes one transformer layer keeps for one micro-batch on one rank."""
+    """Activation bytes one transformer layer keeps for one micro-batch on one rank, on ``kernels``' stack.
+
+    plait's own kernels (not ``fused``): what plait's engine keeps (``saved_bytes_per_layer``;
+    ``zero`` and ``pp`` decide whether bf16 autocast keeps bf16 copies of the layer's weights).
+    A reference stack: Korthikanti et al.'s count (``korthikanti_bytes_per_layer``).
+    """
+    if not kernels.fused:
+        copies = autocast_copies_weights(precision, zero, pp)
+        return sum(saved_bytes_per_layer(spec, micro_batch, spec.seq_len, tp, sp, cp, recompute, precision,
+                                         copies).values())
+    return korthikanti_bytes_per_layer(spec, micro_batch, tp, sp, cp, recompute, precision, kernels)
+
+
+def korthikanti_bytes_per_layer(spec: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False, cp: int = 1,
+                                recompute: str = "none", precision: str = "bf16", kernels: Kernels = Kernels()) -> float:
+    """Korthikanti et al.'s activation bytes of one layer, one micro-batch, one rank, on fused kernels."""
     e = ACTIVATION_BYTES[precision]
     s = spec.seq_len // cp
     tokens = s * micro_batch
@@ -73,28 +93,54 @@ def head_activation_bytes(spec: ModelSpec, micro_batch: int, tp: int, sp: bool, 
     return 2 * tokens * spec.hidden * e / (tp if sp else 1) + tokens * spec.vocab * 4 / tp
 
 
+def autocast_copies_weights(precision: str, zero: int = 0, pp: int = 1) -> bool:
+    """Whether bf16 autocast keeps a bf16 copy of each layer weight per micro-batch: it does when the
+    weights are held in fp32 (ZeRO 0, and every pipeline stage, whose weights stay fp32); ZeRO 1 and 2
+    hold bf16 weights that the linears read as they are, and ZeRO-3's gathered bf16 weights are
+    freed after each block's forward (the planner counts them in ``plan.memory.other_bytes``)."""
+    return precision == "bf16" and (zero == 0 or (zero == 1 and pp > 1))
+
+
+def layer_weight_elements(spec: ModelSpec, tp: int) -> int:
+    """Elements of the weight matrices one tensor-parallel rank of a layer multiplies by: its shards,
+    and under kv-heads fewer than tp the rows of its own kv-head of the replicated wk and wv."""
+    h, f = spec.hidden, spec.ffn_hidden
+    kv = spec.kv_dim // tp if spec.kv_heads % tp == 0 else spec.head_dim
+    mlp = (3 if spec.gated_mlp else 2) * h * f // tp
+    return 2 * h * h // tp + 2 * kv * h + mlp
+
+
 def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,
-                          cp: int = 1, recompute: str = "none") -> dict[str, int]:
-    """Bytes one layer keeps for backward, by region, as plait's fp32 model and kernels keep them.
+                          cp: int = 1, recompute: str = "none", precision: str = "fp32",
+                          weight_copies: bool | None = None) -> dict[str, int]:
+    """Bytes one layer keeps for backward, by region, as plait's model and kernels keep them.
 
     Korthikanti et al. 2022 count sbh(10 + 24/t + 5as/ht) bytes (half precision, dropout, attention
-    scores kept); here, in fp32, without dropout, with a fused attention kernel that keeps one
-    softmax statistic per query instead of the scores:
-    - norms (replicated over tp; divided by tp under sp): LayerNorm keeps its input, mean and rstd;
-      RMSNorm its input, the normalised input and rstd;
+    scores kept); here, without dropout, with a fused attention kernel that keeps one softmax
+    statistic per query instead of the scores:
+    - norms (replicated over tp; divided by tp under sp), always fp32 (autocast runs them in fp32
+      on the fp32 residual stream): LayerNorm keeps its input, mean and rstd; RMSNorm its input,
+      the normalised input and rstd;
     - linear inputs: the norms' outputs that wq/wk/wv and w1(/w3) read, whole on every rank even
-      under sp (DTensor keeps the all-gathered copy; Megatron keeps the shard and gathers again);
-    - attention (sharded over tp): q, k, v (grouped-query k, v expanded to the query heads), the
-      output, one log-sum-exp per head and query, and a copy of the output re-laid for wo when the
-      kernel returns it head-major (Llama, whose rotary q is head-major, or cp) with >1 head a rank;
-    - MLP (sharded): GELU input and output; SwiGLU w1, silu(w1), w3 outputs and their product;
-    - rotary tables (Llama): cos and sin of the positions, s·head_dim/2 each.
+      under sp (DTensor keeps the all-gathered copy; Megatron keeps the shard and gathers again).
+      fp32: one per norm. bf16: autocast casts the input once per linear, so one bf16 copy per
+      linear that reads it (3 for attention, 1 or 2 for the MLP);
+    - attention (sharded over tp), in the activation precision: q, k, v (grouped-query k, v
+      expanded to the query heads), the output, a copy of the output re-laid for wo when the
+      kernel returns it head-major (Llama, whose rotary q is head-major, or cp) with >1 head a
+      rank; and one fp32 log-sum-exp per head and query;
+    - MLP (sharded), in the activation precision: GELU input and output; SwiGLU w1, silu(w1), w3
+      outputs and their product;
+    - rotary tables (Llama), fp32: cos and sin of the positions, s·head_dim/2 each;
+    - weights (bf16 autocast over fp32 weights, ``weight_copies``; by default whenever bf16):
+      the bf16 copy of every weight matrix each linear multiplies by (``layer_weight_elements``).
 
     ``selective`` recomputation keeps the attention core's inputs q, k, v instead of its output
     and statistics (its output survives only as wo's input, relaid or not); ``full`` keeps just
-    the block's input, the residual stream (a sequence shard under sp). The rotary tables a
+    the block's input, the fp32 residual stream (a sequence shard under sp). The rotary tables a
     recomputed block reads stay alive through its arguments, once for all blocks, unsaved.
     """
+    e = ACTIVATION_BYTES[precision]
     s, b, h, f = seq // cp, batch, spec.hidden, spec.ffn_hidden
     heads = spec.heads // tp
     sbh = s * b * h
@@ -105,15 +151,17 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     else:
         norms = 2 * (2 * sbh + s * b)
     relaid = (spec.family == "llama" or cp > 1) and heads > 1
-    attention = (4 + relaid) * sbh // tp + heads * s * b
+    attention = (4 + relaid) * sbh // tp * e + heads * s * b * FP32
     if recompute == "selective":
-        attention = 4 * sbh // tp  # q, k, v kept for the recomputation, and wo's input
-    mlp = (4 if spec.gated_mlp else 2) * s * b * f // tp
-    regions = {
-        "norms": norms // tp if sp else norms,
-        "linear_inputs": 2 * sbh,
+        attention = 4 * sbh // tp * e  # q, k, v kept for the recomputation, and wo's input
+    readers = 2 if precision == "fp32" else 3 + (2 if spec.gated_mlp else 1)
+    if weight_copies is None:
+        weight_copies = precision == "bf16"
+    return {
+        "norms": (norms // tp if sp else norms) * FP32,
+        "linear_inputs": readers * sbh * e,
         "attention": attention,
-        "mlp": mlp,
-        "rotary": 0 if spec.learned_positions else s * spec.head_dim,
+        "mlp": (4 if spec.gated_mlp else 2) * s * b * f // tp * e,
+        "rotary": 0 if spec.learned_positions else s * spec.head_dim * FP32,
+        "weights": layer_weight_elements(spec, tp) * BF16 if weight_copies and precision == "bf16" else 0,
     }
-    return {name: count * FP32 for name, count in regions.items()}
