@@ -1,0 +1,178 @@
+"""One truth: every layout plan ranks is one plait train accepts, and plan/simulate fail only in one line.
+
+Random model shapes, GPU counts and batches are drawn from a fixed seed; the planner's top ten of
+each must pass the one validation ``plait train`` runs (``config_from_args``, which ``--dry-run``
+calls), and ``--dry-run`` itself accepts the top pick of a sample of them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from plait.cli import build_parser, main
+from plait.cli.training import layout_flags
+from plait.config import config_from_args
+from plait.errors import ConfigError
+from plait.facts.validity import run_problems
+from plait.layout import Layout
+from plait.models.spec import ModelSpec
+from plait.plan.hardware import CATALOG, hardware
+from plait.plan.search import search
+from plait.plan.simulate import Workload, evaluate
+
+CASES = 220
+GPU_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 280, 512, 1024)
+
+
+@dataclass(frozen=True)
+class Case:
+    spec: ModelSpec
+    gpus: int
+    global_batch: int
+    gpu: str
+
+    def model_flags(self) -> list[str]:
+        s = self.spec
+        return ["--family", s.family, "--layers", str(s.layers), "--hidden", str(s.hidden), "--heads", str(s.heads),
+                "--kv-heads", str(s.kv_heads), "--ffn-hidden", str(s.ffn_hidden), "--vocab", str(s.vocab),
+                "--seq-len", str(s.seq_len)]
+
+
+def random_case(rng: random.Random) -> Case:
+    family = rng.choice(("gpt2", "llama"))
+    heads = rng.choice((4, 8, 12, 16, 20, 32, 40, 64, 96, 128))
+    hidden = heads * rng.choice((64, 80, 128))
+    kv_heads = heads if family == "gpt2" else rng.choice([d for d in (1, 2, 4, 8, 16, heads) if heads % d == 0])
+    ffn = 4 * hidden if family == "gpt2" else rng.choice((8 * hidden // 3 // 256 * 256 or 256, 3 * hidden, 3584))
+    spec = ModelSpec(family, rng.randint(1, 126), hidden, heads, kv_heads, ffn,
+                     rng.choice((256, 32000, 50257, 128256)), rng.choice((128, 512, 1024, 2048, 4096, 8192)),
+                     tie_embeddings=family == "gpt2")
+    gpus = rng.choice(GPU_COUNTS)
+    global_batch = rng.choice((gpus, 2 * gpus, 3 * gpus, 64, 96, 512, 1536, rng.randint(1, 2048)))
+    return Case(spec, gpus, global_batch, rng.choice(tuple(CATALOG)))
+
+
+def _train_args(case: Case, flags: list[str], *extra: str):
+    return build_parser().parse_args(["train", *case.model_flags(), "--global-batch", str(case.global_batch),
+                                      "--precision", "bf16", *flags, *extra])
+
+
+@pytest.fixture(scope="module")
+def planned() -> list[tuple[Case, list]]:
+    """Each random case with plan's top ten (empty when plan refuses it in a ConfigError)."""
+    rng, out = random.Random(20261123), []
+    for _ in range(CASES):
+        case = random_case(rng)
+        workload = Workload(case.spec, case.global_batch, "bf16")
+        try:
+            ranked = search(workload, hardware(case.gpu), case.gpus, top=10).ranked
+        except ConfigError as error:
+            assert "\n" not in str(error)
+            ranked = []
+        out.append((case, ranked))
+    return out
+
+
+def test_the_draw_plans_most_cases(planned):
+    """The cases are not all refused: the check below sees hundreds of ranked layouts."""
+    assert sum(len(ranked) for _, ranked in planned) >= 300
+    assert sum(bool(ranked) for _, ranked in planned) >= 100
+
+
+def test_every_ranked_layout_passes_train_validation(planned):
+    for case, ranked in planned:
+        for prediction in ranked:
+            layout = prediction.layout
+            assert run_problems(case.spec, layout, case.gpus, case.global_batch) == [], (case, layout)
+            config = config_from_args(_train_args(case, layout_flags(layout)))
+            assert config.layout == layout
+
+
+def test_the_ranked_layouts_fit_with_headroom(planned):
+    for case, ranked in planned:
+        hw = hardware(case.gpu)
+        for prediction in ranked:
+            assert prediction.fits and prediction.peak_memory_bytes <= hw.memory_bytes * (1 - hw.memory_headroom)
+
+
+def test_dry_run_accepts_the_top_picks(planned, capsys):
+    sample = [(case, ranked[0]) for case, ranked in planned if ranked][:12]
+    for case, top in sample:
+        argv = ["train", *case.model_flags(), "--global-batch", str(case.global_batch), "--precision", "bf16",
+                *layout_flags(top.layout), "--gpu", case.gpu, "--dry-run"]
+        assert main(argv) == 0, capsys.readouterr().err
+        assert top.layout.describe() in capsys.readouterr().out
+
+
+def test_simulate_of_random_pins_fails_only_in_one_line(capsys):
+    """simulate with random, often impossible pins: a prediction (exit 0 or 1) or one ConfigError line."""
+    rng = random.Random(7)
+    outcomes = set()
+    for _ in range(60):
+        case = random_case(rng)
+        pins = []
+        for flag, choices in (("--tp", (1, 2, 3, 4, 8)), ("--pp", (1, 2, 4, 5)), ("--cp", (1, 2, 4)),
+                              ("--zero", (0, 1, 2, 3)), ("--microbatches", (1, 2, 4, 8)),
+                              ("--schedule", ("1f1b", "gpipe", "interleaved-1f1b", "zb-h1"))):
+            if rng.random() < 0.4:
+                pins += [flag, str(rng.choice(choices))]
+        if rng.random() < 0.3:
+            pins.append(rng.choice(("--sp", "--no-sp")))
+        code = main(["simulate", *case.model_flags(), "--gpus", str(case.gpus), "--gpu", case.gpu,
+                     "--global-batch", str(case.global_batch), *pins, "--json"])
+        captured = capsys.readouterr()
+        assert code in (0, 1, 2)
+        if code == 2:
+            assert captured.err.strip().count("\n") == 0 and captured.err.startswith("plait: error:"), captured.err
+        outcomes.add(code)
+    assert outcomes >= {0, 2}
+
+
+def test_no_sp_predicts_without_sequence_parallelism(capsys):
+    common = ["simulate", "--model", "llama-8b", "--gpus", "8", "--tp", "8", "--dp", "1", "--cp", "1", "--pp", "1",
+              "--microbatches", "8", "--recompute", "selective", "--gpu", "h100-sxm", "--global-batch", "8", "--json"]
+    predictions = {}
+    for flag in ("--sp", "--no-sp"):
+        assert main([*common, flag]) == 0
+        predictions[flag] = json.loads(capsys.readouterr().out)
+    assert predictions["--sp"]["layout"]["sp"] is True and predictions["--no-sp"]["layout"]["sp"] is False
+    # Without sp the norms and layer inputs are whole on every tp rank: more activation memory.
+    sp, no_sp = (predictions[f]["memory_breakdown"]["activations"] for f in ("--sp", "--no-sp"))
+    assert no_sp > sp
+
+
+def test_a_pinned_layout_that_does_not_fit_exits_nonzero_with_its_memory(capsys):
+    argv = ["simulate", "--model", "llama-70b", "--gpus", "8", "--gpu", "h100-sxm", "--global-batch", "8",
+            "--dp", "8", "--tp", "1", "--cp", "1", "--pp", "1", "--zero", "0", "--microbatches", "1"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out and "peak memory per rank" in out and "params" in out
+    assert main([*argv, "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["fits"] is False
+
+
+def test_plan_states_its_margin_and_whether_the_runner_up_is_within_its_error(capsys):
+    assert main(["plan", "--model", "llama-70b", "--gpu", "h100-sxm", "--gpus", "64", "--gpus-per-node", "8",
+                 "--global-batch", "512", "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)
+    top, reason = ranked[0], ranked[0]["reason"]
+    assert top["peak_memory_bytes"] <= 0.95 * 80e9
+    assert "free where the plan keeps at least 5%" in reason
+    assert "the planner's error of 7.7%" in reason and "runner-up" in reason
+    assert main(["plan", "--model", "llama-70b", "--gpu", "h100-sxm", "--gpus", "64", "--global-batch", "512",
+                 "--memory-headroom", "0.2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["peak_memory_bytes"] <= 0.8 * 80e9
+
+
+def test_a_layout_train_refuses_is_never_predicted():
+    """ZeRO-2 under pipeline stages is refused by train, so simulate refuses it in the same words."""
+    workload = Workload(ModelSpec("gpt2", 8, 256, 8, 8, 1024, 256, 128, tie_embeddings=True), 16, "bf16")
+    layout = Layout(dp=2, pp=2, zero=2)
+    with pytest.raises(ConfigError) as refused:
+        evaluate(workload, hardware("h100-sxm"), 4, layout)
+    assert str(refused.value) == run_problems(workload.spec, layout, 4, 16)[0]
+    assert "not supported yet by plait train" in str(refused.value)
