@@ -23,7 +23,7 @@ from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.calibrate.machine import calibrate
 from plait.plan.hardware import load_profile
-from plait.facts.stack import Kernels
+from plait.facts.stack import STACKS
 from plait.plan.simulate import Workload, evaluate
 
 MODELS = {
@@ -86,14 +86,14 @@ def main() -> None:
     errors = []
     for name, layout, batch in RUNS:
         measured = measure(out, name, layout, batch)
-        workload = Workload(spec_of(name), batch, "fp32", Kernels(fused=False, context_exchange="all-to-all"))
+        workload = Workload(spec_of(name), batch, "fp32", STACKS["plait"])
         predicted = evaluate(workload, hw, layout.world_size, layout).step_time_s
         error = predicted / measured - 1
         errors.append(abs(error))
         flags = " ".join(model_flags(name) + layout_flags(layout))
         print(f"| {name} | {layout.describe()} | {batch} | {measured:.4f} | {predicted:.4f} | {error:+.1%} | "
               f"`plait simulate {flags} --gpus {layout.world_size} --global-batch {batch} "
-              f"--precision fp32 --unfused --context-exchange all-to-all --hardware-profile {path.name}` |", flush=True)
+              f"--precision fp32 --hardware-profile {path.name}` |", flush=True)
     print(f"\nmedian |error| {statistics.median(errors):.1%} over {len(errors)} layouts; worst {max(errors):.1%}")
 
 
