@@ -3,9 +3,9 @@
 Each pair trains the same model (same seeded weights) on the same batches and does the same
 training work per step: set the learning rate, forward, cross-entropy, backward, clip the
 gradients to norm 1 (the norm made a plain tensor, then ``clip_grads_with_norm_``, as torchtitan
-does), step the same optimizer (``plait.train.optim.build_optimizer``: fused AdamW), and average
-the loss over the ranks for logging. The plait side is ``plait.train.loop.train_step`` on a model
-wrapped by ``apply_data_parallel``, plus the loop's learning-rate setting and loss all-reduce; the
+does), step the same optimizer (``plait.parallel.optimizer.build_optimizer``: fused AdamW), and average
+the loss over the ranks for logging. The plait side is ``plait.train.loop.train_step`` on the
+model ``parallelize`` wrapped, plus the loop's learning-rate setting and loss all-reduce; the
 loop's bookkeeping around it is measured by benchmarks/step_overhead.py.
 
 All six step functions (three pairs) are built first and then interleaved: for each batch every
@@ -44,11 +44,11 @@ from torch.nn.parallel import DistributedDataParallel
 from plait.config import RunConfig, TrainSpec
 from plait.layout import Layout
 from plait.models.spec import model_spec
-from plait.parallel.data import apply_data_parallel
+from plait.parallel.optimizer import build_optimizer
 from plait.topology import build_topology
 from plait.train.data import BatchSource, default_corpus
-from plait.train.loop import build_model, train_step
-from plait.train.optim import build_optimizer, learning_rate, set_learning_rate
+from plait.train.loop import autocast, build_model, parallelize_run, train_step
+from plait.train.optim import learning_rate, set_learning_rate
 
 CPU = torch.device("cpu")
 
@@ -69,7 +69,7 @@ def direct_fsdp(reshard_after_forward: bool | None) -> Callable[[nn.Module], nn.
 def direct_step(config: RunConfig, wrap: Callable[[nn.Module], nn.Module]) -> Callable[[int, list[torch.Tensor]], None]:
     """A minimal hand-written data-parallel step around PyTorch's own wrapper."""
     model = wrap(build_model(config, CPU))
-    optimizer = build_optimizer(model, config.train)
+    optimizer = build_optimizer(model, config.train.lr, config.train.weight_decay)
 
     def step(index: int, batch: list[torch.Tensor]) -> None:
         lr = learning_rate(index, config.train)
@@ -91,12 +91,11 @@ def direct_step(config: RunConfig, wrap: Callable[[nn.Module], nn.Module]) -> Ca
 
 def plait_step(config: RunConfig) -> Callable[[int, list[torch.Tensor]], None]:
     topology = build_topology(config.layout, CPU)
-    model = apply_data_parallel(build_model(config, CPU), topology, config.train.precision)
-    optimizer = build_optimizer(model, config.train, topology)
+    parallel = parallelize_run(build_model(config, CPU), config, topology)
 
     def step(index: int, batch: list[torch.Tensor]) -> None:
-        set_learning_rate(optimizer, learning_rate(index, config.train))
-        loss, _ = train_step(model, optimizer, [tuple(batch)], config, CPU, topology)
+        set_learning_rate(parallel.optimizer, learning_rate(index, config.train))
+        loss, _ = train_step(parallel, [tuple(batch)], config.train.grad_clip, lambda: autocast(config, CPU))
         dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=topology.group("dp"))
         loss.item()
     return step

@@ -42,7 +42,7 @@ from pipeline_common import (  # noqa: E402
 
 from plait.errors import ConfigError  # noqa: E402
 from plait.schedules import Kind, Schedule, Span, Timeline, generate, simulate, theoretical_bubble  # noqa: E402
-from plait.schedules.executor import Executor  # noqa: E402
+from plait.parallel.pipeline_executor import Executor  # noqa: E402
 
 SCHEDULES = [("naive", 1), ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)]
 

@@ -21,15 +21,15 @@ import torch.nn.functional as F
 from plait.config import RunConfig, TrainSpec
 from plait.layout import Layout
 from plait.models.spec import model_spec
+from plait.parallel.optimizer import build_optimizer
 from plait.topology import build_topology
 from plait.train.data import BatchSource, default_corpus
 from plait.train.loop import build_model, train
-from plait.train.optim import build_optimizer
 
 
 def hand_written_steps(config: RunConfig, steps: int) -> list[float]:
     model = build_model(config, torch.device("cpu"))
-    optimizer = build_optimizer(model, config.train)  # the same optimizer as plait's
+    optimizer = build_optimizer(model, config.train.lr, config.train.weight_decay)  # the same optimizer as plait's
     source = BatchSource(default_corpus(), config.model.seq_len, config.train.global_batch, config.train.seed)
     times = []
     for step in range(steps):

@@ -103,7 +103,7 @@ def zero2_gradient_rows(config: RunConfig, bucket_bytes: int) -> dict:
     from plait.parallel.sharded_adamw import ShardedAdamW
     from plait.train.data import BatchSource, training_tokens
     from plait.train.loop import build_model
-    from plait.train.optim import BETAS, parameter_groups
+    from plait.parallel.optimizer import BETAS, parameter_groups
 
     topology = build_topology(config.layout, torch.device("cpu"))
     model, reference = build_model(config, torch.device("cpu")), build_model(config, torch.device("cpu"))
@@ -137,12 +137,11 @@ def resumed_weights(config: RunConfig, run_dir: str) -> dict | None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from plait.train.checkpoint import latest_checkpoint, load_checkpoint
-    from plait.train.loop import apply_parallelisms, build_model
-    from plait.train.optim import build_optimizer
+    from plait.train.loop import build_model, parallelize_run
 
     topology = build_topology(config.layout, torch.device("cpu"))
-    model = apply_parallelisms(build_model(config, torch.device("cpu")), topology, config.train.precision)
-    optimizer = build_optimizer(model, config.train, topology)
+    parallel = parallelize_run(build_model(config, torch.device("cpu")), config, topology)
+    model, optimizer = parallel.model, parallel.optimizer
     load_checkpoint(latest_checkpoint(Path(run_dir)), model, optimizer)
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     return {name: value.detach().float().clone() for name, value in weights.items()} if topology.rank == 0 else None
@@ -154,7 +153,7 @@ def zero2_rows_after_a_backward_that_reaches_no_parameter(config: RunConfig) -> 
     accumulated gradients (they must still be reduced)."""
     import torch.distributed as dist
 
-    from plait.parallel.data import gradient_sync
+    from plait.parallel.gradients import gradient_sync
     from plait.parallel.gradient_shards import owned_rows
     from plait.parallel.sharded_adamw import ShardedAdamW
 

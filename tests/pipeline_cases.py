@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch import nn
 
 from plait.schedules import generate
-from plait.schedules.executor import Executor
+from plait.parallel.pipeline_executor import Executor
 
 WIDTH = 8
 

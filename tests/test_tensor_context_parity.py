@@ -20,7 +20,7 @@ LAYOUTS = [
     {"cp": 2},
     {"cp": 4},
     {"tp": 2, "cp": 2},
-    {"tp": 2, "dp": 2},  # gradients averaged over dp by plait.parallel.replicas (DDP cannot hold DTensors)
+    {"tp": 2, "dp": 2},  # gradients averaged over dp by plait.parallel.gradients (DDP cannot hold DTensors)
     {"tp": 2, "dp": 2, "zero": 3},  # FSDP2 over dp shards the tensor-parallel shards (2-D)
     {"tp": 2, "sp": True, "dp": 2, "zero": 3},
     {"cp": 2, "dp": 2, "zero": 3},

@@ -39,14 +39,14 @@ from plait.models.init import init_weights
 from plait.models.transformer import Transformer
 from plait.parallel.context import average_over_context, context_shard
 from plait.parallel.grad_norm import clip_grad_norm
+from plait.parallel.optimizer import build_optimizer
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead, KernelScale
 from plait.plan.least_squares import relative_least_squares
 from plait.facts.stack import STACKS
 from plait.plan.simulate import Workload, evaluate
 from plait.topology import Topology, build_topology
-from plait.train.loop import apply_parallelisms, build_model, train_step
-from plait.train.optim import build_optimizer
+from plait.train.loop import autocast, build_model, parallelize_run, train_step
 
 FAMILIES = ("gpt2", "llama")
 PLAIT_KERNELS = STACKS["plait"]
@@ -181,13 +181,13 @@ def _timed_steps(family: str, layers: int, topology: Topology, precision: str, r
     number of steps, as their collectives must match)."""
     device = torch.device("cpu")
     config = RunConfig(probe_spec(family, layers), topology.layout, TrainSpec(global_batch=topology.layout.dp, precision=precision))
-    model = apply_parallelisms(build_model(config, device), topology, precision)
-    optimizer = build_optimizer(model, config.train, topology)
+    parallel = parallelize_run(build_model(config, device), config, topology)
     tokens = torch.randint(0, config.model.vocab, (1, config.model.seq_len), generator=torch.Generator().manual_seed(0))
     inputs, targets, positions = context_shard(tokens, tokens, topology)
 
     def step() -> None:
-        loss, _ = train_step(model, optimizer, [(inputs, targets)], config, device, topology, positions)
+        loss, _ = train_step(parallel, [(inputs, targets)], config.train.grad_clip, lambda: autocast(config, device),
+                             positions)
         dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=topology.group("dp"))
         average_over_context(loss, topology)
         loss.item()
@@ -252,7 +252,7 @@ def measure_optimizer() -> tuple[float, float, list[dict]]:
     probes, sizes = {}, {}
     for name, shapes in sets.items():
         module = _Parameters(shapes)
-        optimizer = build_optimizer(module, TrainSpec())
+        optimizer = build_optimizer(module, TrainSpec().lr, TrainSpec().weight_decay)
         grads = [torch.randn_like(p) * 1e-3 for p in module.parameters()]
 
         def step(module=module, optimizer=optimizer, grads=grads) -> None:

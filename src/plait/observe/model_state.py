@@ -6,17 +6,18 @@ of their reduce-scatter outputs): parameters at the end of a forward pass, gradi
 before the optimizer step (what the step is given: mid-backward, ZeRO-2 also holds the gradients
 not yet packed and its buckets in flight, as DDP and FSDP2 hold theirs), optimizer state (with
 any fp32 master copy) just after it; each the largest seen.
+
+The engine says what its optimizer steps with (``gradients``, ``masters``) rather than this module
+asking what kind of optimizer it is: measurement depends on no part of the engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
-
-from plait.parallel.sharded_adamw import ShardedAdamW, gradients_of
 
 
 @torch.no_grad()  # to_local() records no autograd node, which keeps each count near a millisecond
@@ -31,10 +32,15 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 
 class ModelStateMeter:
-    """Hooks on the model and optimizer that keep the largest bytes held of each kind of state."""
+    """Hooks on the model and optimizer that keep the largest bytes held of each kind of state.
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+    ``gradients()`` gives the gradients the optimizer steps with (ZeRO-2 keeps them in the
+    optimizer, not on the parameters); ``masters``, its fp32 master copies, if any."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 gradients: Callable[[], Iterable[torch.Tensor]], masters: Collection[torch.Tensor] = ()):
         self.model, self.optimizer = model, optimizer
+        self.gradients, self.masters = gradients, masters
         self.held = {"parameters": 0, "gradients": 0, "optimizer": 0}
         model.register_forward_hook(self._after_forward)
         optimizer.register_step_pre_hook(self._before_step)
@@ -51,10 +57,9 @@ class ModelStateMeter:
         self._keep("parameters", storage_bytes([*self.model.parameters(), *self._optimized()]))
 
     def _before_step(self, optimizer, args, kwargs) -> None:
-        self._keep("gradients", storage_bytes(gradients_of(self.optimizer)))
+        self._keep("gradients", storage_bytes(self.gradients()))
 
     def _after_step(self, optimizer, args, kwargs) -> None:
         state = [value for values in self.optimizer.state.values() for value in values.values()]
-        if isinstance(self.optimizer, ShardedAdamW):  # the fp32 masters are optimizer state, as in the ZeRO paper
-            state.extend(self.optimizer.masters.values())
+        state.extend(self.masters)  # the fp32 masters are optimizer state, as in the ZeRO paper
         self._keep("optimizer", storage_bytes(value for value in state if isinstance(value, torch.Tensor)))

@@ -1,10 +1,16 @@
-"""The run directory: metrics.jsonl (a line per step), summary.json and loss.png."""
+"""The run directory: metrics.jsonl (a line per step), summary.json, loss.png, and for a pipeline
+run the last step's timeline.png and trace.json."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+
+from plait.observe.timeline import TIMELINE_PICTURE, draw_timeline
+from plait.observe.trace import TRACE_FILE, timeline_events
+from plait.schedules.actions import Schedule
+from plait.schedules.simulate import Timeline
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -57,3 +63,14 @@ def draw_loss(run_dir: Path) -> Path:
     figure.savefig(path)
     plt.close(figure)
     return path
+
+
+def write_pipeline_step(run_dir: Path, timeline: Timeline, schedule: Schedule, step: int, bubble: float) -> None:
+    """Draw a measured pipeline step into timeline.png and write it as trace.json."""
+    title = f"{schedule.name}, pp={schedule.pp}, m={schedule.microbatches}"
+    if schedule.virtual_stages > 1:
+        title += f", v={schedule.virtual_stages}"
+    draw_timeline(timeline, Path(run_dir) / TIMELINE_PICTURE, f"{title}: measured bubble {bubble:.1%}")
+    trace = {"traceEvents": timeline_events(timeline), "displayTimeUnit": "ms",
+             "otherData": {"measured": True, "step": step}}
+    write_json_atomically(Path(run_dir) / TRACE_FILE, trace)

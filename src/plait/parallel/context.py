@@ -15,7 +15,7 @@ where the all-to-all moves 4 tensors' (cp-1)/cp share once each: volume per rank
 grow with cp.
 
 Every rank of a cp group holds the same weights; each computes gradients from its own tokens, so
-gradients are averaged over cp after backward (``plait.parallel.replicas``).
+gradients are averaged over cp after backward (``plait.parallel.gradients``).
 """
 
 from __future__ import annotations

@@ -11,20 +11,18 @@
 In bf16, stages 1 and 2 hold bf16 parameters and gradients with the fp32 master in the optimizer
 (the ZeRO paper's accounting); stage 0 runs autocast over fp32 parameters, which are their own
 master; stage 3 uses FSDP2's mixed precision, whose fp32 shards are the master.
+
+When these reductions run, and what is still averaged after backward: ``plait.parallel.gradients``.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from plait.parallel.sharded_adamw import ShardedAdamW
 from plait.topology import Topology
 
 
@@ -32,7 +30,7 @@ def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "
     """Replicate (stages 0, 1) or shard (stages 2, 3) ``model`` over the dp group."""
     stage = topology.layout.zero
     if topology.size("dp") == 1 or (topology.size("tp") > 1 and stage < 3):
-        # DDP cannot hold tensor-parallel (DTensor) weights: plait.parallel.replicas averages them.
+        # DDP cannot hold tensor-parallel (DTensor) weights: plait.parallel.gradients averages them.
         # FSDP2 can: over the dp mesh dimension it shards DTensors already split over tp (2-D).
         return model
     if stage in (1, 2) and precision == "bf16":
@@ -73,23 +71,3 @@ def zero_optimizer_mesh(topology: Topology) -> DeviceMesh | None:
         return topology.mesh["dp"]
     return None
 
-
-@contextlib.contextmanager
-def gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, enabled: bool) -> Iterator[None]:
-    """Skip the gradient reduction unless ``enabled`` (every micro-batch but the last)."""
-    if isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(enabled)
-        yield
-    elif isinstance(optimizer, ShardedAdamW) and optimizer.gradient_shards is not None:
-        optimizer.gradient_shards.sync = enabled
-        try:
-            yield
-        finally:
-            optimizer.gradient_shards.sync = True
-        if enabled:
-            optimizer.gradient_shards.flush()
-    elif enabled or not isinstance(model, DistributedDataParallel):
-        yield
-    else:
-        with model.no_sync():
-            yield

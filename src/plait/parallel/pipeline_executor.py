@@ -1,9 +1,12 @@
-"""Run any checked action list on torch.distributed, recording when each action ran.
+"""The pipeline's runtime: run any checked action list on torch.distributed, recording when each
+action ran.
 
 Our own runtime rather than ``torch.distributed.pipelining``'s: that one runs its own schedule
 classes over ``PipelineStage`` objects and records no per-action times, while here the action list
 itself is the program and every action's span is the measurement. The split backward of
-zero-bubble schedules reuses PyTorch's ``stage_backward_input`` / ``stage_backward_weight``.
+zero-bubble schedules reuses PyTorch's ``stage_backward_input`` / ``stage_backward_weight``. It
+lives beside the pipeline split rather than with the lists in ``plait.schedules``, which stay
+torch-free data the planner shares.
 
 Blocking rules (the ones ``plait.schedules.simulate`` plays): a send is an ``isend`` the rank does
 not wait for (its handle is kept and waited at the end of the step); a receive blocks at its place

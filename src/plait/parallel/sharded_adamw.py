@@ -11,6 +11,8 @@ the two moments, sharded); the bf16 parameters are the master rounded after ever
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -148,6 +150,11 @@ def gradients_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     if isinstance(optimizer, ShardedAdamW):
         return optimizer.gradients()
     return [param.grad for group in optimizer.param_groups for param in group["params"] if param.grad is not None]
+
+
+def fp32_masters(optimizer: torch.optim.Optimizer) -> Collection[DTensor]:
+    """The fp32 master copies ``optimizer`` keeps (a live view: loading a checkpoint fills them in place)."""
+    return optimizer.masters.values() if isinstance(optimizer, ShardedAdamW) else ()
 
 
 def master_weights(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, DTensor]:

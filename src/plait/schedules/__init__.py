@@ -1,7 +1,7 @@
 """Pipeline schedules as data: the action IR, generators, checker, simulator and stage split.
 
 Pure Python (no torch) so the planner can use the same lists as training; the torch executor
-lives in ``plait.schedules.executor`` and is imported only by workers.
+that runs them is the pipeline's runtime, ``plait.parallel.pipeline_executor``.
 """
 
 from plait.schedules.actions import Action, Kind, Schedule

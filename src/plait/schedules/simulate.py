@@ -1,6 +1,6 @@
 """Play a schedule's action lists under the executor's blocking rules, with costs, to get a timeline.
 
-The blocking rules (the same ones ``plait.schedules.executor`` follows on torch.distributed):
+The blocking rules (the same ones ``plait.parallel.pipeline_executor`` follows on torch.distributed):
 
 * a rank performs its actions strictly in list order, one at a time;
 * a send never blocks: it posts the message (``isend``) and the rank moves on;

@@ -1,7 +1,10 @@
 """The training loop, run by every rank over an already-initialised process group.
 
 Order of construction, as in picotron and torchtitan: build the single-device model and seed its
-full weights → apply the parallelisms from outside → optimizer → (resume) → steps.
+full weights → ``parallelize`` (every parallelism, applied from outside, and the optimizer) →
+(resume) → steps. Each step is ``train_step``: forward and backward (a plain loop over the
+micro-batches, or the pipeline's schedule), the gradients finished for the layout, clipping, the
+optimizer step.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,25 +27,19 @@ from plait.config import RunConfig
 from plait.models.init import init_weights
 from plait.models.transformer import Transformer
 from plait.observe.model_state import ModelStateMeter
-from plait.observe.run_files import MetricsLog, draw_loss
+from plait.observe.run_files import MetricsLog, draw_loss, write_pipeline_step
 from plait.observe.summary import write_summary
-from plait.parallel.context import apply_context_parallel, average_over_context, context_shard
-from plait.parallel.data import apply_data_parallel, gradient_sync
-from plait.parallel.grad_norm import clip_grad_norm
-from plait.parallel.pipeline import apply_pipeline
-from plait.parallel.recompute import apply_recompute
-from plait.parallel.replicas import average_replica_gradients
-from plait.parallel.sharded_adamw import gradients_of
-from plait.parallel.tensor import (
-    apply_tensor_parallel,
-    finish_tensor_gradients,
-    local_value,
-    vocab_parallel_loss,
-)
+from plait.parallel.context import average_over_context, context_shard
+from plait.parallel.gradients import clip_gradients, finish_gradients, gradient_sync
+from plait.parallel.parallelize import Parallelized, parallelize
+from plait.parallel.sharded_adamw import fp32_masters, gradients_of
+from plait.parallel.tensor import local_value, vocab_parallel_loss
 from plait.topology import Topology
 from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from plait.train.data import BatchSource, training_tokens
-from plait.train.optim import build_optimizer, learning_rate, set_learning_rate
+from plait.train.optim import learning_rate, set_learning_rate
+
+MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -64,17 +62,10 @@ def build_model(config: RunConfig, device: torch.device) -> nn.Module:
     return model.to(device)
 
 
-def apply_parallelisms(model: nn.Module, topology: Topology, precision: str) -> nn.Module:
-    """Tensor, context parallelism, recomputation, then data parallelism, each applied from
-    outside the model (pp aside)."""
-    return apply_data_parallel(apply_within_stage(model, topology), topology, precision)
-
-
-def apply_within_stage(model: nn.Module, topology: Topology) -> nn.Module:
-    """Tensor and context parallelism, then recomputation: what a pipeline stage keeps of them."""
-    model = apply_tensor_parallel(model, topology)
-    model = apply_context_parallel(model, topology)
-    return apply_recompute(model, topology.layout.recompute)
+def parallelize_run(model: nn.Module, config: RunConfig, topology: Topology) -> Parallelized:
+    """``parallelize`` with the run's precision and optimizer settings."""
+    train = config.train
+    return parallelize(model, topology, train.precision, train.lr, train.weight_decay)
 
 
 def autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -83,35 +74,41 @@ def autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractCont
     return contextlib.nullcontext()
 
 
-def train_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
-    config: RunConfig,
-    device: torch.device,
-    topology: Topology,
-    positions: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accumulate gradients over the micro-batches, clip, step. Returns (local loss, grad norm).
-
-    ``positions`` are those of the sequence slice this rank holds under context parallelism."""
+def forward_backward(parallel: Parallelized, micro_batches: MicroBatches, autocast: Callable,
+                     positions: torch.Tensor | None) -> torch.Tensor:
+    """Accumulate the micro-batches' gradients, the data-parallel hooks reducing only with the last
+    one. Returns this rank's mean loss."""
+    model, optimizer, device = parallel.model, parallel.optimizer, parallel.topology.device
     local_loss = torch.zeros((), device=device)
     count = len(micro_batches)
     for index, (inputs, targets) in enumerate(micro_batches):
         sync = index == count - 1
-        with record_function(f"plait.microbatch.{index}"), gradient_sync(model, optimizer, sync), autocast(config, device):
+        with record_function(f"plait.microbatch.{index}"), gradient_sync(model, optimizer, sync), autocast():
             logits = model(inputs.to(device), positions)
-            with vocab_parallel_loss(topology):
+            with vocab_parallel_loss(parallel.topology):
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()) / count
                 loss.backward()
         local_loss += local_value(loss.detach())
-    finish_tensor_gradients(model)
-    average_replica_gradients(model, topology)
-    max_norm = config.train.grad_clip if config.train.grad_clip > 0 else math.inf
-    grad_norm = clip_grad_norm(gradients_of(optimizer), max_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return local_loss, grad_norm
+    return local_loss
+
+
+def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: float, autocast: Callable,
+               positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step: forward and backward, the gradients finished for the layout, clipping at
+    ``grad_clip`` (0: none), the step. Returns (this rank's mean loss, global grad norm).
+
+    ``autocast()`` gives the run's precision context; ``positions`` are those of the sequence slice
+    this rank holds under context parallelism."""
+    if parallel.pipeline is not None:
+        loss = parallel.pipeline.forward_backward(micro_batches, autocast, positions)
+    else:
+        loss = forward_backward(parallel, micro_batches, autocast, positions)
+    finish_gradients(parallel.model, parallel.topology, parallel.reduction)
+    max_norm = grad_clip if grad_clip > 0 else math.inf
+    grad_norm = clip_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction, max_norm)
+    parallel.optimizer.step()
+    parallel.optimizer.zero_grad(set_to_none=True)
+    return loss, grad_norm
 
 
 def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) -> TrainResult:
@@ -122,14 +119,9 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
     tokens = training_tokens(train_spec.data, config.model.vocab, config.model.seq_len)
     source = BatchSource(tokens, config.model.seq_len, train_spec.global_batch, train_spec.seed)
 
-    model = build_model(config, device)
-    pipeline = apply_pipeline(apply_within_stage(model, topology), config, topology) if layout.pp > 1 else None
-    if pipeline is not None:
-        model = pipeline.model
-    else:
-        model = apply_parallelisms(model, topology, train_spec.precision)
-    optimizer = build_optimizer(model, train_spec, topology)
-    meter = ModelStateMeter(model, optimizer)
+    parallel = parallelize_run(build_model(config, device), config, topology)
+    model, optimizer, pipeline = parallel.model, parallel.optimizer, parallel.pipeline
+    meter = ModelStateMeter(model, optimizer, lambda: gradients_of(optimizer), fp32_masters(optimizer))
     result = TrainResult(model=model, model_state_bytes=meter.held)
     if train_spec.resume and run_dir is not None and (checkpoint := latest_checkpoint(run_dir)) is not None:
         result.first_step = load_checkpoint(checkpoint, model, optimizer)
@@ -147,11 +139,8 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
         inputs, targets = source.local_batch(step, dp_rank, dp_size)
         inputs, targets, positions = context_shard(inputs, targets, topology)
         micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
-        if pipeline is not None:
-            local_loss, grad_norm = pipeline.train_step(optimizer, micro, train_spec.grad_clip,
-                                                        lambda: autocast(config, device), positions)
-        else:
-            local_loss, grad_norm = train_step(model, optimizer, micro, config, device, topology, positions)
+        local_loss, grad_norm = train_step(parallel, micro, train_spec.grad_clip, lambda: autocast(config, device),
+                                           positions)
         dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
         average_over_context(local_loss, topology)
         loss = local_loss.item()
@@ -168,7 +157,11 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
             save_checkpoint(run_dir, step + 1, model, optimizer)
     progress.close()
     if pipeline is not None and result.losses:
-        result.pipeline = pipeline.report(run_dir if writes else None)
+        measured = pipeline.measure()
+        result.pipeline = measured.figures
+        if writes and measured.timelines:
+            write_pipeline_step(run_dir, measured.timelines[-1], pipeline.schedule, measured.last_step,
+                                measured.bubble_fraction)
     if run_dir is not None:
         result.summary = write_summary(run_dir, config, topology, result)
         if writes:

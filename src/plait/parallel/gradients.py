@@ -1,0 +1,133 @@
+"""Every layout's gradient reduction: when the wrappers' hooks reduce, and what is left after backward.
+
+Data-parallel gradients are averaged by the mechanism each ZeRO stage was built on, inside
+backward: DDP's bucketed all-reduce (stages 0, 1), ``GradientReduceScatter``'s hooks (stage 2),
+FSDP2's reduce-scatter (stage 3). ``gradient_sync`` switches them off for every micro-batch but the
+last. What they cannot do is finished here, once per step, after backward
+(``finish_gradients``), in this order:
+
+1. tensor parallelism: every gradient laid out as its parameter is;
+2. tied embeddings over pipeline stages (GPT-2): the first and last stages' copies summed, as in
+   Megatron-LM, so they stay equal;
+3. replicas no hook averaged: context-parallel ranks always (each saw its own slice of the
+   sequences); data-parallel ranks under tensor parallelism below ZeRO-3 (DDP cannot hold DTensor
+   weights, FSDP2 can) and on every pipeline stage (DDP's per-backward hooks cannot follow a
+   backward split into input and weight halves).
+
+``clip_gradients`` then takes the global norm: over the optimizer's gradients on one stage, summed
+over the stages (a tied weight counted once) under pipeline parallelism.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from plait.parallel.grad_norm import clip_grad_norm, scale_to_norm, total_norm
+from plait.parallel.sharded_adamw import ShardedAdamW, gradients_of
+from plait.parallel.tensor import finish_tensor_gradients
+from plait.topology import Topology
+
+
+@dataclass(frozen=True)
+class GradientReduction:
+    """What this rank's gradients still need after backward, decided once when the model is parallelized.
+
+    ``replica_dims``: mesh dimensions averaged here. ``tied_peer``: the pp rank holding the other
+    copy of a tied embedding (None: no copy elsewhere). ``stage_norm``: the norm is summed over the
+    pp group."""
+
+    replica_dims: tuple[str, ...] = ()
+    tied_peer: int | None = None
+    stage_norm: bool = False
+
+
+def gradient_reduction(topology: Topology, tied_peer: int | None = None) -> GradientReduction:
+    """The reduction left after backward on ``topology``; ``tied_peer`` as the pipeline found it."""
+    if topology.size("pp") > 1:
+        dims = tuple(dim for dim in ("dp", "cp") if topology.size(dim) > 1)
+        return GradientReduction(dims, tied_peer, stage_norm=True)
+    outside_ddp = topology.size("tp") > 1 and topology.size("dp") > 1 and topology.layout.zero < 3
+    return GradientReduction(("dp",) * outside_ddp + ("cp",) * (topology.size("cp") > 1))
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, enabled: bool) -> Iterator[None]:
+    """Skip the hooks' gradient reduction unless ``enabled`` (every micro-batch but the last)."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
+        yield
+    elif isinstance(optimizer, ShardedAdamW) and optimizer.gradient_shards is not None:
+        optimizer.gradient_shards.sync = enabled
+        try:
+            yield
+        finally:
+            optimizer.gradient_shards.sync = True
+        if enabled:
+            optimizer.gradient_shards.flush()
+    elif enabled or not isinstance(model, DistributedDataParallel):
+        yield
+    else:
+        with model.no_sync():
+            yield
+
+
+@torch.no_grad()
+def finish_gradients(model: nn.Module, topology: Topology, reduction: GradientReduction) -> None:
+    """After the step's backward (and after the hooks' own reduction, which would overwrite a
+    gradient changed while in flight): what the hooks left, in the order the module doc gives."""
+    finish_tensor_gradients(model)  # laid out as the parameters are, so tied copies match
+    if reduction.tied_peer is not None:
+        _sum_tied_embedding(model, topology, reduction.tied_peer)
+    average_gradients(model, topology, reduction.replica_dims)
+
+
+def _sum_tied_embedding(model: nn.Module, topology: Topology, peer: int) -> None:
+    grad = model.tok_embeddings.weight.grad
+    grad = grad.to_local() if isinstance(grad, DTensor) else grad
+    group = topology.group("pp")
+    other = torch.empty_like(grad)
+    send = dist.isend(grad.contiguous(), group=group, group_dst=peer)
+    dist.recv(other, group=group, group_src=peer)
+    send.wait()
+    grad += other
+
+
+@torch.no_grad()
+def average_gradients(model: nn.Module, topology: Topology, dims: tuple[str, ...]) -> None:
+    """Average every gradient of ``model`` over the mesh dimensions ``dims``, in one flat all-reduce
+    per dimension and dtype, so the collective's latency is paid once rather than per tensor."""
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters() if p.grad is not None]
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for grad in grads:
+        by_dtype.setdefault(grad.dtype, []).append(grad)
+    for dim in dims:
+        group, size = topology.group(dim), topology.size(dim)
+        for same in by_dtype.values():
+            flat = funcol.all_reduce(torch.cat([g.reshape(-1) for g in same]), "sum", group).wait() / size
+            for grad, part in zip(same, flat.split([g.numel() for g in same])):
+                grad.copy_(part.view_as(grad))
+
+
+def clip_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
+                   reduction: GradientReduction, max_norm: float) -> torch.Tensor:
+    """Clip by the global norm of the step's gradients; return the norm before clipping."""
+    if not reduction.stage_norm:
+        return clip_grad_norm(gradients_of(optimizer), max_norm)
+    params = [p for p in model.parameters() if p.grad is not None]
+    # The tied embedding's two copies hold the same gradient: the first stage's counts it.
+    tied = model.tok_embeddings.weight if reduction.tied_peer == 0 else None
+    squares = total_norm([p.grad for p in params if p is not tied]).square()
+    dist.all_reduce(squares, group=topology.group("pp"))
+    norm = squares.sqrt()
+    scale_to_norm([p.grad for p in params], max_norm, norm)
+    return norm

@@ -1,0 +1,62 @@
+"""One ``parallelize`` step: the seeded single-device model spread over the mesh, top to bottom.
+
+As torchtitan's ``parallelize``: tensor/sequence → context → recomputation → pipeline split →
+data parallel/ZeRO → optimizer, each an ``apply_*`` step from outside the model. The order is
+forced: context parallelism swaps the attention core that selective recomputation wraps, a stage
+is a slice of the tensor-parallel model, and the data-parallel wrappers and ZeRO's optimizer hooks
+wrap what the rank finally holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from plait.models.transformer import Transformer
+from plait.parallel.context import apply_context_parallel
+from plait.parallel.data import apply_data_parallel
+from plait.parallel.gradients import GradientReduction, gradient_reduction
+from plait.parallel.optimizer import build_optimizer
+from plait.parallel.pipeline import Pipeline, build_pipeline
+from plait.parallel.recompute import apply_recompute
+from plait.parallel.tensor import apply_tensor_parallel
+from plait.topology import Topology
+
+
+@dataclass
+class Parallelized:
+    """What a rank trains: its model (a pipeline stage's pruned model under pp), the optimizer over
+    it, the pipeline (None without pp) and what its gradients still need after backward."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    pipeline: Pipeline | None
+    reduction: GradientReduction
+    topology: Topology
+
+
+def apply_within_stage(model: Transformer, topology: Topology) -> Transformer:
+    """Tensor and context parallelism, then recomputation: what a pipeline stage keeps of them."""
+    model = apply_tensor_parallel(model, topology)
+    model = apply_context_parallel(model, topology)
+    return apply_recompute(model, topology.layout.recompute)
+
+
+def parallelize(model: Transformer, topology: Topology, precision: str, lr: float, weight_decay: float) -> Parallelized:
+    """Spread the seeded ``model`` over ``topology``'s mesh and build its optimizer.
+
+    ``precision`` ("fp32" or "bf16") sets how ZeRO holds parameters; ``lr`` and ``weight_decay``
+    are the optimizer's."""
+    model = apply_within_stage(model, topology)
+    pipeline = None
+    if topology.size("pp") > 1:
+        # No data-parallel wrapper on a stage: its replicas are averaged after the step.
+        pipeline = build_pipeline(model, topology)
+        model = pipeline.model
+    else:
+        model = apply_data_parallel(model, topology, precision)
+    optimizer = build_optimizer(model, lr, weight_decay, topology)
+    reduction = gradient_reduction(topology, pipeline.tied_peer if pipeline is not None else None)
+    return Parallelized(model, optimizer, pipeline, reduction, topology)
