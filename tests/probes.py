@@ -51,3 +51,35 @@ def layer_costs(config: RunConfig) -> dict:
         "saved": saved.total,
     }
 
+
+
+def saved_activation_bytes(config: RunConfig) -> int:
+    """Bytes the first block keeps for backward in one forward and backward, under the run's precision,
+    on the model as a stage of ``config``'s layout holds it: tensor and context parallelism, then
+    (without pp) data parallelism and ZeRO, whose bf16 stages 1 and 2 hold bf16 weights."""
+    from plait.parallel.data import apply_data_parallel
+
+    topology = build_topology(config.layout, CPU)
+    model = apply_within_stage(build_model(config, CPU), topology)
+    if config.layout.pp == 1:
+        model = apply_data_parallel(model, topology, config.train.precision)
+    inner = getattr(model, "module", model)  # DDP wraps the model
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, config.model.vocab, (config.train.global_batch // config.layout.dp, config.model.seq_len),
+                           generator=generator)
+    inputs, targets, positions = context_shard(tokens, tokens.roll(-1, dims=1), topology)
+    saved = SavedBytes(model, inner.layers["0"])
+    with saved.recording(), autocast(config, CPU):
+        logits = model(inputs, positions)
+        with vocab_parallel_loss(topology):
+            F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()).backward()
+    return saved.total
+
+
+def held_model_state(config: RunConfig) -> dict:
+    """This rank's measured model-state bytes after training ``config``, with its pp and dp coordinates."""
+    from plait.train.loop import train
+
+    topology = build_topology(config.layout, CPU)
+    result = train(config, topology)
+    return {"held": dict(result.model_state_bytes), "pp": topology.coordinate("pp"), "dp": topology.coordinate("dp")}

@@ -50,7 +50,7 @@ def activation_bytes_per_layer(
     if not kernels.fused:
         copies = autocast_copies_weights(precision, zero, pp)
         return sum(saved_bytes_per_layer(spec, micro_batch, spec.seq_len, tp, sp, cp, recompute, precision,
-                                         copies).values())
+                                         copies, zero == 3).values())
     return korthikanti_bytes_per_layer(spec, micro_batch, tp, sp, cp, recompute, precision, kernels)
 
 
@@ -94,10 +94,10 @@ def head_activation_bytes(spec: ModelSpec, micro_batch: int, tp: int, sp: bool, 
 
 
 def autocast_copies_weights(precision: str, zero: int = 0, pp: int = 1) -> bool:
-    """Whether bf16 autocast keeps a bf16 copy of each layer weight per micro-batch: it does when the
-    weights are held in fp32 (ZeRO 0, and every pipeline stage, whose weights stay fp32); ZeRO 1 and 2
-    hold bf16 weights that the linears read as they are, and ZeRO-3's gathered bf16 weights are
-    freed after each block's forward (the planner counts them in ``plan.memory.other_bytes``)."""
+    """Whether bf16 runs as autocast over fp32 weights, which keeps a bf16 copy of each layer weight
+    per micro-batch: ZeRO 0, and every pipeline stage (whose weights stay fp32). Otherwise (ZeRO 1
+    and 2, whose weights are bf16; ZeRO-3, whose FSDP2 gathers bf16 weights, casts the inputs to bf16
+    and frees the gathered weights after each block) the whole layer runs in bf16 and keeps no copy."""
     return precision == "bf16" and (zero == 0 or (zero == 1 and pp > 1))
 
 
@@ -112,7 +112,7 @@ def layer_weight_elements(spec: ModelSpec, tp: int) -> int:
 
 def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,
                           cp: int = 1, recompute: str = "none", precision: str = "fp32",
-                          weight_copies: bool | None = None) -> dict[str, int]:
+                          weight_copies: bool | None = None, fsdp_inputs: bool = False) -> dict[str, int]:
     """Bytes one layer keeps for backward, by region, as plait's model and kernels keep them.
 
     Korthikanti et al. 2022 count sbh(10 + 24/t + 5as/ht) bytes (half precision, dropout, attention
@@ -135,17 +135,27 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     - weights (bf16 autocast over fp32 weights, ``weight_copies``; by default whenever bf16):
       the bf16 copy of every weight matrix each linear multiplies by (``layer_weight_elements``).
 
+    bf16 without ``weight_copies`` (bf16 weights: ZeRO 1–3) runs the whole layer in bf16: the fp32
+    layout at 2 bytes a value, residual stream and block input included, save the fp32 log-sum-exp,
+    the rotary tables (buffers stay fp32) and RMSNorm, which autocast runs in fp32 on an fp32 copy
+    of its input (LayerNorm it leaves in bf16). Under ZeRO-3 (``fsdp_inputs``) FSDP2's mixed precision
+    casts the block's inputs to bf16, the rotary tables among them.
+
     ``selective`` recomputation keeps the attention core's inputs q, k, v instead of its output
     and statistics (its output survives only as wo's input, relaid or not); ``full`` keeps just
     the block's input, the fp32 residual stream (a sequence shard under sp). The rotary tables a
     recomputed block reads stay alive through its arguments, once for all blocks, unsaved.
     """
     e = ACTIVATION_BYTES[precision]
+    if weight_copies is None:
+        weight_copies = precision == "bf16"
+    autocast = precision == "bf16" and weight_copies
+    stream = FP32 if precision == "fp32" or autocast else BF16  # residual stream and norms
     s, b, h, f = seq // cp, batch, spec.hidden, spec.ffn_hidden
     heads = spec.heads // tp
     sbh = s * b * h
     if recompute == "full":
-        return {"block_input": (sbh // tp if sp else sbh) * FP32}
+        return {"block_input": (sbh // tp if sp else sbh) * stream}
     if spec.family == "gpt2":
         norms = 2 * (sbh + 2 * s * b)
     else:
@@ -154,14 +164,12 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     attention = (4 + relaid) * sbh // tp * e + heads * s * b * FP32
     if recompute == "selective":
         attention = 4 * sbh // tp * e  # q, k, v kept for the recomputation, and wo's input
-    readers = 2 if precision == "fp32" else 3 + (2 if spec.gated_mlp else 1)
-    if weight_copies is None:
-        weight_copies = precision == "bf16"
+    readers = 3 + (2 if spec.gated_mlp else 1) if autocast else 2
     return {
-        "norms": (norms // tp if sp else norms) * FP32,
+        "norms": (norms // tp if sp else norms) * (FP32 if spec.family == "llama" else stream),
         "linear_inputs": readers * sbh * e,
         "attention": attention,
         "mlp": (4 if spec.gated_mlp else 2) * s * b * f // tp * e,
-        "rotary": 0 if spec.learned_positions else s * spec.head_dim * FP32,
-        "weights": layer_weight_elements(spec, tp) * BF16 if weight_copies and precision == "bf16" else 0,
+        "rotary": 0 if spec.learned_positions else s * spec.head_dim * (BF16 if fsdp_inputs and precision == "bf16" else FP32),
+        "weights": layer_weight_elements(spec, tp) * BF16 if autocast else 0,
     }

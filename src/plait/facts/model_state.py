@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from plait.models.flops import (
     embedding_tensor_count, head_tensor_count, layer_parameter_count, layer_tensor_count, norm_parameter_count,
 )
+from plait.facts.stack import Kernels
+from plait.layout import Layout
 from plait.models.spec import ModelSpec
 
 ADAM_MOMENTS = 2
@@ -102,3 +104,87 @@ def padded_vocab(vocab: int, tp: int) -> int:
     """The vocabulary rounded up to a multiple of tp, as Megatron pads it (the extra rows are zero and
     their logits are masked out of the loss, so training is unchanged)."""
     return -(-vocab // tp) * tp
+
+
+def rank_tensor_shapes(spec: ModelSpec, layers: int, first: bool, last: bool, tp: int, pp: int) -> list[tuple[int, int]]:
+    """(rows, columns) of every parameter tensor one tensor-parallel rank of a pipeline stage holds,
+    as plait lays them out: column-parallel weights and biases (wq, wk, wv, w1, w3) by rows, row-
+    parallel weights (wo, w2) by columns with whole biases, norms whole, kv-heads fewer than tp
+    whole (``ReplicatedKVHeads``), embedding and head by rows of the vocabulary padded to a multiple
+    of tp, learned positions whole; a tied head on a stage without the embedding keeps its own copy.
+    A vector is one column."""
+    h, f = spec.hidden, spec.ffn_hidden
+    kv = spec.kv_dim // tp if spec.kv_heads % tp == 0 else spec.kv_dim
+    norm = [(h, 1)] * (2 if spec.family == "gpt2" else 1)
+    block = [*norm, (h // tp, h), (kv, h), (kv, h), (h, h // tp), *norm, (f // tp, h), (h, f // tp)]
+    if spec.has_bias:
+        block += [(h // tp, 1), (kv, 1), (kv, 1), (h, 1), (f // tp, 1), (h, 1)]
+    if spec.gated_mlp:
+        block.append((f // tp, h))
+    shapes = block * layers
+    vocab_rows = padded_vocab(spec.vocab, tp) // tp
+    if first:
+        shapes.append((vocab_rows, h))
+        if spec.learned_positions:
+            shapes.append((spec.seq_len, h))
+    if last:
+        shapes += norm
+        if not spec.tie_embeddings or not first:
+            shapes.append((vocab_rows, h))
+    return shapes
+
+
+def owned_rows(rows: int, rank: int, ranks: int) -> int:
+    """Rows of a ``rows``-row tensor that ``rank`` of ``ranks`` owns: torch.chunk's split, as DTensor's Shard(0)."""
+    chunk = -(-rows // ranks)
+    return max(0, min(rows, (rank + 1) * chunk) - min(rows, rank * chunk))
+
+
+def pipeline_share(spec: ModelSpec, layout: Layout, pp_rank: int) -> tuple[int, bool, bool]:
+    """Layers pipeline rank ``pp_rank`` holds, and whether it holds the first and the last chunk
+    (chunk c on rank c mod pp, as every plait schedule places them)."""
+    from plait.schedules.split import split_layers
+
+    chunks = layout.pp * layout.virtual_stages
+    split = split_layers(spec, layout.pp, layout.virtual_stages, layout.stage_layers)
+    mine = range(pp_rank, chunks, layout.pp)
+    return sum(len(split[c]) for c in mine), 0 in mine, chunks - 1 in mine
+
+
+def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: int, first: bool, last: bool,
+                       dp_rank: int = 0) -> ModelStates:
+    """Bytes of parameters, gradients and optimizer state one rank holds in plait, at their largest.
+
+    ZeRO shards over the dp ranks only: context-parallel ranks hold the same weights and average
+    their gradients after backward (FSDP2's and ``ShardedAdamW``'s mesh is the dp dimension), so
+    cp shards nothing. bf16 keeps fp32 parameters under autocast (ZeRO 0 and every pipeline stage)
+    or FSDP2's fp32 shards (ZeRO 3); ZeRO 1 and 2 without pp hold bf16 parameters and gradients and
+    an fp32 master of the rows the rank owns. Stage 1 and 2 shard each tensor by rows, as torch.chunk;
+    FSDP2 (stage 3) holds each parameter's and gradient's shard padded to the largest rank's rows.
+    Adam keeps two fp32 moments per owned element and one fp32 step counter per tensor.
+    """
+    shapes = rank_tensor_shapes(spec, layers, first, last, layout.tp, layout.pp)
+    zero, dp = layout.zero, layout.dp
+    half = precision == "bf16" and zero in (1, 2) and layout.pp == 1
+    weight_bytes = BF16 if half else FP32
+    whole = sum(rows * cols for rows, cols in shapes)
+    owned = sum(owned_rows(rows, dp_rank, dp) * cols for rows, cols in shapes) if zero >= 1 else whole
+    padded = sum(-(-rows // dp) * cols for rows, cols in shapes)
+    params = padded * FP32 if zero == 3 else whole * weight_bytes
+    grads = padded * FP32 if zero == 3 else (owned if zero == 2 else whole) * weight_bytes
+    optimizer = owned * (ADAM_MOMENTS * FP32 + (FP32 if half else 0)) + FP32 * len(shapes)
+    return ModelStates(params=params, grads=grads, optimizer=optimizer)
+
+
+def rank_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: int, first: bool, last: bool,
+                      kernels: Kernels | None = None, dp_rank: int = 0) -> ModelStates:
+    """Model-state bytes of one rank of a pipeline stage holding ``layers`` layers, on ``kernels``' stack.
+
+    plait's own (``kernels`` None or not ``fused``): what plait's engine holds (``plait_model_states``).
+    A reference stack: the ZeRO paper's split of ``rank_parameters`` sharded over dp·cp (Megatron-LM's
+    distributed optimizer shards over the data- and context-parallel ranks together).
+    """
+    if kernels is None or not kernels.fused:
+        return plait_model_states(spec, layout, precision, layers, first, last, dp_rank)
+    params = rank_parameters(spec, layers, first, last, layout.tp, layout.pp)
+    return model_state_bytes(params, precision, layout.zero, layout.dp * layout.cp)

@@ -1,8 +1,9 @@
 """Measure the bytes autograd keeps for backward while one module runs forward.
 
 Every tensor saved for backward is seen through ``saved_tensors_hooks``; each distinct storage is
-counted once, at its full size (a view keeps its whole storage alive), and parameters are left
-out (they are weights, not activations). A DTensor counts as its local shard.
+counted once, at its size when the module's forward ends (a view keeps its whole storage alive; a
+storage freed by then, such as FSDP2's gathered weights resharded after the block, counts 0), and
+parameters are left out (they are weights, not activations). A DTensor counts as its local shard.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class SavedBytes:
     def __init__(self, model: nn.Module, module: nn.Module):
         self.weights = {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
         self.module = module
-        self.seen: set[int] = set()
+        self.seen: dict[int, torch.UntypedStorage] = {}
         self.total = 0
         self.inside = False
 
@@ -36,8 +37,7 @@ class SavedBytes:
         storage = _local(tensor).untyped_storage()
         pointer = storage.data_ptr()
         if self.inside and pointer not in self.weights and pointer not in self.seen:
-            self.seen.add(pointer)
-            self.total += storage.nbytes()
+            self.seen[pointer] = storage
         return tensor
 
     def _enter(self, *args) -> None:
@@ -45,6 +45,7 @@ class SavedBytes:
 
     def _leave(self, *args) -> None:
         self.inside = False
+        self.total = sum(storage.nbytes() for storage in self.seen.values())
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[SavedBytes]:

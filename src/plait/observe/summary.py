@@ -6,7 +6,9 @@
 measurement has not landed yet are written as null: ``comm_fraction`` (needs the span tracer). Without
 pipeline parallelism there is no bubble, so ``bubble_fraction`` is 0. ``model_state_bytes_per_rank``
 is what each rank measured it holds of parameters, gradients and optimizer state
-(``plait.observe.model_state``), beside the formula for its ZeRO stage (docs/data_parallel.md).
+(``plait.observe.model_state``); ``model_state_bytes_formula`` is what the shared fact
+(``plait.facts.model_state.rank_model_states``, which the planner also uses) says it holds: one
+split when every rank holds the same, else one per rank, in rank order (pipeline stages differ).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch.distributed as dist
 from plait.config import RunConfig
 from plait.models.flops import flops_per_sequence, parameter_count
 from plait.observe.run_files import SUMMARY_FILE, write_json_atomically
-from plait.facts.model_state import held_model_state_bytes
+from plait.facts.model_state import pipeline_share, rank_model_states
 from plait.plan.hardware import catalog_name_of, hardware
 from plait.topology import Topology
 
@@ -48,12 +50,22 @@ def steady_step_time(step_times: list[float]) -> float:
     return statistics.median(steady)
 
 
+def model_state_formula(config: RunConfig, topology: Topology) -> dict[str, int]:
+    """What the shared fact says this rank holds of parameters, gradients and optimizer state."""
+    layers, first, last = pipeline_share(config.model, config.layout, topology.coordinate("pp"))
+    states = rank_model_states(config.model, config.layout, config.train.precision, layers, first, last,
+                               dp_rank=topology.coordinate("dp"))
+    return {"parameters": round(states.params), "gradients": round(states.grads), "optimizer": round(states.optimizer)}
+
+
 def write_summary(run_dir: Path, config: RunConfig, topology: Topology, result) -> dict | None:
     """Collective: every rank contributes its peak memory; rank 0 writes and returns the summary."""
     per_rank: list[int | None] = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, peak_memory_bytes(topology.device))
     model_state: list[dict | None] = [None] * dist.get_world_size()
     dist.all_gather_object(model_state, result.model_state_bytes)
+    formulas: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(formulas, model_state_formula(config, topology))
     if not topology.is_logging_rank or not result.losses:
         return None
     layout, train = config.layout, config.train
@@ -87,8 +99,6 @@ def write_summary(run_dir: Path, config: RunConfig, topology: Topology, result) 
         "peak_memory_bytes_per_rank": per_rank,
         "model_state_bytes_per_rank": model_state,
     }
-    if layout.tp == 1 and layout.pp == 1:  # every rank holds (a shard of) the whole model
-        formula = held_model_state_bytes(layout.zero, parameter_count(config.model), layout.dp, train.precision)
-        summary["model_state_bytes_formula"] = {kind: round(value) for kind, value in formula.items()}
+    summary["model_state_bytes_formula"] = formulas[0] if all(f == formulas[0] for f in formulas) else formulas
     write_json_atomically(Path(run_dir) / SUMMARY_FILE, summary)
     return summary

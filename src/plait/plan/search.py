@@ -25,7 +25,7 @@ from plait.plan.costs import boundary_seconds, layer_cost
 from plait.plan.hardware import Hardware
 from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
 from plait.facts.in_flight import in_flight_chunks
-from plait.facts.model_state import model_state_bytes, rank_parameters, rank_tensors
+from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors
 from plait.facts.validity import fit_problems, run_problems, supported_problems
 from plait.plan.memory import other_bytes
 from plait.plan.pipeline import estimate_step
@@ -159,7 +159,6 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     if (tp, cp, sp, mbs, rc) not in times_cache:
                         times_cache[tp, cp, sp, mbs, rc] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels)
                 times = {rc: times_cache[tp, cp, sp, mbs, rc] for rc in recomputes}
-                acts = {rc: activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels) for rc in recomputes}
                 for zero in _options(fixed, "zero", (0, 1, 2, 3) if dp > 1 else (0,)):
                     if supported_problems(replace(base, zero=zero)):
                         continue
@@ -172,7 +171,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     staged = replace(base, zero=zero)
                     flush = flush_costs(workload, hw, staged, max(params), tensors)
                     other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes)
-                    first, last = (model_state_bytes(p, precision, zero, dp * cp).total + other for p in params)
+                    first, last = (rank_model_states(spec, staged, precision, per_rank, *ends, kernels).total + other
+                                   for ends in ((True, pp == 1), (pp == 1, True)))
+                    acts = {rc: activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp)
+                            for rc in recomputes}
                     for name, v, held_first, held_last in schedules:
                         candidate = replace(staged, schedule=name, virtual_stages=v, stage_layers=stage_layers)
                         if run_problems(spec, candidate, gpus, workload.global_batch, kernels):

@@ -19,7 +19,7 @@ from plait.plan.compute import optimizer_seconds
 from plait.plan.costs import boundary_seconds, chunk_costs, wrapper_overhead
 from plait.plan.hardware import Hardware
 from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
-from plait.facts.model_state import PAPER_BYTES, model_state_bytes, rank_parameters, rank_tensors
+from plait.facts.model_state import PAPER_BYTES, rank_model_states, rank_parameters, rank_tensors
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.facts.validity import check_run
 from plait.plan.memory import RankMemory, other_bytes
@@ -75,8 +75,7 @@ def stage_memory(workload: Workload, hw: Hardware, layout: Layout, micro_batch: 
                  first: bool, last: bool, activations: float) -> RankMemory:
     """Peak bytes of one rank of a pipeline stage holding ``layers`` layers and ``activations``."""
     spec, precision = workload.spec, workload.precision
-    params = rank_parameters(spec, layers, first, last, layout.tp, layout.pp)
-    states = model_state_bytes(params, precision, layout.zero, layout.dp * layout.cp)
+    states = rank_model_states(spec, layout, precision, layers, first, last, workload.kernels)
     other = other_bytes(spec, layout, micro_batch, precision, hw.reserved_bytes)
     return RankMemory(states.params, states.grads, states.optimizer, activations, other)
 
@@ -85,7 +84,8 @@ def chunk_activation_bytes(workload: Workload, layout: Layout, micro_batch: int,
     """Activation bytes one forward of each chunk stores (the last chunk adds the head's)."""
     spec, precision = workload.spec, workload.precision
     per_layer = activation_bytes_per_layer(
-        spec, micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, precision, workload.kernels
+        spec, micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, precision, workload.kernels,
+        layout.zero, layout.pp,
     )
     head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision)
     return [n * per_layer + (head if c == len(counts) - 1 else 0.0) for c, n in enumerate(counts)]

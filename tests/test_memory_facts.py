@@ -1,0 +1,137 @@
+"""The memory facts the engine and the planner share equal what plait's engine really holds.
+
+For every layout of the parity matrix (tests/test_data_parallel_parity.py, test_tensor_context_parity.py,
+test_pipeline_parity.py, test_zero.py), both families, fp32 and bf16: every rank's measured
+parameters, gradients and optimizer state equal ``facts.model_state.rank_model_states``, the bytes
+the first block keeps for backward equal ``facts.activations.activation_bytes_per_layer`` for plait's
+stack, and the planner's per-rank memory (``plan.simulate``) is built from those same figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from plait.facts.activations import activation_bytes_per_layer, autocast_copies_weights, saved_bytes_per_layer
+from plait.facts.model_state import pipeline_share, rank_model_states
+from plait.facts.stack import STACKS
+from plait.layout import Layout
+from plait.plan.hardware import hardware
+from plait.plan.simulate import Workload, chunk_activation_bytes, stage_memory
+from plait.schedules.split import split_layers
+from tests.cases import layout_world_size, run_config
+from tests.probes import held_model_state, saved_activation_bytes
+from tests.test_pipeline_parity import SCHEDULES, layers_for, small_config
+from tests.test_tensor_context_parity import LAYOUTS as TENSOR_CONTEXT_LAYOUTS
+
+MODELS = ("tiny", "tiny-llama")
+PRECISIONS = ("fp32", "bf16")
+# test_data_parallel_parity.py and test_zero.py: dp 2 and 4 under every ZeRO stage, with accumulation.
+DATA_PARALLEL = [{"dp": dp, "zero": stage} for dp in (2, 4) for stage in (0, 1, 2, 3)]
+DATA_PARALLEL += [{"dp": 2, "microbatches": 2}, {"dp": 4, "zero": 2, "microbatches": 2}]
+MATRIX = [{}, *DATA_PARALLEL, *TENSOR_CONTEXT_LAYOUTS]
+# test_pipeline_parity.py: pp 2 and 4, one chunk or two a rank, on its narrow models.
+PIPELINES = sorted({(pp, v) for pp in (2, 4) for _, v in SCHEDULES})
+MODEL_STATE_FIELDS = ("dp", "tp", "cp", "pp", "virtual_stages", "stage_layers", "zero")
+ACTIVATION_FIELDS = ("dp", "tp", "sp", "cp", "recompute", "zero")
+
+
+def _distinct(layouts: list[dict], fields: tuple[str, ...]) -> list[dict]:
+    """One layout per distinct value of ``fields`` (what the fact depends on), the first seen kept."""
+    kept: dict[tuple, dict] = {}
+    for layout in layouts:
+        kept.setdefault(tuple(layout.get(name) for name in fields), layout)
+    return list(kept.values())
+
+
+def _name(layout: dict) -> str:
+    return "-".join(f"{k}{v}" for k, v in layout.items()) or "single"
+
+
+def _config(model: str, precision: str, layout: dict, pipeline_case: bool = False):
+    if pipeline_case:
+        pp, v = layout["pp"], layout["virtual_stages"]
+        config = small_config(model, layers_for(pp, v), pp=pp, virtual_stages=v, microbatches=pp,
+                              schedule="interleaved-1f1b" if v > 1 else "1f1b")
+        return replace(config, train=replace(config.train, steps=1, precision=precision))
+    return run_config(model, steps=1, precision=precision, **layout)
+
+
+MODEL_STATE_CASES = [(model, precision, layout, False) for model in MODELS for precision in PRECISIONS
+                     for layout in _distinct(MATRIX, MODEL_STATE_FIELDS)]
+MODEL_STATE_CASES += [(model, precision, {"pp": pp, "virtual_stages": v}, True) for model in MODELS
+                      for precision in PRECISIONS for pp, v in PIPELINES]
+
+
+@pytest.fixture(scope="module")
+def held(pool):
+    """Every rank's measured model state (with its pp and dp coordinates), one run per case."""
+    return {index: pool.run(held_model_state, layout_world_size(case[2]), _config(*case))
+            for index, case in enumerate(MODEL_STATE_CASES)}
+
+
+@pytest.mark.parametrize("index", range(len(MODEL_STATE_CASES)),
+                         ids=[f"{m}-{p}-{_name(layout)}" for m, p, layout, _ in MODEL_STATE_CASES])
+def test_every_rank_holds_the_shared_model_state_fact(held, index):
+    config = _config(*MODEL_STATE_CASES[index])
+    for outcome in held[index]:
+        layers, first, last = pipeline_share(config.model, config.layout, outcome["pp"])
+        fact = rank_model_states(config.model, config.layout, config.train.precision, layers, first, last,
+                                 STACKS["plait"], outcome["dp"])
+        assert outcome["held"] == {"parameters": fact.params, "gradients": fact.grads, "optimizer": fact.optimizer}
+
+
+ACTIVATION_CASES = [(model, precision, layout) for model in MODELS for precision in PRECISIONS
+                    for layout in _distinct([{k: v for k, v in layout.items() if k in ACTIVATION_FIELDS}
+                                             | ({"dp": 1, "zero": 0} if layout.get("pp", 1) > 1 else {})
+                                             for layout in MATRIX], ACTIVATION_FIELDS)]
+
+
+@pytest.fixture(scope="module")
+def saved(pool):
+    """Bytes the first block keeps on rank 0, one run per case."""
+    return {index: pool.run(saved_activation_bytes, layout_world_size(layout), run_config(model, precision=precision, **layout))
+            for index, (model, precision, layout) in enumerate(ACTIVATION_CASES)}
+
+
+@pytest.mark.parametrize("index", range(len(ACTIVATION_CASES)),
+                         ids=[f"{m}-{p}-{_name(layout)}" for m, p, layout in ACTIVATION_CASES])
+def test_every_rank_keeps_the_shared_activation_fact(saved, index):
+    model, precision, layout = ACTIVATION_CASES[index]
+    config = run_config(model, precision=precision, **layout)
+    lay = config.layout
+    micro_batch = config.train.global_batch // (lay.dp * lay.microbatches)
+    fact = activation_bytes_per_layer(config.model, micro_batch, lay.tp, lay.sp, lay.cp, lay.recompute, precision,
+                                      STACKS["plait"], lay.zero, lay.pp)
+    assert saved[index] == [fact] * len(saved[index])
+
+
+def test_bf16_autocast_keeps_bf16_copies_of_the_weights_only_over_fp32_weights():
+    """ZeRO 1 and 2 hold bf16 weights and ZeRO-3 frees its gathered ones; stage 0 and pipeline stages
+    (fp32 weights) keep one bf16 copy a linear, a micro-batch."""
+    assert [autocast_copies_weights("bf16", zero) for zero in (0, 1, 2, 3)] == [True, False, False, False]
+    assert autocast_copies_weights("bf16", 1, pp=2) and not autocast_copies_weights("fp32", 0)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("layout", _distinct(MATRIX, MODEL_STATE_FIELDS + ACTIVATION_FIELDS), ids=_name)
+def test_the_planner_predicts_plaits_own_figures(model, precision, layout):
+    """For plait's stack the planner's model state and activations per rank are the engine's facts."""
+    config = run_config(model, precision=precision, **layout)
+    lay, spec = config.layout, config.model
+    workload = Workload(spec, config.train.global_batch, precision, STACKS["plait"])
+    micro_batch = config.train.global_batch // (lay.dp * lay.microbatches)
+    counts = tuple(len(r) for r in split_layers(spec, lay.pp, lay.virtual_stages, lay.stage_layers))
+    per_layer = sum(saved_bytes_per_layer(spec, micro_batch, spec.seq_len, lay.tp, lay.sp, lay.cp, lay.recompute,
+                                          precision, autocast_copies_weights(precision, lay.zero, lay.pp),
+                                          lay.zero == 3).values())
+    chunks = chunk_activation_bytes(workload, lay, micro_batch, counts)
+    assert chunks[:-1] == [n * per_layer for n in counts[:-1]]
+    assert chunks[-1] >= counts[-1] * per_layer
+    for rank in range(lay.pp):
+        layers, first, last = pipeline_share(spec, lay, rank)
+        memory = stage_memory(workload, hardware("a100-80gb"), lay, micro_batch, layers, first, last, 0.0)
+        fact = rank_model_states(spec, lay, precision, layers, first, last)
+        assert (memory.params, memory.grads, memory.optimizer) == (fact.params, fact.grads, fact.optimizer)
