@@ -2,14 +2,15 @@
 
 import pytest
 
+from plait.facts.stack import STACKS, Kernels
+from plait.facts.validity import supported_problems
 from plait.layout import Layout
 from plait.models.flops import layer_flops
 from plait.models.spec import model_spec
 from plait.plan.comm import Link, all_reduce_seconds, group_link, reduce_scatter_seconds
 from plait.plan.compute import Gemm, gemm_seconds, layer_shape
+from plait.plan.costs import layer_cost
 from plait.plan.hardware import CATALOG, catalog_name_of, hardware
-from plait.facts.stack import Kernels
-from plait.facts.validity import supported_problems
 from plait.plan.search import best_layout, scan, scanned_layout
 from plait.plan.simulate import Workload
 
@@ -90,3 +91,14 @@ def test_the_search_keeps_every_fixed_choice_of_the_layout():
 def test_a_device_is_found_in_the_catalog_by_the_name_its_driver_gives(device_name, entry):
     assert catalog_name_of(device_name) == entry
     assert entry is None or entry in CATALOG
+
+
+def test_the_planner_times_the_collectives_the_engine_issues():
+    """Full recomputation under tp: plait's checkpoint reruns the forward's all-reduces but the MLP's
+    closing one (2 forward, 3 backward, as measured in tests/test_tensor_context_costs.py);
+    Megatron-LM reruns both (2 and 4). The planner times exactly those calls per stack."""
+    spec, hw = model_spec("gpt2-large"), hardware("a100-80gb")
+    layout = Layout(tp=8, recompute="full")
+    ratios = {name: (lambda c: c.comm_backward / c.comm_forward)(layer_cost(spec, hw, layout, 2, "bf16", STACKS[name]))
+              for name in ("plait", "megatron")}
+    assert ratios["plait"] == pytest.approx(3 / 2) and ratios["megatron"] == pytest.approx(4 / 2)

@@ -1,11 +1,13 @@
 """Bytes each collective of tensor, sequence and context parallelism moves per layer, on paper.
 
-One home for the engine's tests and the planner. ``batch`` sequences of ``seq`` tokens go through one
-layer on each rank; tensors are fp32 (4 bytes). Tests measure the same quantities in a real step
-(``plait.observe.collectives``) and require equality.
+One home for the engine's tests and the planner: ``layer_collectives`` lists the calls, which the
+planner times (plait.plan.costs) and tests measure in a real step, requiring equality.
+``batch`` sequences of ``seq`` tokens go through one layer on each rank.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from plait.models.flops import layer_parameter_count, norm_parameter_count
 from plait.models.spec import ModelSpec
@@ -13,40 +15,77 @@ from plait.models.spec import ModelSpec
 FP32 = 4
 
 
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective a layer issues per micro-batch on one rank, and how often.
+
+    ``tensor_bytes`` is the whole tensor it reduces, gathers or exchanges on this rank (an
+    all-gather's output); ``calls`` counts forward and backward, recomputed forwards included.
+    """
+
+    op: str  # all_reduce, all_gather, reduce_scatter, all_to_all
+    group: str  # tp or cp
+    size: int
+    tensor_bytes: int
+    forward: int
+    backward: int
+
+    @property
+    def handed_bytes(self) -> int:
+        """What each rank hands one call: an all-gather its shard, any other the whole tensor."""
+        return self.tensor_bytes // self.size if self.op == "all_gather" else self.tensor_bytes
+
+
+def layer_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False, cp: int = 1,
+                      recompute: str = "none", element_bytes: int = FP32,
+                      recompute_whole_forward: bool = False) -> tuple[Collective, ...]:
+    """The tensor- and context-parallel collectives of one layer and micro-batch on one rank.
+
+    Tensor parallel: an all-reduce after wo and after w2 forward, and of the input gradients of
+    attention and MLP backward; with sp each becomes an all-gather before and a reduce-scatter after
+    (mirrored in backward). Context parallel: q, k, v (grouped-query k, v expanded to the query
+    heads) and the output exchanged all-to-all over heads, forward and backward. Recomputation
+    issues the recomputed forward's collectives again in backward; PyTorch's checkpoint (plait)
+    stops at the last tensor backward needs: under ``full`` every one but the MLP's closing
+    all-reduce or reduce-scatter, under ``selective`` the exchange of q, k and v (the output's comes
+    after the attention kernel's last saved tensor). ``recompute_whole_forward`` (Megatron-LM)
+    reissues all of them.
+    """
+    stream = batch * (seq // cp) * spec.hidden * element_bytes  # the residual stream this rank holds, whole over tp
+    full = recompute == "full"
+    out = []
+    if tp > 1:
+        closing = 1 if recompute_whole_forward else 0  # the MLP's closing collective, rerun or not
+        if sp:
+            out.append(Collective("all_gather", "tp", tp, stream, 2, 2 + 2 * full))
+            out.append(Collective("reduce_scatter", "tp", tp, stream, 2, 2 + full * (1 + closing)))
+        else:
+            out.append(Collective("all_reduce", "tp", tp, stream, 2, 2 + full * (1 + closing)))
+    if cp > 1:
+        again = {"none": 0, "selective": 3, "full": 4}[recompute]
+        out.append(Collective("all_to_all", "cp", cp, stream // tp, 4, 4 + again))
+    return tuple(out)
+
+
 def collective_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,
                                cp: int = 1, recompute: str = "none") -> dict[str, int]:
-    """Bytes each rank hands each collective per layer and step (forward, backward, gradient sync).
-
-    An all-gather is handed a shard, an all-reduce or reduce-scatter the whole tensor.
-    Recomputation issues the recomputed forward's collectives again in backward, up to the last
-    tensor backward needs (PyTorch's checkpoint stops there): under ``full`` every one but the
-    MLP's closing all-reduce or reduce-scatter; under ``selective`` context parallelism's exchange
-    of q, k and v (the output's comes after the attention kernel's last saved tensor).
-    """
-    stream = batch * (seq // cp) * spec.hidden * FP32  # the residual stream this rank holds, whole over tp
+    """Bytes each rank hands each collective per layer and step (forward, backward, gradient sync),
+    in plait's fp32 model: ``layer_collectives`` plus the gradient reductions of replicated weights."""
     volumes: dict[str, int] = {}
 
     def add(name: str, count: int) -> None:
         if count:
             volumes[name] = volumes.get(name, 0) + count
 
-    full = recompute == "full"
+    for call in layer_collectives(spec, batch, seq, tp, sp, cp, recompute):
+        add(call.op, (call.forward + call.backward) * call.handed_bytes)
     if tp > 1 and sp:
-        # forward: all-gather before attention and MLP, reduce-scatter after wo and w2; backward: mirrored
-        add("all_gather", (4 + 2 * full) * stream // tp)
-        add("reduce_scatter", (4 + full) * stream)
         # the norms' replicated weights (and biases) saw only a sequence shard: their gradients are summed
         add("all_reduce", 2 * norm_parameter_count(spec) * FP32)
-    elif tp > 1:
-        # forward: all-reduce after wo and w2; backward: all-reduce of the input gradient of attention and MLP
-        add("all_reduce", (4 + full) * stream)
     if tp > 1 and spec.kv_heads % tp:
         # kv-heads replicated over tp: the whole wk and wv gradients (and biases) are summed over tp
         add("all_reduce", 2 * spec.kv_dim * (spec.hidden + (1 if spec.has_bias else 0)) * FP32)
     if cp > 1:
-        # q, k, v (grouped-query k, v expanded to the query heads) and the output, forward and backward
-        again = {"none": 0, "selective": 3, "full": 4}[recompute]
-        add("all_to_all", (8 + again) * stream // tp)
         # gradients averaged over cp: this rank's share of the layer's parameters
         add("all_reduce", _local_layer_parameters(spec, tp) * FP32)
     return volumes

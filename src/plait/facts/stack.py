@@ -20,12 +20,16 @@ class Kernels:
     # How context-parallel attention sees the whole sequence: K/V blocks round a ring (Megatron-LM,
     # torchtitan) or an all-to-all of heads (DeepSpeed-Ulysses, plait's own).
     context_exchange: str = "ring"
+    # Full recomputation reruns a block's forward in backward. PyTorch's checkpoint stops at the last
+    # tensor backward needs, so the block's closing collective is not issued again (plait);
+    # Megatron-LM reruns the whole forward, collectives and all.
+    recompute_whole_forward: bool = True
 
 
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
     # query kept, no scores), one eager kernel per elementwise op, heads exchanged all-to-all under cp.
-    "plait": Kernels(fused=False, context_exchange="all-to-all"),
+    "plait": Kernels(fused=False, context_exchange="all-to-all", recompute_whole_forward=False),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
     "megatron": Kernels(),
 }

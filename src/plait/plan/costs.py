@@ -17,9 +17,16 @@ from plait.plan.comm import (
 from plait.plan.compute import NO_OVERHEAD, LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
 from plait.facts.activations import ACTIVATION_BYTES, kv_heads_per_rank
+from plait.facts.collectives import layer_collectives
 from plait.facts.model_state import PAPER_BYTES
 from plait.facts.stack import Kernels
 from plait.models.flops import layer_parameter_count
+
+
+COLLECTIVE_SECONDS = {
+    "all_reduce": all_reduce_seconds, "all_gather": all_gather_seconds,
+    "reduce_scatter": reduce_scatter_seconds, "all_to_all": all_to_all_seconds,
+}
 
 
 @dataclass(frozen=True)
@@ -80,25 +87,20 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
                         backward_input=times.backward_input + wrappers.layer_backward)
     e = ACTIVATION_BYTES[precision]
     tokens = micro_batch * spec.seq_len // layout.cp
-    # Tensor parallel: two all-reduces per pass, or with sp two all-gather + reduce-scatter pairs
-    # (the same ring volume where, as on NCCL, each costs half an all-reduce); full recomputation
-    # repeats the forward ones.
-    tp_bytes, tp_link = tokens * spec.hidden * e, group_link(hw, layout, "tp")
-    if layout.sp:
-        tp_pass = 2 * (all_gather_seconds(tp_bytes, layout.tp, tp_link) + reduce_scatter_seconds(tp_bytes, layout.tp, tp_link))
-    else:
-        tp_pass = 2 * all_reduce_seconds(tp_bytes, layout.tp, tp_link)
-    tp_forward = tp_pass
-    tp_backward = tp_pass * (2 if layout.recompute == "full" else 1)
-    # Context parallel: K and V go round the ring under the attention they feed; backward also
+    # Tensor-parallel collectives and the all-to-all head exchange (Ulysses, plait's own): the calls
+    # plait.facts lists, each on the critical path of the layer.
+    on_path = {"forward": 0.0, "backward": 0.0}
+    for call in layer_collectives(spec, micro_batch, spec.seq_len, layout.tp, layout.sp, layout.cp, layout.recompute,
+                                  e, kernels.recompute_whole_forward):
+        if call.op == "all_to_all" and kernels.context_exchange != "all-to-all":
+            continue  # a ring passes K/V instead: below
+        seconds = COLLECTIVE_SECONDS[call.op](call.tensor_bytes, call.size, group_link(hw, layout, call.group))
+        on_path["forward"] += call.forward * seconds
+        on_path["backward"] += call.backward * seconds
+    # Context parallel round a ring: K and V go round under the attention they feed; backward also
     # returns their gradients.
     cp_forward = cp_backward = 0.0
-    if layout.cp > 1 and kernels.context_exchange == "all-to-all":
-        # q, k, v (kv-heads expanded to the query heads) and the output: four all-to-alls each
-        # way, on the critical path.
-        heads_bytes = tokens * spec.hidden // layout.tp * e
-        cp_forward = cp_backward = 4 * all_to_all_seconds(heads_bytes, layout.cp, group_link(hw, layout, "cp"))
-    elif layout.cp > 1:
+    if layout.cp > 1 and kernels.context_exchange == "ring":
         attention_s = times.attention
         kv_bytes = 2 * tokens * kv_heads_per_rank(spec, layout.tp) * spec.head_dim * e
         ring = (layout.cp - 1) * send_seconds(kv_bytes, group_link(hw, layout, "cp"))
@@ -110,7 +112,8 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         gather = all_gather_seconds(gathered, layout.dp * layout.cp, merged_link(hw, layout, ("dp", "cp")))
         zero_forward = exposed_under(gather, times.forward, hw.comm_overlap)
         zero_backward = exposed_under(gather, times.backward, hw.comm_overlap)
-    return LayerCost(times, tp_forward + cp_forward + zero_forward, tp_backward + cp_backward + zero_backward, gather)
+    return LayerCost(times, on_path["forward"] + cp_forward + zero_forward,
+                     on_path["backward"] + cp_backward + zero_backward, gather)
 
 
 def chunk_costs(
