@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from plait.config import RunConfig
-from plait.observe.collectives import CollectiveBytes
-from plait.observe.saved_activations import SavedBytes
+from tests.measure_collectives import CollectiveBytes
+from tests.measure_saved import SavedBytes
 from plait.parallel.context import context_shard
 from plait.parallel.gradients import finish_gradients, gradient_reduction
 from plait.parallel.parallelize import apply_within_stage

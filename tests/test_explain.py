@@ -10,7 +10,8 @@ import pytest
 from plait.cli import main
 from plait.layout import Layout
 from plait.models.spec import model_spec
-from plait.observe.explain import PLAIT_KERNELS, explain
+from plait.facts.stack import STACKS
+from plait.observe.explain import explain
 from plait.observe.trace import timeline_from_trace
 from plait.plan.hardware import hardware
 from plait.plan.simulate import Workload, evaluate
@@ -40,7 +41,7 @@ def test_prediction_is_the_planner_on_the_runs_own_model_batch_and_layout(run_di
 
     hw = load_profile(profile)
     explanation = explain(run_dir, profile=hw)
-    expected = evaluate(Workload(model_spec("tiny", seq_len=64), 8, "fp32", PLAIT_KERNELS), hw, 2, Layout(**LAYOUT))
+    expected = evaluate(Workload(model_spec("tiny", seq_len=64), 8, "fp32", STACKS["plait"]), hw, 2, Layout(**LAYOUT))
     assert explanation.prediction == expected
     summary = json.loads((run_dir / "summary.json").read_text())
     measured = {quantity: value for quantity, _, value, _ in explanation.rows()}
@@ -63,7 +64,7 @@ def test_cli_reports_both_sides_and_draws_them(run_dir, profile, capsys):
     assert report["hardware"] == "test-profile"
     assert report["layout"]["pp"] == 2
     step = next(row for row in report["rows"] if row["quantity"] == "step time")
-    expected = evaluate(Workload(model_spec("tiny", seq_len=64), 8, "fp32", PLAIT_KERNELS),
+    expected = evaluate(Workload(model_spec("tiny", seq_len=64), 8, "fp32", STACKS["plait"]),
                         replace(hardware("a100-80gb"), name="test-profile"), 2, Layout(**LAYOUT))
     assert step["predicted"] == pytest.approx(expected.step_time_s, rel=1e-12)
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -7,12 +7,13 @@ from dataclasses import astuple, replace
 import pytest
 import torch
 
+from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.flops import embedding_tensor_count, head_tensor_count, layer_tensor_count
 from plait.models.spec import PRESETS, model_spec
 from plait.models.transformer import Transformer
 from plait.calibrate.host import (
-    PARALLEL_STYLES, PLAIT_KERNELS, PROBE_LAYERS, WORKING_MICRO_BATCH, fit_host_overhead, fit_layer_kernel_scale,
+    PARALLEL_STYLES, PROBE_LAYERS, WORKING_MICRO_BATCH, fit_host_overhead, fit_layer_kernel_scale,
     fit_wrapper_overhead, probe_spec, working_spec,
 )
 from plait.calibrate.machine import SIZES, fit_ring_scale
@@ -46,7 +47,7 @@ def test_a_host_that_runs_ahead_hides_under_the_kernels_and_one_that_does_not_ad
 
 def test_the_fitted_host_overhead_reproduces_the_probe_passes():
     spec = probe_spec("llama", PROBE_LAYERS[0])
-    layer, head = layer_times(spec, CPU_LIKE, "fp32", 1, kernels=PLAIT_KERNELS), head_times(spec, CPU_LIKE, "fp32", 1, 1, 1)
+    layer, head = layer_times(spec, CPU_LIKE, "fp32", 1, kernels=STACKS["plait"]), head_times(spec, CPU_LIKE, "fp32", 1, 1, 1)
     extra = HostOverhead(3e-4, 5e-4, 2e-4, 7e-4)  # what the "measurement" hides beyond the kernels
     t = {}
     for n in PROBE_LAYERS:
@@ -63,7 +64,7 @@ def test_the_fitted_kernel_scale_reproduces_the_working_layers(family):
     them (and the host overhead) equals the "measured" per-layer seconds."""
     host = {family: HostOverhead(layer_forward=4e-4, layer_backward=6e-4)}
     spec = working_spec(family, 1)
-    kernels = layer_times(spec, CPU_LIKE, "fp32", WORKING_MICRO_BATCH, kernels=PLAIT_KERNELS)
+    kernels = layer_times(spec, CPU_LIKE, "fp32", WORKING_MICRO_BATCH, kernels=STACKS["plait"])
     forward, backward = 1.4 * kernels.forward + 4e-4, 1.2 * kernels.backward + 6e-4
     t = {}
     for n in PROBE_LAYERS:
@@ -72,7 +73,7 @@ def test_the_fitted_kernel_scale_reproduces_the_working_layers(family):
     scale = fit_layer_kernel_scale(t, kernels, host[family])
     assert (scale.forward, scale.backward) == pytest.approx((1.4, 1.2))
     fitted = layer_times(spec, replace(CPU_LIKE, host_overhead=host, layer_kernel_scale={family: scale}), "fp32",
-                         WORKING_MICRO_BATCH, kernels=PLAIT_KERNELS)
+                         WORKING_MICRO_BATCH, kernels=STACKS["plait"])
     assert (fitted.forward, fitted.backward) == pytest.approx((forward, backward))
 
 
@@ -86,7 +87,7 @@ def test_the_fitted_wrapper_overhead_reproduces_the_probe_steps(style):
     hw = replace(CPU_LIKE, host_overhead=base)
 
     def steps(profile):
-        return {n: evaluate(Workload(probe_spec("gpt2", n), layout.dp, "fp32", PLAIT_KERNELS), profile, 2, layout).step_time_s
+        return {n: evaluate(Workload(probe_spec("gpt2", n), layout.dp, "fp32", STACKS["plait"]), profile, 2, layout).step_time_s
                 for n in PROBE_LAYERS}
 
     predicted = steps(hw)
@@ -102,8 +103,8 @@ def test_each_wrapper_counts_once_per_layout():
     assert parallel_styles(Layout(pp=2)) == []
     hw = replace(CPU_LIKE, host_overhead={"gpt2/tp": HostOverhead(layer_forward=1.0), "gpt2/cp": HostOverhead(layer_forward=10.0)})
     spec = model_spec("tiny")
-    alone = layer_cost(spec, CPU_LIKE, Layout(tp=2, cp=2), 2, "fp32", PLAIT_KERNELS).times.forward
-    assert layer_cost(spec, hw, Layout(tp=2, cp=2), 2, "fp32", PLAIT_KERNELS).times.forward == pytest.approx(alone + 11.0)
+    alone = layer_cost(spec, CPU_LIKE, Layout(tp=2, cp=2), 2, "fp32", STACKS["plait"]).times.forward
+    assert layer_cost(spec, hw, Layout(tp=2, cp=2), 2, "fp32", STACKS["plait"]).times.forward == pytest.approx(alone + 11.0)
 
 
 def test_a_calibrated_profile_round_trips_through_its_file(tmp_path):
@@ -141,7 +142,7 @@ def test_sequence_parallel_pays_the_measured_reduce_scatter_and_all_gather():
     spec = model_spec("gpt2")
 
     def tp_comm(hw, sp: bool) -> float:
-        return layer_cost(spec, hw, Layout(tp=2, sp=sp), 2, "fp32", PLAIT_KERNELS).comm_forward
+        return layer_cost(spec, hw, Layout(tp=2, sp=sp), 2, "fp32", STACKS["plait"]).comm_forward
 
     assert tp_comm(CPU_LIKE, True) == pytest.approx(tp_comm(CPU_LIKE, False))
     gloo_like = replace(CPU_LIKE, reduce_scatter_scale=CollectiveScale(2.0, 2.0))

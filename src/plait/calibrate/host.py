@@ -49,7 +49,6 @@ from plait.topology import Topology, build_topology
 from plait.train.loop import autocast, build_model, parallelize_run, train_step
 
 FAMILIES = ("gpt2", "llama")
-PLAIT_KERNELS = STACKS["plait"]
 PROBE_LAYERS = (1, 4)
 PROBE_SHAPE = {"hidden": 64, "heads": 2, "vocab": 16, "seq_len": 8}  # kernels of a few microseconds
 
@@ -124,7 +123,7 @@ def measure_host_overhead(profile: Hardware, precision: str) -> dict[str, HostOv
     for family in FAMILIES:
         t = interleaved_medians(_model_probes(lambda layers: probe_spec(family, layers), 1, precision))
         spec = probe_spec(family, PROBE_LAYERS[0])
-        layer = layer_times(spec, kernels_only, precision, 1, kernels=PLAIT_KERNELS)
+        layer = layer_times(spec, kernels_only, precision, 1, kernels=STACKS["plait"])
         out[family] = fit_host_overhead(t, layer, head_times(spec, kernels_only, precision, 1, 1, 1))
     return out
 
@@ -164,7 +163,7 @@ def layer_kernel_scales(times: dict[str, float], profile: Hardware, precision: s
     out = {}
     for family in FAMILIES:
         t = {key.split("/")[1]: seconds for key, seconds in times.items() if key.startswith(f"{family}/")}
-        layer = layer_times(working_spec(family, 1), kernels_only, precision, WORKING_MICRO_BATCH, kernels=PLAIT_KERNELS)
+        layer = layer_times(working_spec(family, 1), kernels_only, precision, WORKING_MICRO_BATCH, kernels=STACKS["plait"])
         out[family] = fit_layer_kernel_scale(t, layer, profile.host_overhead.get(family, HostOverhead()))
     return out
 
@@ -229,7 +228,7 @@ def measure_wrapper_overhead(profile: Hardware, precision: str, passes: int = 3)
     for style, layout in PARALLEL_STYLES.items():
         for family in FAMILIES:
             measured = {n: statistics.median(readings[style, family, n]) for n in PROBE_LAYERS}
-            predicted = {n: evaluate(Workload(probe_spec(family, n), layout.dp, precision, PLAIT_KERNELS), profile,
+            predicted = {n: evaluate(Workload(probe_spec(family, n), layout.dp, precision, STACKS["plait"]), profile,
                                      layout.world_size, layout).step_time_s for n in PROBE_LAYERS}
             out[f"{family}/{style}"] = fit_wrapper_overhead(measured, predicted, profile.host_overhead[family])
     return out
