@@ -19,11 +19,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from plait.calibrate.machine import calibrate
+from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.spec import model_spec
-from plait.calibrate.machine import calibrate
 from plait.plan.hardware import load_profile
-from plait.facts.stack import STACKS
 from plait.plan.simulate import Workload, evaluate
 
 MODELS = {

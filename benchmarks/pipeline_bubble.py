@@ -36,13 +36,11 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from pipeline_common import (  # noqa: E402
-    StageClock, TimedChunk, batch, equal_chunks, run_on_ranks, slowest_action, stop_clock,
-)
+from pipeline_common import StageClock, TimedChunk, batch, equal_chunks, run_on_ranks, slowest_action, stop_clock  # noqa: E402
 
 from plait.errors import ConfigError  # noqa: E402
-from plait.schedules import Kind, Schedule, Span, Timeline, generate, simulate, theoretical_bubble  # noqa: E402
 from plait.parallel.pipeline_executor import Executor  # noqa: E402
+from plait.schedules import Kind, Schedule, Span, Timeline, generate, simulate, theoretical_bubble  # noqa: E402
 
 SCHEDULES = [("naive", 1), ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)]
 

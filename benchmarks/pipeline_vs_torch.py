@@ -21,8 +21,8 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 sys.path.insert(0, str(Path(__file__).parent))
 from pipeline_common import batch, equal_chunks, run_on_ranks  # noqa: E402
 
-from plait.schedules import generate  # noqa: E402
 from plait.parallel.pipeline_executor import Executor  # noqa: E402
+from plait.schedules import generate  # noqa: E402
 
 
 def compare(m: int, steps: int, width: int, depth: int, rows: int) -> dict:

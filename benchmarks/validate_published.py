@@ -14,10 +14,10 @@ import statistics
 import sys
 from dataclasses import dataclass, replace
 
+from plait.facts.stack import Kernels
 from plait.models.flops import flops_per_sequence
 from plait.models.spec import ModelSpec, model_spec
 from plait.plan.hardware import hardware
-from plait.facts.stack import Kernels
 from plait.plan.search import best_layout
 from plait.plan.simulate import Workload, evaluate
 

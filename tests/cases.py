@@ -100,10 +100,10 @@ def zero2_gradient_rows(config: RunConfig, bucket_bytes: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from plait.parallel.gradient_shards import owned_rows
+    from plait.parallel.optimizer import BETAS, parameter_groups
     from plait.parallel.sharded_adamw import ShardedAdamW
     from plait.train.data import BatchSource, training_tokens
     from plait.train.loop import build_model
-    from plait.parallel.optimizer import BETAS, parameter_groups
 
     topology = build_topology(config.layout, torch.device("cpu"))
     model, reference = build_model(config, torch.device("cpu")), build_model(config, torch.device("cpu"))
@@ -153,8 +153,8 @@ def zero2_rows_after_a_backward_that_reaches_no_parameter(config: RunConfig) -> 
     accumulated gradients (they must still be reduced)."""
     import torch.distributed as dist
 
-    from plait.parallel.gradients import gradient_sync
     from plait.parallel.gradient_shards import owned_rows
+    from plait.parallel.gradients import gradient_sync
     from plait.parallel.sharded_adamw import ShardedAdamW
 
     topology = build_topology(config.layout, torch.device("cpu"))

@@ -6,8 +6,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from plait.schedules import generate
 from plait.parallel.pipeline_executor import Executor
+from plait.schedules import generate
 
 WIDTH = 8
 

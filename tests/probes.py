@@ -8,14 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from plait.config import RunConfig
-from tests.measure_collectives import CollectiveBytes
-from tests.measure_saved import SavedBytes
 from plait.parallel.context import context_shard
 from plait.parallel.gradients import finish_gradients, gradient_reduction
 from plait.parallel.parallelize import apply_within_stage
 from plait.parallel.tensor import vocab_parallel_loss
 from plait.topology import build_topology
 from plait.train.loop import autocast, build_model
+from tests.measure_collectives import CollectiveBytes
+from tests.measure_saved import SavedBytes
 
 CPU = torch.device("cpu")
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from plait.facts.model_state import held_model_state_bytes, zero_paper_bytes
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
-from plait.facts.model_state import held_model_state_bytes, zero_paper_bytes
 from tests.cases import run_config, train_outcome
 
 RELATIVE_TOLERANCE = 1e-5

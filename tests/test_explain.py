@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from plait.cli import main
+from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.spec import model_spec
-from plait.facts.stack import STACKS
 from plait.observe.explain import explain
 from plait.observe.trace import timeline_from_trace
 from plait.plan.hardware import hardware

@@ -16,7 +16,6 @@ import pytest
 from plait.facts.activations import activation_bytes_per_layer, autocast_copies_weights, saved_bytes_per_layer
 from plait.facts.model_state import pipeline_share, rank_model_states
 from plait.facts.stack import STACKS
-from plait.layout import Layout
 from plait.plan.hardware import hardware
 from plait.plan.simulate import Workload, chunk_activation_bytes, stage_memory
 from plait.schedules.split import split_layers

@@ -7,6 +7,7 @@ calls), and ``--dry-run`` itself accepts the top pick of a sample of them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -176,3 +177,25 @@ def test_a_layout_train_refuses_is_never_predicted():
         evaluate(workload, hardware("h100-sxm"), 4, layout)
     assert str(refused.value) == run_problems(workload.spec, layout, 4, 16)[0]
     assert "not supported yet by plait train" in str(refused.value)
+
+
+def test_plan_refuses_nothing_train_accepts():
+    """The converse: every layout of 8 ranks that train's validation accepts, pinned whole, is the
+    one plan's search returns (a small model, so every one fits)."""
+    spec = ModelSpec("llama", 6, 256, 8, 4, 512, 1000, 256, tie_embeddings=False)
+    workload, hw = Workload(spec, 32, "bf16"), hardware("h100-sxm")
+    checked = 0
+    for dp, tp, cp, pp in itertools.product((1, 2, 4, 8), repeat=4):
+        if dp * tp * cp * pp != 8:
+            continue
+        for zero, sp, m, (schedule, v) in itertools.product(
+                (0, 1, 2, 3), (False, True), (1, 2, 4),
+                (("1f1b", 1), ("gpipe", 1), ("naive", 1), ("zb-h1", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 3))):
+            layout = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, zero=zero, schedule=schedule, virtual_stages=v,
+                            microbatches=m)
+            if pp == 1 and (schedule, v) != ("1f1b", 1) or run_problems(spec, layout, 8, 32):
+                continue
+            pinned = {k: v for k, v in layout.to_dict().items() if k != "stage_layers"}
+            assert search(workload, hw, 8, pinned, top=1).ranked[0].layout == layout
+            checked += 1
+    assert checked > 150, checked

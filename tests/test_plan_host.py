@@ -7,16 +7,16 @@ from dataclasses import astuple, replace
 import pytest
 import torch
 
-from plait.facts.stack import STACKS
-from plait.layout import Layout
-from plait.models.flops import embedding_tensor_count, head_tensor_count, layer_tensor_count
-from plait.models.spec import PRESETS, model_spec
-from plait.models.transformer import Transformer
 from plait.calibrate.host import (
     PARALLEL_STYLES, PROBE_LAYERS, WORKING_MICRO_BATCH, fit_host_overhead, fit_layer_kernel_scale,
     fit_wrapper_overhead, probe_spec, working_spec,
 )
 from plait.calibrate.machine import SIZES, fit_ring_scale
+from plait.facts.stack import STACKS
+from plait.layout import Layout
+from plait.models.flops import embedding_tensor_count, head_tensor_count, layer_tensor_count
+from plait.models.spec import PRESETS, model_spec
+from plait.models.transformer import Transformer
 from plait.plan.comm import Link, reduce_scatter_seconds, ring_pass_seconds
 from plait.plan.compute import head_times, layer_times
 from plait.plan.costs import layer_cost, parallel_styles

@@ -2,11 +2,11 @@
 
 import pytest
 
-from plait.models.spec import ModelSpec
 from plait.facts.activations import activation_bytes_per_layer
 from plait.facts.in_flight import in_flight_chunks
 from plait.facts.model_state import model_state_bytes
 from plait.facts.stack import Kernels
+from plait.models.spec import ModelSpec
 from plait.schedules import generate, peak_in_flight
 
 GB = 1e9

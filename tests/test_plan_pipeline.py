@@ -5,7 +5,7 @@ import random
 import pytest
 
 from plait.plan.costs import ChunkCost
-from plait.plan.pipeline import play_list, estimate_step, play
+from plait.plan.pipeline import estimate_step, play, play_list
 from plait.schedules import generate
 
 

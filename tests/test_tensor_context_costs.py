@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from plait.models.spec import model_spec
 from plait.facts.activations import saved_bytes_per_layer
 from plait.facts.collectives import collective_bytes_per_layer
+from plait.models.spec import model_spec
 from tests.cases import run_config
 from tests.probes import layer_costs
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from plait.models.spec import model_spec
 from plait.facts.model_state import padded_vocab
+from plait.models.spec import model_spec
 from tests.cases import assert_refused_in_one_line
 
 BAD_SPLITS = {

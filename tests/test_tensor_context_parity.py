@@ -9,7 +9,6 @@ import pytest
 
 from plait.config import DEFAULT_LAYOUT
 from plait.layout import Layout
-
 from tests.cases import block_classes, layout_world_size, run_config, train_losses
 from tests.test_data_parallel_parity import assert_same_losses
 

@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 
+from plait.facts.model_state import held_model_state_bytes, zero_paper_bytes
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
 from plait.observe.run_files import read_metrics
-from plait.facts.model_state import held_model_state_bytes, zero_paper_bytes
 from plait.train.checkpoint import checkpoint_root
 from tests.cases import (
     collectives_per_microbatch, resumed_weights, run_config, train_losses, train_outcome, zero2_gradient_rows,

@@ -33,9 +33,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from plait.config import RunConfig, TrainSpec
+from plait.facts.stack import STACKS
 from plait.layout import Layout
-from plait.models.spec import ModelSpec, model_spec
 from plait.models.init import init_weights
+from plait.models.spec import ModelSpec, model_spec
 from plait.models.transformer import Transformer
 from plait.parallel.context import average_over_context, context_shard
 from plait.parallel.grad_norm import clip_grad_norm
@@ -43,7 +44,6 @@ from plait.parallel.optimizer import build_optimizer
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead, KernelScale
 from plait.plan.least_squares import relative_least_squares
-from plait.facts.stack import STACKS
 from plait.plan.simulate import Workload, evaluate
 from plait.topology import Topology, build_topology
 from plait.train.loop import autocast, build_model, parallelize_run, train_step

@@ -35,15 +35,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from plait.parallel.gradient_shards import all_gather_single, reduce_scatter_single
-from plait.plan.comm import (
-    LINK_EFFICIENCY, Link, all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds,
-)
-from plait.plan.compute import Gemm, gemm_seconds
 from plait.calibrate.host import (
     interleaved_medians, layer_kernel_scales, measure_host_overhead, measure_optimizer, measure_wrapper_overhead,
     working_layer_probes,
 )
+from plait.parallel.gradient_shards import all_gather_single, reduce_scatter_single
+from plait.plan.comm import LINK_EFFICIENCY, Link, all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
+from plait.plan.compute import Gemm, gemm_seconds
 from plait.plan.hardware import CollectiveScale, Hardware
 from plait.plan.least_squares import relative_least_squares
 

@@ -12,7 +12,11 @@ from plait.errors import ConfigError
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """Report a bad flag in one line, like every other input error, and exit with status 2."""
+    """Report a bad flag in one line, like every other input error, and exit with status 2. Flags are
+    never abbreviated: ``--auto``'s rewriting of the workers' command line must see them whole."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")

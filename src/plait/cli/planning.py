@@ -97,6 +97,9 @@ def add_plan_commands(subparsers) -> None:
 def stack_kernels(args: argparse.Namespace) -> Kernels:
     """The chosen stack's kernels with any of --attention, --dropout, --unfused, --context-exchange over them."""
     kernels = STACKS[args.stack]
+    if kernels.plait_engine and (args.dropout or args.attention == "eager"):
+        raise ConfigError("plait's own model trains without dropout and with fused attention; --dropout and "
+                          "--attention eager describe another stack: add --stack megatron")
     overrides = {
         "flash_attention": None if args.attention is None else args.attention == "flash",
         "dropout": True if args.dropout else None,
@@ -110,12 +113,15 @@ def planning_inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]
     """The workload, hardware and pinned layout fields that plan and simulate read from their flags."""
     model = {name: getattr(args, name, None) for name in SPEC_FIELDS + ("family",)}
     spec = model_spec(args.model, **model)
-    precision = args.precision
     overrides = {
         "intra_node_gbps": args.intra_node_gbps, "inter_node_gbps": args.inter_node_gbps,
         "gpus_per_node": args.gpus_per_node,
-        "memory_bytes": args.memory_gb * 1e9 if args.memory_gb else None,
+        "memory_bytes": None if args.memory_gb is None else args.memory_gb * 1e9,
     }
+    for flag in ("top", "microbatch_size"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
     if args.memory_headroom is not None and not 0 <= args.memory_headroom < 1:
         raise ConfigError(f"--memory-headroom is a fraction of device memory in [0, 1), got {args.memory_headroom}")
     if args.hardware_profile:

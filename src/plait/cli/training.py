@@ -76,7 +76,7 @@ def describe_prediction(config: RunConfig, prediction: Prediction | None, hw: Ha
     memory = "  ".join(f"{k} {v / 2**20:,.1f}" for k, v in prediction.memory_breakdown.items())
     lines += [
         f"memory  {prediction.peak_memory_bytes / 2**20:,.1f} MiB on the fullest rank of {hw.memory_bytes / 2**20:,.0f} "
-        f"MiB{'' if prediction.fits else ', DOES NOT FIT'} (MiB: {memory})",
+        f"MiB, {hw.memory_headroom:.0%} kept free{'' if prediction.fits else ': DOES NOT FIT'} (MiB: {memory})",
         f"time    {prediction.step_time_s:.4g} s per step predicted on {hw.name}, bubble "
         f"{prediction.bubble_fraction:.1%}, {train.global_batch * spec.seq_len / prediction.step_time_s:,.0f} tokens/s",
     ]
@@ -138,6 +138,9 @@ def worker_argv(argv: list[str], layout: Layout) -> list[str]:
 
 
 def run_train(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.ranks is not None and not args.auto:
+        raise ConfigError("--ranks sets how many ranks --auto plans for; add --auto, or give the layout "
+                          "(--dp, --tp, --cp, --pp) whose product is the rank count")
     hw = prediction_hardware(args) if (args.dry_run or args.auto) else None
     config = auto_config(args, hw) if args.auto else config_from_args(args)
     if args.dry_run:

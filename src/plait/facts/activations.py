@@ -1,7 +1,7 @@
 """Activation bytes one transformer layer keeps for backward, per rank and micro-batch.
 
 One entry point, ``activation_bytes_per_layer``, dispatching on the stack. For plait's own
-kernels (``Kernels.fused`` false: ``facts.stack.STACKS["plait"]``) it is ``saved_bytes_per_layer``,
+kernels (``Kernels.plait_engine``: ``facts.stack.STACKS["plait"]``) it is ``saved_bytes_per_layer``,
 exactly what plait's model keeps in fp32 and under bf16 autocast (tests measure it in real
 steps). For reference stacks it is ``korthikanti_bytes_per_layer``, after Korthikanti et al. 2022
 ("Reducing Activation Recomputation in Large Transformer Models", §4) for fused kernels: one layer
@@ -43,11 +43,11 @@ def activation_bytes_per_layer(
 ) -> float:
     """Activation bytes one transformer layer keeps for one micro-batch on one rank, on ``kernels``' stack.
 
-    plait's own kernels (not ``fused``): what plait's engine keeps (``saved_bytes_per_layer``;
+    plait's own kernels (``plait_engine``): what plait's engine keeps (``saved_bytes_per_layer``;
     ``zero`` and ``pp`` decide whether bf16 autocast keeps bf16 copies of the layer's weights).
     A reference stack: Korthikanti et al.'s count (``korthikanti_bytes_per_layer``).
     """
-    if not kernels.fused:
+    if kernels.plait_engine:
         copies = autocast_copies_weights(precision, zero, pp)
         return sum(saved_bytes_per_layer(spec, micro_batch, spec.seq_len, tp, sp, cp, recompute, precision,
                                          copies, zero == 3).values())

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plait.facts.stack import Kernels
+from plait.layout import Layout
 from plait.models.flops import (
     embedding_tensor_count, head_tensor_count, layer_parameter_count, layer_tensor_count, norm_parameter_count,
 )
-from plait.facts.stack import Kernels
-from plait.layout import Layout
 from plait.models.spec import ModelSpec
 
 ADAM_MOMENTS = 2
@@ -180,11 +180,36 @@ def rank_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: i
                       kernels: Kernels | None = None, dp_rank: int = 0) -> ModelStates:
     """Model-state bytes of one rank of a pipeline stage holding ``layers`` layers, on ``kernels``' stack.
 
-    plait's own (``kernels`` None or not ``fused``): what plait's engine holds (``plait_model_states``).
+    plait's own (``kernels`` None or ``plait_engine``): what plait's engine holds (``plait_model_states``).
     A reference stack: the ZeRO paper's split of ``rank_parameters`` sharded over dp·cp (Megatron-LM's
     distributed optimizer shards over the data- and context-parallel ranks together).
     """
-    if kernels is None or not kernels.fused:
+    if kernels is None or kernels.plait_engine:
         return plait_model_states(spec, layout, precision, layers, first, last, dp_rank)
     params = rank_parameters(spec, layers, first, last, layout.tp, layout.pp)
     return model_state_bytes(params, precision, layout.zero, layout.dp * layout.cp)
+
+
+def zero_dims(kernels: Kernels) -> tuple[str, ...]:
+    """The mesh dimensions ZeRO shards over: dp in plait (FSDP2 and ShardedAdamW take the mesh's dp
+    dimension; cp ranks average afterwards), dp and cp together in Megatron-LM's distributed optimizer."""
+    return ("dp",) if kernels.plait_engine else ("dp", "cp")
+
+
+def communicated_bytes(layout: Layout, precision: str, kernels: Kernels) -> tuple[int, int]:
+    """Bytes per element of (gradients reduced, parameters gathered) by the data-parallel collectives.
+
+    plait under bf16 keeps fp32 weights and gradients at ZeRO 0 and on pipeline stages (autocast);
+    ZeRO 1–2 without stages cast the weights to bf16; ZeRO-3's FSDP2 gathers bf16 weights and
+    reduce-scatters fp32 gradients (its MixedPrecisionPolicy in plait.parallel.data). A reference
+    stack moves the ZeRO paper's bf16 parameters and gradients.
+    """
+    if not kernels.plait_engine:
+        params, grads, _ = PAPER_BYTES[precision]
+        return grads, params
+    if precision == "fp32":
+        return FP32, FP32
+    if layout.zero == 3:
+        return FP32, BF16
+    bf16_weights = layout.zero in (1, 2) and layout.pp == 1
+    return (BF16, BF16) if bf16_weights else (FP32, FP32)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+
 @dataclass(frozen=True)
 class Kernels:
     """How the layer's kernels run: dropout masks and the s² attention scores (no flash) are
@@ -24,12 +25,19 @@ class Kernels:
     # tensor backward needs, so the block's closing collective is not issued again (plait);
     # Megatron-LM reruns the whole forward, collectives and all.
     recompute_whole_forward: bool = True
+    # Whose engine holds the memory: plait's own (what its runs measure: plait.facts.model_state and
+    # .activations count it exactly) or a reference stack (the ZeRO paper's and Korthikanti's formulas).
+    engine: str = "reference"
+
+    @property
+    def plait_engine(self) -> bool:
+        return self.engine == "plait"
 
 
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
     # query kept, no scores), one eager kernel per elementwise op, heads exchanged all-to-all under cp.
-    "plait": Kernels(fused=False, context_exchange="all-to-all", recompute_whole_forward=False),
+    "plait": Kernels(fused=False, context_exchange="all-to-all", recompute_whole_forward=False, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
     "megatron": Kernels(),
 }

@@ -17,11 +17,11 @@ from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
 from plait.observe.run_files import SUMMARY_FILE
+from plait.observe.simulated import simulated_timeline
 from plait.observe.timeline import draw_timelines
 from plait.observe.trace import TRACE_FILE, timeline_from_trace
 from plait.plan.hardware import Hardware, catalog_name_of, hardware
 from plait.plan.simulate import Prediction, Workload, evaluate
-from plait.observe.simulated import simulated_timeline
 
 EXPLAIN_PICTURE = "explain.png"
 STATE_KINDS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer"}

@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 
 from plait.config import RunConfig
+from plait.facts.model_state import pipeline_share, rank_model_states
 from plait.models.flops import flops_per_sequence, parameter_count
 from plait.observe.run_files import SUMMARY_FILE, write_json_atomically
-from plait.facts.model_state import pipeline_share, rank_model_states
 from plait.plan.hardware import catalog_name_of, hardware
 from plait.topology import Topology
 

@@ -28,18 +28,13 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    PrepareModuleOutput,
-    RowwiseParallel,
-    SequenceParallel,
-    loss_parallel,
+    ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel, SequenceParallel, loss_parallel,
     parallelize_module,
 )
 
+from plait.facts.model_state import padded_vocab
 from plait.models.spec import ModelSpec
 from plait.models.transformer import Transformer
-from plait.facts.model_state import padded_vocab
 from plait.parallel.tensor_communications import slice_replicated_rows
 from plait.topology import Topology
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from plait.models.spec import ModelSpec
-from plait.plan.hardware import Hardware, HostOverhead, KernelScale
 from plait.facts.activations import ACTIVATION_BYTES, kv_heads_per_rank
 from plait.facts.stack import Kernels
+from plait.models.spec import ModelSpec
+from plait.plan.hardware import Hardware, HostOverhead, KernelScale
 
 # Non-matmul kernels one layer launches forward (two norms, two residual adds, the activation,
 # rotary or bias adds, attention's softmax path); the backward launches about twice as many.

@@ -6,22 +6,22 @@ overlap rules stated there. These are the costs the schedule simulator plays.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 
+from plait.facts.activations import ACTIVATION_BYTES, kv_heads_per_rank
+from plait.facts.collectives import layer_collectives
+from plait.facts.model_state import communicated_bytes, zero_dims
+from plait.facts.stack import Kernels
 from plait.layout import Layout
+from plait.models.flops import layer_parameter_count
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
-    all_gather_seconds, all_reduce_seconds, all_to_all_seconds, exposed_under, group_link, merged_link, reduce_scatter_seconds,
-    send_seconds,
+    all_gather_seconds, all_reduce_seconds, all_to_all_seconds, exposed_under, group_link, merged_link,
+    reduce_scatter_seconds, send_seconds,
 )
 from plait.plan.compute import NO_OVERHEAD, LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
-from plait.facts.activations import ACTIVATION_BYTES, kv_heads_per_rank
-from plait.facts.collectives import layer_collectives
-from plait.facts.model_state import PAPER_BYTES
-from plait.facts.stack import Kernels
-from plait.models.flops import layer_parameter_count
-
 
 COLLECTIVE_SECONDS = {
     "all_reduce": all_reduce_seconds, "all_gather": all_gather_seconds,
@@ -108,8 +108,9 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         cp_backward = exposed_under(2 * ring, hw.attention_backward_ratio * attention_s, hw.comm_overlap)
     zero_forward = zero_backward = gather = 0.0
     if layout.zero == 3:
-        gathered = layer_parameter_count(spec) / layout.tp * PAPER_BYTES[precision][0]
-        gather = all_gather_seconds(gathered, layout.dp * layout.cp, merged_link(hw, layout, ("dp", "cp")))
+        sharded = zero_dims(kernels)
+        gathered = layer_parameter_count(spec) / layout.tp * communicated_bytes(layout, precision, kernels)[1]
+        gather = all_gather_seconds(gathered, math.prod(getattr(layout, d) for d in sharded), merged_link(hw, layout, sharded))
         zero_forward = exposed_under(gather, times.forward, hw.comm_overlap)
         zero_backward = exposed_under(gather, times.backward, hw.comm_overlap)
     return LayerCost(times, on_path["forward"] + cp_forward + zero_forward,

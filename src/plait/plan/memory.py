@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plait.facts.activations import ACTIVATION_BYTES
-from plait.facts.model_state import PAPER_BYTES
+from plait.facts.model_state import communicated_bytes
+from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.flops import layer_parameter_count
 from plait.models.spec import ModelSpec
@@ -32,7 +33,7 @@ class RankMemory:
 
 
 def other_bytes(
-    spec: ModelSpec, layout: Layout, micro_batch: int, precision: str, reserved: float
+    spec: ModelSpec, layout: Layout, micro_batch: int, precision: str, reserved: float, kernels: Kernels
 ) -> float:
     """Stated assumptions beyond model states and activations.
 
@@ -46,6 +47,6 @@ def other_bytes(
     if layout.pp > 1:
         extra += 2 * micro_batch * spec.seq_len // layout.cp * spec.hidden * e / (layout.tp if layout.sp else 1)
     if layout.zero == 3:
-        params, grads, _ = PAPER_BYTES[precision]
+        grads, params = communicated_bytes(layout, precision, kernels)
         extra += layer_parameter_count(spec) / layout.tp * (2 * params + grads)
     return extra

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from plait.plan.costs import ChunkCost
 from plait.facts.in_flight import peak_activation_bytes
+from plait.plan.costs import ChunkCost
 from plait.schedules import Action, Kind, Schedule, generate, simulate
 
 

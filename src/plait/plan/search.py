@@ -19,20 +19,20 @@ from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from plait.errors import ConfigError
-from plait.layout import Layout
-from plait.plan.compute import LayerTimes, head_times, layer_times
-from plait.plan.costs import boundary_seconds, layer_cost
-from plait.plan.hardware import Hardware
 from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
 from plait.facts.in_flight import in_flight_chunks
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors
 from plait.facts.validity import fit_problems, run_problems, supported_problems
+from plait.layout import Layout
+from plait.plan.compute import LayerTimes, head_times, layer_times
+from plait.plan.costs import boundary_seconds, layer_cost
+from plait.plan.hardware import Hardware
 from plait.plan.memory import other_bytes
 from plait.plan.pipeline import estimate_step
 from plait.plan.simulate import Prediction, Workload, evaluate, flush_costs
 from plait.schedules.split import split_problems
 
-PLAYED = 4  # layouts whose schedules are played exactly after the closed-form pass
+PLAYED = 8  # layouts whose schedules are played exactly after the closed-form pass
 # The planner's own step-time error: its median |error| on the published runs held out of every
 # fit (docs/VALIDATION.md). Layouts predicted closer than this cannot be told apart by it.
 PLANNER_ERROR = 0.077
@@ -110,14 +110,14 @@ def _meshes(workload: Workload, gpus: int, fixed: dict) -> Iterator[tuple[int, i
 
 
 def _schedules(pp: int, m: int, layers: int, fixed: dict) -> list[tuple[str, int]]:
-    """(schedule, v) pairs that run with pp ranks and m micro-batches; interleaving needs v·pp to divide the layers."""
+    """(schedule, v) pairs to score with pp ranks and m micro-batches (each candidate then passes the
+    shared validation). Without stages the schedule changes nothing: the pinned one, or 1f1b."""
+    if pp == 1:
+        return [(fixed.get("schedule", "1f1b"), fixed.get("virtual_stages", 1))]
     out = []
-    for name in _options(fixed, "schedule", ("naive", "gpipe", "1f1b", "zb-h1", "interleaved-1f1b") if pp > 1 else ("1f1b",)):
-        if name == "zb-h1" and m < pp:
-            continue
+    for name in _options(fixed, "schedule", ("naive", "gpipe", "1f1b", "zb-h1", "interleaved-1f1b")):
         if name == "interleaved-1f1b":
-            if m % pp == 0:
-                out += [(name, v) for v in range(2, layers // pp + 1) if layers % (pp * v) == 0]
+            out += [(name, v) for v in range(2, layers // pp + 1)]
         else:
             out.append((name, 1))
     return [(n, v) for n, v in out if fixed.get("virtual_stages", v) == v]
@@ -170,7 +170,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         works[key] = {rc: _layer_work(replace(base, zero=zero, recompute=rc), workload, hw, mbs, times) for rc in recomputes}
                     staged = replace(base, zero=zero)
                     flush = flush_costs(workload, hw, staged, max(params), tensors)
-                    other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes)
+                    other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes, kernels)
                     first, last = (rank_model_states(spec, staged, precision, per_rank, *ends, kernels).total + other
                                    for ends in ((True, pp == 1), (pp == 1, True)))
                     acts = {rc: activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp)
@@ -244,16 +244,19 @@ def rank(predictions: list[Prediction], tie_break: str = "simplicity") -> list[P
 
 
 def _nothing_valid(workload: Workload, gpus: int, fixed: dict) -> str:
-    """Why no layout agrees with the flags: the shared validation's reason for the pinned sizes, if any."""
-    sizes = {k: fixed[k] for k in ("dp", "tp", "cp", "pp") if k in fixed}
-    free = [k for k in ("dp", "tp", "cp", "pp") if k not in sizes]
-    if len(free) <= 1:
-        if free:
-            sizes[free[0]] = gpus // math.prod(sizes.values())
-        pinned = Layout(**{**{k: v for k, v in fixed.items() if k in SCANNED or k == "stage_layers"}, **sizes})
-        problems = run_problems(workload.spec, pinned, gpus, workload.global_batch, workload.kernels)
-        if problems:
-            return problems[0]
+    """Why no layout agrees with the flags: the shared validation's reason for the first mesh of
+    ``gpus`` that keeps every pinned size (the pinned choices laid over it)."""
+    pinned = {k: v for k, v in fixed.items() if k in SCANNED or k == "stage_layers"}
+    for tp in _options(fixed, "tp", divisors(gpus)):
+        for cp in _options(fixed, "cp", divisors(gpus // tp)):
+            for pp in _options(fixed, "pp", divisors(gpus // (tp * cp))):
+                dp = gpus // (tp * cp * pp)
+                if fixed.get("dp", dp) != dp:
+                    continue
+                layout = Layout(**{**pinned, "dp": dp, "tp": tp, "cp": cp, "pp": pp})
+                problems = run_problems(workload.spec, layout, gpus, workload.global_batch, workload.kernels)
+                if problems:
+                    return problems[0]
     return (f"no layout of {gpus} GPUs agrees with the layout flags given, divides global batch "
             f"{workload.global_batch} over data parallelism and passes plait train's validation; "
             "change --gpus, --global-batch or the layout flags")

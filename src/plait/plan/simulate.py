@@ -7,8 +7,13 @@ optimizer step follow the pipeline flush, with the overlap rules of plait.plan.c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
+from plait.facts.model_state import communicated_bytes, rank_model_states, rank_parameters, rank_tensors, zero_dims
+from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
+from plait.facts.validity import check_run
 from plait.layout import Layout
 from plait.models.flops import flops_per_sequence
 from plait.models.spec import ModelSpec
@@ -18,10 +23,6 @@ from plait.plan.comm import (
 from plait.plan.compute import optimizer_seconds
 from plait.plan.costs import boundary_seconds, chunk_costs, wrapper_overhead
 from plait.plan.hardware import Hardware
-from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
-from plait.facts.model_state import PAPER_BYTES, rank_model_states, rank_parameters, rank_tensors
-from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
-from plait.facts.validity import check_run
 from plait.plan.memory import RankMemory, other_bytes
 from plait.plan.pipeline import play
 from plait.schedules import split_layers
@@ -76,7 +77,7 @@ def stage_memory(workload: Workload, hw: Hardware, layout: Layout, micro_batch: 
     """Peak bytes of one rank of a pipeline stage holding ``layers`` layers and ``activations``."""
     spec, precision = workload.spec, workload.precision
     states = rank_model_states(spec, layout, precision, layers, first, last, workload.kernels)
-    other = other_bytes(spec, layout, micro_batch, precision, hw.reserved_bytes)
+    other = other_bytes(spec, layout, micro_batch, precision, hw.reserved_bytes, workload.kernels)
     return RankMemory(states.params, states.grads, states.optimizer, activations, other)
 
 
@@ -111,17 +112,23 @@ class FlushCosts:
 
 def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float, tensors: int) -> FlushCosts:
     """Data-parallel reduction of ``params`` parameters' gradients, ZeRO's gathers and Adam."""
-    precision = workload.precision
-    shards = layout.dp * layout.cp
-    link = merged_link(hw, layout, ("dp", "cp"))
-    p_bytes, g_bytes, _ = PAPER_BYTES[precision]
+    precision, kernels = workload.precision, workload.kernels
+    replicas, replica_link = layout.dp * layout.cp, merged_link(hw, layout, ("dp", "cp"))
+    sharded = zero_dims(kernels)
+    shards, link = math.prod(getattr(layout, d) for d in sharded), merged_link(hw, layout, sharded)
+    g_bytes, p_bytes = communicated_bytes(layout, precision, kernels)
     grads = params * g_bytes
-    reduce = all_reduce_seconds(grads, shards, link) if layout.zero < 2 else reduce_scatter_seconds(grads, shards, link)
+    if layout.zero < 2:
+        reduce = all_reduce_seconds(grads, replicas, replica_link)
+    else:  # reduce-scatter over the ZeRO group; replicas outside it (plait's cp ranks) average the shard
+        reduce = reduce_scatter_seconds(grads, shards, link)
+        if replicas > shards:
+            reduce += all_reduce_seconds(grads / shards, replicas // shards, group_link(hw, layout, "cp"))
     last_bucket = reduce * min(1.0, BUCKET_BYTES / grads) if grads else 0.0
     gather = all_gather_seconds(params * p_bytes, shards, link) if layout.zero in (1, 2) else 0.0
     # The logged loss is averaged over the replicas; a tensor-parallel gradient norm sums over tp
     # (ZeRO-2/3's sum over dp is left out: one latency, and it keeps ZeRO-2 dominating ZeRO-1).
-    scalars = all_reduce_seconds(4, shards, link)
+    scalars = all_reduce_seconds(4, replicas, replica_link)
     if layout.tp > 1:
         scalars += all_reduce_seconds(4, layout.tp, group_link(hw, layout, "tp"))
     local = params / shards if layout.zero >= 1 else params

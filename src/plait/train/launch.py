@@ -103,6 +103,10 @@ def run_worker(config: RunConfig, run_dir: Path) -> int:
         result = train(config, topology, run_dir)
         if result.summary is not None:
             print_summary(result.summary, run_dir)
+        # Every rank past its last collective before any tears gloo down: a rank that destroys its
+        # groups while a peer's work is still in flight can abort at exit ("terminate called
+        # without an active exception") after a run that finished.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0
