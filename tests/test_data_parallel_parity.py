@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plait.facts.model_state import held_model_state_bytes, zero_paper_bytes
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
 from tests.cases import run_config, train_outcome
+from tests.zero_accounting import held_model_state_bytes, zero_paper_bytes
 
 RELATIVE_TOLERANCE = 1e-5
 ADAM_STEP_FRACTION = 1e-2  # of one learning-rate step: the weights' floor near zero

@@ -9,7 +9,6 @@ import shutil
 
 import pytest
 
-from plait.facts.model_state import held_model_state_bytes, zero_paper_bytes
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
 from plait.observe.run_files import read_metrics
@@ -18,6 +17,7 @@ from tests.cases import (
     collectives_per_microbatch, resumed_weights, run_config, train_losses, train_outcome, zero2_gradient_rows,
     zero2_rows_after_a_backward_that_reaches_no_parameter,
 )
+from tests.zero_accounting import held_model_state_bytes, zero_paper_bytes
 
 MICROBATCHES = 4
 

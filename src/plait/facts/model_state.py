@@ -1,11 +1,10 @@
 """Bytes of model state per rank under each ZeRO stage, and the parameters each rank holds.
 
 One home for the engine (summaries, tests) and the planner; pure Python. Ψ is the parameter count and Nd the
-data-parallel size. ``zero_paper_bytes`` is the accounting of the ZeRO paper (Rajbhandari et al.
+data-parallel size. ``PAPER_BYTES`` is the accounting of the ZeRO paper (Rajbhandari et al.
 2020) for mixed precision: bf16 parameters and gradients (2 + 2 bytes) and an fp32 master copy
-plus Adam's two moments (12 bytes). ``held_model_state_bytes`` is what plait's implementation holds,
-split into parameters, gradients and optimizer state, which the training run measures and
-``summary.json`` reports; every stage's total is the paper's (docs/data_parallel.md).
+plus Adam's two moments (12 bytes); ``rank_model_states`` is what one rank holds, in plait's engine
+(measured by every run and reported in ``summary.json``) or on a reference stack.
 """
 
 from __future__ import annotations
@@ -34,23 +33,6 @@ def sharded_split(stage: int, parameters: int, dp: int, per_parameter: tuple[int
         kind: nbytes * parameters / (dp if stage >= sharded_from else 1)
         for kind, nbytes, sharded_from in zip(("parameters", "gradients", "optimizer"), per_parameter, (3, 2, 1))
     }
-
-
-def zero_paper_bytes(stage: int, parameters: int, dp: int, precision: str = "bf16") -> float:
-    """Model-state bytes per rank of the ZeRO paper's accounting: for bf16, 2 + 2 + 12 bytes per
-    parameter (stage 1: 4Ψ + 12Ψ/Nd, stage 2: 2Ψ + 14Ψ/Nd); for fp32, 4 + 4 + 8."""
-    return sum(sharded_split(stage, parameters, dp, PAPER_BYTES[precision]).values())
-
-
-def held_model_state_bytes(stage: int, parameters: int, dp: int, precision: str) -> dict[str, float]:
-    """Bytes per rank of parameters, gradients and optimizer state as plait holds them at their largest.
-
-    fp32, and bf16 stages 1 and 2, are the paper's split. bf16 stage 0 runs autocast over fp32
-    parameters, which are their own master, and stage 3 FSDP2's mixed precision over fp32 shards,
-    likewise: 4 + 4 + 8 bytes where the paper counts 2 + 2 + 12, the same total.
-    """
-    paper_split = precision == "fp32" or stage in (1, 2)
-    return sharded_split(stage, parameters, dp, PAPER_BYTES[precision if paper_split else "fp32"])
 
 
 @dataclass(frozen=True)
