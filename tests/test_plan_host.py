@@ -39,8 +39,9 @@ def test_a_host_that_runs_ahead_hides_under_the_kernels_and_one_that_does_not_ad
     spec = model_spec("tiny")
     host = {"gpt2": HostOverhead(layer_forward=1.0, layer_backward=2.0)}
     kernels = layer_times(spec, CPU_LIKE, "fp32", 2)
-    adds = layer_times(spec, replace(CPU_LIKE, host_overhead=host), "fp32", 2)
-    hides = layer_times(spec, replace(CPU_LIKE, host_overhead=host, host_runs_ahead=True), "fp32", 2)
+    adds = layer_times(spec, replace(CPU_LIKE, host_overhead=host), "fp32", 2, kernels=STACKS["megatron"])
+    hides = layer_times(spec, replace(CPU_LIKE, host_overhead=host, host_runs_ahead=True), "fp32", 2,
+                        kernels=STACKS["megatron"])
     assert adds.forward == pytest.approx(kernels.forward + 1.0) and adds.backward_input == pytest.approx(kernels.backward_input + 2.0)
     assert hides.forward == pytest.approx(max(kernels.forward, 1.0))
 

@@ -15,7 +15,7 @@ score matrices.
 
 from __future__ import annotations
 
-from plait.facts.stack import Kernels
+from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.models.spec import ModelSpec
 
 ACTIVATION_BYTES = {"bf16": 2, "fp32": 4}
@@ -37,7 +37,7 @@ def activation_bytes_per_layer(
     cp: int = 1,
     recompute: str = "none",
     precision: str = "bf16",
-    kernels: Kernels = Kernels(),
+    kernels: Kernels = STACKS[DEFAULT_STACK],
     zero: int = 0,
     pp: int = 1,
 ) -> float:

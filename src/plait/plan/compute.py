@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from plait.facts.activations import ACTIVATION_BYTES, kv_heads_per_rank
-from plait.facts.stack import Kernels
+from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.models.spec import ModelSpec
 from plait.plan.hardware import Hardware, HostOverhead, KernelScale
 
@@ -115,7 +115,7 @@ def layer_times(
     cp: int = 1,
     sp: bool = False,
     recompute: str = "none",
-    kernels: Kernels = Kernels(),
+    kernels: Kernels = STACKS[DEFAULT_STACK],
 ) -> LayerTimes:
     """Predicted compute time of one transformer layer on one rank (no communication)."""
     shape = layer_shape(spec, micro_batch, tp, cp, sp, precision, kernels)
