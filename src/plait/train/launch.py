@@ -7,6 +7,7 @@ many) runs as that rank's worker.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import subprocess
@@ -99,17 +100,23 @@ def run_worker(config: RunConfig, run_dir: Path) -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
     try:
-        topology = build_topology(config.layout, device)
-        result = train(config, topology, run_dir)
-        if result.summary is not None:
-            print_summary(result.summary, run_dir)
-        # Every rank past its last collective before any tears gloo down: a rank that destroys its
-        # groups while a peer's work is still in flight can abort at exit ("terminate called
-        # without an active exception") after a run that finished.
-        dist.barrier()
+        summary = train_rank(config, device, run_dir)
+        if summary is not None:
+            print_summary(summary, run_dir)
+        dist.barrier()  # every rank past its last collective before any tears its groups down
     finally:
+        # The model, its wrappers and the mesh hold the process groups; freed here, while the
+        # interpreter is whole, destroy_process_group joins gloo's threads. Left to interpreter
+        # exit, a group's threads can be destroyed unjoined and abort a run that finished
+        # ("terminate called without an active exception").
+        gc.collect()
         dist.destroy_process_group()
     return 0
+
+
+def train_rank(config: RunConfig, device: torch.device, run_dir: Path) -> dict | None:
+    """Train this rank; return rank 0's summary. What the run built dies with this frame."""
+    return train(config, build_topology(config.layout, device), run_dir).summary
 
 
 def launch(config: RunConfig, argv: list[str]) -> int:
