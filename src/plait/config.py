@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from plait.errors import ConfigError
@@ -186,10 +186,12 @@ def config_tables(args: argparse.Namespace) -> dict[str, dict]:
     return read_config_file(args.config) if args.config else {"model": {}, "layout": {}, "train": {}}
 
 
-def model_and_train(args: argparse.Namespace, tables: dict[str, dict]) -> tuple[ModelSpec, str | None, TrainSpec]:
+def model_and_train(args: argparse.Namespace, tables: dict[str, dict],
+                    layout: Layout | None = None) -> tuple[ModelSpec, str | None, TrainSpec]:
     """The model (preset name and spec) and the training settings: defaults ← file ← flags.
 
-    Without --precision anywhere, the run takes ``default_precision`` of its device.
+    Without --precision anywhere, the run takes ``default_precision`` of its device, found only
+    once the run (with ``layout``, when given) has passed validation.
     """
     model_values = {**tables["model"], **_set_flags(args, ("model", "family") + SPEC_FIELDS)}
     name = model_values.pop("name", None)
@@ -197,24 +199,28 @@ def model_and_train(args: argparse.Namespace, tables: dict[str, dict]) -> tuple[
     if name is None and not {"layers", "hidden", "heads"} <= set(model_values):
         name = DEFAULT_MODEL
     spec = model_spec(name, **model_values)
+    if layout is not None:
+        check_run(spec, layout)
     train_values = {**tables["train"], **_set_flags(args, tuple(f.name for f in fields(TrainSpec)))}
+    train = _typed(TrainSpec, train_values)
     if "precision" not in train_values:
+        train.validate()  # bad settings are refused before torch is imported to find the device
         import torch  # only `plait train` resolves its device; the planner never reaches here
 
-        train_values["precision"] = default_precision(on_gpu=torch.cuda.is_available())
-    return spec, name, _typed(TrainSpec, train_values)
+        train = replace(train, precision=default_precision(on_gpu=torch.cuda.is_available()))
+    return spec, name, train
 
 
 def config_from_args(args: argparse.Namespace, layout: Layout | None = None) -> RunConfig:
     """Defaults ← TOML file ← flags, validated; ``layout`` (from ``--auto``) replaces the layout settings."""
     tables = config_tables(args)
-    spec, name, train = model_and_train(args, tables)
     if layout is None:
         values = layout_values(args, tables)
         # Any layout setting replaces the default layout as a whole; unset sizes are then 1.
         layout = _typed(Layout, values) if values else DEFAULT_LAYOUT
-    config = RunConfig(spec, layout, train, model_name=name)
     try:
+        spec, name, train = model_and_train(args, tables, layout)
+        config = RunConfig(spec, layout, train, model_name=name)
         validate_run(config)
     except ConfigError as error:
         if layout is not DEFAULT_LAYOUT:
