@@ -33,6 +33,8 @@ BAD_INPUTS = {
     "zero data parallel": (["--dp", "0"], "dp must be a positive integer"),
     "zero steps": (["--steps", "0"], "steps must be a positive integer"),
     "negative learning rate": (["--lr", "-1"], "learning rate must be a positive"),
+    "infinite learning rate": (["--lr", "inf"], "lr must be a finite number"),
+    "ranks without --auto": (["--ranks", "4"], "add --auto"),
     "batch not divisible": (["--dp", "2", "--global-batch", "7"], "not divisible by dp"),
     "batch not divisible under ZeRO": (["--dp", "4", "--zero", "3", "--global-batch", "6"], "not divisible by dp"),
     "ZeRO stage outside 0-3": (["--dp", "2", "--zero", "4"], "use 0, 1, 2 or 3"),

@@ -12,6 +12,7 @@ Flags override the file; the file overrides the defaults.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -60,6 +61,9 @@ class TrainSpec:
                 raise ConfigError(f"{name.replace('_', '-')} must be a non-negative integer, got {value!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} is unknown; use one of {', '.join(PRECISIONS)}")
+        for name in ("lr", "min_lr_ratio", "grad_clip", "weight_decay"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"{name.replace('_', '-')} must be a finite number, got {getattr(self, name)!r}")
         if not isinstance(self.lr, (int, float)) or self.lr <= 0:
             raise ConfigError(f"learning rate must be a positive number, got {self.lr!r}")
         if not 0 <= self.min_lr_ratio <= 1:
@@ -186,45 +190,47 @@ def config_tables(args: argparse.Namespace) -> dict[str, dict]:
     return read_config_file(args.config) if args.config else {"model": {}, "layout": {}, "train": {}}
 
 
-def model_and_train(args: argparse.Namespace, tables: dict[str, dict],
-                    layout: Layout | None = None) -> tuple[ModelSpec, str | None, TrainSpec]:
-    """The model (preset name and spec) and the training settings: defaults ← file ← flags.
-
-    Without --precision anywhere, the run takes ``default_precision`` of its device, found only
-    once the run (with ``layout``, when given) has passed validation.
-    """
+def model_and_train(args: argparse.Namespace, tables: dict[str, dict]) -> tuple[ModelSpec, str | None, TrainSpec]:
+    """The model (preset name and spec) and the training settings: defaults ← file ← flags, each
+    validated in itself. Without --precision anywhere, the precision is left for ``on_device``."""
     model_values = {**tables["model"], **_set_flags(args, ("model", "family") + SPEC_FIELDS)}
     name = model_values.pop("name", None)
     name = model_values.pop("model", name)
     if name is None and not {"layers", "hidden", "heads"} <= set(model_values):
         name = DEFAULT_MODEL
     spec = model_spec(name, **model_values)
-    if layout is not None:
-        check_run(spec, layout)
-    train_values = {**tables["train"], **_set_flags(args, tuple(f.name for f in fields(TrainSpec)))}
-    train = _typed(TrainSpec, train_values)
-    if "precision" not in train_values:
-        train.validate()  # bad settings are refused before torch is imported to find the device
-        import torch  # only `plait train` resolves its device; the planner never reaches here
-
-        train = replace(train, precision=default_precision(on_gpu=torch.cuda.is_available()))
+    spec.validate()
+    train = _typed(TrainSpec, {**tables["train"], **_set_flags(args, tuple(f.name for f in fields(TrainSpec)))})
+    train.validate()
     return spec, name, train
+
+
+def on_device(train: TrainSpec, args: argparse.Namespace, tables: dict[str, dict]) -> TrainSpec:
+    """``train`` with the precision the run's device takes (``default_precision``) unless one was given.
+
+    Called once everything else is valid: finding the device imports torch, which takes seconds.
+    """
+    if "precision" in tables["train"] or getattr(args, "precision", None) is not None:
+        return train
+    import torch  # only `plait train` resolves its device; the planner never reaches here
+
+    return replace(train, precision=default_precision(on_gpu=torch.cuda.is_available()))
 
 
 def config_from_args(args: argparse.Namespace, layout: Layout | None = None) -> RunConfig:
     """Defaults ← TOML file ← flags, validated; ``layout`` (from ``--auto``) replaces the layout settings."""
     tables = config_tables(args)
+    spec, name, train = model_and_train(args, tables)
     if layout is None:
         values = layout_values(args, tables)
         # Any layout setting replaces the default layout as a whole; unset sizes are then 1.
         layout = _typed(Layout, values) if values else DEFAULT_LAYOUT
+    config = RunConfig(spec, layout, train, model_name=name)
     try:
-        spec, name, train = model_and_train(args, tables, layout)
-        config = RunConfig(spec, layout, train, model_name=name)
         validate_run(config)
     except ConfigError as error:
         if layout is not DEFAULT_LAYOUT:
             raise
         raise ConfigError(f"{error} (with the default layout {layout.describe()}; "
                           "pass --dp, --tp, --pp or --microbatches to choose another)") from error
-    return config
+    return replace(config, train=on_device(train, args, tables))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from plait.config import RunConfig, config_from_args, config_tables, layout_values, model_and_train
+from plait.config import RunConfig, config_from_args, config_tables, layout_values, model_and_train, on_device
 from plait.errors import ConfigError
 from plait.facts.stack import DEFAULT_STACK, STACKS
 from plait.layout import Layout
@@ -99,6 +99,7 @@ def auto_config(args: argparse.Namespace, hw: Hardware | None) -> RunConfig:
         raise ConfigError(f"--ranks must be a positive integer, got {ranks}")
     tables = config_tables(args)
     spec, name, train = model_and_train(args, tables)
+    train = on_device(train, args, tables)
     pinned = layout_values(args, tables)
     workload = Workload(spec, train.global_batch, train.precision, STACKS[DEFAULT_STACK])
     result = search(workload, hw, ranks, pinned, top=1)

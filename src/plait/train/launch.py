@@ -25,7 +25,7 @@ from plait.observe.run_files import METRICS_FILE
 from plait.topology import build_topology
 from plait.train.checkpoint import checkpoint_metadata, latest_checkpoint
 from plait.train.data import check_data
-from plait.train.loop import train
+from plait.train.loop import NonFiniteLoss, train
 
 # A collective that has not completed after this long raises on the rank that waits, naming it.
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
@@ -106,6 +106,10 @@ def run_worker(config: RunConfig, run_dir: Path) -> int:
         if summary is not None:
             print_summary(summary, run_dir)
         dist.barrier()  # every rank past its last collective before any tears its groups down
+    except NonFiniteLoss as error:
+        if dist.get_rank() == 0:
+            print(f"plait: error: {error}", file=sys.stderr, flush=True)
+        return 1
     finally:
         # The model, its wrappers and the mesh hold the process groups; freed here, while the
         # interpreter is whole, destroy_process_group joins gloo's threads. Left to interpreter

@@ -42,6 +42,10 @@ from plait.train.optim import learning_rate, set_learning_rate
 MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
+class NonFiniteLoss(RuntimeError):
+    """The global loss of a step is NaN or infinite: the run stops, nothing of that step is kept."""
+
+
 @dataclass
 class TrainResult:
     """What one rank saw: the global loss of every step it ran, and per-step timings."""
@@ -144,6 +148,9 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
         dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
         average_over_context(local_loss, topology)
         loss = local_loss.item()
+        if not math.isfinite(loss):  # the same global loss on every rank, so every rank stops here
+            raise NonFiniteLoss(f"step {step}: the loss is {loss}, so training stopped before logging or saving it "
+                                "(checkpoints already written are intact); lower --lr or check the data")
         elapsed = time.perf_counter() - started
         result.losses.append(loss)
         result.step_times.append(elapsed)

@@ -1,0 +1,25 @@
+"""A loss that turns NaN stops the run in one line, naming the step; metrics.jsonl stays JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_a_diverging_run_stops_at_the_first_non_finite_loss(tmp_path):
+    run_dir = tmp_path / "run"
+    completed = subprocess.run(
+        [sys.executable, "-m", "plait", "train", "--dp", "1", "--lr", "1e30", "--warmup-steps", "0", "--steps", "6",
+         "--global-batch", "4", "--checkpoint-every", "1", "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode == 1
+    errors = [line for line in completed.stderr.splitlines() if line.startswith("plait:")]
+    assert len(errors) == 1 and "the loss is nan" in errors[0], completed.stderr[-2000:]
+    stopped_at = int(errors[0].split("step ")[1].split(":")[0])
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [entry["step"] for entry in logged] == list(range(stopped_at))
+    assert all(entry["loss"] == entry["loss"] for entry in logged)  # no NaN was written
+    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert saved == [f"step_{step:07d}" for step in range(1, stopped_at + 1)]
