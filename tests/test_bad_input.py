@@ -35,6 +35,7 @@ BAD_INPUTS = {
     "negative learning rate": (["--lr", "-1"], "learning rate must be a positive"),
     "infinite learning rate": (["--lr", "inf"], "lr must be a finite number"),
     "ranks without --auto": (["--ranks", "4"], "add --auto"),
+    "more local ranks than the machine runs": (["--dp", "4096", "--global-batch", "4096"], "a local launch"),
     "batch not divisible": (["--dp", "2", "--global-batch", "7"], "not divisible by dp"),
     "batch not divisible under ZeRO": (["--dp", "4", "--zero", "3", "--global-batch", "6"], "not divisible by dp"),
     "ZeRO stage outside 0-3": (["--dp", "2", "--zero", "4"], "use 0, 1, 2 or 3"),

@@ -29,6 +29,8 @@ from plait.train.loop import NonFiniteLoss, train
 
 # A collective that has not completed after this long raises on the rank that waits, naming it.
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+# CPU ranks a local launch may start per core: the default 8-rank layout runs on two cores.
+CPU_RANKS_PER_CORE = 8
 
 
 def inside_torchrun() -> bool:
@@ -58,10 +60,20 @@ def prepare_run_dir(config: RunConfig) -> Path:
 
 
 def check_devices(config: RunConfig) -> None:
-    if torch.cuda.is_available() and config.layout.world_size > torch.cuda.device_count() and not inside_torchrun():
+    """A local launch starts one process per rank: no more than this node can run."""
+    world = config.layout.world_size
+    if inside_torchrun():
+        return
+    if torch.cuda.is_available() and world > torch.cuda.device_count():
         raise ConfigError(
-            f"the layout needs {config.layout.world_size} GPUs but this node has {torch.cuda.device_count()}; "
+            f"the layout needs {world} GPUs but this node has {torch.cuda.device_count()}; "
             "use a smaller layout or launch on several nodes with torchrun"
+        )
+    cap = max(8, CPU_RANKS_PER_CORE * (os.cpu_count() or 1))
+    if not torch.cuda.is_available() and world > cap:
+        raise ConfigError(
+            f"the layout needs {world} ranks, and a local launch on this {os.cpu_count()}-core machine starts at "
+            f"most {cap} processes; use a smaller layout, or launch on several machines with torchrun"
         )
 
 
