@@ -22,6 +22,13 @@ def files(tmp_path: Path) -> dict[str, str]:
     np.array([1, 2, 300, 4] * 100, dtype=np.uint16).tofile(tmp_path / "wide.u16")
     (tmp_path / "short.txt").write_text("just a few bytes")
     (tmp_path / "odd.u32").write_bytes(b"\x01\x02\x03")
+    (tmp_path / "data_number.toml").write_text("[train]\ndata = 5\n")
+    (tmp_path / "run_dir_number.toml").write_text("[train]\nrun_dir = 5\n")
+    (tmp_path / "stage_layers_text.toml").write_text('[layout]\npp = 2\nstage_layers = [2, "a"]\n')
+    np.save(tmp_path / "negative.npy", np.array([-1, 2, 3] * 100, dtype=np.int32))
+    (tmp_path / "damaged.npy").write_bytes(b"\x93NUMPY not an array")
+    (tmp_path / "profile.json").write_text('{"name": "x", "bf16_tflops": 1, "fp32_tflops": 1, "memory_bytes": -5, '
+                                           '"memory_gbps": 1, "intra_node_gbps": 1, "inter_node_gbps": 1}')
     finished = tmp_path / "finished_run"
     finished.mkdir()
     (finished / "metrics.jsonl").write_text('{"step": 0, "loss": 5.0}\n')
@@ -61,6 +68,13 @@ BAD_INPUTS = {
     "resume without run dir": (["--resume"], "--resume needs --run-dir"),
     "batch the default layout cannot split": (["--global-batch", "2"], "with the default layout dp2·tp2·pp2"),
     "ZeRO-2 with tensor parallelism": (["--dp", "2", "--tp", "2", "--zero", "2"], "stage 3 composes with them"),
+    "data path of the wrong type": (["--config", "{data_number}"], "data must be of type str"),
+    "run dir of the wrong type": (["--config", "{run_dir_number}"], "run-dir must be of type str"),
+    "stage sizes that are not numbers": (["--config", "{stage_layers_text}"], "stage-layers must be whole numbers"),
+    "negative token ids": (["--dp", "1", "--data", "{negative}"], "negative token id -1"),
+    "damaged .npy file": (["--dp", "1", "--data", "{damaged}"], "is not a readable .npy array"),
+    "damaged hardware profile": (["--auto", "--ranks", "2", "--hardware-profile", "{profile}"],
+                                 "memory_bytes must be positive"),
 }
 
 

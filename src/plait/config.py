@@ -167,12 +167,19 @@ def _set_flags(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
+# The type of each field whose default is None (the others take their default's type).
+OPTIONAL_TYPES = {"data": str, "run_dir": str, "stage_layers": tuple}
+
+
 def _typed(cls, values: dict):
     """Build ``cls`` from ``values``, each of the type of the field's default (ints pass as floats)."""
+    if isinstance(values.get("stage_layers"), list):  # TOML has arrays, not tuples
+        values = {**values, "stage_layers": tuple(values["stage_layers"])}
     for item in fields(cls):
-        if item.name not in values or item.default is None:
+        if item.name not in values or (item.default is None and values[item.name] is None):
             continue
-        value, expected = values[item.name], type(item.default)
+        value = values[item.name]
+        expected = OPTIONAL_TYPES[item.name] if item.default is None else type(item.default)
         accepted = (int, float) if expected is float else expected
         if not isinstance(value, accepted) or (isinstance(value, bool) and expected is not bool):
             raise ConfigError(

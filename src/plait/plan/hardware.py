@@ -9,6 +9,7 @@ node's NICs). Peaks are dense (no structured sparsity).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -189,10 +190,28 @@ def apply_overrides(base: Hardware, **overrides: float | None) -> Hardware:
     if unknown:
         raise ConfigError(f"unknown hardware figure(s) {', '.join(unknown)}; known: {', '.join(OVERRIDABLE)}")
     for key, value in chosen.items():
-        if value <= 0 and key not in ("kernel_overhead_s", "reserved_bytes", "comm_overlap", "optimizer_tensor_s",
-                                      "host_runs_ahead"):
-            raise ConfigError(f"hardware figure {key} must be positive, got {value!r}")
+        check_figure(key, value)
     return replace(base, **chosen)
+
+
+# Figures that may be zero (no launch cost, nothing reserved, no overlap, no per-tensor cost, no headroom).
+MAY_BE_ZERO = ("kernel_overhead_s", "reserved_bytes", "comm_overlap", "optimizer_tensor_s", "memory_headroom",
+               "attention_score_s")
+
+
+def check_figure(key: str, value) -> None:
+    """ConfigError unless hardware figure ``key`` is a finite number of the right sign (or None where allowed)."""
+    if key == "host_runs_ahead":
+        if not isinstance(value, bool):
+            raise ConfigError(f"hardware figure host_runs_ahead must be true or false, got {value!r}")
+        return
+    if value is None and key in ("activation_gbps", "optimizer_parameter_s"):
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"hardware figure {key} must be a finite number, got {value!r}")
+    if value < 0 or (value == 0 and key not in MAY_BE_ZERO):
+        raise ConfigError(f"hardware figure {key} must be {'non-negative' if key in MAY_BE_ZERO else 'positive'}, "
+                          f"got {value!r}")
 
 
 def load_profile(path: str | Path) -> Hardware:
@@ -210,9 +229,15 @@ def load_profile(path: str | Path) -> Hardware:
                                         for family, scale in values.get("layer_kernel_scale", {}).items()}
         for name in ("reduce_scatter_scale", "all_gather_scale"):
             values[name] = CollectiveScale(**values.get(name, {}))
-        return Hardware(**values)
-    except TypeError as error:
+        profile = Hardware(**values)
+    except (TypeError, AttributeError) as error:
         raise ConfigError(f"hardware profile {path} is incomplete ({error}); rerun `plait calibrate`") from error
+    try:
+        for key in OVERRIDABLE:
+            check_figure(key, getattr(profile, key))
+    except ConfigError as error:
+        raise ConfigError(f"hardware profile {path}: {error}; rerun `plait calibrate`") from None
+    return profile
 
 
 def save_profile(profile: Hardware, path: str | Path) -> None:

@@ -47,7 +47,10 @@ def load_tokens(path: str | None) -> np.ndarray:
     if file.stat().st_size == 0:
         raise ConfigError(f"data file {path} is empty; it needs at least one sequence of tokens")
     if file.suffix == ".npy":
-        tokens = np.load(file, mmap_mode="r")
+        try:
+            tokens = np.load(file, mmap_mode="r")  # never unpickles: allow_pickle stays False
+        except (ValueError, OSError, EOFError) as error:
+            raise ConfigError(f"{path} is not a readable .npy array ({error}); write it with numpy.save") from None
         if tokens.ndim != 1 or tokens.dtype.kind not in "ui":
             raise ConfigError(f"{path} must hold a 1-D array of integer token ids, got {tokens.dtype} {tokens.shape}")
         return tokens
@@ -70,7 +73,9 @@ def check_tokens(tokens: np.ndarray, vocab: int, seq_len: int, source: str) -> N
             f"{source} holds {len(tokens)} tokens, fewer than one sequence of {seq_len} plus its target; "
             "use more data or a shorter --seq-len"
         )
-    largest = int(tokens.max())
+    smallest, largest = int(tokens.min()), int(tokens.max())
+    if smallest < 0:
+        raise ConfigError(f"{source} holds the negative token id {smallest}; token ids count from 0")
     if largest >= vocab:
         raise ConfigError(
             f"{source} holds token id {largest} but the model's vocabulary is {vocab}; "
