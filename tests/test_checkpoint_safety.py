@@ -1,11 +1,17 @@
-"""A checkpoint is data: a crafted .metadata runs nothing on resume and is refused in one line."""
+"""Checkpoints are data: a crafted .metadata runs nothing, a damaged checkpoint is set aside for the
+one before it, and another run's checkpoint is refused; all before any worker starts."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
 import sys
+
+import pytest
+
+from plait.train.checkpoint_record import RUN_FILE, file_checksums
 
 
 class Payload:
@@ -24,19 +30,52 @@ def _train(run_dir, *extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def test_a_pickle_payload_in_metadata_runs_nothing(tmp_path):
+def _craft(checkpoint, marker) -> None:
+    """Replace .metadata with a payload and make the record agree, as a careful attacker would."""
+    (checkpoint / ".metadata").write_bytes(pickle.dumps(Payload(str(marker))))
+    record = json.loads((checkpoint / RUN_FILE).read_text())
+    record["files"] = file_checksums(checkpoint)
+    (checkpoint / RUN_FILE).write_text(json.dumps(record))
+
+
+@pytest.fixture
+def trained(tmp_path):
     run_dir = tmp_path / "run"
     assert _train(run_dir).returncode == 0
-    newest = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
+    return run_dir, sorted((run_dir / "checkpoints").glob("step_*"))
+
+
+def test_a_pickle_payload_in_metadata_runs_nothing(trained, tmp_path):
+    run_dir, (_, newest) = trained
     marker = tmp_path / "pwned"
-    (newest / ".metadata").write_bytes(pickle.dumps(Payload(str(marker))))
-    resumed = _train(run_dir, "--resume", "--steps", "3")
-    assert resumed.returncode == 2
-    assert resumed.stderr.count("\n") == 1 and "is not checkpoint metadata" in resumed.stderr, resumed.stderr
-    assert not marker.exists()
-    # The genuine metadata of an untouched checkpoint still loads: the run resumes from it.
-    (newest / ".metadata").unlink()
-    os.rename(newest, newest.with_name("step_broken.partial"))
+    _craft(newest, marker)
     resumed = _train(run_dir, "--resume", "--steps", "3")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"{newest.name} is damaged" in resumed.stdout and "is not checkpoint metadata" in resumed.stdout
     assert not marker.exists()
+    for checkpoint in (run_dir / "checkpoints").glob("step_???????"):  # the older one and those the resume wrote
+        _craft(checkpoint, marker)
+    refused = _train(run_dir, "--resume", "--steps", "5")
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "no intact checkpoint" in refused.stderr, refused.stderr
+    assert not marker.exists()
+
+
+def test_a_truncated_shard_falls_back_to_the_checkpoint_before(trained):
+    run_dir, (older, newest) = trained
+    shard = next(newest.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    resumed = _train(run_dir, "--resume", "--steps", "3")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"{newest.name} is damaged ({shard.name} does not match its checksum)" in resumed.stdout
+    assert "steps 1–2" in resumed.stdout  # resumed after step 1, from the older checkpoint
+    assert (run_dir / "checkpoints" / f"{newest.name}.damaged").is_dir()  # set aside, not deleted
+
+
+def test_another_runs_checkpoint_is_refused_unless_asked(trained):
+    run_dir, _ = trained
+    refused = _train(run_dir, "--resume", "--steps", "3", "--seed", "7")
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "another seed" in refused.stderr and "--resume-changed" in refused.stderr
+    accepted = _train(run_dir, "--resume", "--steps", "3", "--seed", "7", "--resume-changed")
+    assert accepted.returncode == 0, accepted.stderr[-2000:]

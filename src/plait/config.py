@@ -49,6 +49,7 @@ class TrainSpec:
     run_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    resume_changed: bool = False
 
     def validate(self) -> None:
         for name in ("steps", "global_batch"):
@@ -131,6 +132,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--run-dir", help="where metrics, summary, pictures and checkpoints go")
     group.add_argument("--checkpoint-every", type=int, help="save a checkpoint every K steps (0: only never)")
     group.add_argument("--resume", action="store_const", const=True, help="continue from the run dir's last checkpoint")
+    group.add_argument("--resume-changed", action="store_const", const=True,
+                       help="with --resume: continue on purpose under another model, seed, data or global batch")
     group.add_argument("--deterministic", action="store_const", const=True, help="deterministic kernels only")
 
 

@@ -18,6 +18,7 @@ import json
 import os
 import pickle
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -35,6 +36,7 @@ from plait.parallel.sharded_adamw import master_weights
 
 CHECKPOINT_DIR = "checkpoints"
 PARTIAL = ".partial"
+DAMAGED = ".damaged"  # set aside by --resume: kept, never loaded
 STEP_FILE = "step.json"
 # Optimizer state keyed per parameter name (as torchtitan does): pipeline stages hold different
 # parameters, so whole param_groups saved by one rank would not fit another's.
@@ -104,17 +106,25 @@ def checkpoint_root(run_dir: Path) -> Path:
     return Path(run_dir) / CHECKPOINT_DIR
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of ``run_dir``, or None."""
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The complete checkpoints of ``run_dir``, oldest first (neither partial nor set aside as damaged)."""
     root = checkpoint_root(run_dir)
     if not root.is_dir():
-        return None
-    complete = sorted(p for p in root.glob("step_*") if not p.name.endswith(PARTIAL) and (p / STEP_FILE).exists())
+        return []
+    return sorted(p for p in root.glob("step_*")
+                  if not p.name.endswith((PARTIAL, DAMAGED)) and (p / STEP_FILE).exists())
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of ``run_dir``, or None."""
+    complete = complete_checkpoints(run_dir)
     return complete[-1] if complete else None
 
 
-def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> Path:
-    """Save the state after ``step`` optimizer steps; collective over all ranks."""
+def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    record: Callable[[Path], None]) -> Path:
+    """Save the state after ``step`` optimizer steps; collective over all ranks. Rank 0 calls
+    ``record`` on the folder once every rank's files are in it, before marking it complete."""
     final = checkpoint_root(run_dir) / f"step_{step:07d}"
     partial = final.with_name(final.name + PARTIAL)
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
@@ -123,6 +133,7 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
     dist.barrier()
     if dist.get_rank() == 0:
+        record(partial)
         (partial / STEP_FILE).write_text(json.dumps({"step": step}) + "\n")
         os.replace(partial, final)
     dist.barrier()

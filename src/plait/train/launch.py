@@ -23,7 +23,8 @@ from plait.config import RunConfig
 from plait.errors import ConfigError
 from plait.observe.run_files import METRICS_FILE
 from plait.topology import build_topology
-from plait.train.checkpoint import checkpoint_metadata, latest_checkpoint
+from plait.train.checkpoint import latest_checkpoint
+from plait.train.checkpoint_record import resumable_checkpoint
 from plait.train.data import check_data
 from plait.train.loop import NonFiniteLoss, train
 
@@ -47,10 +48,9 @@ def prepare_run_dir(config: RunConfig) -> Path:
     else:
         run_dir = Path(train_spec.run_dir)
     if train_spec.resume:
-        checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is None:
+        if latest_checkpoint(run_dir) is None:
             raise ConfigError(f"{run_dir} holds no complete checkpoint to resume from; drop --resume to start afresh")
-        checkpoint_metadata(checkpoint)  # read without running anything, before any worker starts
+        resumable_checkpoint(run_dir, config)  # whole, this run's, read without running anything
     elif (run_dir / METRICS_FILE).exists():
         raise ConfigError(
             f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir"

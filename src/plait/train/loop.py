@@ -36,6 +36,7 @@ from plait.parallel.sharded_adamw import fp32_masters, gradients_of
 from plait.parallel.tensor import local_value, vocab_parallel_loss
 from plait.topology import Topology
 from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from plait.train.checkpoint_record import run_identity, write_record
 from plait.train.data import BatchSource, training_tokens
 from plait.train.optim import learning_rate, set_learning_rate
 
@@ -132,6 +133,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
 
     writes = run_dir is not None and topology.is_logging_rank
     log = MetricsLog(run_dir, result.first_step) if writes else None
+    identity = run_identity(config)  # what each checkpoint records it belongs to
     dp_rank, dp_size, dp_group = topology.coordinate("dp"), topology.size("dp"), topology.group("dp")
     tokens_per_step = train_spec.global_batch * config.model.seq_len
     steps = range(result.first_step, train_spec.steps)
@@ -161,7 +163,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
                 "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed,
             })
         if run_dir is not None and train_spec.checkpoint_every and (step + 1) % train_spec.checkpoint_every == 0:
-            save_checkpoint(run_dir, step + 1, model, optimizer)
+            save_checkpoint(run_dir, step + 1, model, optimizer, lambda folder: write_record(folder, identity))
     progress.close()
     if pipeline is not None and result.losses:
         measured = pipeline.measure()
