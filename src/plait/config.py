@@ -122,15 +122,19 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML file with [model], [layout] and [train] tables")
     group = parser.add_argument_group("training")
-    group.add_argument("--steps", type=int)
-    group.add_argument("--global-batch", type=int, help="sequences per optimizer step, over all ranks")
-    group.add_argument("--seed", type=int)
+    defaults = TrainSpec()
+    group.add_argument("--steps", type=int, help=f"optimizer steps (default {defaults.steps})")
+    group.add_argument("--global-batch", type=int,
+                       help=f"sequences per optimizer step, over all ranks (default {defaults.global_batch})")
+    group.add_argument("--seed", type=int, help=f"seeds the weights and the data order (default {defaults.seed})")
     group.add_argument("--precision", choices=PRECISIONS, help="default: bf16 on GPUs, fp32 on CPUs")
-    group.add_argument("--lr", type=float)
-    group.add_argument("--warmup-steps", type=int)
-    group.add_argument("--data", help="text file, or token file (.u16/.bin, .u32, .npy)")
-    group.add_argument("--run-dir", help="where metrics, summary, pictures and checkpoints go")
-    group.add_argument("--checkpoint-every", type=int, help="save a checkpoint every K steps (0: only never)")
+    group.add_argument("--lr", type=float, help=f"peak AdamW learning rate (default {defaults.lr})")
+    group.add_argument("--warmup-steps", type=int,
+                       help=f"linear warm-up before the cosine decay (default {defaults.warmup_steps})")
+    group.add_argument("--data", help="text file, or token file (.u16/.bin, .u32, .npy); default: the Python "
+                                      "standard library's source as bytes")
+    group.add_argument("--run-dir", help="where metrics, summary, pictures and checkpoints go (default runs/<time>)")
+    group.add_argument("--checkpoint-every", type=int, help="save a checkpoint every K steps (default 0: never)")
     group.add_argument("--resume", action="store_const", const=True, help="continue from the run dir's last checkpoint")
     group.add_argument("--resume-changed", action="store_const", const=True,
                        help="with --resume: continue on purpose under another model, seed, data or global batch")

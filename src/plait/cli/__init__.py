@@ -9,6 +9,7 @@ from plait.cli.planning import add_plan_commands
 from plait.cli.training import add_prediction_arguments, run_train
 from plait.config import add_layout_arguments, add_model_arguments, add_train_arguments
 from plait.errors import ConfigError
+from plait.version import plait_version
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -24,6 +25,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="plait", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"plait {plait_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train", help="train a model under a parallel layout",

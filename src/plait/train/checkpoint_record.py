@@ -13,23 +13,16 @@ import json
 import os
 import zlib
 from dataclasses import asdict
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from plait.config import RunConfig
 from plait.errors import ConfigError
 from plait.train.checkpoint import DAMAGED, STEP_FILE, checkpoint_metadata, complete_checkpoints
+from plait.version import plait_version
 
 RUN_FILE = "run.json"
 # What must match to continue a run; the layout may change (checkpoints load under any layout).
 SAME_RUN = ("model_spec", "seed", "data", "data_bytes", "global_batch")
-
-
-def plait_version() -> str:
-    try:
-        return version("plait")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
 
 
 def run_identity(config: RunConfig) -> dict:

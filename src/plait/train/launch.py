@@ -145,6 +145,9 @@ def launch(config: RunConfig, argv: list[str]) -> int:
     check_data(config)
     run_dir = prepare_run_dir(config)
     world = config.layout.world_size
+    device = f"{world} GPU(s), NCCL" if torch.cuda.is_available() else f"{world} CPU process(es), gloo"
+    print(f"plait: training {config.model_name or 'a custom model'} under {config.layout.describe()} on {device}, "
+          f"{config.train.precision}; files in {run_dir}/", flush=True)
     if world == 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
         return run_worker(config, run_dir)
