@@ -50,9 +50,10 @@ class TrainSpec:
     checkpoint_every: int = 0
     resume: bool = False
     resume_changed: bool = False
+    log_every: int = 10
 
     def validate(self) -> None:
-        for name in ("steps", "global_batch"):
+        for name in ("steps", "global_batch", "log_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -139,6 +140,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--resume-changed", action="store_const", const=True,
                        help="with --resume: continue on purpose under another model, seed, data or global batch")
     group.add_argument("--deterministic", action="store_const", const=True, help="deterministic kernels only")
+    group.add_argument("--log-every", type=int,
+                       help=f"when output is not a terminal, one progress line every K steps (default {defaults.log_every})")
 
 
 def _section(values: dict, key: str, allowed: tuple[str, ...], path: str) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -137,7 +138,9 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
     dp_rank, dp_size, dp_group = topology.coordinate("dp"), topology.size("dp"), topology.group("dp")
     tokens_per_step = train_spec.global_batch * config.model.seq_len
     steps = range(result.first_step, train_spec.steps)
-    progress = tqdm(steps, desc="train", unit="step", disable=not topology.is_logging_rank, dynamic_ncols=True)
+    # A bar on a terminal; in a log file (not a terminal) a plain line every --log-every steps.
+    writes_log_lines, on_terminal = topology.is_logging_rank, sys.stderr.isatty()
+    progress = tqdm(steps, desc="train", unit="step", disable=not (writes_log_lines and on_terminal), dynamic_ncols=True)
     for step in progress:
         started = time.perf_counter()
         lr = learning_rate(step, train_spec)
@@ -162,6 +165,9 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
                 "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item(),
                 "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed,
             })
+        if writes_log_lines and not on_terminal and (step % train_spec.log_every == 0 or step == train_spec.steps - 1):
+            print(f"step {step}/{train_spec.steps}: loss {loss:.4f}, lr {lr:.3g}, grad norm {grad_norm.item():.3g}, "
+                  f"{tokens_per_step / elapsed:,.0f} tokens/s", flush=True)
         if run_dir is not None and train_spec.checkpoint_every and (step + 1) % train_spec.checkpoint_every == 0:
             save_checkpoint(run_dir, step + 1, model, optimizer, lambda folder: write_record(folder, identity))
     progress.close()
