@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,8 @@ def files(tmp_path: Path) -> dict[str, str]:
     return {path.stem: str(path) for path in tmp_path.iterdir()}
 
 
+TOO_MANY = 64 * (os.cpu_count() or 1)  # beyond the local cap of 8 CPU ranks a core, and any node's GPUs
+
 BAD_INPUTS = {
     "unknown preset": (["--model", "gpt5"], "unknown model preset"),
     "zero data parallel": (["--dp", "0"], "dp must be a positive integer"),
@@ -42,7 +45,8 @@ BAD_INPUTS = {
     "negative learning rate": (["--lr", "-1"], "learning rate must be a positive"),
     "infinite learning rate": (["--lr", "inf"], "lr must be a finite number"),
     "ranks without --auto": (["--ranks", "4"], "add --auto"),
-    "more local ranks than the machine runs": (["--dp", "4096", "--global-batch", "4096"], "a local launch"),
+    "more local ranks than the machine runs": (["--dp", str(TOO_MANY), "--global-batch", str(TOO_MANY)],
+                                                "the layout needs"),
     "batch not divisible": (["--dp", "2", "--global-batch", "7"], "not divisible by dp"),
     "batch not divisible under ZeRO": (["--dp", "4", "--zero", "3", "--global-batch", "6"], "not divisible by dp"),
     "ZeRO stage outside 0-3": (["--dp", "2", "--zero", "4"], "use 0, 1, 2 or 3"),

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from plait.train.checkpoint_record import RUN_FILE, file_checksums
+from plait.train.checkpoint import RUN_FILE, crc32_of
 
 
 class Payload:
@@ -34,7 +34,7 @@ def _craft(checkpoint, marker) -> None:
     """Replace .metadata with a payload and make the record agree, as a careful attacker would."""
     (checkpoint / ".metadata").write_bytes(pickle.dumps(Payload(str(marker))))
     record = json.loads((checkpoint / RUN_FILE).read_text())
-    record["files"] = file_checksums(checkpoint)
+    record["files"] = {name: crc32_of(checkpoint / name) for name in record["files"]}
     (checkpoint / RUN_FILE).write_text(json.dumps(record))
 
 
@@ -49,16 +49,26 @@ def test_a_pickle_payload_in_metadata_runs_nothing(trained, tmp_path):
     run_dir, (_, newest) = trained
     marker = tmp_path / "pwned"
     _craft(newest, marker)
-    resumed = _train(run_dir, "--resume", "--steps", "3")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"{newest.name} is damaged" in resumed.stdout and "is not checkpoint metadata" in resumed.stdout
-    assert not marker.exists()
-    for checkpoint in (run_dir / "checkpoints").glob("step_???????"):  # the older one and those the resume wrote
-        _craft(checkpoint, marker)
-    refused = _train(run_dir, "--resume", "--steps", "5")
+    refused = _train(run_dir, "--resume", "--steps", "3")
     assert refused.returncode == 2
-    assert refused.stderr.count("\n") == 1 and "no intact checkpoint" in refused.stderr, refused.stderr
+    assert refused.stderr.count("\n") == 1 and "is not checkpoint metadata" in refused.stderr, refused.stderr
     assert not marker.exists()
+    assert newest.is_dir()  # refused, not set aside: whole files that are not metadata are no accident
+
+
+def test_a_torchrun_plait_did_not_start_checks_the_checkpoint_too(tmp_path):
+    """The multi-node route: workers started by torchrun itself refuse another run's checkpoint."""
+    run_dir = tmp_path / "run"
+    assert _train(run_dir).returncode == 0
+    completed = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "plait",
+         "train", "--dp", "2", "--steps", "3", "--global-batch", "4", "--seed", "7", "--resume",
+         "--run-dir", str(run_dir)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode != 0
+    assert "belongs to a run with another seed" in completed.stderr
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_0000001", "step_0000002"]
 
 
 def test_a_truncated_shard_falls_back_to_the_checkpoint_before(trained):

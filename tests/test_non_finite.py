@@ -1,4 +1,5 @@
-"""A loss that turns NaN stops the run in one line, naming the step; metrics.jsonl stays JSON."""
+"""A step whose gradients or loss turn NaN stops the run in one line, naming the step, before the
+optimizer takes it; metrics.jsonl stays JSON and no NaN weights are saved."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ def test_a_diverging_run_stops_at_the_first_non_finite_loss(tmp_path):
     )
     assert completed.returncode == 1
     errors = [line for line in completed.stderr.splitlines() if line.startswith("plait:")]
-    assert len(errors) == 1 and "the loss is nan" in errors[0], completed.stderr[-2000:]
+    assert len(errors) == 1 and ("the gradient norm is nan" in errors[0] or "the loss is nan" in errors[0]), \
+        completed.stderr[-2000:]
     stopped_at = int(errors[0].split("step ")[1].split(":")[0])
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [entry["step"] for entry in logged] == list(range(stopped_at))

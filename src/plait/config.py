@@ -64,9 +64,10 @@ class TrainSpec:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} is unknown; use one of {', '.join(PRECISIONS)}")
         for name in ("lr", "min_lr_ratio", "grad_clip", "weight_decay"):
-            if not math.isfinite(getattr(self, name)):
-                raise ConfigError(f"{name.replace('_', '-')} must be a finite number, got {getattr(self, name)!r}")
-        if not isinstance(self.lr, (int, float)) or self.lr <= 0:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"{name.replace('_', '-')} must be a finite number, got {value!r}")
+        if self.lr <= 0:
             raise ConfigError(f"learning rate must be a positive number, got {self.lr!r}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min-lr-ratio must lie in [0, 1], got {self.min_lr_ratio!r}")

@@ -36,6 +36,7 @@ PLAYED = 8  # layouts whose schedules are played exactly after the closed-form p
 # The planner's own step-time error: its median |error| on the published runs held out of every
 # fit (docs/VALIDATION.md). Layouts predicted closer than this cannot be told apart by it.
 PLANNER_ERROR = 0.077
+MAX_GPUS = 2**20  # no cluster is larger; it keeps every search (and its error message) to seconds
 
 
 class NothingFits(ConfigError):
@@ -212,6 +213,9 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
     Every layout ranked passes the one validation ``plait train`` uses (plait.facts.validity).
     """
     fixed = fixed or {}
+    if gpus > MAX_GPUS:
+        raise ConfigError(f"{gpus:,} devices is beyond the {MAX_GPUS:,} the planner searches; plan one pod or "
+                          "data-parallel replica group and scale it")
     _check_fixed(workload, gpus, fixed)
     found = scan(workload, hw, gpus, fixed, micro_batch, keep=max(top, PLAYED) * 2)
     if not found.scored:

@@ -17,8 +17,9 @@ import io
 import json
 import os
 import pickle
+import shutil
+import zlib
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
@@ -38,6 +40,9 @@ CHECKPOINT_DIR = "checkpoints"
 PARTIAL = ".partial"
 DAMAGED = ".damaged"  # set aside by --resume: kept, never loaded
 STEP_FILE = "step.json"
+RUN_FILE = "run.json"  # the run a checkpoint belongs to and a CRC-32 of every file (plait.train.checkpoint_record)
+METADATA_FILE = ".metadata"
+MAX_METADATA_BYTES = 2**28  # DCP's index of a checkpoint: megabytes even for the largest models
 # Optimizer state keyed per parameter name (as torchtitan does): pipeline stages hold different
 # parameters, so whole param_groups saved by one rank would not fit another's.
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -52,6 +57,7 @@ METADATA_TYPES = {
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},
     "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "pathlib._local": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},  # Python 3.13's home
     "collections": {"OrderedDict"},
 }
 
@@ -71,8 +77,10 @@ class SafeReader(dcp.FileSystemReader):
     """DCP's file reader with ``.metadata`` read by ``MetadataUnpickler``."""
 
     def read_metadata(self, *args, **kwargs) -> dcp_metadata.Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as stream:
+        path = Path(self.path) / METADATA_FILE
+        if path.stat().st_size > MAX_METADATA_BYTES:
+            raise pickle.UnpicklingError(f"{METADATA_FILE} is {path.stat().st_size:,} bytes, more than metadata takes")
+        with path.open("rb") as stream:
             metadata = MetadataUnpickler(stream).load()
         if not isinstance(metadata, dcp_metadata.Metadata):
             raise pickle.UnpicklingError(f"it holds a {type(metadata).__name__}, not checkpoint metadata")
@@ -97,9 +105,17 @@ def checkpoint_metadata(path: Path) -> dcp_metadata.Metadata:
     """The checkpoint's metadata, read without running anything; ConfigError if it is not metadata."""
     try:
         return SafeReader(str(path)).read_metadata()
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, TypeError, ValueError) as error:
-        raise ConfigError(f"{path} is not a readable checkpoint ({error}); remove it or resume from another run") \
-            from None
+    except Exception as error:  # the file is untrusted input: whatever it makes the unpickler raise
+        raise ConfigError(f"{path} is not a readable checkpoint ({type(error).__name__}: {error}); set it aside "
+                          "(rename it) to resume from the one before, or drop --resume to start afresh") from None
+
+
+def crc32_of(path: Path) -> int:
+    crc = 0
+    with Path(path).open("rb") as stream:
+        while chunk := stream.read(2**20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -122,18 +138,28 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    record: Callable[[Path], None]) -> Path:
-    """Save the state after ``step`` optimizer steps; collective over all ranks. Rank 0 calls
-    ``record`` on the folder once every rank's files are in it, before marking it complete."""
+                    identity: dict) -> Path:
+    """Save the state after ``step`` optimizer steps; collective over all ranks.
+
+    Each rank takes the CRC-32 of the shards it wrote; rank 0 records them, with ``identity`` (the
+    run the checkpoint belongs to), in ``run.json`` before marking the folder complete."""
     final = checkpoint_root(run_dir) / f"step_{step:07d}"
     partial = final.with_name(final.name + PARTIAL)
+    if dist.get_rank() == 0:
+        shutil.rmtree(partial, ignore_errors=True)  # what an interrupted save left there is not this checkpoint's
+    dist.barrier()
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
     # The fp32 masters stand for their bf16 parameters, so every layout resumes at full precision.
     model_state.update(master_weights(model, optimizer))
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
-    dist.barrier()
+    mine = {p.name: crc32_of(p) for p in partial.glob(f"__{dist.get_rank()}_*")}
+    shards: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(shards, mine)
     if dist.get_rank() == 0:
-        record(partial)
+        files = {name: crc for rank in shards for name, crc in rank.items()}
+        files[METADATA_FILE] = crc32_of(partial / METADATA_FILE)
+        record = json.dumps({**identity, "step": step, "files": files}, indent=1) + "\n"
+        (partial / RUN_FILE).write_text(record)
         (partial / STEP_FILE).write_text(json.dumps({"step": step}) + "\n")
         os.replace(partial, final)
     dist.barrier()
@@ -151,7 +177,11 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
             if key.startswith("param_groups.") and f"optimizer.{key}" not in saved}
     state = {"model": {**model_state, **masters},
              "optimizer": {key: value for key, value in optimizer_state.items() if key not in kept}}
-    dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafeLoadPlanner())
+    try:
+        dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafeLoadPlanner())
+    except CheckpointException as error:  # e.g. an entry that is not plain data, refused by weights_only
+        raise ConfigError(f"{path} could not be loaded as data ({str(error).splitlines()[0][:200]}); set it aside "
+                          "(rename it) to resume from the one before") from None
     # A parameter with a master keeps its own tensor here and is then rounded from the loaded master.
     set_state_dict(model, optimizer, model_state_dict={**state["model"], **{name: model_state[name] for name in masters}},
                    optim_state_dict={**state["optimizer"], **kept}, options=OPTIONS)

@@ -1,26 +1,26 @@
 """What a checkpoint belongs to and whether it is whole: the ``run.json`` beside every checkpoint.
 
-Rank 0 writes it once every rank's files are in place: the run's identity (model, seed, data and
-its size, global batch, layout, plait version) and a CRC-32 of every file. Before any worker
-starts, ``--resume`` checks the newest checkpoint against it: a damaged one is set aside (renamed
-``.damaged``; nothing is deleted) and the one before it is used, saying so; a checkpoint of
-another run (other model, seed, data or batch) is refused unless ``--resume-changed``.
+``save_checkpoint`` writes it once every rank's files are in place: the run's identity (model,
+seed, data and its size, global batch, layout, plait version), the step and a CRC-32 of every
+file. Before any worker starts, ``--resume`` checks the newest checkpoint against it: a damaged
+one (a file missing or changed) is set aside (renamed ``.damaged``; nothing is deleted) and the one
+before it is used, saying so; a whole one whose metadata is not metadata, or a checkpoint of
+another run (other model, seed, data or batch), is refused in one line (the latter unless
+``--resume-changed``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import zlib
 from dataclasses import asdict
 from pathlib import Path
 
 from plait.config import RunConfig
 from plait.errors import ConfigError
-from plait.train.checkpoint import DAMAGED, STEP_FILE, checkpoint_metadata, complete_checkpoints
+from plait.train.checkpoint import DAMAGED, RUN_FILE, STEP_FILE, checkpoint_metadata, complete_checkpoints, crc32_of
 from plait.version import plait_version
 
-RUN_FILE = "run.json"
 # What must match to continue a run; the layout may change (checkpoints load under any layout).
 SAME_RUN = ("model_spec", "seed", "data", "data_bytes", "global_batch")
 
@@ -36,52 +36,28 @@ def run_identity(config: RunConfig) -> dict:
     }
 
 
-def file_checksums(folder: Path) -> dict[str, int]:
-    """CRC-32 of every file of a checkpoint folder but its own record and step marker."""
-    sums = {}
-    for path in sorted(Path(folder).iterdir()):
-        if path.name in (RUN_FILE, STEP_FILE) or not path.is_file():
-            continue
-        crc = 0
-        with path.open("rb") as stream:
-            while chunk := stream.read(2**20):
-                crc = zlib.crc32(chunk, crc)
-        sums[path.name] = crc
-    return sums
-
-
-def write_record(folder: Path, identity: dict) -> None:
-    """Write ``run.json`` into a checkpoint folder whose files are all written (rank 0 only)."""
-    record = {**identity, "files": file_checksums(folder)}
-    partial = Path(folder) / (RUN_FILE + ".tmp")
-    partial.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(partial, Path(folder) / RUN_FILE)
-
-
 def damage(folder: Path) -> str | None:
-    """Why the checkpoint in ``folder`` cannot be loaded (None if it is whole)."""
+    """Evidence that a file of the checkpoint in ``folder`` is missing or changed (None: none found).
+
+    A checkpoint written before plait recorded its checkpoints has no ``run.json`` to check against."""
     if not (Path(folder) / RUN_FILE).exists():
-        return None  # written before plait recorded its checkpoints: nothing to check it against
+        return None
     try:
         record = json.loads((Path(folder) / RUN_FILE).read_text())
-        json.loads((Path(folder) / STEP_FILE).read_text())["step"]
+        step = json.loads((Path(folder) / STEP_FILE).read_text())["step"]
+        expected = record["files"]
     except FileNotFoundError as error:
         return f"{Path(error.filename).name} is missing"
     except (ValueError, KeyError, TypeError) as error:
-        return f"its record is not readable ({error})"
-    expected = record.get("files") if isinstance(record, dict) else None
-    if not isinstance(expected, dict):
-        return "its record lists no files"
-    found = file_checksums(folder)
+        return f"its record is not readable ({type(error).__name__}: {error})"
+    if not isinstance(expected, dict) or step != record.get("step"):
+        return f"{STEP_FILE} and {RUN_FILE} disagree"
     for name, crc in expected.items():
-        if name not in found:
+        path = Path(folder) / name
+        if not path.is_file():
             return f"{name} is missing"
-        if found[name] != crc:
+        if crc32_of(path) != crc:
             return f"{name} does not match its checksum"
-    try:
-        checkpoint_metadata(Path(folder))
-    except ConfigError as error:
-        return str(error)
     return None
 
 
@@ -108,6 +84,7 @@ def resumable_checkpoint(run_dir: Path, config: RunConfig) -> Path:
               "earlier checkpoint", flush=True)
     else:
         raise ConfigError(f"{run_dir} holds no intact checkpoint to resume from; drop --resume to start afresh")
+    checkpoint_metadata(checkpoint)  # whole files that are not metadata are refused, not set aside
     changed = changes(checkpoint, config)
     if changed and not config.train.resume_changed:
         raise ConfigError(f"{checkpoint} belongs to a run with another {', '.join(changed)}; resume with the same "

@@ -30,6 +30,8 @@ from plait.train.loop import NonFiniteLoss, train
 
 # A collective that has not completed after this long raises on the rank that waits, naming it.
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+# The checkpoint the local launcher checked for --resume, handed to its torchrun workers.
+RESUME_ENV = "PLAIT_RESUME_FROM"
 # CPU ranks a local launch may start per core: the default 8-rank layout runs on two cores.
 CPU_RANKS_PER_CORE = 8
 
@@ -38,8 +40,9 @@ def inside_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
-def prepare_run_dir(config: RunConfig) -> Path:
-    """Resolve and create the run directory, refusing to overwrite a finished or resumable run."""
+def prepare_run_dir(config: RunConfig) -> tuple[Path, Path | None]:
+    """Resolve and create the run directory, refusing to overwrite a finished or resumable run; with
+    --resume, also the checkpoint to continue (checked whole and this run's)."""
     train_spec = config.train
     if train_spec.run_dir is None:
         if train_spec.resume:
@@ -47,16 +50,36 @@ def prepare_run_dir(config: RunConfig) -> Path:
         run_dir = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     else:
         run_dir = Path(train_spec.run_dir)
+    checkpoint = None
     if train_spec.resume:
         if latest_checkpoint(run_dir) is None:
             raise ConfigError(f"{run_dir} holds no complete checkpoint to resume from; drop --resume to start afresh")
-        resumable_checkpoint(run_dir, config)  # whole, this run's, read without running anything
+        checkpoint = resumable_checkpoint(run_dir, config)  # whole, this run's, read without running anything
     elif (run_dir / METRICS_FILE).exists():
         raise ConfigError(
             f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    return run_dir, checkpoint
+
+
+def agreed_checkpoint(config: RunConfig, run_dir: Path) -> Path | None:
+    """Collective: the checkpoint every rank resumes. The local launcher checked it already; under a
+    torchrun plait did not start, rank 0 checks it the same way and tells the others."""
+    if not config.train.resume:
+        return None
+    if RESUME_ENV in os.environ:
+        return Path(os.environ[RESUME_ENV])
+    choice: list[str | None] = [None, None]  # the checkpoint, or why there is none
+    if dist.get_rank() == 0:
+        try:
+            choice[0] = str(resumable_checkpoint(run_dir, config))
+        except ConfigError as error:
+            choice[1] = str(error)
+    dist.broadcast_object_list(choice, src=0)
+    if choice[1] is not None:
+        raise ConfigError(choice[1])
+    return Path(choice[0])
 
 
 def check_devices(config: RunConfig) -> None:
@@ -98,7 +121,7 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     )
 
 
-def run_worker(config: RunConfig, run_dir: Path) -> int:
+def run_worker(config: RunConfig, run_dir: Path, resume_from: Path | None = None) -> int:
     """This process is one rank: join the process group, train, report."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if config.train.deterministic:
@@ -114,7 +137,7 @@ def run_worker(config: RunConfig, run_dir: Path) -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
     try:
-        summary = train_rank(config, device, run_dir)
+        summary = train_rank(config, device, run_dir, resume_from)
         if summary is not None:
             print_summary(summary, run_dir)
         dist.barrier()  # every rank past its last collective before any tears its groups down
@@ -132,9 +155,10 @@ def run_worker(config: RunConfig, run_dir: Path) -> int:
     return 0
 
 
-def train_rank(config: RunConfig, device: torch.device, run_dir: Path) -> dict | None:
+def train_rank(config: RunConfig, device: torch.device, run_dir: Path, resume_from: Path | None) -> dict | None:
     """Train this rank; return rank 0's summary. What the run built dies with this frame."""
-    return train(config, build_topology(config.layout, device), run_dir).summary
+    topology = build_topology(config.layout, device)
+    return train(config, topology, run_dir, resume_from or agreed_checkpoint(config, run_dir)).summary
 
 
 def launch(config: RunConfig, argv: list[str]) -> int:
@@ -143,18 +167,19 @@ def launch(config: RunConfig, argv: list[str]) -> int:
         return run_worker(config, Path(config.train.run_dir or "runs/torchrun"))
     check_devices(config)
     check_data(config)
-    run_dir = prepare_run_dir(config)
+    run_dir, checkpoint = prepare_run_dir(config)
     world = config.layout.world_size
     device = f"{world} GPU(s), NCCL" if torch.cuda.is_available() else f"{world} CPU process(es), gloo"
     print(f"plait: training {config.model_name or 'a custom model'} under {config.layout.describe()} on {device}, "
           f"{config.train.precision}; files in {run_dir}/", flush=True)
     if world == 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-        return run_worker(config, run_dir)
+        return run_worker(config, run_dir, checkpoint)
     threads = max(1, (os.cpu_count() or 1) // world)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
         "-m", "plait", "train", *argv, "--run-dir", str(run_dir),
     ]
-    completed = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    checked = {RESUME_ENV: str(checkpoint)} if checkpoint is not None else {}
+    completed = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(threads), **checked})
     return completed.returncode

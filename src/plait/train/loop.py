@@ -37,7 +37,7 @@ from plait.parallel.sharded_adamw import fp32_masters, gradients_of
 from plait.parallel.tensor import local_value, vocab_parallel_loss
 from plait.topology import Topology
 from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from plait.train.checkpoint_record import run_identity, write_record
+from plait.train.checkpoint_record import run_identity
 from plait.train.data import BatchSource, training_tokens
 from plait.train.optim import learning_rate, set_learning_rate
 
@@ -45,7 +45,7 @@ MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class NonFiniteLoss(RuntimeError):
-    """The global loss of a step is NaN or infinite: the run stops, nothing of that step is kept."""
+    """A step's global gradient norm or loss is NaN or infinite: the run stops, nothing of that step is kept."""
 
 
 @dataclass
@@ -112,13 +112,18 @@ def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: f
     finish_gradients(parallel.model, parallel.topology, parallel.reduction)
     max_norm = grad_clip if grad_clip > 0 else math.inf
     grad_norm = clip_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction, max_norm)
+    if not torch.isfinite(grad_norm):  # the global norm, the same on every rank: all stop before stepping
+        parallel.optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteLoss(f"the gradient norm is {grad_norm.item()}")
     parallel.optimizer.step()
     parallel.optimizer.zero_grad(set_to_none=True)
     return loss, grad_norm
 
 
-def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) -> TrainResult:
-    """Run ``config`` on this rank. With ``run_dir``, rank 0 writes the run files there."""
+def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
+          resume_from: Path | None = None) -> TrainResult:
+    """Run ``config`` on this rank. With ``run_dir``, rank 0 writes the run files there; with --resume
+    the run continues ``resume_from`` (default: the run dir's newest complete checkpoint)."""
     train_spec, layout, device = config.train, config.layout, topology.device
     if train_spec.deterministic:
         torch.use_deterministic_algorithms(True)
@@ -129,7 +134,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
     model, optimizer, pipeline = parallel.model, parallel.optimizer, parallel.pipeline
     meter = ModelStateMeter(model, optimizer, lambda: gradients_of(optimizer), fp32_masters(optimizer))
     result = TrainResult(model=model, model_state_bytes=meter.held)
-    if train_spec.resume and run_dir is not None and (checkpoint := latest_checkpoint(run_dir)) is not None:
+    if train_spec.resume and run_dir is not None and (checkpoint := resume_from or latest_checkpoint(run_dir)):
         result.first_step = load_checkpoint(checkpoint, model, optimizer)
 
     writes = run_dir is not None and topology.is_logging_rank
@@ -148,14 +153,18 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
         inputs, targets = source.local_batch(step, dp_rank, dp_size)
         inputs, targets, positions = context_shard(inputs, targets, topology)
         micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
-        local_loss, grad_norm = train_step(parallel, micro, train_spec.grad_clip, lambda: autocast(config, device),
-                                           positions)
+        try:
+            local_loss, grad_norm = train_step(parallel, micro, train_spec.grad_clip, lambda: autocast(config, device),
+                                               positions)
+        except NonFiniteLoss as error:
+            raise NonFiniteLoss(f"step {step}: {error}, so the step was not taken and nothing of it was logged or "
+                                "saved; resume from an earlier checkpoint with a lower --lr, or check the data") from None
         dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
         average_over_context(local_loss, topology)
         loss = local_loss.item()
         if not math.isfinite(loss):  # the same global loss on every rank, so every rank stops here
-            raise NonFiniteLoss(f"step {step}: the loss is {loss}, so training stopped before logging or saving it "
-                                "(checkpoints already written are intact); lower --lr or check the data")
+            raise NonFiniteLoss(f"step {step}: the loss is {loss}, so nothing of the step was logged or saved; resume "
+                                "from an earlier checkpoint with a lower --lr, or check the data")
         elapsed = time.perf_counter() - started
         result.losses.append(loss)
         result.step_times.append(elapsed)
@@ -169,7 +178,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None) ->
             print(f"step {step}/{train_spec.steps}: loss {loss:.4f}, lr {lr:.3g}, grad norm {grad_norm.item():.3g}, "
                   f"{tokens_per_step / elapsed:,.0f} tokens/s", flush=True)
         if run_dir is not None and train_spec.checkpoint_every and (step + 1) % train_spec.checkpoint_every == 0:
-            save_checkpoint(run_dir, step + 1, model, optimizer, lambda folder: write_record(folder, identity))
+            save_checkpoint(run_dir, step + 1, model, optimizer, identity)
     progress.close()
     if pipeline is not None and result.losses:
         measured = pipeline.measure()
