@@ -12,9 +12,10 @@ Flags override the file; the file overrides the defaults.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from plait.errors import ConfigError
@@ -252,3 +253,32 @@ def config_from_args(args: argparse.Namespace, layout: Layout | None = None) -> 
         raise ConfigError(f"{error} (with the default layout {layout.describe()}; "
                           "pass --dp, --tp, --pp or --microbatches to choose another)") from error
     return replace(config, train=on_device(train, args, tables))
+
+
+# Settings of one invocation rather than of the run: left out of the config.toml a run writes.
+INVOCATION_ONLY = ("run_dir", "resume", "resume_changed")
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string takes JSON's escapes
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def config_toml(config: RunConfig) -> str:
+    """The fully resolved run as a config file: ``plait train --config FILE`` repeats it step for step."""
+    train = {**asdict(config.train), "data": str(Path(config.train.data).resolve()) if config.train.data else None}
+    tables = {
+        "model": {"name": config.model_name, **asdict(config.model)},
+        "layout": config.layout.to_dict(),
+        "train": {k: v for k, v in train.items() if k not in INVOCATION_ONLY},
+    }
+    lines = ["# Written by plait train: the resolved configuration of this run (plait train --config FILE repeats it)."]
+    for table, values in tables.items():
+        lines.append(f"\n[{table}]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items() if value is not None]
+    return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
-"""The run directory: metrics.jsonl (a line per step), summary.json, loss.png, and for a pipeline
-run the last step's timeline.png and trace.json."""
+"""The run directory: config.toml (the resolved run), metrics.jsonl (a line per step), summary.json,
+loss.png, and for a pipeline run the last step's timeline.png and trace.json."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from plait.schedules.actions import Schedule
 from plait.schedules.simulate import Timeline
 
 METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.toml"
 SUMMARY_FILE = "summary.json"
 LOSS_PICTURE = "loss.png"
 

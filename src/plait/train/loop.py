@@ -24,11 +24,11 @@ from torch import nn
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from plait.config import RunConfig
+from plait.config import RunConfig, config_toml
 from plait.models.init import init_weights
 from plait.models.transformer import Transformer
 from plait.observe.model_state import ModelStateMeter
-from plait.observe.run_files import MetricsLog, draw_loss, write_pipeline_step
+from plait.observe.run_files import CONFIG_FILE, MetricsLog, draw_loss, write_pipeline_step
 from plait.observe.summary import write_summary
 from plait.parallel.context import average_over_context, context_shard
 from plait.parallel.gradients import clip_gradients, finish_gradients, gradient_sync
@@ -139,6 +139,8 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
 
     writes = run_dir is not None and topology.is_logging_rank
     log = MetricsLog(run_dir, result.first_step) if writes else None
+    if writes:
+        (run_dir / CONFIG_FILE).write_text(config_toml(config))
     identity = run_identity(config)  # what each checkpoint records it belongs to
     dp_rank, dp_size, dp_group = topology.coordinate("dp"), topology.size("dp"), topology.group("dp")
     tokens_per_step = train_spec.global_batch * config.model.seq_len
