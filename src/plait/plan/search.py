@@ -98,18 +98,24 @@ def _options(fixed: dict, name: str, choices) -> tuple:
     return tuple(c for c in choices if fixed.get(name, c) == c)
 
 
-def _meshes(workload: Workload, gpus: int, fixed: dict) -> Iterator[tuple[int, int, int, int]]:
-    """(tp, cp, pp, dp) of ``gpus`` devices that agree with ``fixed`` and that the model can be cut into
-    (the shared validation's tensor, context and stage checks; the rest is checked per layout)."""
-    spec = workload.spec
+def _sizes(gpus: int, fixed: dict) -> Iterator[tuple[int, int, int, int]]:
+    """Every (tp, cp, pp, dp) whose product is ``gpus`` and that keeps the sizes ``fixed`` pins."""
     for tp in _options(fixed, "tp", divisors(gpus)):
         for cp in _options(fixed, "cp", divisors(gpus // tp)):
-            if fit_problems(spec, Layout(tp=tp, cp=cp), workload.kernels):
-                continue
             for pp in _options(fixed, "pp", divisors(gpus // (tp * cp))):
                 dp = gpus // (tp * cp * pp)
-                if fixed.get("dp", dp) == dp and not split_problems(spec, pp) and workload.global_batch % dp == 0:
+                if fixed.get("dp", dp) == dp:
                     yield tp, cp, pp, dp
+
+
+def _meshes(workload: Workload, gpus: int, fixed: dict) -> Iterator[tuple[int, int, int, int]]:
+    """The sizes the model can be cut into (the shared validation's tensor, context and stage checks;
+    the rest is checked per layout) whose data parallelism divides the global batch."""
+    spec = workload.spec
+    for tp, cp, pp, dp in _sizes(gpus, fixed):
+        if (not fit_problems(spec, Layout(tp=tp, cp=cp), workload.kernels) and not split_problems(spec, pp)
+                and workload.global_batch % dp == 0):
+            yield tp, cp, pp, dp
 
 
 def _schedules(pp: int, m: int, layers: int, fixed: dict) -> list[tuple[str, int]]:
@@ -253,16 +259,11 @@ def _nothing_valid(workload: Workload, gpus: int, fixed: dict) -> str:
     """Why no layout agrees with the flags: the shared validation's reason for the first mesh of
     ``gpus`` that keeps every pinned size (the pinned choices laid over it)."""
     pinned = {k: v for k, v in fixed.items() if k in SCANNED or k == "stage_layers"}
-    for tp in _options(fixed, "tp", divisors(gpus)):
-        for cp in _options(fixed, "cp", divisors(gpus // tp)):
-            for pp in _options(fixed, "pp", divisors(gpus // (tp * cp))):
-                dp = gpus // (tp * cp * pp)
-                if fixed.get("dp", dp) != dp:
-                    continue
-                layout = Layout(**{**pinned, "dp": dp, "tp": tp, "cp": cp, "pp": pp})
-                problems = run_problems(workload.spec, layout, gpus, workload.global_batch, workload.kernels)
-                if problems:
-                    return problems[0]
+    for tp, cp, pp, dp in _sizes(gpus, fixed):
+        layout = Layout(**{**pinned, "dp": dp, "tp": tp, "cp": cp, "pp": pp})
+        problems = run_problems(workload.spec, layout, gpus, workload.global_batch, workload.kernels)
+        if problems:
+            return problems[0]
     return (f"no layout of {gpus} GPUs agrees with the layout flags given, divides global batch "
             f"{workload.global_batch} over data parallelism and passes plait train's validation; "
             "change --gpus, --global-batch or the layout flags")
