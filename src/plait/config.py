@@ -4,6 +4,7 @@ A config file has up to three tables, each optional:
 
     [model]   name = "tiny-llama", and any ModelSpec field (layers, hidden, heads, ...)
     [layout]  dp, tp, cp, pp, sp, zero, schedule, virtual_stages, microbatches, recompute
+              and grad_compression
     [train]   steps, global_batch, seed, precision, lr, ... (the TrainSpec fields)
 
 Flags override the file; the file overrides the defaults.
@@ -21,6 +22,7 @@ from pathlib import Path
 from plait.errors import ConfigError
 from plait.facts.validity import check_run
 from plait.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout, default_precision
+from plait.layout import GRAD_COMPRESSIONS
 from plait.models.spec import FAMILIES, SPEC_FIELDS, ModelSpec, model_spec
 
 if sys.version_info >= (3, 11):
@@ -120,6 +122,9 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
                        help="transformer blocks per pipeline chunk, first to last (default: balanced by FLOPs)")
     group.add_argument("--microbatches", type=int, help="micro-batches per data-parallel rank and step")
     group.add_argument("--recompute", choices=RECOMPUTE)
+    group.add_argument("--grad-compression", choices=GRAD_COMPRESSIONS,
+                       help="data-parallel gradient reduction: none (default), bf16 on the wire, or powersgd "
+                            "(rank-8 factors with error feedback, lossy; ZeRO 0-1 without tp or pp)")
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:

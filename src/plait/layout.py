@@ -14,6 +14,9 @@ SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "bf16")
+# How the data-parallel gradient reduction travels (plait.parallel.compression): as computed, cast
+# to bf16 for the wire, or PowerSGD's low-rank factors with error feedback (lossy).
+GRAD_COMPRESSIONS = ("none", "bf16", "powersgd")
 # Mesh dimension order, outermost first: tensor parallel is innermost so its heavy traffic stays
 # on the fastest links (inside a node), pipeline outermost as it moves the least.
 MESH_DIMS = ("pp", "dp", "cp", "tp")
@@ -40,6 +43,7 @@ class Layout:
     microbatches: int = 1
     stage_layers: tuple[int, ...] | None = None  # blocks per pipeline chunk; None: balanced by FLOPs
     recompute: str = "none"
+    grad_compression: str = "none"
 
     @property
     def world_size(self) -> int:
@@ -65,6 +69,8 @@ class Layout:
             extras.append(f"m={self.microbatches}")
         if self.recompute != "none":
             extras.append(f"recompute={self.recompute}")
+        if self.grad_compression != "none":
+            extras.append(f"grads {self.grad_compression}")
         return f"{text} ({', '.join(extras)})" if extras else text
 
     def to_dict(self) -> dict:
@@ -85,6 +91,9 @@ class Layout:
             raise ConfigError(f"unknown pipeline schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
         if self.recompute not in RECOMPUTE:
             raise ConfigError(f"unknown recompute mode {self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
+        if self.grad_compression not in GRAD_COMPRESSIONS:
+            raise ConfigError(f"unknown gradient compression {self.grad_compression!r}; "
+                              f"use one of {', '.join(GRAD_COMPRESSIONS)}")
         if self.zero and self.dp == 1:
             raise ConfigError(
                 f"ZeRO stage {self.zero} shards over the data-parallel group and has no effect with --dp 1; "

@@ -93,6 +93,29 @@ def batch_problems(layout: Layout, global_batch: int) -> list[str]:
     return []
 
 
+def compression_problems(layout: Layout) -> list[str]:
+    """Where ``--grad-compression`` has no meaning: nothing to compress without data parallelism, and
+    PowerSGD only as DDP's communication hook (ZeRO 0–1 without tp or pp: every rank all-reduces
+    whole gradients, of which it keeps an error-feedback copy)."""
+    compression = layout.grad_compression
+    if compression == "none":
+        return []
+    if layout.dp == 1:
+        return [f"--grad-compression {compression} compresses the data-parallel gradient reduction and has no "
+                "effect with --dp 1; pass --dp 2 or more, or drop --grad-compression"]
+    if compression != "powersgd":
+        return []
+    if layout.zero >= 2:
+        return [f"--grad-compression powersgd all-reduces low-rank factors of whole gradients and keeps a "
+                f"whole-gradient error buffer on every rank, which ZeRO stage {layout.zero}'s reduce-scatter of "
+                "gradient shards cannot use; pass --zero 0 or 1, or --grad-compression bf16"]
+    if layout.tp > 1 or layout.pp > 1:
+        return ["--grad-compression powersgd runs as DDP's communication hook, and under --tp or --pp the "
+                "data-parallel gradients are averaged outside DDP; drop --tp and --pp, or use "
+                "--grad-compression bf16"]
+    return []
+
+
 def run_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None, global_batch: int | None = None,
                  kernels: Kernels = STACKS["plait"]) -> list[str]:
     """Every reason this run is invalid or not supported, each one actionable sentence; [] if it runs.
@@ -103,6 +126,7 @@ def run_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None,
     if problems:  # the checks below read the fields as positive integers
         return problems
     problems += supported_problems(layout)
+    problems += compression_problems(layout)
     problems += fit_problems(spec, layout, kernels)
     problems += pipeline_problems(spec, layout)
     if world_size is not None and layout.world_size != world_size:

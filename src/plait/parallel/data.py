@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from plait.parallel.compression import compressed_policy
 from plait.topology import Topology
 
 
@@ -44,13 +45,14 @@ def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "
         return DistributedDataParallel(model, process_group=topology.group("dp"), gradient_as_bucket_view=True)
     if stage == 2:
         return model  # ShardedAdamW(gradient_order=...) reduce-scatters the gradients itself
-    return fully_shard_model(model, topology.mesh["dp"], precision)
+    return fully_shard_model(model, topology.mesh["dp"], precision, topology.layout.grad_compression)
 
 
-def fully_shard_model(model: nn.Module, mesh: DeviceMesh, precision: str) -> nn.Module:
+def fully_shard_model(model: nn.Module, mesh: DeviceMesh, precision: str, grad_compression: str = "none") -> nn.Module:
     """FSDP2 on every transformer block, then on the root (embeddings, final norm, head)."""
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" \
         else MixedPrecisionPolicy()
+    policy = compressed_policy(policy, grad_compression)
     blocks = list(model.layers.values())
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=True, mp_policy=policy)

@@ -53,6 +53,7 @@ class GradientReduceScatter:
         self.mesh, self.group = mesh, mesh.get_group()
         self.ranks, self.rank = mesh.size(), mesh.get_local_rank()
         self.sync = True
+        self.wire_dtype: torch.dtype | None = None  # bf16 under --grad-compression bf16 (plait.parallel.compression)
         self.shards: dict[nn.Parameter, DTensor] = {}
         # The backward pass reaches the last parameters first: bucket them in that order.
         self.buckets = self._partition(list(reversed(params)), bucket_bytes)
@@ -99,7 +100,7 @@ class GradientReduceScatter:
         self._release_finished()
         bucket, width = self.buckets[index], self.widths[index]
         reached = {param for param in bucket if param.grad is not None}
-        packed = torch.zeros(width * self.ranks, dtype=bucket[0].dtype, device=bucket[0].device)
+        packed = torch.zeros(width * self.ranks, dtype=self.wire_dtype or bucket[0].dtype, device=bucket[0].device)
         for rank in range(self.ranks):
             offset = rank * width
             for param in bucket:
@@ -122,7 +123,7 @@ class GradientReduceScatter:
 
     def _take_rows(self, work: dist.Work, index: int, mine: torch.Tensor, reached: set[nn.Parameter]) -> None:
         work.wait()
-        mine.div_(self.ranks)
+        mine = mine.to(self.buckets[index][0].dtype).div_(self.ranks)  # widened back from the wire's dtype
         offset = 0
         for param in self.buckets[index]:
             shape = self._shapes[param][self.rank]

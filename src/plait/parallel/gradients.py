@@ -26,12 +26,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
+from plait.parallel.compression import average_flat
 from plait.parallel.grad_norm import clip_grad_norm, scale_to_norm, total_norm
 from plait.parallel.sharded_adamw import ShardedAdamW, gradients_of
 from plait.parallel.tensor import finish_tensor_gradients
@@ -111,9 +111,8 @@ def average_gradients(model: nn.Module, topology: Topology, dims: tuple[str, ...
     for grad in grads:
         by_dtype.setdefault(grad.dtype, []).append(grad)
     for dim in dims:
-        group, size = topology.group(dim), topology.size(dim)
         for same in by_dtype.values():
-            flat = funcol.all_reduce(torch.cat([g.reshape(-1) for g in same]), "sum", group).wait() / size
+            flat = average_flat(torch.cat([g.reshape(-1) for g in same]), topology, dim)  # dp: --grad-compression
             for grad, part in zip(same, flat.split([g.numel() for g in same])):
                 grad.copy_(part.view_as(grad))
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from plait.models.transformer import Transformer
+from plait.parallel.compression import compress_gradients
 from plait.parallel.context import apply_context_parallel
 from plait.parallel.data import apply_data_parallel
 from plait.parallel.gradients import GradientReduction, gradient_reduction
@@ -58,5 +59,6 @@ def parallelize(model: Transformer, topology: Topology, precision: str, lr: floa
     else:
         model = apply_data_parallel(model, topology, precision)
     optimizer = build_optimizer(model, lr, weight_decay, topology)
+    compress_gradients(model, optimizer, topology)  # --grad-compression, into the reduction backward runs
     reduction = gradient_reduction(topology, pipeline.tied_peer if pipeline is not None else None)
     return Parallelized(model, optimizer, pipeline, reduction, topology)
