@@ -112,3 +112,25 @@ def test_powersgd_compresses_matrices_and_sends_vectors_whole():
 def test_meaningless_combinations_are_refused_in_one_sentence(layout, words):
     problems = run_problems(SPEC, layout)
     assert len(problems) == 1 and words in problems[0] and "\n" not in problems[0], problems
+
+
+def test_the_planner_times_the_bytes_each_compression_moves():
+    """bf16 halves an fp32 all-reduce's bandwidth term; PowerSGD moves its factors in three
+    all-reduces and holds a whole-gradient error buffer; plan explores none unless pinned."""
+    from plait.plan.hardware import hardware
+    from plait.plan.search import search
+    from plait.plan.simulate import Workload, evaluate, flush_costs
+
+    gpt2, hw = model_spec("gpt2"), hardware("a100-80gb", gpus_per_node=8)
+    workload = Workload(gpt2, 256, "fp32")
+    params = parameter_count(gpt2)
+    reduce = {c: flush_costs(workload, hw, Layout(dp=16, grad_compression=c), params, 1).reduce
+              for c in ("none", "bf16", "powersgd")}
+    assert reduce["powersgd"] < reduce["bf16"] < 0.55 * reduce["none"]
+    predicted = {c: evaluate(workload, hw, 16, Layout(dp=16, microbatches=2, grad_compression=c))
+                 for c in ("none", "powersgd")}
+    extra = predicted["powersgd"].memory_breakdown["other"] - predicted["none"].memory_breakdown["other"]
+    assert extra == pytest.approx(params * 4, rel=1e-6)
+    assert {p.layout.grad_compression for p in search(workload, hw, 16, top=5).ranked} == {"none"}
+    pinned = search(workload, hw, 16, {"grad_compression": "bf16"}, top=5).ranked
+    assert pinned and {p.layout.grad_compression for p in pinned} == {"bf16"}

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plait.facts.activations import ACTIVATION_BYTES
-from plait.facts.model_state import communicated_bytes
+from plait.facts.model_state import communicated_bytes, rank_parameters
 from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.flops import layer_parameter_count
@@ -40,7 +40,8 @@ def other_bytes(
     ``reserved`` for the runtime (context, communication workspaces, allocator slack); with pp > 1
     one send and one receive buffer of a micro-batch's boundary activation; with ZeRO-3 the
     gathered weights of two layers (the current one and the prefetched next) and the unsharded
-    gradients of one.
+    gradients of one; with PowerSGD its error-feedback buffer, one gradient's worth per rank (its
+    low-rank factors, some tens of times smaller, are left out).
     """
     extra = reserved
     e = ACTIVATION_BYTES[precision]
@@ -49,4 +50,6 @@ def other_bytes(
     if layout.zero == 3:
         grads, params = communicated_bytes(layout, precision, kernels)
         extra += layer_parameter_count(spec) / layout.tp * (2 * params + grads)
+    if layout.grad_compression == "powersgd":  # no tp, no pp: the rank holds the whole model
+        extra += rank_parameters(spec, spec.layers, True, True, 1, 1) * communicated_bytes(layout, precision, kernels)[0]
     return extra

@@ -22,7 +22,7 @@ from plait.errors import ConfigError
 from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
 from plait.facts.in_flight import in_flight_chunks
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors
-from plait.facts.validity import fit_problems, run_problems, supported_problems
+from plait.facts.validity import compression_problems, fit_problems, run_problems, supported_problems
 from plait.layout import Layout
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.costs import boundary_seconds, layer_cost
@@ -45,7 +45,8 @@ class NothingFits(ConfigError):
 
 # The fields a scanned layout is recorded by, in the order of its tuple; by name, as Layout has
 # fields the search leaves at their defaults.
-SCANNED = ("dp", "tp", "cp", "pp", "sp", "zero", "schedule", "virtual_stages", "microbatches", "recompute")
+SCANNED = ("dp", "tp", "cp", "pp", "sp", "zero", "schedule", "virtual_stages", "microbatches", "recompute",
+           "grad_compression")
 
 
 def scanned_layout(fields: tuple, stage_layers: tuple[int, ...] | None = None) -> Layout:
@@ -137,6 +138,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     spec, precision, kernels, layers = workload.spec, workload.precision, workload.kernels, workload.spec.layers
     stage_layers = fixed.get("stage_layers")
     recomputes = _options(fixed, "recompute", ("none", "selective", "full"))
+    # Gradient compression is modelled when pinned, never searched: PowerSGD changes the training.
+    compression = fixed.get("grad_compression", "none")
     # Dominated choices, skipped unless asked for or unless the dominating one is refused: without
     # sp a layout is never faster nor smaller than with it, and ZeRO-1 never beats ZeRO-2 (same
     # gathers, a reduce-scatter instead of an all-reduce, less memory). Tests hold both claims.
@@ -155,7 +158,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
             schedules = [(n, v, in_flight_chunks(n, pp, v, m, 0), in_flight_chunks(n, pp, v, m, pp - 1))
                          for n, v in _schedules(pp, m, layers, fixed)]
             for sp in _options(fixed, "sp", (True, False) if tp > 1 else (False,)):
-                base = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m)
+                base = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m, grad_compression=compression)
                 if sp and fit_problems(spec, base, kernels):
                     continue
                 if tp > 1 and not sp and "sp" not in fixed and not fit_problems(spec, replace(base, sp=True), kernels):
@@ -169,9 +172,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         times_cache[tp, cp, sp, mbs, rc] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels)
                 times = {rc: times_cache[tp, cp, sp, mbs, rc] for rc in recomputes}
                 for zero in _options(fixed, "zero", (0, 1, 2, 3) if dp > 1 else (0,)):
-                    if supported_problems(replace(base, zero=zero)):
+                    if refused(replace(base, zero=zero)):
                         continue
-                    if zero == 1 and "zero" not in fixed and not supported_problems(replace(base, zero=2)):
+                    if zero == 1 and "zero" not in fixed and not refused(replace(base, zero=2)):
                         continue
                     # ZeRO-3's gathers depend on dp; a measured host's wrapper overhead on the stage.
                     key = (tp, cp, sp, mbs, dp if zero == 3 else 0, (zero, dp > 1) if hw.host_overhead else None)
@@ -199,8 +202,13 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         fill = fill_zb * layers / pp if name == "zb-h1" else mean / v
                         step = estimate_step(name, pp, v, m, mean, slowest, fill, flight)
                         step += flush.exposed(per_rank * backward) + flush.optimizer
-                        found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc), step, peak, capacity, keep)
+                        found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression), step, peak, capacity, keep)
     return found
+
+
+def refused(layout: Layout) -> bool:
+    """Whether train refuses ``layout``'s composition whatever the model (a quick prune before the full check)."""
+    return bool(supported_problems(layout) or compression_problems(layout))
 
 
 def _layer_work(layout: Layout, workload: Workload, hw: Hardware, mbs: int, times: dict) -> tuple[float, ...]:

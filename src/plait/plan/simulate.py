@@ -8,10 +8,13 @@ optimizer step follow the pipeline flush, with the overlap rules of plait.plan.c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
-from plait.facts.model_state import communicated_bytes, rank_model_states, rank_parameters, rank_tensors, zero_dims
+from plait.facts.model_state import (
+    communicated_bytes, powersgd_elements, rank_model_states, rank_parameters, rank_tensor_shapes, rank_tensors,
+    reduced_gradient_elements, zero_dims,
+)
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.facts.validity import check_run
 from plait.layout import Layout
@@ -117,14 +120,23 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     sharded = zero_dims(kernels)
     shards, link = math.prod(getattr(layout, d) for d in sharded), merged_link(hw, layout, sharded)
     g_bytes, p_bytes = communicated_bytes(layout, precision, kernels)
-    grads = params * g_bytes
-    if layout.zero < 2:
+    grads = reduced_gradient_elements(workload.spec, layout, params) * g_bytes
+    if layout.grad_compression == "powersgd":
+        # Three all-reduces over dp in turn (the tensors sent whole, then P, then Q); context-parallel
+        # ranks average the whole gradients afterwards.
+        shapes = rank_tensor_shapes(workload.spec, workload.spec.layers, True, True, 1, 1)
+        reduce = sum(all_reduce_seconds(n * g_bytes, layout.dp, group_link(hw, layout, "dp"))
+                     for n in powersgd_elements(shapes))
+        reduce += all_reduce_seconds(params * g_bytes, layout.cp, group_link(hw, layout, "cp"))
+    elif layout.zero < 2:
         reduce = all_reduce_seconds(grads, replicas, replica_link)
     else:  # reduce-scatter over the ZeRO group; replicas outside it (plait's cp ranks) average the shard
         reduce = reduce_scatter_seconds(grads, shards, link)
         if replicas > shards:
             reduce += all_reduce_seconds(grads / shards, replicas // shards, group_link(hw, layout, "cp"))
-    last_bucket = reduce * min(1.0, BUCKET_BYTES / grads) if grads else 0.0
+    # Buckets hold the gradients as computed, before any compression.
+    bucketed = params * communicated_bytes(replace(layout, grad_compression="none"), precision, kernels)[0]
+    last_bucket = reduce * min(1.0, BUCKET_BYTES / bucketed) if bucketed else 0.0
     gather = all_gather_seconds(params * p_bytes, shards, link) if layout.zero in (1, 2) else 0.0
     # The logged loss is averaged over the replicas; a tensor-parallel gradient norm sums over tp
     # (ZeRO-2/3's sum over dp is left out: one latency, and it keeps ZeRO-2 dominating ZeRO-1).
