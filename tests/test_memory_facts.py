@@ -29,11 +29,13 @@ PRECISIONS = ("fp32", "bf16")
 # test_data_parallel_parity.py and test_zero.py: dp 2 and 4 under every ZeRO stage, with accumulation.
 DATA_PARALLEL = [{"dp": dp, "zero": stage} for dp in (2, 4) for stage in (0, 1, 2, 3)]
 DATA_PARALLEL += [{"dp": 2, "microbatches": 2}, {"dp": 4, "zero": 2, "microbatches": 2}]
-MATRIX = [{}, *DATA_PARALLEL, *TENSOR_CONTEXT_LAYOUTS]
+# tests/test_ring_attention.py: ring context parallelism keeps k, v with their kv-heads.
+RING = [{"cp": 2, "cp_algorithm": "ring"}, {"cp": 4, "tp": 2, "cp_algorithm": "ring"}]
+MATRIX = [{}, *DATA_PARALLEL, *TENSOR_CONTEXT_LAYOUTS, *RING]
 # test_pipeline_parity.py: pp 2 and 4, one chunk or two a rank, on its narrow models.
 PIPELINES = sorted({(pp, v) for pp in (2, 4) for _, v in SCHEDULES})
 MODEL_STATE_FIELDS = ("dp", "tp", "cp", "pp", "virtual_stages", "stage_layers", "zero")
-ACTIVATION_FIELDS = ("dp", "tp", "sp", "cp", "recompute", "zero")
+ACTIVATION_FIELDS = ("dp", "tp", "sp", "cp", "recompute", "zero", "cp_algorithm")
 
 
 def _distinct(layouts: list[dict], fields: tuple[str, ...]) -> list[dict]:
@@ -102,7 +104,7 @@ def test_every_rank_keeps_the_shared_activation_fact(saved, index):
     lay = config.layout
     micro_batch = config.train.global_batch // (lay.dp * lay.microbatches)
     fact = activation_bytes_per_layer(config.model, micro_batch, lay.tp, lay.sp, lay.cp, lay.recompute, precision,
-                                      STACKS["plait"], lay.zero, lay.pp)
+                                      STACKS["plait"], lay.zero, lay.pp, lay.cp_algorithm)
     assert saved[index] == [fact] * len(saved[index])
 
 
@@ -125,7 +127,7 @@ def test_the_planner_predicts_plaits_own_figures(model, precision, layout):
     counts = tuple(len(r) for r in split_layers(spec, lay.pp, lay.virtual_stages, lay.stage_layers))
     per_layer = sum(saved_bytes_per_layer(spec, micro_batch, spec.seq_len, lay.tp, lay.sp, lay.cp, lay.recompute,
                                           precision, autocast_copies_weights(precision, lay.zero, lay.pp),
-                                          lay.zero == 3).values())
+                                          lay.zero == 3, lay.cp_algorithm).values())
     chunks = chunk_activation_bytes(workload, lay, micro_batch, counts)
     assert chunks[:-1] == [n * per_layer for n in counts[:-1]]
     assert chunks[-1] >= counts[-1] * per_layer

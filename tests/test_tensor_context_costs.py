@@ -27,6 +27,10 @@ LAYOUTS = [
     {"tp": 2, "sp": True, "recompute": "full"},
     {"cp": 2, "recompute": "selective"},
     {"cp": 2, "recompute": "full"},
+    # Ring context parallelism: point-to-point K/V sends (and dK/dV in backward), kv-heads only
+    {"cp": 2, "cp_algorithm": "ring"},
+    {"tp": 2, "cp": 2, "cp_algorithm": "ring"},
+    {"cp": 2, "cp_algorithm": "ring", "recompute": "selective"},
 ]
 
 

@@ -3,8 +3,8 @@
 A config file has up to three tables, each optional:
 
     [model]   name = "tiny-llama", and any ModelSpec field (layers, hidden, heads, ...)
-    [layout]  dp, tp, cp, pp, sp, zero, schedule, virtual_stages, microbatches, recompute
-              and grad_compression
+    [layout]  dp, tp, cp, pp, sp, zero, schedule, virtual_stages, microbatches, recompute,
+              cp_algorithm and grad_compression
     [train]   steps, global_batch, seed, precision, lr, ... (the TrainSpec fields)
 
 Flags override the file; the file overrides the defaults.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from plait.errors import ConfigError
 from plait.facts.validity import check_run
-from plait.layout import PRECISIONS, RECOMPUTE, SCHEDULES, Layout, default_precision
+from plait.layout import CP_ALGORITHMS, PRECISIONS, RECOMPUTE, SCHEDULES, Layout, default_precision
 from plait.layout import GRAD_COMPRESSIONS
 from plait.models.spec import FAMILIES, SPEC_FIELDS, ModelSpec, model_spec
 
@@ -125,6 +125,9 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--grad-compression", choices=GRAD_COMPRESSIONS,
                        help="data-parallel gradient reduction: none (default), bf16 on the wire, or powersgd "
                             "(rank-8 factors with error feedback, lossy; ZeRO 0-1 without tp or pp)")
+    group.add_argument("--cp-algorithm", choices=CP_ALGORITHMS,
+                       help="context parallelism: all-to-all exchanges heads (cp must divide heads/tp; the default "
+                            "in train), ring passes K/V blocks round the cp ranks (seq-len a multiple of 2·cp)")
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:

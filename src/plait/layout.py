@@ -17,6 +17,9 @@ PRECISIONS = ("fp32", "bf16")
 # How the data-parallel gradient reduction travels (plait.parallel.compression): as computed, cast
 # to bf16 for the wire, or PowerSGD's low-rank factors with error feedback (lossy).
 GRAD_COMPRESSIONS = ("none", "bf16", "powersgd")
+# How context-parallel attention sees the whole sequence: heads exchanged all-to-all (Ulysses) or
+# K/V blocks passed round a ring (plait.parallel.context says when each wins).
+CP_ALGORITHMS = ("all-to-all", "ring")
 # Mesh dimension order, outermost first: tensor parallel is innermost so its heavy traffic stays
 # on the fastest links (inside a node), pipeline outermost as it moves the least.
 MESH_DIMS = ("pp", "dp", "cp", "tp")
@@ -44,6 +47,7 @@ class Layout:
     stage_layers: tuple[int, ...] | None = None  # blocks per pipeline chunk; None: balanced by FLOPs
     recompute: str = "none"
     grad_compression: str = "none"
+    cp_algorithm: str = "all-to-all"
 
     @property
     def world_size(self) -> int:
@@ -71,6 +75,8 @@ class Layout:
             extras.append(f"recompute={self.recompute}")
         if self.grad_compression != "none":
             extras.append(f"grads {self.grad_compression}")
+        if self.cp > 1 and self.cp_algorithm == "ring":
+            extras.append("ring")
         return f"{text} ({', '.join(extras)})" if extras else text
 
     def to_dict(self) -> dict:
@@ -94,6 +100,9 @@ class Layout:
         if self.grad_compression not in GRAD_COMPRESSIONS:
             raise ConfigError(f"unknown gradient compression {self.grad_compression!r}; "
                               f"use one of {', '.join(GRAD_COMPRESSIONS)}")
+        if self.cp_algorithm not in CP_ALGORITHMS:
+            raise ConfigError(f"unknown context-parallel algorithm {self.cp_algorithm!r}; "
+                              f"use one of {', '.join(CP_ALGORITHMS)}")
         if self.zero and self.dp == 1:
             raise ConfigError(
                 f"ZeRO stage {self.zero} shards over the data-parallel group and has no effect with --dp 1; "

@@ -44,15 +44,13 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                        help="default: what plait train uses on the device (bf16 on GPUs, fp32 on a CPU profile)")
     stack = parser.add_argument_group("software stack (default: plait train's own run)")
     stack.add_argument("--stack", choices=tuple(STACKS), default=DEFAULT_STACK,
-                       help="plait: plait's own kernels (eager elementwise, all-to-all context parallelism); "
-                            "megatron: fused kernels and ring context parallelism, as Megatron-LM and torchtitan run")
+                       help="plait: plait's own kernels (eager elementwise, all-to-all or ring context parallelism); "
+                            "megatron: fused kernels and ring context parallelism only, as Megatron-LM and torchtitan run")
     stack.add_argument("--attention", choices=("flash", "eager"),
                        help="override the stack: flash keeps no s×s scores; eager (as Megatron-LM 2021) does")
     stack.add_argument("--dropout", action="store_true", help="the model trains with dropout (1-byte masks)")
     stack.add_argument("--unfused", action="store_true",
                        help="override the stack: elementwise ops run one eager PyTorch kernel each")
-    stack.add_argument("--context-exchange", choices=("ring", "all-to-all"),
-                       help="override the stack: K/V round a ring, or heads exchanged all-to-all")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -95,7 +93,7 @@ def add_plan_commands(subparsers) -> None:
 
 
 def stack_kernels(args: argparse.Namespace) -> Kernels:
-    """The chosen stack's kernels with any of --attention, --dropout, --unfused, --context-exchange over them."""
+    """The chosen stack's kernels with any of --attention, --dropout, --unfused over them."""
     kernels = STACKS[args.stack]
     if kernels.plait_engine and (args.dropout or args.attention == "eager"):
         raise ConfigError("plait's own model trains without dropout and with fused attention; --dropout and "
@@ -104,7 +102,6 @@ def stack_kernels(args: argparse.Namespace) -> Kernels:
         "flash_attention": None if args.attention is None else args.attention == "flash",
         "dropout": True if args.dropout else None,
         "fused": False if args.unfused else None,
-        "context_exchange": args.context_exchange,
     }
     return replace(kernels, **{k: v for k, v in overrides.items() if v is not None})
 
@@ -146,7 +143,7 @@ def planning_inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]
 
 def stack_name(args: argparse.Namespace) -> str:
     """The stack the prediction models, as the output names it (with any override said)."""
-    changed = [flag for flag in ("attention", "dropout", "unfused", "context_exchange") if getattr(args, flag)]
+    changed = [flag for flag in ("attention", "dropout", "unfused") if getattr(args, flag)]
     return args.stack + (f" with --{', --'.join(f.replace('_', '-') for f in changed)}" if changed else "")
 
 

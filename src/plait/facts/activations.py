@@ -40,6 +40,7 @@ def activation_bytes_per_layer(
     kernels: Kernels = STACKS[DEFAULT_STACK],
     zero: int = 0,
     pp: int = 1,
+    cp_algorithm: str = "all-to-all",
 ) -> float:
     """Activation bytes one transformer layer keeps for one micro-batch on one rank, on ``kernels``' stack.
 
@@ -50,7 +51,7 @@ def activation_bytes_per_layer(
     if kernels.plait_engine:
         copies = autocast_copies_weights(precision, zero, pp)
         return sum(saved_bytes_per_layer(spec, micro_batch, spec.seq_len, tp, sp, cp, recompute, precision,
-                                         copies, zero == 3).values())
+                                         copies, zero == 3, cp_algorithm).values())
     return korthikanti_bytes_per_layer(spec, micro_batch, tp, sp, cp, recompute, precision, kernels)
 
 
@@ -112,7 +113,8 @@ def layer_weight_elements(spec: ModelSpec, tp: int) -> int:
 
 def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,
                           cp: int = 1, recompute: str = "none", precision: str = "fp32",
-                          weight_copies: bool | None = None, fsdp_inputs: bool = False) -> dict[str, int]:
+                          weight_copies: bool | None = None, fsdp_inputs: bool = False,
+                          cp_algorithm: str = "all-to-all") -> dict[str, int]:
     """Bytes one layer keeps for backward, by region, as plait's model and kernels keep them.
 
     Korthikanti et al. 2022 count sbh(10 + 24/t + 5as/ht) bytes (half precision, dropout, attention
@@ -126,9 +128,10 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
       fp32: one per norm. bf16: autocast casts the input once per linear, so one bf16 copy per
       linear that reads it (3 for attention, 1 or 2 for the MLP);
     - attention (sharded over tp), in the activation precision: q, k, v (grouped-query k, v
-      expanded to the query heads), the output, a copy of the output re-laid for wo when the
-      kernel returns it head-major (Llama, whose rotary q is head-major, or cp) with >1 head a
-      rank; and one fp32 log-sum-exp per head and query;
+      expanded to the query heads, save under ring context parallelism, which keeps their kv-heads),
+      the output, a copy of the output re-laid for wo when the kernel returns it head-major (Llama,
+      whose rotary q is head-major, or cp) with >1 head a rank; and one fp32 log-sum-exp per head
+      and query;
     - MLP (sharded), in the activation precision: GELU input and output; SwiGLU w1, silu(w1), w3
       outputs and their product;
     - rotary tables (Llama), fp32: cos and sin of the positions, s·head_dim/2 each;
@@ -141,8 +144,9 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     of its input (LayerNorm it leaves in bf16). Under ZeRO-3 (``fsdp_inputs``) FSDP2's mixed precision
     casts the block's inputs to bf16, the rotary tables among them.
 
-    ``selective`` recomputation keeps the attention core's inputs q, k, v instead of its output
-    and statistics (its output survives only as wo's input, relaid or not); ``full`` keeps just
+    ``selective`` recomputation keeps the attention core's inputs q, k, v (k, v with their kv-heads:
+    the core expands them) instead of its output and statistics (its output survives only as wo's
+    input, relaid or not); ``full`` keeps just
     the block's input, the fp32 residual stream (a sequence shard under sp). The rotary tables a
     recomputed block reads stay alive through its arguments, once for all blocks, unsaved.
     """
@@ -161,9 +165,11 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     else:
         norms = 2 * (2 * sbh + s * b)
     relaid = (spec.family == "llama" or cp > 1) and heads > 1
-    attention = (4 + relaid) * sbh // tp * e + heads * s * b * FP32
+    kv = s * b * kv_heads_per_rank(spec, tp) * spec.head_dim  # one of k, v with its kv-heads
+    kept_kv = kv if cp > 1 and cp_algorithm == "ring" else sbh // tp  # the kernel's k, v: expanded or not
+    attention = ((2 + relaid) * sbh // tp + 2 * kept_kv) * e + heads * s * b * FP32
     if recompute == "selective":
-        attention = 4 * sbh // tp * e  # q, k, v kept for the recomputation, and wo's input
+        attention = (2 * sbh // tp + 2 * kv) * e  # q, k, v kept for the recomputation, and wo's input
     readers = 3 + (2 if spec.gated_mlp else 1) if autocast else 2
     return {
         "norms": (norms // tp if sp else norms) * (FP32 if spec.family == "llama" else stream),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plait.facts.activations import kv_heads_per_rank
 from plait.models.flops import layer_parameter_count, norm_parameter_count
 from plait.models.spec import ModelSpec
 
@@ -23,7 +24,7 @@ class Collective:
     all-gather's output); ``calls`` counts forward and backward, recomputed forwards included.
     """
 
-    op: str  # all_reduce, all_gather, reduce_scatter, all_to_all
+    op: str  # all_reduce, all_gather, reduce_scatter, all_to_all, send (point-to-point round a ring)
     group: str  # tp or cp
     size: int
     tensor_bytes: int
@@ -38,18 +39,20 @@ class Collective:
 
 def layer_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False, cp: int = 1,
                       recompute: str = "none", element_bytes: int = FP32,
-                      recompute_whole_forward: bool = False) -> tuple[Collective, ...]:
+                      recompute_whole_forward: bool = False, cp_algorithm: str = "all-to-all") -> tuple[Collective, ...]:
     """The tensor- and context-parallel collectives of one layer and micro-batch on one rank.
 
     Tensor parallel: an all-reduce after wo and after w2 forward, and of the input gradients of
     attention and MLP backward; with sp each becomes an all-gather before and a reduce-scatter after
-    (mirrored in backward). Context parallel: q, k, v (grouped-query k, v expanded to the query
-    heads) and the output exchanged all-to-all over heads, forward and backward. Recomputation
+    (mirrored in backward). Context parallel, all-to-all: q, k, v (grouped-query k, v expanded to the
+    query heads) and the output exchanged over heads, forward and backward. Ring: each rank sends its
+    neighbour cp-1 K/V blocks (k and v in one tensor, kv-heads only) forward and again in backward,
+    and the blocks' fp32 gradients cp times in backward (the last hop takes them home). Recomputation
     issues the recomputed forward's collectives again in backward; PyTorch's checkpoint (plait)
     stops at the last tensor backward needs: under ``full`` every one but the MLP's closing
     all-reduce or reduce-scatter, under ``selective`` the exchange of q, k and v (the output's comes
-    after the attention kernel's last saved tensor). ``recompute_whole_forward`` (Megatron-LM)
-    reissues all of them.
+    after the attention kernel's last saved tensor; the ring's K/V all go round before its outputs are
+    saved, so both modes send them again). ``recompute_whole_forward`` (Megatron-LM) reissues all of them.
     """
     stream = batch * (seq // cp) * spec.hidden * element_bytes  # the residual stream this rank holds, whole over tp
     full = recompute == "full"
@@ -61,14 +64,19 @@ def layer_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bo
             out.append(Collective("reduce_scatter", "tp", tp, stream, 2, 2 + full * (1 + closing)))
         else:
             out.append(Collective("all_reduce", "tp", tp, stream, 2, 2 + full * (1 + closing)))
-    if cp > 1:
+    if cp > 1 and cp_algorithm == "ring":
+        kv_elements = 2 * batch * (seq // cp) * kv_heads_per_rank(spec, tp) * spec.head_dim
+        again = 0 if recompute == "none" else cp - 1
+        out.append(Collective("send", "cp", cp, kv_elements * element_bytes, cp - 1, cp - 1 + again))
+        out.append(Collective("send", "cp", cp, kv_elements * FP32, 0, cp))
+    elif cp > 1:
         again = {"none": 0, "selective": 3, "full": 4}[recompute]
         out.append(Collective("all_to_all", "cp", cp, stream // tp, 4, 4 + again))
     return tuple(out)
 
 
 def collective_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,
-                               cp: int = 1, recompute: str = "none") -> dict[str, int]:
+                               cp: int = 1, recompute: str = "none", cp_algorithm: str = "all-to-all") -> dict[str, int]:
     """Bytes each rank hands each collective per layer and step (forward, backward, gradient sync),
     in plait's fp32 model: ``layer_collectives`` plus the gradient reductions of replicated weights."""
     volumes: dict[str, int] = {}
@@ -77,7 +85,7 @@ def collective_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 
         if count:
             volumes[name] = volumes.get(name, 0) + count
 
-    for call in layer_collectives(spec, batch, seq, tp, sp, cp, recompute):
+    for call in layer_collectives(spec, batch, seq, tp, sp, cp, recompute, cp_algorithm=cp_algorithm):
         add(call.op, (call.forward + call.backward) * call.handed_bytes)
     if tp > 1 and sp:
         # the norms' replicated weights (and biases) saw only a sequence shard: their gradients are summed

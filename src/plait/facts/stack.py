@@ -18,9 +18,9 @@ class Kernels:
     dropout: bool = False
     flash_attention: bool = True
     fused: bool = True
-    # How context-parallel attention sees the whole sequence: K/V blocks round a ring (Megatron-LM,
-    # torchtitan) or an all-to-all of heads (DeepSpeed-Ulysses, plait's own).
-    context_exchange: str = "ring"
+    # The context-parallel algorithms the stack runs (``Layout.cp_algorithm`` picks one): K/V blocks
+    # round a ring (Megatron-LM, torchtitan, plait) or an all-to-all of heads (DeepSpeed-Ulysses, plait).
+    cp_algorithms: tuple[str, ...] = ("ring",)
     # Full recomputation reruns a block's forward in backward. PyTorch's checkpoint stops at the last
     # tensor backward needs, so the block's closing collective is not issued again (plait);
     # Megatron-LM reruns the whole forward, collectives and all.
@@ -36,8 +36,8 @@ class Kernels:
 
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
-    # query kept, no scores), one eager kernel per elementwise op, heads exchanged all-to-all under cp.
-    "plait": Kernels(fused=False, context_exchange="all-to-all", recompute_whole_forward=False, engine="plait"),
+    # query kept, no scores), one eager kernel per elementwise op, either context-parallel algorithm.
+    "plait": Kernels(fused=False, cp_algorithms=("all-to-all", "ring"), recompute_whole_forward=False, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
     "megatron": Kernels(),
 }

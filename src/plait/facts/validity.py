@@ -54,7 +54,10 @@ def fit_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["pla
         )
     if spec.ffn_hidden % tp:
         problems.append(f"FFN hidden size {spec.ffn_hidden} is not divisible by --tp {tp}; choose a tp that divides it")
-    if kernels.context_exchange == "ring":
+    if cp > 1 and layout.cp_algorithm not in kernels.cp_algorithms:
+        problems.append(f"this software stack runs context parallelism only as {' or '.join(kernels.cp_algorithms)}, "
+                        f"not {layout.cp_algorithm}; pass --cp-algorithm {kernels.cp_algorithms[0]}")
+    if layout.cp_algorithm == "ring":
         if cp > 1 and spec.seq_len % (2 * cp):
             problems.append(f"ring context parallelism cuts the sequence into 2·cp chunks: sequence length "
                             f"{spec.seq_len} is not divisible by 2 × --cp {cp}; choose a seq-len that is")
@@ -65,7 +68,7 @@ def fit_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["pla
         if not spec.heads % tp and (spec.heads // tp) % cp:
             problems.append(
                 f"context parallel exchanges heads: the {spec.heads // tp} heads per tensor-parallel rank "
-                f"are not divisible by --cp {cp}; choose cp dividing heads/tp"
+                f"are not divisible by --cp {cp}; choose cp dividing heads/tp, or --cp-algorithm ring"
             )
     if layout.sp and not spec.seq_len % cp and (spec.seq_len // cp) % tp:
         problems.append(

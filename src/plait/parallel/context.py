@@ -1,18 +1,28 @@
 """Context parallelism: the sequence split over cp ranks, attention exact across the split.
 
-We exchange heads with an all-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023) rather than pass
-key/value blocks round a ring (Liu et al. 2023). Before attention each rank holds q, k, v for its
-contiguous slice of positions and all heads; one all-to-all per tensor gives it the whole
-sequence for heads/cp heads, it runs the ordinary causal attention kernel, and one all-to-all
-returns the output to sequence shards. Why: the kernel is the single-device one, so results match
-a single process to rounding, the causal mask needs no load balancing (every rank attends over
-all positions of its heads), and it needs only all-to-all, which gloo has. The trade-off: cp is
-capped by the heads per tensor-parallel rank (cp must divide heads/tp), and grouped-query k, v
-travel expanded to the query heads; a ring has no such cap, moves only the kv-heads and overlaps
-its transfers with compute, but merges partial softmaxes (its result differs by summation order),
-needs zig-zag chunking to balance the causal mask, and moves (cp-1)/cp of all k, v per layer
-where the all-to-all moves 4 tensors' (cp-1)/cp share once each: volume per rank that does not
-grow with cp.
+Two algorithms, chosen by ``Layout.cp_algorithm`` (``--cp-algorithm``):
+
+- ``all-to-all`` (DeepSpeed-Ulysses, Jacobs et al. 2023; the default). Each rank holds a contiguous
+  slice of positions and all heads; one all-to-all per tensor of q, k, v gives it the whole
+  sequence for heads/cp heads, it runs the ordinary causal kernel, and one all-to-all returns the
+  output to sequence shards. The kernel is the single-device one, so results match a single process
+  to rounding and the causal mask needs no balancing. But cp must divide the heads per
+  tensor-parallel rank, and grouped-query k, v travel expanded to the query heads.
+- ``ring`` (Liu et al. 2023; ``plait.parallel.ring_attention``). Each rank holds two zig-zag chunks
+  of the sequence (so the causal work is equal on every rank) and K/V blocks, with their kv-heads
+  only, pass round the cp ranks under the blockwise attention, partial softmaxes merged by their
+  log-sum-exp. No heads limit: cp may exceed heads/tp; the sequence must split into 2·cp chunks.
+
+Volume per rank and layer, forward (s·b tokens held, h hidden, kv = kv-heads·head_dim per tp rank):
+the all-to-all hands 4 tensors of s·b·h/tp, of which (cp-1)/cp leaves the rank, a share that does not
+grow with cp; the ring sends (cp-1) K/V blocks of 2·s·b·kv, growing with cp, but hidden under the
+attention of the block before. Backward: the all-to-all mirrors its forward; the ring sends K/V
+(cp-1) times again and their fp32 gradients cp times. Measured side by side on a 2-core CPU
+(``python -m benchmarks.ring_vs_all_to_all``, docs/context_parallel.md), tiny-llama, cp 2: the ring
+sends half the bytes (kv-heads only) but takes 1.31× the all-to-all's step at seq-len 256 and
+2.31× at 1024, its blockwise kernel being plain PyTorch against the fused one, with nothing for
+its transfers to hide under. So the all-to-all stays the default; the ring is for cp beyond
+heads/tp and for slow cp links.
 
 Every rank of a cp group holds the same weights; each computes gradients from its own tokens, so
 gradients are averaged over cp after backward (``plait.parallel.gradients``).
@@ -25,8 +35,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from plait.models.transformer import Transformer
+from plait.models.transformer import Transformer, expand_kv_heads
 from plait.parallel.context_communications import scatter_heads_gather_sequence, scatter_sequence_gather_heads
+from plait.parallel.ring_attention import RingAttention, zigzag_positions
 from plait.topology import Topology
 
 
@@ -38,33 +49,38 @@ class HeadExchangeAttention(nn.Module):
         self.group = group
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k, v = expand_kv_heads(q, k, v)  # the heads split over cp must be whole query heads with their k, v
         q, k, v = (scatter_heads_gather_sequence(t, self.group) for t in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return scatter_sequence_gather_heads(out, self.group)
 
 
 def apply_context_parallel(model: Transformer, topology: Topology) -> Transformer:
-    """Swap each block's attention kernel for the head exchange."""
+    """Swap each block's attention kernel for the layout's: the head exchange or the ring."""
     cp = topology.size("cp")
     if cp == 1:
         return model
     group = topology.group("cp")
+    core = RingAttention if topology.layout.cp_algorithm == "ring" else HeadExchangeAttention
     for block in model.layers.values():
-        block.attention.core = HeadExchangeAttention(group)
+        block.attention.core = core(group)
     return model
 
 
 def context_shard(
     inputs: torch.Tensor, targets: torch.Tensor, topology: Topology
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """This cp rank's contiguous slice of the sequences, and the positions it holds (None if cp = 1)."""
+    """This cp rank's share of the sequences and the positions it holds (None if cp = 1): a contiguous
+    slice under the all-to-all, zig-zag chunks r and 2cp-1-r under the ring."""
     cp = topology.size("cp")
     if cp == 1:
         return inputs, targets, None
-    length = inputs.shape[1] // cp
-    start = topology.coordinate("cp") * length
-    window = slice(start, start + length)
-    return inputs[:, window], targets[:, window], torch.arange(start, start + length)
+    rank, length = topology.coordinate("cp"), inputs.shape[1]
+    if topology.layout.cp_algorithm == "ring":
+        positions = zigzag_positions(length, rank, cp).to(inputs.device)
+        return inputs[:, positions], targets[:, positions], positions
+    start, local = rank * length // cp, length // cp
+    return inputs[:, start:start + local], targets[:, start:start + local], torch.arange(start, start + local)
 
 
 def average_over_context(value: torch.Tensor, topology: Topology) -> None:

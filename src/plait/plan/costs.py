@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-from plait.facts.activations import ACTIVATION_BYTES, kv_heads_per_rank
+from plait.facts.activations import ACTIVATION_BYTES
 from plait.facts.collectives import layer_collectives
 from plait.facts.model_state import communicated_bytes, zero_dims
 from plait.facts.stack import Kernels
@@ -86,26 +86,24 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         times = replace(times, forward=times.forward + wrappers.layer_forward,
                         backward_input=times.backward_input + wrappers.layer_backward)
     e = ACTIVATION_BYTES[precision]
-    tokens = micro_batch * spec.seq_len // layout.cp
-    # Tensor-parallel collectives and the all-to-all head exchange (Ulysses, plait's own): the calls
-    # plait.facts lists, each on the critical path of the layer.
+    # The calls plait.facts lists: tensor-parallel collectives and the all-to-all head exchange, each
+    # on the critical path of the layer; a ring's K/V (and backward's dK/dV) hops, which go round
+    # under the attention they feed (and under its recomputation, which sends them again).
     on_path = {"forward": 0.0, "backward": 0.0}
+    ring = {"forward": 0.0, "backward": 0.0}
     for call in layer_collectives(spec, micro_batch, spec.seq_len, layout.tp, layout.sp, layout.cp, layout.recompute,
-                                  e, kernels.recompute_whole_forward):
-        if call.op == "all_to_all" and kernels.context_exchange != "all-to-all":
-            continue  # a ring passes K/V instead: below
-        seconds = COLLECTIVE_SECONDS[call.op](call.tensor_bytes, call.size, group_link(hw, layout, call.group))
-        on_path["forward"] += call.forward * seconds
-        on_path["backward"] += call.backward * seconds
-    # Context parallel round a ring: K and V go round under the attention they feed; backward also
-    # returns their gradients.
-    cp_forward = cp_backward = 0.0
-    if layout.cp > 1 and kernels.context_exchange == "ring":
-        attention_s = times.attention
-        kv_bytes = 2 * tokens * kv_heads_per_rank(spec, layout.tp) * spec.head_dim * e
-        ring = (layout.cp - 1) * send_seconds(kv_bytes, group_link(hw, layout, "cp"))
-        cp_forward = exposed_under(ring, attention_s, hw.comm_overlap)
-        cp_backward = exposed_under(2 * ring, hw.attention_backward_ratio * attention_s, hw.comm_overlap)
+                                  e, kernels.recompute_whole_forward, layout.cp_algorithm):
+        link = group_link(hw, layout, call.group)
+        if call.op == "send":
+            seconds, into = send_seconds(call.tensor_bytes, link), ring
+        else:
+            seconds, into = COLLECTIVE_SECONDS[call.op](call.tensor_bytes, call.size, link), on_path
+        into["forward"] += call.forward * seconds
+        into["backward"] += call.backward * seconds
+    recomputed = 0.0 if layout.recompute == "none" else 1.0
+    cp_forward = exposed_under(ring["forward"], times.attention, hw.comm_overlap)
+    cp_backward = exposed_under(ring["backward"], (hw.attention_backward_ratio + recomputed) * times.attention,
+                                hw.comm_overlap)
     zero_forward = zero_backward = gather = 0.0
     if layout.zero == 3:
         sharded = zero_dims(kernels)

@@ -1,6 +1,6 @@
 """Search every valid layout for a model on N devices, drop what does not fit, rank by throughput.
 
-Two passes. The first walks every layout (pp, dp, cp, tp, sp, ZeRO stage, schedule, v,
+Two passes. The first walks every layout (pp, dp, cp and its algorithm, tp, sp, ZeRO stage, schedule, v,
 micro-batch size, recomputation) and scores it with closed forms built from the same per-layer
 costs as the simulator: the peak memory of the first and last pipeline ranks (where embedding,
 head and the most in-flight micro-batches sit) and the pipeline's closed-form step time
@@ -46,7 +46,7 @@ class NothingFits(ConfigError):
 # The fields a scanned layout is recorded by, in the order of its tuple; by name, as Layout has
 # fields the search leaves at their defaults.
 SCANNED = ("dp", "tp", "cp", "pp", "sp", "zero", "schedule", "virtual_stages", "microbatches", "recompute",
-           "grad_compression")
+           "grad_compression", "cp_algorithm")
 
 
 def scanned_layout(fields: tuple, stage_layers: tuple[int, ...] | None = None) -> Layout:
@@ -109,14 +109,20 @@ def _sizes(gpus: int, fixed: dict) -> Iterator[tuple[int, int, int, int]]:
                     yield tp, cp, pp, dp
 
 
-def _meshes(workload: Workload, gpus: int, fixed: dict) -> Iterator[tuple[int, int, int, int]]:
-    """The sizes the model can be cut into (the shared validation's tensor, context and stage checks;
-    the rest is checked per layout) whose data parallelism divides the global batch."""
-    spec = workload.spec
+def _meshes(workload: Workload, gpus: int, fixed: dict) -> Iterator[tuple[int, int, int, int, str]]:
+    """The sizes the model can be cut into, with each context-parallel algorithm of the stack that
+    can cut it (the shared validation's tensor, context and stage checks; the rest is checked per
+    layout), whose data parallelism divides the global batch. Without cp the algorithm changes
+    nothing: the pinned one, or the default."""
+    spec, kernels = workload.spec, workload.kernels
     for tp, cp, pp, dp in _sizes(gpus, fixed):
-        if (not fit_problems(spec, Layout(tp=tp, cp=cp), workload.kernels) and not split_problems(spec, pp)
-                and workload.global_batch % dp == 0):
-            yield tp, cp, pp, dp
+        if split_problems(spec, pp) or workload.global_batch % dp:
+            continue
+        algorithms = _options(fixed, "cp_algorithm", kernels.cp_algorithms) if cp > 1 else (
+            fixed.get("cp_algorithm", Layout.cp_algorithm),)
+        for algorithm in algorithms:
+            if not fit_problems(spec, Layout(tp=tp, cp=cp, cp_algorithm=algorithm), kernels):
+                yield tp, cp, pp, dp, algorithm
 
 
 def _schedules(pp: int, m: int, layers: int, fixed: dict) -> list[tuple[str, int]]:
@@ -146,7 +152,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     works: dict[tuple, dict] = {}
     times_cache: dict[tuple, LayerTimes] = {}
     found, capacity = Scan(), hw.usable_memory_bytes
-    for tp, cp, pp, dp in _meshes(workload, gpus, fixed):
+    for tp, cp, pp, dp, algorithm in _meshes(workload, gpus, fixed):
         per_rank = math.ceil(layers / pp)
         params = (rank_parameters(spec, per_rank, True, pp == 1, tp, pp), rank_parameters(spec, per_rank, pp == 1, True, tp, pp))
         tensors = max(rank_tensors(spec, per_rank, True, pp == 1, pp), rank_tensors(spec, per_rank, pp == 1, True, pp))
@@ -158,7 +164,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
             schedules = [(n, v, in_flight_chunks(n, pp, v, m, 0), in_flight_chunks(n, pp, v, m, pp - 1))
                          for n, v in _schedules(pp, m, layers, fixed)]
             for sp in _options(fixed, "sp", (True, False) if tp > 1 else (False,)):
-                base = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m, grad_compression=compression)
+                base = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m, grad_compression=compression,
+                              cp_algorithm=algorithm)
                 if sp and fit_problems(spec, base, kernels):
                     continue
                 if tp > 1 and not sp and "sp" not in fixed and not fit_problems(spec, replace(base, sp=True), kernels):
@@ -177,7 +184,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     if zero == 1 and "zero" not in fixed and not refused(replace(base, zero=2)):
                         continue
                     # ZeRO-3's gathers depend on dp; a measured host's wrapper overhead on the stage.
-                    key = (tp, cp, sp, mbs, dp if zero == 3 else 0, (zero, dp > 1) if hw.host_overhead else None)
+                    key = (tp, cp, sp, mbs, dp if zero == 3 else 0, (zero, dp > 1) if hw.host_overhead else None,
+                           algorithm)
                     if key not in works:
                         works[key] = {rc: _layer_work(replace(base, zero=zero, recompute=rc), workload, hw, mbs, times) for rc in recomputes}
                     staged = replace(base, zero=zero)
@@ -185,8 +193,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes, kernels)
                     first, last = (rank_model_states(spec, staged, precision, per_rank, *ends, kernels).total + other
                                    for ends in ((True, pp == 1), (pp == 1, True)))
-                    acts = {rc: activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp)
-                            for rc in recomputes}
+                    acts = {rc: activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp,
+                                                           algorithm) for rc in recomputes}
                     for name, v, held_first, held_last in schedules:
                         candidate = replace(staged, schedule=name, virtual_stages=v, stage_layers=stage_layers)
                         if run_problems(spec, candidate, gpus, workload.global_batch, kernels):
@@ -202,7 +210,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         fill = fill_zb * layers / pp if name == "zb-h1" else mean / v
                         step = estimate_step(name, pp, v, m, mean, slowest, fill, flight)
                         step += flush.exposed(per_rank * backward) + flush.optimizer
-                        found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression), step, peak, capacity, keep)
+                        found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm), step, peak,
+                                     capacity, keep)
     return found
 
 

@@ -89,7 +89,7 @@ def chunk_activation_bytes(workload: Workload, layout: Layout, micro_batch: int,
     spec, precision = workload.spec, workload.precision
     per_layer = activation_bytes_per_layer(
         spec, micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, precision, workload.kernels,
-        layout.zero, layout.pp,
+        layout.zero, layout.pp, layout.cp_algorithm,
     )
     head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision)
     return [n * per_layer + (head if c == len(counts) - 1 else 0.0) for c, n in enumerate(counts)]
