@@ -52,8 +52,8 @@ def reference(pool) -> list[float]:
 
 
 @pytest.mark.parametrize("layout", [dict(dp=2), dict(dp=2, zero=1), dict(dp=2, zero=2), dict(dp=2, zero=3),
-                                    dict(dp=2, tp=2)],
-                         ids=["dp2", "dp2-zero1", "dp2-zero2", "dp2-zero3", "tp2-dp2"])
+                                    dict(dp=2, tp=2), dict(dp=2, pp=2, microbatches=2)],
+                         ids=["dp2", "dp2-zero1", "dp2-zero2", "dp2-zero3", "tp2-dp2", "pp2-dp2"])
 def test_bf16_loses_no_more_than_bf16_rounding(pool, reference, layout):
     losses = _losses(pool, **layout, grad_compression="bf16")
     for step, (expected, actual) in enumerate(zip(reference, losses, strict=True)):
