@@ -25,7 +25,8 @@ def block_classes(config: RunConfig) -> list[str]:
 
 
 def train_outcome(config: RunConfig) -> dict:
-    """Per-step losses, this rank's measured model-state bytes and, on rank 0, the full final weights."""
+    """Per-step losses, this rank's measured model-state bytes and, on the first dp, cp and tp rank of
+    each pipeline stage, the stage's full final weights (rank 0's are the whole model's without pp)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     topology = build_topology(config.layout, torch.device("cpu"))
@@ -34,7 +35,8 @@ def train_outcome(config: RunConfig) -> dict:
     return {
         "losses": result.losses,
         "model_state_bytes": dict(result.model_state_bytes),
-        "weights": {name: value.detach().clone() for name, value in weights.items()} if topology.rank == 0 else None,
+        "weights": {name: value.detach().clone() for name, value in weights.items()}
+        if not any(topology.coordinate(dim) for dim in ("dp", "cp", "tp")) else None,
     }
 
 
@@ -99,7 +101,7 @@ def zero2_gradient_rows(config: RunConfig, bucket_bytes: int) -> dict:
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
 
-    from plait.parallel.gradient_shards import owned_rows
+    from plait.parallel.zero_rows import owned_rows
     from plait.parallel.optimizer import BETAS, parameter_groups
     from plait.parallel.sharded_adamw import ShardedAdamW
     from plait.train.data import BatchSource, training_tokens
@@ -153,7 +155,7 @@ def zero2_rows_after_a_backward_that_reaches_no_parameter(config: RunConfig) -> 
     accumulated gradients (they must still be reduced)."""
     import torch.distributed as dist
 
-    from plait.parallel.gradient_shards import owned_rows
+    from plait.parallel.zero_rows import owned_rows
     from plait.parallel.gradients import gradient_sync
     from plait.parallel.sharded_adamw import ShardedAdamW
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from plait.config import RunConfig
 from plait.parallel.context import context_shard
 from plait.parallel.gradients import finish_gradients, gradient_reduction
+from plait.parallel.optimizer import build_optimizer
 from plait.parallel.parallelize import apply_within_stage
 from plait.parallel.tensor import vocab_parallel_loss
 from plait.topology import build_topology
@@ -34,7 +35,7 @@ def _one_step(config: RunConfig, layers: int, topology) -> tuple[CollectiveBytes
             logits = model(inputs, positions)
             with vocab_parallel_loss(topology):
                 F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()).backward()
-        finish_gradients(model, topology, gradient_reduction(topology))
+        finish_gradients(model, build_optimizer(model, 1e-3, 0.0), topology, gradient_reduction(topology))
     return comm, saved
 
 

@@ -170,13 +170,13 @@ def test_plan_states_its_margin_and_whether_the_runner_up_is_within_its_error(ca
 
 
 def test_a_layout_train_refuses_is_never_predicted():
-    """ZeRO-2 under pipeline stages is refused by train, so simulate refuses it in the same words."""
+    """PowerSGD under ZeRO-2 is refused by train, so simulate refuses it in the same words."""
     workload = Workload(ModelSpec("gpt2", 8, 256, 8, 8, 1024, 256, 128, tie_embeddings=True), 16, "bf16")
-    layout = Layout(dp=2, pp=2, zero=2)
+    layout = Layout(dp=2, pp=2, zero=2, grad_compression="powersgd")
     with pytest.raises(ConfigError) as refused:
         evaluate(workload, hardware("h100-sxm"), 4, layout)
     assert str(refused.value) == run_problems(workload.spec, layout, 4, 16)[0]
-    assert "not supported yet by plait train" in str(refused.value)
+    assert "ZeRO stage 2's reduce-scatter" in str(refused.value)
 
 
 def test_plan_refuses_nothing_train_accepts():

@@ -13,11 +13,15 @@ from plait.layout import MESH_DIMS, Layout
 
 @dataclass
 class Topology:
-    """The layout plus the mesh built from it, and this rank's place in it."""
+    """The layout plus the mesh built from it, and this rank's place in it.
+
+    ``tp_dp_mesh``: the same ranks as a (tp, dp) mesh, which places ZeRO-1/2's rows of a tp shard
+    (plait.parallel.zero_rows); built only for such a layout."""
 
     layout: Layout
     mesh: DeviceMesh
     device: torch.device
+    tp_dp_mesh: DeviceMesh | None = None
 
     def size(self, dim: str) -> int:
         return self.mesh.size(MESH_DIMS.index(dim))
@@ -47,4 +51,9 @@ def build_topology(layout: Layout, device: torch.device) -> Topology:
             "launch as many processes as dp·cp·tp·pp"
         )
     mesh = init_device_mesh(device.type, layout.mesh_shape, mesh_dim_names=MESH_DIMS)
-    return Topology(layout, mesh, device)
+    tp_dp_mesh = None
+    if layout.zero in (1, 2) and layout.tp > 1 and layout.dp > 1:
+        order = tuple(dim for dim in MESH_DIMS if dim != "dp") + ("dp",)
+        ranks = mesh.mesh.permute(*(MESH_DIMS.index(dim) for dim in order))
+        tp_dp_mesh = DeviceMesh(device.type, ranks, mesh_dim_names=order)["tp", "dp"]
+    return Topology(layout, mesh, device, tp_dp_mesh)

@@ -141,7 +141,8 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     their gradients after backward (FSDP2's and ``ShardedAdamW``'s mesh is the dp dimension), so
     cp shards nothing. bf16 keeps fp32 parameters under autocast (ZeRO 0 and every pipeline stage)
     or FSDP2's fp32 shards (ZeRO 3); ZeRO 1 and 2 without pp hold bf16 parameters and gradients and
-    an fp32 master of the rows the rank owns. Stage 1 and 2 shard each tensor by rows, as torch.chunk;
+    an fp32 master of the rows the rank owns. Under tensor parallelism the rows are those of the
+    rank's tp shard. Stage 1 and 2 shard each tensor by rows, as torch.chunk;
     FSDP2 (stage 3) holds each parameter's and gradient's shard padded to the largest rank's rows.
     Adam keeps two fp32 moments per owned element and one fp32 step counter per tensor.
     """
@@ -154,6 +155,13 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     padded = sum(-(-rows // dp) * cols for rows, cols in shapes)
     params = padded * FP32 if zero == 3 else whole * weight_bytes
     grads = padded * FP32 if zero == 3 else (owned if zero == 2 else whole) * weight_bytes
+    if layout.pp > 1 and zero >= 2:
+        # A pipeline stage accumulates its whole gradients over the schedule and reduce-scatters them
+        # once after it (plait.parallel.gradients); under ZeRO-3 it also keeps its fp32 parameters
+        # gathered for the whole step (plait.parallel.stage_sharding).
+        grads = whole * FP32
+        if zero == 3:
+            params += whole * FP32
     optimizer = owned * (ADAM_MOMENTS * FP32 + (FP32 if half else 0)) + FP32 * len(shapes)
     return ModelStates(params=params, grads=grads, optimizer=optimizer)
 
@@ -182,8 +190,9 @@ def communicated_bytes(layout: Layout, precision: str, kernels: Kernels) -> tupl
     """Bytes per element of (gradients reduced, parameters gathered) by the data-parallel collectives.
 
     plait under bf16 keeps fp32 weights and gradients at ZeRO 0 and on pipeline stages (autocast);
-    ZeRO 1–2 without stages cast the weights to bf16; ZeRO-3's FSDP2 gathers bf16 weights and
-    reduce-scatters fp32 gradients (its MixedPrecisionPolicy in plait.parallel.data). A reference
+    ZeRO 1–2 without stages cast the weights to bf16; ZeRO-3's FSDP2 gathers bf16 weights (fp32 on
+    a pipeline stage) and reduce-scatters fp32 gradients (its MixedPrecisionPolicy in
+    plait.parallel.data). A reference
     stack moves the ZeRO paper's bf16 parameters and gradients. ``--grad-compression bf16`` puts
     every gradient on the wire in bf16; PowerSGD's factors travel in the gradients' own dtype
     (``reduced_gradient_elements`` counts them).
@@ -193,7 +202,7 @@ def communicated_bytes(layout: Layout, precision: str, kernels: Kernels) -> tupl
     elif precision == "fp32":
         grads, params = FP32, FP32
     elif layout.zero == 3:
-        grads, params = FP32, BF16
+        grads, params = FP32, (BF16 if layout.pp == 1 else FP32)  # a pipeline stage gathers fp32
     else:
         bf16_weights = layout.zero in (1, 2) and layout.pp == 1
         grads, params = (BF16, BF16) if bf16_weights else (FP32, FP32)

@@ -2,8 +2,8 @@
 
 ``plait train`` (and its ``--dry-run`` and ``--auto``), ``plait simulate``, ``plait plan``'s search
 and ``plait explain`` all ask ``run_problems`` or ``check_run``; nothing else decides what is
-valid. When the engine learns a new composition, ``UNSUPPORTED`` loses a line and the planner's
-search space grows by itself.
+valid. Every parallelism composes with every other; what is refused has no meaning (a
+compression with nothing to compress) or does not fit the model, each with its reason.
 """
 
 from __future__ import annotations
@@ -17,15 +17,6 @@ from plait.models.spec import ModelSpec
 from plait.schedules.generators import validate as validate_schedule
 from plait.schedules.split import split_problems
 
-# Compositions the engine has not learnt yet: (refused?, what), refused before any worker starts.
-UNSUPPORTED: tuple[tuple[Callable[[Layout], bool], str], ...] = (
-    (lambda layout: layout.pp > 1 and layout.zero > 1,
-     "ZeRO stages 2 and 3 together with --pp (stage 1 composes with it)"),
-    (lambda layout: layout.zero in (1, 2) and (layout.tp > 1 or layout.cp > 1),
-     "ZeRO stages 1 and 2 together with --tp or --cp (stage 3 composes with them)"),
-)
-
-
 def _raised(check: Callable[[], object]) -> list[str]:
     """The message ``check`` raises as a ConfigError, as a list (empty if it passes)."""
     try:
@@ -33,12 +24,6 @@ def _raised(check: Callable[[], object]) -> list[str]:
     except ConfigError as error:
         return [str(error)]
     return []
-
-
-def supported_problems(layout: Layout) -> list[str]:
-    """Compositions of ``layout`` that plait train does not run yet."""
-    return [f"{what} is not supported yet by plait train; leave it out for now"
-            for refused, what in UNSUPPORTED if refused(layout)]
 
 
 def fit_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["plait"]) -> list[str]:
@@ -121,14 +106,13 @@ def compression_problems(layout: Layout) -> list[str]:
 
 def run_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None, global_batch: int | None = None,
                  kernels: Kernels = STACKS["plait"]) -> list[str]:
-    """Every reason this run is invalid or not supported, each one actionable sentence; [] if it runs.
+    """Every reason this run is invalid, each one actionable sentence; [] if it runs.
 
     ``world_size`` and ``global_batch`` are checked when given.
     """
     problems = _raised(spec.validate) + _raised(layout.validate)
     if problems:  # the checks below read the fields as positive integers
         return problems
-    problems += supported_problems(layout)
     problems += compression_problems(layout)
     problems += fit_problems(spec, layout, kernels)
     problems += pipeline_problems(spec, layout)

@@ -2,12 +2,13 @@
 
 Counted from the live tensors, local shards only (a DTensor counts its local tensor), each storage
 once (DDP's gradients are views of its buckets; ZeRO-2's and FSDP2's gradient shards are views
-of their reduce-scatter outputs): parameters at the end of a forward pass, gradients just
-before the optimizer step (what the step is given: mid-backward, ZeRO-2 also holds the gradients
-not yet packed and its buckets in flight, as DDP and FSDP2 hold theirs), optimizer state (with
-any fp32 master copy) just after it; each the largest seen.
+of their reduce-scatter outputs): parameters at the end of a forward pass, gradients after the
+backward passes and just before the optimizer step (what the step is given: mid-backward, ZeRO-2
+also holds the gradients not yet packed and its buckets in flight, as DDP and FSDP2 hold theirs),
+optimizer state (with any fp32 master copy) just after it; each the largest seen.
 
-The engine says what its optimizer steps with (``gradients``, ``masters``) rather than this module
+The engine says what its optimizer steps with (``gradients``, ``masters``) and what holds the
+gradients before they are reduced (``unreduced``) rather than this module
 asking what kind of optimizer it is: measurement depends on no part of the engine.
 """
 
@@ -35,12 +36,14 @@ class ModelStateMeter:
     """Hooks on the model and optimizer that keep the largest bytes held of each kind of state.
 
     ``gradients()`` gives the gradients the optimizer steps with (ZeRO-2 keeps them in the
-    optimizer, not on the parameters); ``masters``, its fp32 master copies, if any."""
+    optimizer, not on the parameters); ``masters``, its fp32 master copies, if any; ``unreduced``,
+    what holds the gradients between the backward passes and their reduction (``before_reduction``)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 gradients: Callable[[], Iterable[torch.Tensor]], masters: Collection[torch.Tensor] = ()):
+                 gradients: Callable[[], Iterable[torch.Tensor]], masters: Collection[torch.Tensor] = (),
+                 unreduced: Callable[[], Iterable[torch.Tensor]] = lambda: ()):
         self.model, self.optimizer = model, optimizer
-        self.gradients, self.masters = gradients, masters
+        self.gradients, self.masters, self.unreduced = gradients, masters, unreduced
         self.held = {"parameters": 0, "gradients": 0, "optimizer": 0}
         model.register_forward_hook(self._after_forward)
         optimizer.register_step_pre_hook(self._before_step)
@@ -58,6 +61,12 @@ class ModelStateMeter:
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         self._keep("gradients", storage_bytes(self.gradients()))
+
+    def before_reduction(self) -> None:
+        """Called after the step's backward, its gradients laid out as their parameters, before what
+        is left of their reduction: a pipeline stage under ZeRO-2 or 3 holds its whole gradients
+        until the reduce-scatter after the schedule."""
+        self._keep("gradients", storage_bytes(self.unreduced()))
 
     def _after_step(self, optimizer, args, kwargs) -> None:
         state = [value for values in self.optimizer.state.values() for value in values.values()]

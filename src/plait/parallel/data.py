@@ -4,6 +4,9 @@
 - stage 1: DDP plus ``ShardedAdamW``: each rank keeps the optimizer state of 1/Nd of every parameter.
 - stage 2: ``ShardedAdamW`` with ``gradient_order``: replicated parameters, no wrapper; the
   optimizer's hooks reduce-scatter the gradients in buckets, overlapping backward.
+- stages 1 and 2 under tensor parallelism: the same, on the rows of each rank's tp shard, as
+  Megatron's distributed optimizer; DDP cannot hold DTensor weights, so stage 1's gradients are
+  averaged after backward (plait.parallel.gradients).
 - stage 3: FSDP2 ``fully_shard`` per block and on the root: parameters gathered block by block,
   just in time, with the next block's all-gather prefetched. Under tensor parallelism FSDP2
   shards each rank's tensor-parallel shard further over dp (torchtitan's 2-D layout).
@@ -30,34 +33,54 @@ from plait.topology import Topology
 def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "fp32") -> nn.Module:
     """Replicate (stages 0, 1) or shard (stages 2, 3) ``model`` over the dp group."""
     stage = topology.layout.zero
-    if topology.size("dp") == 1 or (topology.size("tp") > 1 and stage < 3):
-        # DDP cannot hold tensor-parallel (DTensor) weights: plait.parallel.gradients averages them.
-        # FSDP2 can: over the dp mesh dimension it shards DTensors already split over tp (2-D).
+    if topology.size("dp") == 1:
         return model
     if stage in (1, 2) and precision == "bf16":
         # The parameters only (buffers such as RoPE's tables stay fp32, as in every other layout);
         # ShardedAdamW keeps the fp32 master of each rank's rows.
-        with torch.no_grad():
-            for param in model.parameters():
-                param.data = param.data.to(torch.bfloat16)
-    if stage <= 1:
-        # Gradients as views of DDP's buckets: the rank holds one copy of the gradients, not two.
-        return DistributedDataParallel(model, process_group=topology.group("dp"), gradient_as_bucket_view=True)
+        cast_parameters(model, torch.bfloat16)
+    if stage == 3:
+        # FSDP2 over the dp mesh dimension shards DTensors already split over tp (2-D).
+        return fully_shard_model(model, topology.mesh["dp"], precision, topology.layout.grad_compression)
     if stage == 2:
         return model  # ShardedAdamW(gradient_order=...) reduce-scatters the gradients itself
-    return fully_shard_model(model, topology.mesh["dp"], precision, topology.layout.grad_compression)
+    if topology.size("tp") > 1:
+        return model  # DDP cannot hold tensor-parallel (DTensor) weights: plait.parallel.gradients averages them
+    # Gradients as views of DDP's buckets: the rank holds one copy of the gradients, not two.
+    return DistributedDataParallel(model, process_group=topology.group("dp"), gradient_as_bucket_view=True)
 
 
-def fully_shard_model(model: nn.Module, mesh: DeviceMesh, precision: str, grad_compression: str = "none") -> nn.Module:
-    """FSDP2 on every transformer block, then on the root (embeddings, final norm, head)."""
+@torch.no_grad()
+def cast_parameters(model: nn.Module, dtype: torch.dtype) -> None:
+    """Every parameter of ``model`` replaced by one of ``dtype`` (assigning ``.data`` would leave a
+    tensor-parallel DTensor's local shard in its old dtype); a parameter shared by two modules
+    stays shared."""
+    cast: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if id(param) not in cast:
+                cast[id(param)] = nn.Parameter(param.to(dtype), requires_grad=param.requires_grad)
+            setattr(module, name, cast[id(param)])
+
+
+def fsdp_policy(precision: str, grad_compression: str = "none") -> MixedPrecisionPolicy:
+    """FSDP2's mixed precision: bf16 compute over fp32 shards, fp32 gradient reduction unless compressed."""
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" \
         else MixedPrecisionPolicy()
-    policy = compressed_policy(policy, grad_compression)
+    return compressed_policy(policy, grad_compression)
+
+
+def fully_shard_model(model: nn.Module, mesh: DeviceMesh, precision: str, grad_compression: str = "none",
+                      reshard_after_forward: bool = True) -> nn.Module:
+    """FSDP2 on every transformer block, then on the root (embeddings, final norm, head); each
+    block's parameters freed after its forward (``reshard_after_forward``) and gathered again in
+    backward."""
+    policy = fsdp_policy(precision, grad_compression)
     blocks = list(model.layers.values())
     for block in blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
-    # True on the root too: FSDP2's default keeps the root's parameters gathered after forward.
-    fully_shard(model, mesh=mesh, reshard_after_forward=True, mp_policy=policy)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    # Explicit on the root too: FSDP2's default keeps the root's parameters gathered after forward.
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     for current, following in zip(blocks, blocks[1:]):
         current.set_modules_to_forward_prefetch([following])
         following.set_modules_to_backward_prefetch([current])
@@ -65,7 +88,8 @@ def fully_shard_model(model: nn.Module, mesh: DeviceMesh, precision: str, grad_c
 
 
 def zero_optimizer_mesh(topology: Topology) -> DeviceMesh | None:
-    """The mesh ``ShardedAdamW`` shards over: the dp mesh for stages 1 and 2, else none.
+    """The mesh ``ShardedAdamW`` shards over: the dp mesh for stages 1 and 2, else none (with
+    ``topology.tp_dp_mesh`` for tensor-parallel parameters).
 
     Stage 3 needs none: its parameters are already DTensor shards, and so is Adam's state.
     """

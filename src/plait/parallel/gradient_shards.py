@@ -6,7 +6,9 @@ bucket is packed, its gradients freed, and reduce-scattered asynchronously while
 pass goes on, and a finished reduce-scatter's buffer is released as soon as it is seen done.
 When the backward pass ends, the rank holds, for every parameter a backward reached, only the
 averaged gradient of its own rows: ``torch.chunk``'s split of dim 0, as DTensor's ``Shard(0)``
-and ``ShardedAdamW`` split it. Every rank must reach the same parameters, as under DDP.
+and ``ShardedAdamW`` split it (of the rank's tp shard under tensor parallelism: a gradient is
+first laid out as its parameter, which sums sequence-parallel partial sums over tp). Every rank
+must reach the same parameters, as under DDP.
 
 Not FSDP2 ``fully_shard(reshard_after_forward=False)``: it keeps the parameters sharded and
 gathers a second, full copy for compute, so a rank holds 4Ψ/Nd bytes more than ZeRO-2's
@@ -21,8 +23,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
+
+from plait.parallel.tensor import laid_out_gradient
+from plait.parallel.zero_rows import RowSplit, local_tensor
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket size
 # torch 2.13 renamed the two single-tensor collectives and warns under the old names; torch
@@ -31,35 +35,27 @@ reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatt
 all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 
 
-def owned_rows(rows: int, rank: int, ranks: int) -> slice:
-    """The rows of a ``rows``-row tensor that ``rank`` of ``ranks`` owns: torch.chunk's split, as Shard(0)."""
-    chunk = -(-rows // ranks)
-    start = min(rank * chunk, rows)
-    return slice(start, min(start + chunk, rows))
-
-
-def row_shape(param: torch.Tensor, rows: slice) -> tuple[int, ...]:
-    return (rows.stop - rows.start, *param.shape[1:])
-
-
 class GradientReduceScatter:
-    """Hooks that leave each rank of ``mesh`` holding only its rows of every averaged gradient.
+    """Hooks that leave each dp rank of ``split`` holding only its rows of every averaged gradient.
 
     ``params`` in the model's order. ``sync`` False (every micro-batch but the last) lets the
-    gradients accumulate whole, untouched. ``shards`` maps each parameter to its gradient rows, a
-    DTensor over ``mesh``, until ``clear``."""
+    gradients accumulate whole, untouched; so does ``in_backward`` False, for a pipeline stage,
+    whose schedule interleaves many backward passes (``flush`` reduces them once, after it).
+    ``shards`` maps each parameter to its gradient rows, a DTensor of the whole gradient, until
+    ``clear``."""
 
-    def __init__(self, params: list[nn.Parameter], mesh: DeviceMesh, bucket_bytes: int = BUCKET_BYTES):
-        self.mesh, self.group = mesh, mesh.get_group()
-        self.ranks, self.rank = mesh.size(), mesh.get_local_rank()
-        self.sync = True
+    def __init__(self, params: list[nn.Parameter], split: RowSplit, bucket_bytes: int = BUCKET_BYTES,
+                 in_backward: bool = True):
+        self.split, self.group = split, split.group
+        self.ranks, self.rank = split.ranks, split.rank
+        self.sync, self.in_backward = True, in_backward
         self.wire_dtype: torch.dtype | None = None  # bf16 under --grad-compression bf16 (plait.parallel.compression)
         self.shards: dict[nn.Parameter, DTensor] = {}
         # The backward pass reaches the last parameters first: bucket them in that order.
         self.buckets = self._partition(list(reversed(params)), bucket_bytes)
         # Each parameter's rows per rank and their shapes, fixed for the run: the hooks only look them up.
-        self._rows = {param: [owned_rows(param.shape[0], rank, self.ranks) for rank in range(self.ranks)] for param in params}
-        self._shapes = {param: [row_shape(param, rows) for rows in self._rows[param]] for param in params}
+        self._rows = {param: [split.rows(param, rank) for rank in range(self.ranks)] for param in params}
+        self._shapes = {param: [split.shape(param, rank) for rank in range(self.ranks)] for param in params}
         self.widths = [max(sum(math.prod(self._shapes[p][rank]) for p in bucket) for rank in range(self.ranks))
                        for bucket in self.buckets]
         self._bucket_of = {param: index for index, bucket in enumerate(self.buckets) for param in bucket}
@@ -75,7 +71,7 @@ class GradientReduceScatter:
         buckets: list[list[nn.Parameter]] = []
         size = 0
         for param in params:
-            nbytes = param.numel() * param.element_size()
+            nbytes = local_tensor(param.detach()).numel() * param.element_size()
             if not buckets or size + nbytes > bucket_bytes or buckets[-1][0].dtype != param.dtype:
                 buckets.append([])
                 size = 0
@@ -84,7 +80,7 @@ class GradientReduceScatter:
         return buckets
 
     def _gradient_ready(self, param: nn.Parameter) -> None:
-        if not self.sync:
+        if not (self.sync and self.in_backward):
             return
         if not self._finish_queued:
             # What DDP and FSDP2 use too: a callback the autograd engine runs when this backward ends.
@@ -99,21 +95,21 @@ class GradientReduceScatter:
         """Pack each rank's rows of the bucket's gradients into that rank's segment; reduce-scatter."""
         self._release_finished()
         bucket, width = self.buckets[index], self.widths[index]
-        reached = {param for param in bucket if param.grad is not None}
+        grads = {param: local_tensor(laid_out_gradient(param)) for param in bucket if param.grad is not None}
         packed = torch.zeros(width * self.ranks, dtype=self.wire_dtype or bucket[0].dtype, device=bucket[0].device)
         for rank in range(self.ranks):
             offset = rank * width
             for param in bucket:
                 count = math.prod(self._shapes[param][rank])
-                if param.grad is not None:  # one this backward did not reach contributes zeros
-                    packed[offset:offset + count].copy_(param.grad[self._rows[param][rank]].reshape(-1))
+                if param in grads:  # one this backward did not reach contributes zeros
+                    packed[offset:offset + count].copy_(grads[param][self._rows[param][rank]].reshape(-1))
                 offset += count
         for param in bucket:
             param.grad = None
         mine = torch.empty(width, dtype=packed.dtype, device=packed.device)
         # The work keeps ``packed`` alive until it is released, and no longer.
         work = reduce_scatter_single(mine, packed, group=self.group, async_op=True)
-        self._in_flight.append((work, index, mine, reached))
+        self._in_flight.append((work, index, mine, set(grads)))
         self._launched += 1
 
     def _release_finished(self) -> None:
@@ -134,7 +130,7 @@ class GradientReduceScatter:
             if param in self.shards:  # a second synchronised backward before the optimizer step
                 self.shards[param].to_local().add_(rows)
             else:
-                self.shards[param] = DTensor.from_local(rows, self.mesh, [Shard(0)], shape=param.shape, stride=param.stride())
+                self.shards[param] = self.split.as_dtensor(rows, param)
 
     def _finish(self) -> None:
         while self._launched < len(self.buckets):
@@ -149,8 +145,9 @@ class GradientReduceScatter:
         self._finish_queued = False
 
     def flush(self) -> None:
-        """Reduce what a synchronised backward left whole: one that reached no parameter leaves the
-        gradients of earlier micro-batches unreduced (after a normal one there is nothing left)."""
+        """Reduce what backward left whole: all of a pipeline stage's gradients, or those of earlier
+        micro-batches after a synchronised backward that reached no parameter (after a normal one
+        there is nothing left)."""
         if any(param.grad is not None for bucket in self.buckets for param in bucket):
             self._finish()
 

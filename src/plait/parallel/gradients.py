@@ -7,12 +7,14 @@ last. What they cannot do is finished here, once per step, after backward
 (``finish_gradients``), in this order:
 
 1. tensor parallelism: every gradient laid out as its parameter is;
-2. tied embeddings over pipeline stages (GPT-2): the first and last stages' copies summed, as in
-   Megatron-LM, so they stay equal;
-3. replicas no hook averaged: context-parallel ranks always (each saw its own slice of the
-   sequences); data-parallel ranks under tensor parallelism below ZeRO-3 (DDP cannot hold DTensor
-   weights, FSDP2 can) and on every pipeline stage (DDP's per-backward hooks cannot follow a
-   backward split into input and weight halves).
+2. ZeRO-2 and ZeRO-3 on a pipeline stage: the stage's gradients reduce-scattered over dp, once,
+   after the schedule's last backward (``scatter_after``);
+3. tied embeddings over pipeline stages (GPT-2): the first and last stages' copies summed (their
+   gradients, or the same rows of them), as in Megatron-LM, so they stay equal;
+4. replicas no hook averaged: context-parallel ranks always (each saw its own slice of the
+   sequences); data-parallel ranks below ZeRO-2 under tensor parallelism (DDP cannot hold DTensor
+   weights) and on every pipeline stage (DDP's per-backward hooks cannot follow a backward split
+   into input and weight halves). Under ZeRO-2 these are the rank's gradient rows.
 
 ``clip_gradients`` then takes the global norm: over the optimizer's gradients on one stage, summed
 over the stages (a tied weight counted once) under pipeline parallelism.
@@ -21,7 +23,7 @@ over the stages (a tied weight counted once) under pipeline parallelism.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from plait.parallel.compression import average_flat
 from plait.parallel.grad_norm import clip_grad_norm, scale_to_norm, total_norm
-from plait.parallel.sharded_adamw import ShardedAdamW, gradients_of
+from plait.parallel.sharded_adamw import ShardedAdamW, gradients_by_parameter, gradients_of
 from plait.parallel.tensor import finish_tensor_gradients
 from plait.topology import Topology
 
@@ -44,20 +46,24 @@ class GradientReduction:
 
     ``replica_dims``: mesh dimensions averaged here. ``tied_peer``: the pp rank holding the other
     copy of a tied embedding (None: no copy elsewhere). ``stage_norm``: the norm is summed over the
-    pp group."""
+    pp group. ``scatter_after``: the data-parallel reduce-scatter of a pipeline stage under ZeRO-2
+    or 3, which runs here rather than in backward."""
 
     replica_dims: tuple[str, ...] = ()
     tied_peer: int | None = None
     stage_norm: bool = False
+    scatter_after: Callable[[], None] | None = None
 
 
-def gradient_reduction(topology: Topology, tied_peer: int | None = None) -> GradientReduction:
-    """The reduction left after backward on ``topology``; ``tied_peer`` as the pipeline found it."""
-    if topology.size("pp") > 1:
-        dims = tuple(dim for dim in ("dp", "cp") if topology.size(dim) > 1)
-        return GradientReduction(dims, tied_peer, stage_norm=True)
-    outside_ddp = topology.size("tp") > 1 and topology.size("dp") > 1 and topology.layout.zero < 3
-    return GradientReduction(("dp",) * outside_ddp + ("cp",) * (topology.size("cp") > 1))
+def gradient_reduction(topology: Topology, tied_peer: int | None = None,
+                       scatter_after: Callable[[], None] | None = None) -> GradientReduction:
+    """The reduction left after backward on ``topology``; ``tied_peer`` as the pipeline found it,
+    ``scatter_after`` as ZeRO-2 or 3 built it on a pipeline stage."""
+    zero, pipelined = topology.layout.zero, topology.size("pp") > 1
+    # Below ZeRO-2, no hook averages dp where DDP cannot run: on a pipeline stage, or under tp.
+    dp_after = topology.size("dp") > 1 and zero < 2 and (pipelined or topology.size("tp") > 1)
+    dims = ("dp",) * dp_after + ("cp",) * (topology.size("cp") > 1)
+    return GradientReduction(dims, tied_peer, stage_norm=pipelined, scatter_after=scatter_after)
 
 
 @contextlib.contextmanager
@@ -82,17 +88,21 @@ def gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, enabled: b
 
 
 @torch.no_grad()
-def finish_gradients(model: nn.Module, topology: Topology, reduction: GradientReduction) -> None:
+def finish_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
+                     reduction: GradientReduction, laid_out: Callable[[], None] = lambda: None) -> None:
     """After the step's backward (and after the hooks' own reduction, which would overwrite a
-    gradient changed while in flight): what the hooks left, in the order the module doc gives."""
+    gradient changed while in flight): what the hooks left, in the order the module doc gives.
+    ``laid_out`` is called once the gradients are laid out as their parameters, before the rest."""
     finish_tensor_gradients(model)  # laid out as the parameters are, so tied copies match
+    laid_out()
+    if reduction.scatter_after is not None:
+        reduction.scatter_after()
     if reduction.tied_peer is not None:
-        _sum_tied_embedding(model, topology, reduction.tied_peer)
-    average_gradients(model, topology, reduction.replica_dims)
+        _sum_tied_embedding(gradients_by_parameter(optimizer)[model.tok_embeddings.weight], topology, reduction.tied_peer)
+    average_gradients(gradients_of(optimizer), topology, reduction.replica_dims)
 
 
-def _sum_tied_embedding(model: nn.Module, topology: Topology, peer: int) -> None:
-    grad = model.tok_embeddings.weight.grad
+def _sum_tied_embedding(grad: torch.Tensor, topology: Topology, peer: int) -> None:
     grad = grad.to_local() if isinstance(grad, DTensor) else grad
     group = topology.group("pp")
     other = torch.empty_like(grad)
@@ -103,10 +113,10 @@ def _sum_tied_embedding(model: nn.Module, topology: Topology, peer: int) -> None
 
 
 @torch.no_grad()
-def average_gradients(model: nn.Module, topology: Topology, dims: tuple[str, ...]) -> None:
-    """Average every gradient of ``model`` over the mesh dimensions ``dims``, in one flat all-reduce
-    per dimension and dtype, so the collective's latency is paid once rather than per tensor."""
-    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters() if p.grad is not None]
+def average_gradients(gradients: list[torch.Tensor], topology: Topology, dims: tuple[str, ...]) -> None:
+    """Average ``gradients`` over the mesh dimensions ``dims``, in one flat all-reduce per
+    dimension and dtype, so the collective's latency is paid once rather than per tensor."""
+    grads = [grad.to_local() if isinstance(grad, DTensor) else grad for grad in gradients]
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for grad in grads:
         by_dtype.setdefault(grad.dtype, []).append(grad)
@@ -120,13 +130,13 @@ def average_gradients(model: nn.Module, topology: Topology, dims: tuple[str, ...
 def clip_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
                    reduction: GradientReduction, max_norm: float) -> torch.Tensor:
     """Clip by the global norm of the step's gradients; return the norm before clipping."""
+    grads = gradients_by_parameter(optimizer)
     if not reduction.stage_norm:
-        return clip_grad_norm(gradients_of(optimizer), max_norm)
-    params = [p for p in model.parameters() if p.grad is not None]
+        return clip_grad_norm(grads.values(), max_norm)
     # The tied embedding's two copies hold the same gradient: the first stage's counts it.
     tied = model.tok_embeddings.weight if reduction.tied_peer == 0 else None
-    squares = total_norm([p.grad for p in params if p is not tied]).square()
+    squares = total_norm([grad for param, grad in grads.items() if param is not tied]).square()
     dist.all_reduce(squares, group=topology.group("pp"))
     norm = squares.sqrt()
-    scale_to_norm([p.grad for p in params], max_norm, norm)
+    scale_to_norm(list(grads.values()), max_norm, norm)
     return norm

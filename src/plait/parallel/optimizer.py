@@ -29,7 +29,8 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float, topology: 
     groups = parameter_groups(model, weight_decay)
     if topology is not None and (mesh := zero_optimizer_mesh(topology)) is not None:
         order = list(model.parameters()) if topology.layout.zero == 2 else None
-        return ShardedAdamW(groups, mesh, lr=lr, betas=BETAS, gradient_order=order)
+        return ShardedAdamW(groups, mesh, lr=lr, betas=BETAS, gradient_order=order, tp_dp_mesh=topology.tp_dp_mesh,
+                            scatter_in_backward=topology.size("pp") == 1)
     # fused=True: PyTorch's single-kernel AdamW (CPU and CUDA; plain and DTensor parameters), several
     # times faster than the per-tensor loop. Each element's update depends on that element alone,
     # so every sharding of the parameters gives the single-process result.

@@ -9,6 +9,7 @@ wrap what the rank finally holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,7 @@ from plait.parallel.gradients import GradientReduction, gradient_reduction
 from plait.parallel.optimizer import build_optimizer
 from plait.parallel.pipeline import Pipeline, build_pipeline
 from plait.parallel.recompute import apply_recompute
+from plait.parallel.stage_sharding import ShardedStage
 from plait.parallel.tensor import apply_tensor_parallel
 from plait.topology import Topology
 
@@ -29,13 +31,15 @@ from plait.topology import Topology
 @dataclass
 class Parallelized:
     """What a rank trains: its model (a pipeline stage's pruned model under pp), the optimizer over
-    it, the pipeline (None without pp) and what its gradients still need after backward."""
+    it, the pipeline (None without pp), what its gradients still need after backward, and what
+    holds them until then (``unreduced_gradients``)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
     pipeline: Pipeline | None
     reduction: GradientReduction
     topology: Topology
+    unreduced_gradients: Callable[[], list[torch.Tensor]]
 
 
 def apply_within_stage(model: Transformer, topology: Topology) -> Transformer:
@@ -51,14 +55,22 @@ def parallelize(model: Transformer, topology: Topology, precision: str, lr: floa
     ``precision`` ("fp32" or "bf16") sets how ZeRO holds parameters; ``lr`` and ``weight_decay``
     are the optimizer's."""
     model = apply_within_stage(model, topology)
-    pipeline = None
+    layout, pipeline, scatter_after, stage = topology.layout, None, None, None
     if topology.size("pp") > 1:
-        # No data-parallel wrapper on a stage: its replicas are averaged after the step.
+        # No DDP on a stage (its hooks cannot follow a backward split into input and weight halves):
+        # gradients are reduced after the schedule (plait.parallel.gradients), ZeRO-3's by FSDP2.
         pipeline = build_pipeline(model, topology)
         model = pipeline.model
+        if layout.zero == 3 and topology.size("dp") > 1:
+            stage = ShardedStage(model, topology.mesh["dp"], layout.grad_compression)
+            scatter_after = stage.reduce
     else:
         model = apply_data_parallel(model, topology, precision)
     optimizer = build_optimizer(model, lr, weight_decay, topology)
     compress_gradients(model, optimizer, topology)  # --grad-compression, into the reduction backward runs
-    reduction = gradient_reduction(topology, pipeline.tied_peer if pipeline is not None else None)
-    return Parallelized(model, optimizer, pipeline, reduction, topology)
+    if layout.zero == 2 and pipeline is not None:
+        scatter_after = optimizer.gradient_shards.flush
+    reduction = gradient_reduction(topology, pipeline.tied_peer if pipeline is not None else None, scatter_after)
+    unreduced = stage.unreduced_gradients if stage is not None else \
+        (lambda: [param.grad for param in model.parameters() if param.grad is not None])
+    return Parallelized(model, optimizer, pipeline, reduction, topology, unreduced)

@@ -67,6 +67,18 @@ def prune_to_rank(model: nn.Module, schedule: Schedule, rank: int, split: tuple[
     return model
 
 
+class TiedHead(nn.Module):
+    """The tied head of a stage without the embedding: it projects with the embedding's weight,
+    read when called, so a wrapper that replaces the weight (FSDP2) is followed."""
+
+    def __init__(self, embedding: nn.Embedding):
+        super().__init__()
+        self.embedding = embedding
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.embedding.weight)
+
+
 def chunk_views(model: nn.Module, schedule: Schedule, rank: int, split: tuple[range, ...]) -> dict[int, nn.Module]:
     """One runnable module per chunk of ``rank`` over the pruned ``model``'s parameters."""
     views = {}
@@ -79,11 +91,7 @@ def chunk_views(model: nn.Module, schedule: Schedule, rank: int, split: tuple[ra
         if c != last_chunk:
             replace.update(norm=None, output=None)
         elif model.spec.tie_embeddings and c != 0:
-            # Tied head on a stage without the embedding: project with the embedding's weight.
-            head = nn.Linear(model.tok_embeddings.embedding_dim, model.tok_embeddings.num_embeddings,
-                             bias=False, device="meta")
-            head.weight = model.tok_embeddings.weight
-            replace["output"] = head
+            replace["output"] = TiedHead(model.tok_embeddings)
         views[c] = _view(model, **replace)
     return views
 

@@ -1,8 +1,10 @@
 """ZeRO stages 1 and 2: AdamW whose state each rank keeps for its own rows of every parameter only.
 
-Stage 1: gradients arrive whole (DDP all-reduces them). Stage 2: ``GradientReduceScatter`` leaves
+Stage 1: gradients arrive whole (averaged by DDP, or after backward where DDP cannot run: under
+tensor or pipeline parallelism). Stage 2: ``GradientReduceScatter`` leaves
 each rank only the averaged gradient of its own rows. Either way each rank updates the rows it
-owns, and one all-gather per step hands the updated rows to the other ranks.
+owns, and one all-gather per step hands the updated rows to the other ranks. Under tensor
+parallelism the rows are those of the rank's tp shard (plait.parallel.zero_rows).
 
 Mixed precision, as the ZeRO paper accounts it: parameters and gradients in bf16 (2 + 2 bytes,
 replicated), and for the rows a rank owns an fp32 master copy that Adam updates (12 bytes with
@@ -16,10 +18,11 @@ from collections.abc import Collection
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
 from torch.optim.adamw import adamw
 
-from plait.parallel.gradient_shards import BUCKET_BYTES, GradientReduceScatter, all_gather_single, owned_rows, row_shape
+from plait.parallel.gradient_shards import BUCKET_BYTES, GradientReduceScatter, all_gather_single
+from plait.parallel.zero_rows import RowSplit, local_tensor
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -31,41 +34,41 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 class ShardedAdamW(torch.optim.Optimizer):
     """AdamW (decoupled weight decay, PyTorch's fused kernel, as ``build_optimizer``) with state sharded over ``mesh``.
 
-    With ``gradient_order``, the model's parameters in order, the gradients are reduce-scattered
-    too (ZeRO-2), bucketed in the reverse of that order. Parameters held in a lower precision than
-    fp32 get an fp32 master copy of the owned rows (``masters``)."""
+    ``mesh`` is the dp mesh; under tensor parallelism ``tp_dp_mesh`` (plait.parallel.zero_rows)
+    places the rows of each tp shard. With ``gradient_order``, the model's parameters in order,
+    the gradients are reduce-scattered too (ZeRO-2), bucketed in the reverse of that order, in
+    backward or (``scatter_in_backward`` False) when ``gradient_shards.flush`` is called.
+    Parameters held in a lower precision than fp32 get an fp32 master copy of the owned rows
+    (``masters``)."""
 
     def __init__(self, params, mesh: DeviceMesh, lr: float, betas: tuple[float, float], eps: float = 1e-8,
                  weight_decay: float = 1e-2, gradient_order: list[nn.Parameter] | None = None,
-                 bucket_bytes: int = BUCKET_BYTES):
+                 bucket_bytes: int = BUCKET_BYTES, tp_dp_mesh: DeviceMesh | None = None, scatter_in_backward: bool = True):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
-        self.mesh = mesh
+        self.split = RowSplit(mesh, tp_dp_mesh)
         optimized = self._optimized()
-        self.masters = {param: self._as_shard(param.detach()[self._rows(param)].to(torch.float32, copy=True), param)
+        self.masters = {param: self.split.as_dtensor(self._rows_of(param).to(torch.float32, copy=True), param)
                         for param in optimized if param.dtype != torch.float32}
         self.gradient_shards = None
         if gradient_order is not None:
             stepped = set(optimized)
-            self.gradient_shards = GradientReduceScatter([p for p in gradient_order if p in stepped], mesh, bucket_bytes)
+            self.gradient_shards = GradientReduceScatter([p for p in gradient_order if p in stepped], self.split,
+                                                         bucket_bytes, scatter_in_backward)
         self._pieces: list[list[tuple[torch.Tensor, slice]]] | None = None
 
     def _optimized(self) -> list[torch.Tensor]:
         return [param for group in self.param_groups for param in group["params"]]
 
-    def _rows(self, param: torch.Tensor, rank: int | None = None) -> slice:
-        rank = self.mesh.get_local_rank() if rank is None else rank
-        return owned_rows(param.shape[0], rank, self.mesh.size())
-
-    def _as_shard(self, local: torch.Tensor, param: torch.Tensor) -> DTensor:
-        """``local``, this rank's rows of a tensor shaped like ``param``, as a DTensor over the mesh."""
-        return DTensor.from_local(local, self.mesh, [Shard(0)], shape=param.shape, stride=param.stride())
+    def _rows_of(self, param: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of ``param``'s own tensor (a view: writing it writes the parameter)."""
+        return self.split.owned(param.detach(), param)
 
     def _state(self, param: torch.Tensor) -> dict:
         state = self.state[param]
         if not state:
-            shape = row_shape(param, self._rows(param))
+            shape = self.split.shape(param)
             state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
-            state.update({name: self._as_shard(torch.zeros(shape, dtype=torch.float32, device=param.device), param)
+            state.update({name: self.split.as_dtensor(torch.zeros(shape, dtype=torch.float32, device=param.device), param)
                           for name in MOMENTS})
         return state
 
@@ -73,14 +76,15 @@ class ShardedAdamW(torch.optim.Optimizer):
         """This rank's rows of ``param``'s gradient: its reduce-scattered shard, or rows of the whole one."""
         if self.gradient_shards is not None and param in self.gradient_shards.shards:
             return self.gradient_shards.shards[param].to_local()
-        return None if param.grad is None else param.grad[self._rows(param)]
+        return None if param.grad is None else self.split.owned(param.grad, param)
 
-    def gradients(self) -> list[torch.Tensor]:
-        """The gradients the next step uses: DTensor shards under ZeRO-2, else the parameters' whole ones."""
+    def gradients(self) -> dict[torch.Tensor, torch.Tensor]:
+        """The gradients the next step uses, by parameter: DTensor shards under ZeRO-2, else the
+        parameters' whole ones."""
         optimized = self._optimized()
         if self.gradient_shards is not None and self.gradient_shards.shards:
-            return [self.gradient_shards.shards[param] for param in optimized if param in self.gradient_shards.shards]
-        return [param.grad for param in optimized if param.grad is not None]
+            return {param: self.gradient_shards.shards[param] for param in optimized if param in self.gradient_shards.shards}
+        return {param: param.grad for param in optimized if param.grad is not None}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Optimizer's, keeping the loaded moments fp32: it would cast them to a bf16 parameter's dtype."""
@@ -102,8 +106,7 @@ class ShardedAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             owned = {param: grad for param in group["params"] if (grad := self._owned_gradient(param)) is not None}
             params = list(owned)
-            targets = [self.masters[param].to_local() if param in self.masters else param.detach()[self._rows(param)]
-                       for param in params]
+            targets = [self.masters[param].to_local() if param in self.masters else self._rows_of(param) for param in params]
             # The fused kernel wants gradients in the dtype of what it updates: bf16 → fp32 for a master.
             grads = [owned[param].to(target.dtype) for param, target in zip(params, targets)]
             states = [self._state(param) for param in params]
@@ -117,39 +120,44 @@ class ShardedAdamW(torch.optim.Optimizer):
             )
             for param, target in zip(params, targets):
                 if param in self.masters:
-                    param.detach()[self._rows(param)].copy_(target)
+                    self._rows_of(param).copy_(target)
         self._share_updated_rows()
 
     @torch.no_grad()
     def parameters_from_masters(self) -> None:
         """Round every master into its parameter rows and share them (after a checkpoint loads the masters)."""
         for param, master in self.masters.items():
-            param.detach()[self._rows(param)].copy_(master.to_local())
+            self._rows_of(param).copy_(master.to_local())
         self._share_updated_rows()
 
     def _share_updated_rows(self) -> None:
-        """All-gather every rank's updated rows (one flat buffer per rank, padded to equal length)."""
+        """All-gather every dp rank's updated rows (one flat buffer per rank, padded to equal length)."""
         if self._pieces is None:
-            self._pieces = [[(param, self._rows(param, rank)) for param in self._optimized()]
-                            for rank in range(self.mesh.size())]
-        width = max(sum(param[rows].numel() for param, rows in pieces) for pieces in self._pieces)
-        mine = torch.cat([param.detach()[rows].reshape(-1) for param, rows in self._pieces[self.mesh.get_local_rank()]])
-        local = torch.nn.functional.pad(mine, (0, width - mine.numel()))
-        gathered = torch.empty(width * self.mesh.size(), dtype=local.dtype, device=local.device)
-        all_gather_single(gathered, local, group=self.mesh.get_group())
+            self._pieces = [[(param, self.split.rows(param, rank)) for param in self._optimized()]
+                            for rank in range(self.split.ranks)]
+        width = max(sum(local_tensor(param.detach())[rows].numel() for param, rows in pieces) for pieces in self._pieces)
+        mine = torch.cat([local_tensor(param.detach())[rows].reshape(-1) for param, rows in self._pieces[self.split.rank]])
+        padded = torch.nn.functional.pad(mine, (0, width - mine.numel()))
+        gathered = torch.empty(width * self.split.ranks, dtype=padded.dtype, device=padded.device)
+        all_gather_single(gathered, padded, group=self.split.group)
         for rank, pieces in enumerate(self._pieces):
             offset = rank * width
             for param, rows in pieces:
-                target = param.detach()[rows]
+                target = local_tensor(param.detach())[rows]
                 target.copy_(gathered[offset:offset + target.numel()].view_as(target))
                 offset += target.numel()
 
 
-def gradients_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The gradients ``optimizer`` steps with: ZeRO-2's owned shards, else each parameter's ``.grad``."""
+def gradients_by_parameter(optimizer: torch.optim.Optimizer) -> dict[torch.Tensor, torch.Tensor]:
+    """The gradients ``optimizer`` steps with, by parameter: ZeRO-2's owned shards, else each ``.grad``."""
     if isinstance(optimizer, ShardedAdamW):
         return optimizer.gradients()
-    return [param.grad for group in optimizer.param_groups for param in group["params"] if param.grad is not None]
+    return {param: param.grad for group in optimizer.param_groups for param in group["params"] if param.grad is not None}
+
+
+def gradients_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The gradients ``optimizer`` steps with (``gradients_by_parameter``'s values)."""
+    return list(gradients_by_parameter(optimizer).values())
 
 
 def fp32_masters(optimizer: torch.optim.Optimizer) -> Collection[DTensor]:

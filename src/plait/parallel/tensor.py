@@ -153,9 +153,16 @@ def finish_tensor_gradients(model: nn.Module) -> None:
     sums on the norms' replicated weights (each rank saw only its sequence shard); the embedding's
     backward leaves its vocabulary-sharded weight a replicated gradient."""
     for param in model.parameters():
-        grad = param.grad
-        if isinstance(grad, DTensor) and grad.placements != param.placements:
-            param.grad = grad.redistribute(placements=param.placements)
+        if param.grad is not None:
+            param.grad = laid_out_gradient(param)
+
+
+def laid_out_gradient(param: torch.Tensor) -> torch.Tensor:
+    """``param``'s gradient with the placements of ``param`` (a collective over tp if they differ)."""
+    grad = param.grad
+    if isinstance(grad, DTensor) and grad.placements != param.placements:
+        return grad.redistribute(placements=param.placements)
+    return grad
 
 
 def vocab_parallel_loss(topology: Topology) -> contextlib.AbstractContextManager:

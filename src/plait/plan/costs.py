@@ -105,7 +105,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     cp_backward = exposed_under(ring["backward"], (hw.attention_backward_ratio + recomputed) * times.attention,
                                 hw.comm_overlap)
     zero_forward = zero_backward = gather = 0.0
-    if layout.zero == 3:
+    if layout.zero == 3 and layout.pp == 1:  # a pipeline stage gathers once per step (plan.simulate.flush_costs)
         sharded = zero_dims(kernels)
         gathered = layer_parameter_count(spec) / layout.tp * communicated_bytes(layout, precision, kernels)[1]
         gather = all_gather_seconds(gathered, math.prod(getattr(layout, d) for d in sharded), merged_link(hw, layout, sharded))

@@ -22,7 +22,7 @@ from plait.errors import ConfigError
 from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
 from plait.facts.in_flight import in_flight_chunks
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors
-from plait.facts.validity import compression_problems, fit_problems, run_problems, supported_problems
+from plait.facts.validity import compression_problems, fit_problems, run_problems
 from plait.layout import Layout
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.costs import boundary_seconds, layer_cost
@@ -217,7 +217,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
 
 def refused(layout: Layout) -> bool:
     """Whether train refuses ``layout``'s composition whatever the model (a quick prune before the full check)."""
-    return bool(supported_problems(layout) or compression_problems(layout))
+    return bool(compression_problems(layout))
 
 
 def _layer_work(layout: Layout, workload: Workload, hw: Hardware, mbs: int, times: dict) -> tuple[float, ...]:

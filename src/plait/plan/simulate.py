@@ -106,11 +106,27 @@ class FlushCosts:
     scalars: float
     optimizer: float
     overlap: float = 1.0
+    after: float = 0.0  # reduction that waits for the end of backward (no hook runs it inside)
 
     def exposed(self, window: float) -> float:
         """Communication left exposed when the reduction overlaps ``window`` seconds of backward."""
         reduce = self.last_bucket + exposed_under(self.reduce - self.last_bucket, window, self.overlap)
-        return reduce + self.gather + self.scalars
+        return reduce + self.after + self.gather + self.scalars
+
+
+def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float) -> tuple[float, float]:
+    """(in backward, after backward) seconds of plait's data- and context-parallel reduction of
+    ``grads`` bytes (plait.parallel.gradients): over dp, an all-reduce below ZeRO-2 and a
+    reduce-scatter from it, run by a hook inside backward (DDP, ZeRO-2's buckets, FSDP2) except on
+    a pipeline stage and below ZeRO-2 under tp; then an all-reduce over cp of what dp left."""
+    dp_link = group_link(hw, layout, "dp")
+    if layout.zero < 2:
+        dp_seconds, held = all_reduce_seconds(grads, layout.dp, dp_link), grads
+    else:
+        dp_seconds, held = reduce_scatter_seconds(grads, layout.dp, dp_link), grads / layout.dp
+    cp_seconds = all_reduce_seconds(held, layout.cp, group_link(hw, layout, "cp"))
+    in_backward = layout.pp == 1 and (layout.zero >= 2 or layout.tp == 1)
+    return (dp_seconds, cp_seconds) if in_backward else (0.0, dp_seconds + cp_seconds)
 
 
 def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float, tensors: int) -> FlushCosts:
@@ -121,13 +137,16 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     shards, link = math.prod(getattr(layout, d) for d in sharded), merged_link(hw, layout, sharded)
     g_bytes, p_bytes = communicated_bytes(layout, precision, kernels)
     grads = reduced_gradient_elements(workload.spec, layout, params) * g_bytes
+    after = 0.0
     if layout.grad_compression == "powersgd":
         # Three all-reduces over dp in turn (the tensors sent whole, then P, then Q); context-parallel
         # ranks average the whole gradients afterwards.
         shapes = rank_tensor_shapes(workload.spec, workload.spec.layers, True, True, 1, 1)
         reduce = sum(all_reduce_seconds(n * g_bytes, layout.dp, group_link(hw, layout, "dp"))
                      for n in powersgd_elements(shapes))
-        reduce += all_reduce_seconds(params * g_bytes, layout.cp, group_link(hw, layout, "cp"))
+        after = all_reduce_seconds(params * g_bytes, layout.cp, group_link(hw, layout, "cp"))
+    elif kernels.plait_engine:
+        reduce, after = plait_reduction_seconds(hw, layout, grads)
     elif layout.zero < 2:
         reduce = all_reduce_seconds(grads, replicas, replica_link)
     else:  # reduce-scatter over the ZeRO group; replicas outside it (plait's cp ranks) average the shard
@@ -137,7 +156,10 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     # Buckets hold the gradients as computed, before any compression.
     bucketed = params * communicated_bytes(replace(layout, grad_compression="none"), precision, kernels)[0]
     last_bucket = reduce * min(1.0, BUCKET_BYTES / bucketed) if bucketed else 0.0
-    gather = all_gather_seconds(params * p_bytes, shards, link) if layout.zero in (1, 2) else 0.0
+    # ZeRO-1/2 gather the updated rows after the step; ZeRO-3 on a pipeline stage gathers its
+    # parameters once per step, before its first forward (plait.parallel.stage_sharding).
+    once = layout.zero in (1, 2) or (layout.zero == 3 and layout.pp > 1)
+    gather = all_gather_seconds(params * p_bytes, shards, link) if once else 0.0
     # The logged loss is averaged over the replicas; a tensor-parallel gradient norm sums over tp
     # (ZeRO-2/3's sum over dp is left out: one latency, and it keeps ZeRO-2 dominating ZeRO-1).
     scalars = all_reduce_seconds(4, replicas, replica_link)
@@ -145,7 +167,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
         scalars += all_reduce_seconds(4, layout.tp, group_link(hw, layout, "tp"))
     local = params / shards if layout.zero >= 1 else params
     optimizer = optimizer_seconds(hw, local, tensors, precision) + wrapper_overhead(hw, workload.spec, layout).step
-    return FlushCosts(reduce, last_bucket, gather, scalars, optimizer, hw.comm_overlap)
+    return FlushCosts(reduce, last_bucket, gather, scalars, optimizer, hw.comm_overlap, after)
 
 
 def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Prediction:

@@ -99,17 +99,19 @@ def forward_backward(parallel: Parallelized, micro_batches: MicroBatches, autoca
 
 
 def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: float, autocast: Callable,
-               positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               positions: torch.Tensor | None = None,
+               laid_out: Callable[[], None] = lambda: None) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step: forward and backward, the gradients finished for the layout, clipping at
     ``grad_clip`` (0: none), the step. Returns (this rank's mean loss, global grad norm).
 
     ``autocast()`` gives the run's precision context; ``positions`` are those of the sequence slice
-    this rank holds under context parallelism."""
+    this rank holds under context parallelism; ``laid_out`` is called after backward, once the
+    gradients are laid out as their parameters, before they are reduced."""
     if parallel.pipeline is not None:
         loss = parallel.pipeline.forward_backward(micro_batches, autocast, positions)
     else:
         loss = forward_backward(parallel, micro_batches, autocast, positions)
-    finish_gradients(parallel.model, parallel.topology, parallel.reduction)
+    finish_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction, laid_out)
     max_norm = grad_clip if grad_clip > 0 else math.inf
     grad_norm = clip_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction, max_norm)
     if not torch.isfinite(grad_norm):  # the global norm, the same on every rank: all stop before stepping
@@ -132,7 +134,8 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
 
     parallel = parallelize_run(build_model(config, device), config, topology)
     model, optimizer, pipeline = parallel.model, parallel.optimizer, parallel.pipeline
-    meter = ModelStateMeter(model, optimizer, lambda: gradients_of(optimizer), fp32_masters(optimizer))
+    meter = ModelStateMeter(model, optimizer, lambda: gradients_of(optimizer), fp32_masters(optimizer),
+                            parallel.unreduced_gradients)
     result = TrainResult(model=model, model_state_bytes=meter.held)
     if train_spec.resume and run_dir is not None and (checkpoint := resume_from or latest_checkpoint(run_dir)):
         result.first_step = load_checkpoint(checkpoint, model, optimizer)
@@ -157,7 +160,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
         micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
         try:
             local_loss, grad_norm = train_step(parallel, micro, train_spec.grad_clip, lambda: autocast(config, device),
-                                               positions)
+                                               positions, meter.before_reduction)
         except NonFiniteLoss as error:
             raise NonFiniteLoss(f"step {step}: {error}, so the step was not taken and nothing of it was logged or "
                                 "saved; resume from an earlier checkpoint with a lower --lr, or check the data") from None
