@@ -41,6 +41,20 @@ def _serve(rank: int, tasks: mp.Queue, results: mp.Queue) -> None:
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+            _forget_meshes()
+
+
+def _forget_meshes() -> None:
+    """Clear DTensor's sharding caches, which hold the meshes (and so the process-group names) of
+    the world just torn down: a later world whose meshes compare equal would get them back, and
+    its groups are numbered differently once it makes more of them (hybrid sharding does)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch fast path's
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    type(propagator)._propagate_tensor_meta_cached.cache_clear()
 
 
 class WorkerPool:

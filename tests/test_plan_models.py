@@ -57,7 +57,8 @@ def _scores(fixed):
 
 
 def test_the_dominance_rules_the_search_relies_on():
-    """Without sp a layout is never faster than with it; ZeRO-1 never beats ZeRO-2."""
+    """Without sp a layout is never faster than with it; ZeRO-1 never beats ZeRO-2 without hybrid
+    sharding (with it, ZeRO-2 averages its rows across the replica groups after backward)."""
     for tp in (2, 4):
         with_sp, without = _scores({"tp": tp, "sp": True, "recompute": "none"}), _scores({"tp": tp, "sp": False, "recompute": "none"})
         for fields, step in without.items():
@@ -66,6 +67,8 @@ def test_the_dominance_rules_the_search_relies_on():
     one, two = _scores({"zero": 1, "recompute": "none"}), _scores({"zero": 2, "recompute": "none"})
     compared = 0
     for fields, step in one.items():
+        if scanned_layout(fields).dp_replicate > 1:
+            continue
         twin = fields[:5] + (2,) + fields[6:]
         assert two[twin] <= step + 1e-12
         compared += 1

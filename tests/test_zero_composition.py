@@ -1,4 +1,4 @@
-"""ZeRO stages 1 and 2 compose with tensor, context and pipeline parallelism: the single-process
+"""ZeRO stages 1–3 compose with tensor, context and pipeline parallelism and with hybrid sharding: the single-process
 losses step for step (fp32, 1e-5 relative), the final weights within the suite's tolerance, and
 per-rank model-state bytes equal to the shared formula (plait.facts.model_state)."""
 
@@ -24,6 +24,12 @@ LAYOUTS = [
     {"dp": 2, "pp": 2, "zero": 3, "schedule": "interleaved-1f1b", "virtual_stages": 2, "microbatches": 2},
     {"dp": 2, "pp": 2, "zero": 3, "schedule": "zb-h1", "microbatches": 4},
     {"dp": 2, "tp": 2, "pp": 2, "zero": 3, "schedule": "1f1b", "microbatches": 2},
+    # Hybrid sharding (HSDP): 2 replica groups of 2 sharding ranks
+    {"dp": 4, "dp_replicate": 2, "zero": 3},
+    {"dp": 4, "dp_replicate": 2, "zero": 2, "microbatches": 2},
+    {"dp": 4, "dp_replicate": 2, "zero": 1},
+    {"dp": 4, "dp_replicate": 2, "tp": 2, "zero": 2},
+    {"dp": 4, "dp_replicate": 2, "pp": 2, "zero": 3, "schedule": "1f1b", "microbatches": 2},
 ]
 
 
@@ -63,6 +69,7 @@ BF16_LAYOUTS = [
     {"dp": 2, "cp": 2, "zero": 2},
     {"dp": 2, "pp": 2, "zero": 2, "schedule": "1f1b", "microbatches": 2},
     {"dp": 2, "pp": 2, "zero": 3, "schedule": "zb-h1", "microbatches": 2},
+    {"dp": 2, "pp": 2, "zero": 3, "schedule": "1f1b", "microbatches": 2, "grad_compression": "bf16"},
 ]
 
 

@@ -113,6 +113,11 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("layout (world size = dp·cp·tp·pp)")
     for name in ("dp", "tp", "cp", "pp"):
         group.add_argument(f"--{name}", type=int)
+    group.add_argument("--dp-replicate", type=int, metavar="R",
+                       help="hybrid sharding (HSDP): ZeRO shards inside R groups of dp/R neighbouring ranks (inside a "
+                            "node) and the groups are replicas; needs --zero 1-3 (default 1: shard over all dp ranks)")
+    group.add_argument("--dp-shard", type=int, metavar="S",
+                       help="with --dp-replicate R: the ranks of each group, so dp = R·S (the long form of --dp)")
     group.add_argument("--zero", type=int)
     group.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None,
                        help="sequence parallel over the tp ranks (needs --tp > 1); --no-sp pins it off")
@@ -209,8 +214,19 @@ def _typed(cls, values: dict):
 
 
 def layout_values(args: argparse.Namespace, tables: dict[str, dict]) -> dict:
-    """The layout settings the file and the flags give (flags win); what ``--auto`` leaves pinned."""
-    return {**tables["layout"], **_set_flags(args, tuple(f.name for f in fields(Layout)))}
+    """The layout settings the file and the flags give (flags win); what ``--auto`` leaves pinned.
+    ``--dp-shard S`` stands for ``--dp R·S`` with the run's ``--dp-replicate R``."""
+    values = {**tables["layout"], **_set_flags(args, tuple(f.name for f in fields(Layout)))}
+    shard = getattr(args, "dp_shard", None)
+    if shard is not None:
+        replicate = values.get("dp_replicate", 1)
+        if not isinstance(shard, int) or shard < 1 or not isinstance(replicate, int) or replicate < 1:
+            raise ConfigError(f"--dp-shard and --dp-replicate must be positive integers, got {shard!r} and {replicate!r}")
+        if "dp" in values and values["dp"] != replicate * shard:
+            raise ConfigError(f"--dp {values['dp']} disagrees with --dp-replicate {replicate} × --dp-shard {shard}; "
+                              "pass either --dp or --dp-shard")
+        values["dp"] = replicate * shard
+    return values
 
 
 def config_tables(args: argparse.Namespace) -> dict[str, dict]:

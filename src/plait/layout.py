@@ -48,6 +48,14 @@ class Layout:
     recompute: str = "none"
     grad_compression: str = "none"
     cp_algorithm: str = "all-to-all"
+    # Hybrid sharding (HSDP): the dp ranks as dp_replicate groups of dp/dp_replicate neighbours;
+    # ZeRO shards inside a group and the groups hold replicas (1: ZeRO shards over all dp ranks).
+    dp_replicate: int = 1
+
+    @property
+    def dp_shard(self) -> int:
+        """Ranks ZeRO shards over: the dp ranks of one replica group."""
+        return self.dp // self.dp_replicate
 
     @property
     def world_size(self) -> int:
@@ -60,6 +68,8 @@ class Layout:
     def describe(self) -> str:
         """A short human name such as ``dp2·tp2·pp2 (1f1b, m=4)``."""
         parts = [f"{name}{getattr(self, name)}" for name in ("dp", "tp", "cp", "pp") if getattr(self, name) > 1]
+        if self.dp_replicate > 1:
+            parts[0] = f"dp{self.dp_replicate}×{self.dp_shard}"
         text = "·".join(parts) or "single"
         extras = []
         if self.zero:
@@ -84,7 +94,7 @@ class Layout:
 
     def validate(self) -> None:
         """Raise ConfigError with one actionable sentence if the layout is inconsistent in itself."""
-        for name in ("dp", "tp", "cp", "pp", "virtual_stages", "microbatches"):
+        for name in ("dp", "tp", "cp", "pp", "virtual_stages", "microbatches", "dp_replicate"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -108,6 +118,12 @@ class Layout:
                 f"ZeRO stage {self.zero} shards over the data-parallel group and has no effect with --dp 1; "
                 "pass --dp 2 or more, or drop --zero"
             )
+        if self.dp % self.dp_replicate:
+            raise ConfigError(f"--dp-replicate {self.dp_replicate} must divide --dp {self.dp}: the dp ranks form "
+                              "dp-replicate groups of equal size; pass --dp-replicate R --dp-shard S instead of --dp")
+        if self.dp_replicate > 1 and self.zero == 0:
+            raise ConfigError("hybrid sharding (--dp-replicate) shards inside each replica group, and ZeRO stage 0 "
+                              "shards nothing; pass --zero 1, 2 or 3, or drop --dp-replicate")
         if self.sp and self.tp == 1:
             raise ConfigError("sequence parallel (--sp) shards the tensor-parallel group, so it needs --tp 2 or more")
         if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":

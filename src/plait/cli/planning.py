@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
-from plait.config import add_layout_arguments, add_model_arguments
+from plait.config import add_layout_arguments, add_model_arguments, layout_values
 from plait.errors import ConfigError
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.layout import PRECISIONS, Layout, default_precision
@@ -22,7 +22,6 @@ from plait.plan.hardware import CATALOG, Hardware, apply_overrides, hardware, lo
 from plait.plan.search import NothingFits, best_layout, search
 from plait.plan.simulate import Prediction, Workload, evaluate
 
-LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 DEFAULT_TOKENS = 2**20  # default global batch: about a million tokens
 
 
@@ -137,7 +136,7 @@ def planning_inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]
         batch = args.gpus * max(1, math.ceil(DEFAULT_TOKENS / spec.seq_len / args.gpus))
     if batch < 1:
         raise ConfigError(f"--global-batch must be a positive number of sequences, got {batch}")
-    fixed = {name: getattr(args, name) for name in LAYOUT_FIELDS if getattr(args, name, None) is not None}
+    fixed = layout_values(args, {"layout": {}})
     return Workload(spec, batch, precision, stack_kernels(args)), hw, fixed
 
 

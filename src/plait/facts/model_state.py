@@ -137,7 +137,8 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
                        dp_rank: int = 0) -> ModelStates:
     """Bytes of parameters, gradients and optimizer state one rank holds in plait, at their largest.
 
-    ZeRO shards over the dp ranks only: context-parallel ranks hold the same weights and average
+    ZeRO shards over the dp ranks only (those of one replica group under hybrid sharding, HSDP;
+    ``dp_rank`` is the global dp coordinate): context-parallel ranks hold the same weights and average
     their gradients after backward (FSDP2's and ``ShardedAdamW``'s mesh is the dp dimension), so
     cp shards nothing. bf16 keeps fp32 parameters under autocast (ZeRO 0 and every pipeline stage)
     or FSDP2's fp32 shards (ZeRO 3); ZeRO 1 and 2 without pp hold bf16 parameters and gradients and
@@ -147,7 +148,8 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     Adam keeps two fp32 moments per owned element and one fp32 step counter per tensor.
     """
     shapes = rank_tensor_shapes(spec, layers, first, last, layout.tp, layout.pp)
-    zero, dp = layout.zero, layout.dp
+    # ZeRO shards over one replica group's ranks (all dp ranks without hybrid sharding).
+    zero, dp, dp_rank = layout.zero, layout.dp_shard, dp_rank % layout.dp_shard
     half = precision == "bf16" and zero in (1, 2) and layout.pp == 1
     weight_bytes = BF16 if half else FP32
     whole = sum(rows * cols for rows, cols in shapes)
@@ -158,10 +160,12 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     if layout.pp > 1 and zero >= 2:
         # A pipeline stage accumulates its whole gradients over the schedule and reduce-scatters them
         # once after it (plait.parallel.gradients); under ZeRO-3 it also keeps its fp32 parameters
-        # gathered for the whole step (plait.parallel.stage_sharding).
+        # gathered for the whole step (plait.parallel.stage_sharding), and FSDP2 accumulates the
+        # gradients in its reduce dtype, bf16 under --grad-compression bf16.
         grads = whole * FP32
         if zero == 3:
             params += whole * FP32
+            grads = whole * (BF16 if layout.grad_compression == "bf16" else FP32)
     optimizer = owned * (ADAM_MOMENTS * FP32 + (FP32 if half else 0)) + FP32 * len(shapes)
     return ModelStates(params=params, grads=grads, optimizer=optimizer)
 
@@ -180,10 +184,14 @@ def rank_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: i
     return model_state_bytes(params, precision, layout.zero, layout.dp * layout.cp)
 
 
-def zero_dims(kernels: Kernels) -> tuple[str, ...]:
-    """The mesh dimensions ZeRO shards over: dp in plait (FSDP2 and ShardedAdamW take the mesh's dp
-    dimension; cp ranks average afterwards), dp and cp together in Megatron-LM's distributed optimizer."""
-    return ("dp",) if kernels.plait_engine else ("dp", "cp")
+def zero_group(layout: Layout, kernels: Kernels) -> tuple[int, int]:
+    """(ranks, stride between neighbours in global ranks) of the group ZeRO shards over: the dp
+    ranks of one replica group in plait (FSDP2 and ShardedAdamW take the dp mesh dimension, or
+    dp_shard under hybrid sharding; cp ranks average afterwards), with the cp ranks too in
+    Megatron-LM's distributed optimizer. Mesh order pp, dp, cp, tp: dp's neighbours are cp·tp apart."""
+    if kernels.plait_engine:
+        return layout.dp_shard, layout.cp * layout.tp
+    return layout.dp_shard * layout.cp, layout.tp
 
 
 def communicated_bytes(layout: Layout, precision: str, kernels: Kernels) -> tuple[int, int]:

@@ -41,7 +41,7 @@ def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "
         cast_parameters(model, torch.bfloat16)
     if stage == 3:
         # FSDP2 over the dp mesh dimension shards DTensors already split over tp (2-D).
-        return fully_shard_model(model, topology.mesh["dp"], precision, topology.layout.grad_compression)
+        return fully_shard_model(model, topology.fsdp_mesh, precision, topology.layout.grad_compression)
     if stage == 2:
         return model  # ShardedAdamW(gradient_order=...) reduce-scatters the gradients itself
     if topology.size("tp") > 1:
@@ -94,6 +94,6 @@ def zero_optimizer_mesh(topology: Topology) -> DeviceMesh | None:
     Stage 3 needs none: its parameters are already DTensor shards, and so is Adam's state.
     """
     if topology.layout.zero in (1, 2) and topology.size("dp") > 1:
-        return topology.mesh["dp"]
+        return topology.zero_mesh
     return None
 

@@ -14,7 +14,8 @@ last. What they cannot do is finished here, once per step, after backward
 4. replicas no hook averaged: context-parallel ranks always (each saw its own slice of the
    sequences); data-parallel ranks below ZeRO-2 under tensor parallelism (DDP cannot hold DTensor
    weights) and on every pipeline stage (DDP's per-backward hooks cannot follow a backward split
-   into input and weight halves). Under ZeRO-2 these are the rank's gradient rows.
+   into input and weight halves); under hybrid sharding's ZeRO-2, the replica groups (the
+   reduce-scatter ran inside each). Under ZeRO-2 these are the rank's gradient rows.
 
 ``clip_gradients`` then takes the global norm: over the optimizer's gradients on one stage, summed
 over the stages (a tied weight counted once) under pipeline parallelism.
@@ -62,7 +63,9 @@ def gradient_reduction(topology: Topology, tied_peer: int | None = None,
     zero, pipelined = topology.layout.zero, topology.size("pp") > 1
     # Below ZeRO-2, no hook averages dp where DDP cannot run: on a pipeline stage, or under tp.
     dp_after = topology.size("dp") > 1 and zero < 2 and (pipelined or topology.size("tp") > 1)
-    dims = ("dp",) * dp_after + ("cp",) * (topology.size("cp") > 1)
+    # ZeRO-2 under hybrid sharding reduce-scatters inside a replica group; the groups average here.
+    hybrid_rows = zero == 2 and topology.size("dp_replicate") > 1
+    dims = ("dp",) * dp_after + ("dp_replicate",) * hybrid_rows + ("cp",) * (topology.size("cp") > 1)
     return GradientReduction(dims, tied_peer, stage_norm=pipelined, scatter_after=scatter_after)
 
 

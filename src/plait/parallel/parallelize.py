@@ -62,7 +62,7 @@ def parallelize(model: Transformer, topology: Topology, precision: str, lr: floa
         pipeline = build_pipeline(model, topology)
         model = pipeline.model
         if layout.zero == 3 and topology.size("dp") > 1:
-            stage = ShardedStage(model, topology.mesh["dp"], layout.grad_compression)
+            stage = ShardedStage(model, topology.fsdp_mesh, layout.grad_compression)
             scatter_after = stage.reduce
     else:
         model = apply_data_parallel(model, topology, precision)

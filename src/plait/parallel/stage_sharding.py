@@ -10,7 +10,8 @@ unsharded over the micro-batches and are reduce-scattered once, after the schedu
 as PyTorch's own pipelining does (``torch.distributed.pipelining.stage._PipelineStageBase
 .perform_reduce_grad``): FSDP2's autograd hooks fire when a module's input gradient is computed,
 which zero-bubble schedules do before the weight gradients. Between steps a rank holds 1/dp of
-its stage.
+its stage; during a step it holds the gathered stage and its shards, more than ZeRO-2 on the same
+stage holds, so ZeRO-3 on a stage pays only when the optimizer state is what does not fit.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ class ShardedStage:
     The chunk views (plait.parallel.pipeline) share the model's hooks, so each runs the root's."""
 
     def __init__(self, model: Transformer, mesh: DeviceMesh, grad_compression: str = "none"):
-        # fp32 gathered parameters under bf16 autocast, as on every pipeline stage: FSDP2's bf16
-        # parameters would accumulate a gradient in bf16 or fp32 depending on whether its hook ran
-        # before the weight half of a split backward, so memory and rounding would follow the schedule.
+        # fp32 gathered parameters under bf16 autocast, as on every pipeline stage: with bf16
+        # parameters FSDP2 would accumulate a gradient in bf16 or fp32 depending on whether its hook
+        # ran before the weight half of a split backward, so memory and rounding would follow the
+        # schedule. (--grad-compression bf16 makes its reduce dtype, and so its accumulation, bf16.)
         self.root: FSDPModule = fully_shard_model(model, mesh, "fp32", grad_compression, reshard_after_forward=False)
         self._accumulate()
 
@@ -44,13 +46,15 @@ class ShardedStage:
     def unreduced_gradients(self) -> list[torch.Tensor]:
         """What holds the gradients accumulated over the schedule before ``reduce``: the gathered
         parameters' own (and any copy FSDP2 accumulates them into)."""
-        held = []
+        return [grad for group in self._param_groups() for param in group.fsdp_params
+                for grad in (param._unsharded_param.grad, param.unsharded_accumulated_grad) if grad is not None]
+
+    def _param_groups(self) -> list:
+        """FSDP2's parameter groups of every unit (one per unit before torch grouped by mesh)."""
+        groups = []
         for unit in fully_shard.state(self.root)._state_ctx.all_states:
-            for group in unit._fsdp_param_groups:
-                for param in group.fsdp_params:
-                    held += [grad for grad in (param._unsharded_param.grad, param.unsharded_accumulated_grad)
-                             if grad is not None]
-        return held
+            groups += getattr(unit, "_fsdp_param_groups", None) or [g for g in [unit._fsdp_param_group] if g]
+        return groups
 
     @torch.no_grad()
     def reduce(self) -> None:
@@ -59,9 +63,7 @@ class ShardedStage:
         self.root.set_is_last_backward(True)
         self.root.set_reshard_after_backward(True)
         self.root.set_requires_gradient_sync(True)
-        state = fully_shard.state(self.root)
-        for unit in state._state_ctx.all_states:
-            for group in unit._fsdp_param_groups:
-                group.post_backward()
-        state._root_post_backward_final_callback()
+        for group in self._param_groups():
+            group.post_backward()
+        fully_shard.state(self.root)._root_post_backward_final_callback()
         self._accumulate()

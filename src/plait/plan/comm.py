@@ -55,7 +55,7 @@ def group_link(hw: Hardware, layout: Layout, dim: str) -> Link:
 
 
 def merged_link(hw: Hardware, layout: Layout, dims: tuple[str, ...]) -> Link:
-    """The link of a group spanning several adjacent mesh dimensions (e.g. ZeRO over dp × cp)."""
+    """The link of a group spanning several adjacent mesh dimensions (e.g. dp × cp)."""
     inner = MESH_DIMS.index(dims[-1])
     stride = 1
     for name in MESH_DIMS[inner + 1:]:
@@ -63,6 +63,11 @@ def merged_link(hw: Hardware, layout: Layout, dims: tuple[str, ...]) -> Link:
     size = 1
     for name in dims:
         size *= getattr(layout, name)
+    return strided_link(hw, size, stride)
+
+
+def strided_link(hw: Hardware, size: int, stride: int) -> Link:
+    """The link of a group of ``size`` ranks ``stride`` global ranks apart (nodes fill rank by rank)."""
     intra = hw.intra_node_gbps * 1e9 * LINK_EFFICIENCY
     scales = {"reduce_scatter_scale": hw.reduce_scatter_scale, "all_gather_scale": hw.all_gather_scale}
     if stride * size <= hw.gpus_per_node:

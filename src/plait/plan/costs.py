@@ -6,19 +6,18 @@ overlap rules stated there. These are the costs the schedule simulator plays.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 
 from plait.facts.activations import ACTIVATION_BYTES
 from plait.facts.collectives import layer_collectives
-from plait.facts.model_state import communicated_bytes, zero_dims
+from plait.facts.model_state import communicated_bytes, zero_group
 from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.flops import layer_parameter_count
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
-    all_gather_seconds, all_reduce_seconds, all_to_all_seconds, exposed_under, group_link, merged_link,
-    reduce_scatter_seconds, send_seconds,
+    all_gather_seconds, all_reduce_seconds, all_to_all_seconds, exposed_under, group_link, reduce_scatter_seconds,
+    send_seconds, strided_link,
 )
 from plait.plan.compute import NO_OVERHEAD, LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
@@ -106,9 +105,9 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
                                 hw.comm_overlap)
     zero_forward = zero_backward = gather = 0.0
     if layout.zero == 3 and layout.pp == 1:  # a pipeline stage gathers once per step (plan.simulate.flush_costs)
-        sharded = zero_dims(kernels)
+        shards, stride = zero_group(layout, kernels)
         gathered = layer_parameter_count(spec) / layout.tp * communicated_bytes(layout, precision, kernels)[1]
-        gather = all_gather_seconds(gathered, math.prod(getattr(layout, d) for d in sharded), merged_link(hw, layout, sharded))
+        gather = all_gather_seconds(gathered, shards, strided_link(hw, shards, stride))
         zero_forward = exposed_under(gather, times.forward, hw.comm_overlap)
         zero_backward = exposed_under(gather, times.backward, hw.comm_overlap)
     return LayerCost(times, on_path["forward"] + cp_forward + zero_forward,

@@ -46,7 +46,7 @@ class NothingFits(ConfigError):
 # The fields a scanned layout is recorded by, in the order of its tuple; by name, as Layout has
 # fields the search leaves at their defaults.
 SCANNED = ("dp", "tp", "cp", "pp", "sp", "zero", "schedule", "virtual_stages", "microbatches", "recompute",
-           "grad_compression", "cp_algorithm")
+           "grad_compression", "cp_algorithm", "dp_replicate")
 
 
 def scanned_layout(fields: tuple, stage_layers: tuple[int, ...] | None = None) -> Layout:
@@ -147,8 +147,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     # Gradient compression is modelled when pinned, never searched: PowerSGD changes the training.
     compression = fixed.get("grad_compression", "none")
     # Dominated choices, skipped unless asked for or unless the dominating one is refused: without
-    # sp a layout is never faster nor smaller than with it, and ZeRO-1 never beats ZeRO-2 (same
-    # gathers, a reduce-scatter instead of an all-reduce, less memory). Tests hold both claims.
+    # sp a layout is never faster nor smaller than with it, and ZeRO-1 never beats ZeRO-2 without
+    # hybrid sharding (same gathers, a reduce-scatter instead of an all-reduce, less memory). Tests
+    # hold both claims.
     works: dict[tuple, dict] = {}
     times_cache: dict[tuple, LayerTimes] = {}
     found, capacity = Scan(), hw.usable_memory_bytes
@@ -178,17 +179,17 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     if (tp, cp, sp, mbs, rc) not in times_cache:
                         times_cache[tp, cp, sp, mbs, rc] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels)
                 times = {rc: times_cache[tp, cp, sp, mbs, rc] for rc in recomputes}
-                for zero in _options(fixed, "zero", (0, 1, 2, 3) if dp > 1 else (0,)):
-                    if refused(replace(base, zero=zero)):
+                for zero, replicate in _zero_options(fixed, hw, base):
+                    staged = replace(base, zero=zero, dp_replicate=replicate)
+                    if refused(staged):
                         continue
-                    if zero == 1 and "zero" not in fixed and not refused(replace(base, zero=2)):
+                    if zero == 1 and replicate == 1 and "zero" not in fixed and not refused(replace(staged, zero=2)):
                         continue
-                    # ZeRO-3's gathers depend on dp; a measured host's wrapper overhead on the stage.
-                    key = (tp, cp, sp, mbs, dp if zero == 3 else 0, (zero, dp > 1) if hw.host_overhead else None,
-                           algorithm)
+                    # ZeRO-3's gathers depend on its group; a measured host's wrapper overhead on the stage.
+                    key = (tp, cp, sp, mbs, (dp, replicate) if zero == 3 else 0,
+                           (zero, dp > 1) if hw.host_overhead else None, algorithm)
                     if key not in works:
-                        works[key] = {rc: _layer_work(replace(base, zero=zero, recompute=rc), workload, hw, mbs, times) for rc in recomputes}
-                    staged = replace(base, zero=zero)
+                        works[key] = {rc: _layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in recomputes}
                     flush = flush_costs(workload, hw, staged, max(params), tensors)
                     other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes, kernels)
                     first, last = (rank_model_states(spec, staged, precision, per_rank, *ends, kernels).total + other
@@ -210,9 +211,20 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         fill = fill_zb * layers / pp if name == "zb-h1" else mean / v
                         step = estimate_step(name, pp, v, m, mean, slowest, fill, flight)
                         step += flush.exposed(per_rank * backward) + flush.optimizer
-                        found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm), step, peak,
-                                     capacity, keep)
+                        found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate),
+                                     step, peak, capacity, keep)
     return found
+
+
+def _zero_options(fixed: dict, hw: Hardware, base: Layout) -> list[tuple[int, int]]:
+    """(ZeRO stage, dp_replicate) pairs to score: every stage sharding over all dp ranks and, when
+    the dp ranks span nodes, hybrid sharding inside a node (the largest group of at least two dp
+    ranks whose cp·tp blocks fit in one node; the groups replicate across nodes)."""
+    dp, block = base.dp, base.cp * base.tp
+    inside = max((s for s in divisors(dp) if s * block <= hw.gpus_per_node), default=1)
+    replicates = (fixed["dp_replicate"],) if "dp_replicate" in fixed else (1, dp // inside) if 2 <= inside < dp else (1,)
+    return [(zero, replicate) for zero in _options(fixed, "zero", (0, 1, 2, 3) if dp > 1 else (0,))
+            for replicate in (replicates if zero else (1,))]
 
 
 def refused(layout: Layout) -> bool:

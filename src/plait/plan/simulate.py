@@ -7,13 +7,12 @@ optimizer step follow the pipeline flush, with the overlap rules of plait.plan.c
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
 from plait.facts.model_state import (
     communicated_bytes, powersgd_elements, rank_model_states, rank_parameters, rank_tensor_shapes, rank_tensors,
-    reduced_gradient_elements, zero_dims,
+    reduced_gradient_elements, zero_group,
 )
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.facts.validity import check_run
@@ -21,7 +20,7 @@ from plait.layout import Layout
 from plait.models.flops import flops_per_sequence
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
-    all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, reduce_scatter_seconds,
+    all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, reduce_scatter_seconds, strided_link,
 )
 from plait.plan.compute import optimizer_seconds
 from plait.plan.costs import boundary_seconds, chunk_costs, wrapper_overhead
@@ -118,13 +117,20 @@ def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float) -> tuple
     """(in backward, after backward) seconds of plait's data- and context-parallel reduction of
     ``grads`` bytes (plait.parallel.gradients): over dp, an all-reduce below ZeRO-2 and a
     reduce-scatter from it, run by a hook inside backward (DDP, ZeRO-2's buckets, FSDP2) except on
-    a pipeline stage and below ZeRO-2 under tp; then an all-reduce over cp of what dp left."""
+    a pipeline stage and below ZeRO-2 under tp; then an all-reduce over cp of what dp left. Under
+    hybrid sharding the reduce-scatter runs inside a replica group and an all-reduce of the rows
+    across the groups follows it (in FSDP2's backward hook at ZeRO-3, after backward at ZeRO-2)."""
     dp_link = group_link(hw, layout, "dp")
     if layout.zero < 2:
         dp_seconds, held = all_reduce_seconds(grads, layout.dp, dp_link), grads
     else:
-        dp_seconds, held = reduce_scatter_seconds(grads, layout.dp, dp_link), grads / layout.dp
+        shard_link = strided_link(hw, layout.dp_shard, layout.cp * layout.tp)
+        dp_seconds, held = reduce_scatter_seconds(grads, layout.dp_shard, shard_link), grads / layout.dp_shard
+        replica_link = strided_link(hw, layout.dp_replicate, layout.dp_shard * layout.cp * layout.tp)
+        across = all_reduce_seconds(held, layout.dp_replicate, replica_link)
+        dp_seconds += across if layout.zero == 3 else 0.0
     cp_seconds = all_reduce_seconds(held, layout.cp, group_link(hw, layout, "cp"))
+    cp_seconds += across if layout.zero == 2 else 0.0  # plait.parallel.gradients averages the groups with cp
     in_backward = layout.pp == 1 and (layout.zero >= 2 or layout.tp == 1)
     return (dp_seconds, cp_seconds) if in_backward else (0.0, dp_seconds + cp_seconds)
 
@@ -133,8 +139,8 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     """Data-parallel reduction of ``params`` parameters' gradients, ZeRO's gathers and Adam."""
     precision, kernels = workload.precision, workload.kernels
     replicas, replica_link = layout.dp * layout.cp, merged_link(hw, layout, ("dp", "cp"))
-    sharded = zero_dims(kernels)
-    shards, link = math.prod(getattr(layout, d) for d in sharded), merged_link(hw, layout, sharded)
+    shards, stride = zero_group(layout, kernels)
+    link = strided_link(hw, shards, stride)
     g_bytes, p_bytes = communicated_bytes(layout, precision, kernels)
     grads = reduced_gradient_elements(workload.spec, layout, params) * g_bytes
     after = 0.0
@@ -149,10 +155,9 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
         reduce, after = plait_reduction_seconds(hw, layout, grads)
     elif layout.zero < 2:
         reduce = all_reduce_seconds(grads, replicas, replica_link)
-    else:  # reduce-scatter over the ZeRO group; replicas outside it (plait's cp ranks) average the shard
+    else:  # reduce-scatter over the ZeRO group; replica groups (hybrid sharding) average the shard
         reduce = reduce_scatter_seconds(grads, shards, link)
-        if replicas > shards:
-            reduce += all_reduce_seconds(grads / shards, replicas // shards, group_link(hw, layout, "cp"))
+        reduce += all_reduce_seconds(grads / shards, replicas // shards, strided_link(hw, replicas // shards, shards * stride))
     # Buckets hold the gradients as computed, before any compression.
     bucketed = params * communicated_bytes(replace(layout, grad_compression="none"), precision, kernels)[0]
     last_bucket = reduce * min(1.0, BUCKET_BYTES / bucketed) if bucketed else 0.0
