@@ -48,7 +48,7 @@ class GradientReduceScatter:
                  in_backward: bool = True):
         self.split, self.group = split, split.group
         self.ranks, self.rank = split.ranks, split.rank
-        self.sync, self.in_backward = True, in_backward
+        self.sync = True
         self.wire_dtype: torch.dtype | None = None  # bf16 under --grad-compression bf16 (plait.parallel.compression)
         self.shards: dict[nn.Parameter, DTensor] = {}
         # The backward pass reaches the last parameters first: bucket them in that order.
@@ -63,8 +63,9 @@ class GradientReduceScatter:
         self._launched = 0
         self._in_flight: list[tuple[dist.Work, int, torch.Tensor, set[nn.Parameter]]] = []
         self._finish_queued = False
-        for param in params:
-            param.register_post_accumulate_grad_hook(self._gradient_ready)
+        if in_backward:  # a pipeline stage's hooks would only return: none are registered
+            for param in params:
+                param.register_post_accumulate_grad_hook(self._gradient_ready)
 
     @staticmethod
     def _partition(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.Parameter]]:
@@ -80,7 +81,7 @@ class GradientReduceScatter:
         return buckets
 
     def _gradient_ready(self, param: nn.Parameter) -> None:
-        if not (self.sync and self.in_backward):
+        if not self.sync:
             return
         if not self._finish_queued:
             # What DDP and FSDP2 use too: a callback the autograd engine runs when this backward ends.

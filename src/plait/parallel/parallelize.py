@@ -61,7 +61,7 @@ def parallelize(model: Transformer, topology: Topology, precision: str, lr: floa
         # gradients are reduced after the schedule (plait.parallel.gradients), ZeRO-3's by FSDP2.
         pipeline = build_pipeline(model, topology)
         model = pipeline.model
-        if layout.zero == 3 and topology.size("dp") > 1:
+        if layout.zero == 3:
             stage = ShardedStage(model, topology.fsdp_mesh, layout.grad_compression)
             scatter_after = stage.reduce
     else:
