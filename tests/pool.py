@@ -3,11 +3,17 @@
 Starting a torch process costs seconds on a 2-core machine, so the session spawns ``size``
 processes once; each case then forms a fresh gloo world of just the ranks it needs (a new TCP
 rendezvous per case), runs a module-level function on every rank, and tears the world down.
+
+A torn-down world does not give back all its gloo threads and sockets (DTensor's caches keep
+device meshes, and so their process groups, alive), so a worker that holds more than
+``RETIRE_AT_OPEN_FILES`` open files retires after its case and the pool starts a fresh one; a
+case that times out replaces every worker, so one hung world cannot starve the cases after it.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import socket
 import traceback
@@ -15,6 +21,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 CASE_TIMEOUT_S = 300
+RETIRE_AT_OPEN_FILES = 1000
 
 
 def _free_port() -> int:
@@ -23,54 +30,69 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _open_files() -> int:
+    return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+
+
 def _serve(rank: int, tasks: mp.Queue, results: mp.Queue) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    while (task := tasks.get()) is not None:
+    retire = False
+    while not retire and (task := tasks.get()) is not None:
         function, args, world_size, port = task
         try:
             dist.init_process_group(
                 "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                 timeout=timedelta(seconds=CASE_TIMEOUT_S // 2),
             )
-            results.put((rank, True, function(*args)))
+            outcome = (True, function(*args))
         except BaseException:  # noqa: BLE001 - report every failure to the test, then keep serving
-            results.put((rank, False, traceback.format_exc()))
+            outcome = (False, traceback.format_exc())
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
             _forget_meshes()
+        retire = _open_files() > RETIRE_AT_OPEN_FILES
+        results.put((rank, *outcome, retire))
 
 
 def _forget_meshes() -> None:
-    """Clear DTensor's sharding caches, which hold the meshes (and so the process-group names) of
-    the world just torn down: a later world whose meshes compare equal would get them back, and
+    """Clear DTensor's caches, which hold the meshes (and so the process groups) of the world just
+    torn down: a later world whose meshes compare equal would get them back, and
     its groups are numbered differently once it makes more of them (hybrid sharding does)."""
     import torch
     from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
+    from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
 
     torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch fast path's
     propagator = DTensor._op_dispatcher.sharding_propagator
     propagator.propagate_op_sharding.cache_clear()
     type(propagator)._propagate_tensor_meta_cached.cache_clear()
+    clear_redistribute_planner_cache()  # these three hold the meshes themselves, and so their groups
+    _gen_transform_infos.cache_clear()
+    MeshTopoInfo.build_from_mesh.cache_clear()
 
 
 class WorkerPool:
     """``run(fn, world_size, *args)`` calls ``fn(*args)`` on ranks 0..world_size-1 of a new world."""
 
     def __init__(self, size: int):
-        context = mp.get_context("spawn")
+        self.context = mp.get_context("spawn")
         self.size = size
-        self.results = context.Queue()
-        self.tasks = [context.Queue() for _ in range(size)]
-        self.processes = [
-            context.Process(target=_serve, args=(rank, self.tasks[rank], self.results), daemon=True)
-            for rank in range(size)
-        ]
-        for process in self.processes:
-            process.start()
+        self._start_all()
+
+    def _start_all(self) -> None:
+        self.results = self.context.Queue()
+        self.tasks = [self.context.Queue() for _ in range(self.size)]
+        self.processes = [self._start(rank) for rank in range(self.size)]
+
+    def _start(self, rank: int):
+        process = self.context.Process(target=_serve, args=(rank, self.tasks[rank], self.results), daemon=True)
+        process.start()
+        return process
 
     def run(self, function: Callable, world_size: int, *args) -> list:
         """Per-rank return values, in rank order; raises with the rank's traceback if any failed."""
@@ -81,12 +103,18 @@ class WorkerPool:
             self.tasks[rank].put((function, args, world_size, port))
         values: dict[int, object] = {}
         failures = []
+        answered: set[int] = set()
         for _ in range(world_size):
             try:
-                rank, ok, value = self.results.get(timeout=CASE_TIMEOUT_S)
+                rank, ok, value, retired = self.results.get(timeout=CASE_TIMEOUT_S)
             except queue.Empty:
-                missing = sorted(set(range(world_size)) - set(values))
+                missing = sorted(set(range(world_size)) - answered)
+                self._replace_all()
                 raise TimeoutError(f"ranks {missing} gave no answer to {function.__name__} in {CASE_TIMEOUT_S}s")
+            answered.add(rank)
+            if retired:
+                self.processes[rank].join()
+                self.processes[rank] = self._start(rank)
             if ok:
                 values[rank] = value
             else:
@@ -94,6 +122,12 @@ class WorkerPool:
         if failures:
             raise RuntimeError(f"{function.__name__} failed on {len(failures)} rank(s)\n" + "\n".join(failures))
         return [values[rank] for rank in range(world_size)]
+
+    def _replace_all(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.join()
+        self._start_all()
 
     def close(self) -> None:
         for tasks in self.tasks:

@@ -18,6 +18,7 @@ replicated parameters; here the parameters stay whole and only the gradients are
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -64,8 +65,16 @@ class GradientReduceScatter:
         self._in_flight: list[tuple[dist.Work, int, torch.Tensor, set[nn.Parameter]]] = []
         self._finish_queued = False
         if in_backward:  # a pipeline stage's hooks would only return: none are registered
+            # A weak reference: a parameter that the autograd graph also holds from C++ hides its
+            # hooks from Python's collector, so a bound method here would keep the model alive.
+            gradient_ready = weakref.WeakMethod(self._gradient_ready)
+
+            def hook(param: nn.Parameter) -> None:
+                if (ready := gradient_ready()) is not None:  # None once the optimizer is gone
+                    ready(param)
+
             for param in params:
-                param.register_post_accumulate_grad_hook(self._gradient_ready)
+                param.register_post_accumulate_grad_hook(hook)
 
     @staticmethod
     def _partition(params: list[nn.Parameter], bucket_bytes: int) -> list[list[nn.Parameter]]:
