@@ -9,6 +9,7 @@ plus Adam's two moments (12 bytes); ``rank_model_states`` is what one rank holds
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from plait.facts.stack import Kernels
@@ -152,9 +153,10 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     zero, dp, dp_rank = layout.zero, layout.dp_shard, dp_rank % layout.dp_shard
     half = precision == "bf16" and zero in (1, 2) and layout.pp == 1
     weight_bytes = BF16 if half else FP32
-    whole = sum(rows * cols for rows, cols in shapes)
-    owned = sum(owned_rows(rows, dp_rank, dp) * cols for rows, cols in shapes) if zero >= 1 else whole
-    padded = sum(-(-rows // dp) * cols for rows, cols in shapes)
+    counts = Counter(shapes)  # a handful of distinct shapes, each repeated per layer
+    whole = sum(n * rows * cols for (rows, cols), n in counts.items())
+    owned = sum(n * owned_rows(rows, dp_rank, dp) * cols for (rows, cols), n in counts.items()) if zero >= 1 else whole
+    padded = sum(n * -(-rows // dp) * cols for (rows, cols), n in counts.items())
     params = padded * FP32 if zero == 3 else whole * weight_bytes
     grads = padded * FP32 if zero == 3 else (owned if zero == 2 else whole) * weight_bytes
     if layout.pp > 1 and zero >= 2:
