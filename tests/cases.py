@@ -110,7 +110,7 @@ def zero2_gradient_rows(config: RunConfig, bucket_bytes: int) -> dict:
     topology = build_topology(config.layout, torch.device("cpu"))
     model, reference = build_model(config, torch.device("cpu")), build_model(config, torch.device("cpu"))
     optimizer = ShardedAdamW(parameter_groups(model, 0.0), topology.mesh["dp"], lr=1e-3, betas=BETAS,
-                             gradient_order=list(model.parameters()), bucket_bytes=bucket_bytes)
+                             gradient_chunks={0: list(model.parameters())}, bucket_bytes=bucket_bytes)
     source = BatchSource(training_tokens(config.train.data, config.model.vocab, config.model.seq_len),
                          config.model.seq_len, config.train.global_batch, config.train.seed)
 
@@ -164,7 +164,7 @@ def zero2_rows_after_a_backward_that_reaches_no_parameter(config: RunConfig) -> 
     model = torch.nn.Linear(8, 6)
     torch.nn.init.constant_(model.weight, 0.1)
     optimizer = ShardedAdamW(model.parameters(), topology.mesh["dp"], lr=1e-3, betas=(0.9, 0.95),
-                             gradient_order=list(model.parameters()))
+                             gradient_chunks={0: list(model.parameters())})
     with gradient_sync(model, optimizer, False):
         model(torch.full((4, 8), float(rank + 1))).square().sum().backward()
     expected = [param.grad.clone() for param in model.parameters()]

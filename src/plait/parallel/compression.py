@@ -11,7 +11,7 @@ where the dp gradients are reduced                     ``bf16``
 DDP (ZeRO 0–1 without tp and pp)                       torch's ``bf16_compress_hook``
 FSDP2 (ZeRO-3)                                         ``MixedPrecisionPolicy(reduce_dtype=bfloat16)``
 ``GradientReduceScatter`` (ZeRO-2)                     buckets packed in bf16, reduce-scattered, widened
-``average_gradients`` (ZeRO 0–1 under tp or pp)        a bf16 copy all-reduced, widened
+``GradientAllReduce`` (ZeRO 0–1 under tp or pp)        buckets packed in bf16, all-reduced, widened
 =====================================================  ==============================================
 
 bf16 keeps fp32's exponent range, so only the mantissa is cut (8 bits: a relative rounding of at
@@ -38,6 +38,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.nn.parallel import DistributedDataParallel
 
 from plait.facts.model_state import POWERSGD_MIN_COMPRESSION_RATE, POWERSGD_RANK, POWERSGD_START_STEP
+from plait.parallel.gradient_buckets import GradientBuckets
 from plait.topology import Topology
 
 
@@ -68,10 +69,12 @@ def powersgd_hook(state, bucket):  # no hints, as bf16_hook
     return future
 
 
-def compress_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology) -> None:
+def compress_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
+                       buckets: GradientBuckets | None = None) -> None:
     """Put the layout's gradient compression into the reduction that runs during backward: DDP's comm
-    hook, or the bf16 wire of ZeRO-2's reduce-scatter. (FSDP2 takes it as it wraps the model:
-    ``compressed_policy``; reductions after backward take it in ``average_flat``.)"""
+    hook, or the bf16 wire of plait's own ``buckets`` (ZeRO-2's reduce-scatter, or the all-reduce
+    where DDP cannot run; default ZeRO-2's, from the optimizer). (FSDP2 takes it as it wraps the
+    model: ``compressed_policy``; reductions after backward take it in ``average_flat``.)"""
     compression = topology.layout.grad_compression
     if compression == "none" or topology.size("dp") == 1:
         return
@@ -81,8 +84,8 @@ def compress_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, topol
             model.register_comm_hook(group, bf16_hook)
         else:
             model.register_comm_hook(powersgd_state(group), powersgd_hook)
-    elif compression == "bf16" and (shards := getattr(optimizer, "gradient_shards", None)) is not None:
-        shards.wire_dtype = torch.bfloat16
+    elif compression == "bf16" and (buckets := buckets or getattr(optimizer, "gradient_shards", None)) is not None:
+        buckets.wire_dtype = torch.bfloat16
 
 
 def compressed_policy(policy: MixedPrecisionPolicy, compression: str) -> MixedPrecisionPolicy:

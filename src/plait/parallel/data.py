@@ -2,11 +2,12 @@
 
 - stage 0: PyTorch DDP, replicated parameters; bucketed gradient all-reduce overlapping backward.
 - stage 1: DDP plus ``ShardedAdamW``: each rank keeps the optimizer state of 1/Nd of every parameter.
-- stage 2: ``ShardedAdamW`` with ``gradient_order``: replicated parameters, no wrapper; the
+- stage 2: ``ShardedAdamW`` with ``gradient_chunks``: replicated parameters, no wrapper; the
   optimizer's hooks reduce-scatter the gradients in buckets, overlapping backward.
 - stages 1 and 2 under tensor parallelism: the same, on the rows of each rank's tp shard, as
-  Megatron's distributed optimizer; DDP cannot hold DTensor weights, so stage 1's gradients are
-  averaged after backward (plait.parallel.gradients).
+  Megatron's distributed optimizer; DDP cannot hold DTensor weights, so stages 0 and 1 average
+  their gradients with plait's own bucketed all-reduce, overlapping backward too
+  (plait.parallel.gradient_buckets).
 - stage 3: FSDP2 ``fully_shard`` per block and on the root: parameters gathered block by block,
   just in time, with the next block's all-gather prefetched. Under tensor parallelism FSDP2
   shards each rank's tensor-parallel shard further over dp (torchtitan's 2-D layout).
@@ -27,6 +28,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from plait.parallel.compression import compressed_policy
+from plait.parallel.gradient_buckets import default_bucket_bytes
 from plait.topology import Topology
 
 
@@ -43,11 +45,14 @@ def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "
         # FSDP2 over the dp mesh dimension shards DTensors already split over tp (2-D).
         return fully_shard_model(model, topology.fsdp_mesh, precision, topology.layout.grad_compression)
     if stage == 2:
-        return model  # ShardedAdamW(gradient_order=...) reduce-scatters the gradients itself
+        return model  # ShardedAdamW(gradient_chunks=...) reduce-scatters the gradients itself
     if topology.size("tp") > 1:
-        return model  # DDP cannot hold tensor-parallel (DTensor) weights: plait.parallel.gradients averages them
-    # Gradients as views of DDP's buckets: the rank holds one copy of the gradients, not two.
-    return DistributedDataParallel(model, process_group=topology.group("dp"), gradient_as_bucket_view=True)
+        return model  # DDP cannot hold tensor-parallel (DTensor) weights: plait's GradientAllReduce averages them
+    # Gradients as views of DDP's buckets: the rank holds one copy of the gradients, not two. The
+    # buckets are plait's size (plait.facts.buckets), so a model under DDP's 25 MiB overlaps too.
+    bucket_mb = default_bucket_bytes(list(model.parameters())) / 2**20
+    return DistributedDataParallel(model, process_group=topology.group("dp"), gradient_as_bucket_view=True,
+                                   bucket_cap_mb=bucket_mb)
 
 
 @torch.no_grad()

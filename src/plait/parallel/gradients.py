@@ -1,21 +1,25 @@
-"""Every layout's gradient reduction: when the wrappers' hooks reduce, and what is left after backward.
+"""Every layout's gradient reduction: which hooks reduce in backward, and what is left after it.
 
-Data-parallel gradients are averaged by the mechanism each ZeRO stage was built on, inside
-backward: DDP's bucketed all-reduce (stages 0, 1), ``GradientReduceScatter``'s hooks (stage 2),
-FSDP2's reduce-scatter (stage 3). ``gradient_sync`` switches them off for every micro-batch but the
-last. What they cannot do is finished here, once per step, after backward
-(``finish_gradients``), in this order:
+Data-parallel gradients are averaged inside backward, bucket by bucket as backward produces them,
+by the mechanism each layout was built on: DDP's all-reduce (ZeRO 0, 1), ``GradientAllReduce``
+(ZeRO 0, 1 where DDP cannot run: under tensor parallelism, whose DTensor weights DDP cannot hold,
+and on pipeline stages), ``GradientReduceScatter`` (ZeRO-2), FSDP2's reduce-scatter (ZeRO-3); the
+buckets' size is ``plait.facts.buckets``' rule. ``gradient_sync`` switches them off for every
+micro-batch but the last. A pipeline stage runs one backward per (chunk, micro-batch), split into
+input and weight halves under zero-bubble schedules, which DDP's per-backward hooks cannot follow:
+there plait's buckets reduce each chunk's gradients from its last backward action on, overlapping
+the rest of the schedule (``plait.parallel.gradient_buckets``), and ZeRO-3's FSDP2 reduce-scatters
+once after the schedule (``plait.parallel.stage_sharding``). What is left is finished here, once
+per step, after backward (``finish_gradients``), in this order:
 
 1. tensor parallelism: every gradient laid out as its parameter is;
-2. ZeRO-2 and ZeRO-3 on a pipeline stage: the stage's gradients reduce-scattered over dp, once,
-   after the schedule's last backward (``scatter_after``);
+2. a pipeline stage's dp reduction: waiting for its chunks' buckets, or ZeRO-3's reduce-scatter
+   (``scatter_after``);
 3. tied embeddings over pipeline stages (GPT-2): the first and last stages' copies summed (their
    gradients, or the same rows of them), as in Megatron-LM, so they stay equal;
 4. replicas no hook averaged: context-parallel ranks always (each saw its own slice of the
-   sequences); data-parallel ranks below ZeRO-2 under tensor parallelism (DDP cannot hold DTensor
-   weights) and on every pipeline stage (DDP's per-backward hooks cannot follow a backward split
-   into input and weight halves); under hybrid sharding's ZeRO-2, the replica groups (the
-   reduce-scatter ran inside each). Under ZeRO-2 these are the rank's gradient rows.
+   sequences); under hybrid sharding's ZeRO-2, the replica groups (the reduce-scatter ran inside
+   each). Under ZeRO-2 these are the rank's gradient rows.
 
 ``clip_gradients`` then takes the global norm: over the optimizer's gradients on one stage, summed
 over the stages (a tied weight counted once) under pipeline parallelism.
@@ -24,7 +28,7 @@ over the stages (a tied weight counted once) under pipeline parallelism.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +39,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from plait.parallel.compression import average_flat
+from plait.parallel.gradient_buckets import GradientAllReduce, GradientBuckets, default_bucket_bytes
 from plait.parallel.grad_norm import clip_grad_norm, scale_to_norm, total_norm
 from plait.parallel.sharded_adamw import ShardedAdamW, gradients_by_parameter, gradients_of
 from plait.parallel.tensor import finish_tensor_gradients
@@ -47,8 +52,8 @@ class GradientReduction:
 
     ``replica_dims``: mesh dimensions averaged here. ``tied_peer``: the pp rank holding the other
     copy of a tied embedding (None: no copy elsewhere). ``stage_norm``: the norm is summed over the
-    pp group. ``scatter_after``: the data-parallel reduce-scatter of a pipeline stage under ZeRO-2
-    or 3, which runs here rather than in backward."""
+    pp group. ``scatter_after``: what finishes a pipeline stage's data-parallel reduction after the
+    schedule (waiting for its chunks' buckets, or ZeRO-3's reduce-scatter)."""
 
     replica_dims: tuple[str, ...] = ()
     tied_peer: int | None = None
@@ -59,30 +64,41 @@ class GradientReduction:
 def gradient_reduction(topology: Topology, tied_peer: int | None = None,
                        scatter_after: Callable[[], None] | None = None) -> GradientReduction:
     """The reduction left after backward on ``topology``; ``tied_peer`` as the pipeline found it,
-    ``scatter_after`` as ZeRO-2 or 3 built it on a pipeline stage."""
+    ``scatter_after`` as ``parallelize`` built it on a pipeline stage."""
     zero, pipelined = topology.layout.zero, topology.size("pp") > 1
-    # Below ZeRO-2, no hook averages dp where DDP cannot run: on a pipeline stage, or under tp.
-    dp_after = topology.size("dp") > 1 and zero < 2 and (pipelined or topology.size("tp") > 1)
     # ZeRO-2 under hybrid sharding reduce-scatters inside a replica group; the groups average here.
     hybrid_rows = zero == 2 and topology.size("dp_replicate") > 1
-    dims = ("dp",) * dp_after + ("dp_replicate",) * hybrid_rows + ("cp",) * (topology.size("cp") > 1)
+    dims = ("dp_replicate",) * hybrid_rows + ("cp",) * (topology.size("cp") > 1)
     return GradientReduction(dims, tied_peer, stage_norm=pipelined, scatter_after=scatter_after)
 
 
+def data_parallel_buckets(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
+                          chunks: Mapping[int, list[nn.Parameter]] | None = None) -> GradientBuckets | None:
+    """plait's own hooks that reduce the gradients over dp in backward: ZeRO-2's (the optimizer's),
+    or below it the all-reduce where DDP cannot run (under tp, on a pipeline stage, whose ``chunks``
+    are given); None where DDP or FSDP2 reduce, or nothing does."""
+    if isinstance(optimizer, ShardedAdamW) and optimizer.gradient_shards is not None:
+        return optimizer.gradient_shards
+    pipelined = chunks is not None
+    if topology.size("dp") == 1 or topology.layout.zero >= 2 or not (pipelined or topology.size("tp") > 1):
+        return None
+    chunks = chunks or {0: list(model.parameters())}
+    params = [param for params in chunks.values() for param in params]
+    return GradientAllReduce(chunks, topology.group("dp"), default_bucket_bytes(params), per_chunk=pipelined)
+
+
 @contextlib.contextmanager
-def gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, enabled: bool) -> Iterator[None]:
-    """Skip the hooks' gradient reduction unless ``enabled`` (every micro-batch but the last)."""
+def gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, enabled: bool,
+                  buckets: GradientBuckets | None = None) -> Iterator[None]:
+    """Skip the hooks' gradient reduction unless ``enabled`` (every micro-batch but the last).
+    ``buckets``: plait's own (``data_parallel_buckets``; default ZeRO-2's, from the optimizer)."""
+    buckets = buckets or getattr(optimizer, "gradient_shards", None)
     if isinstance(model, FSDPModule):
         model.set_requires_gradient_sync(enabled)
         yield
-    elif isinstance(optimizer, ShardedAdamW) and optimizer.gradient_shards is not None:
-        optimizer.gradient_shards.sync = enabled
-        try:
+    elif buckets is not None:
+        with buckets.synchronising(enabled):
             yield
-        finally:
-            optimizer.gradient_shards.sync = True
-        if enabled:
-            optimizer.gradient_shards.flush()
     elif enabled or not isinstance(model, DistributedDataParallel):
         yield
     else:

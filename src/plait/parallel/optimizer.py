@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -23,14 +25,17 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": params, "weight_decay": weight_decay if decays else 0.0} for (decays, _), params in groups.items()]
 
 
-def build_optimizer(model: nn.Module, lr: float, weight_decay: float, topology: Topology | None = None) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, lr: float, weight_decay: float, topology: Topology | None = None,
+                    chunks: Mapping[int, list[nn.Parameter]] | None = None) -> torch.optim.Optimizer:
     """AdamW decaying 2-D and larger parameters only. Under ZeRO stage 1 or 2 of ``topology``, its
-    state is sharded over the data-parallel ranks, and for stage 2 the gradients too."""
+    state is sharded over the data-parallel ranks, and for stage 2 the gradients too, reduced in
+    buckets as each of ``chunks`` (a pipeline stage's chunks: chunk → its parameters in order;
+    default the whole model) finishes its backward."""
     groups = parameter_groups(model, weight_decay)
     if topology is not None and (mesh := zero_optimizer_mesh(topology)) is not None:
-        order = list(model.parameters()) if topology.layout.zero == 2 else None
-        return ShardedAdamW(groups, mesh, lr=lr, betas=BETAS, gradient_order=order, tp_dp_mesh=topology.tp_dp_mesh,
-                            scatter_in_backward=topology.size("pp") == 1)
+        order = (chunks or {0: list(model.parameters())}) if topology.layout.zero == 2 else None
+        return ShardedAdamW(groups, mesh, lr=lr, betas=BETAS, gradient_chunks=order, tp_dp_mesh=topology.tp_dp_mesh,
+                            per_chunk=topology.size("pp") > 1)
     # fused=True: PyTorch's single-kernel AdamW (CPU and CUDA; plain and DTensor parameters), several
     # times faster than the per-tensor loop. Each element's update depends on that element alone,
     # so every sharding of the parameters gives the single-process result.

@@ -19,7 +19,8 @@ from plait.models.transformer import Transformer
 from plait.parallel.compression import compress_gradients
 from plait.parallel.context import apply_context_parallel
 from plait.parallel.data import apply_data_parallel
-from plait.parallel.gradients import GradientReduction, gradient_reduction
+from plait.parallel.gradient_buckets import GradientBuckets
+from plait.parallel.gradients import GradientReduction, data_parallel_buckets, gradient_reduction
 from plait.parallel.optimizer import build_optimizer
 from plait.parallel.pipeline import Pipeline, build_pipeline
 from plait.parallel.recompute import apply_recompute
@@ -31,8 +32,9 @@ from plait.topology import Topology
 @dataclass
 class Parallelized:
     """What a rank trains: its model (a pipeline stage's pruned model under pp), the optimizer over
-    it, the pipeline (None without pp), what its gradients still need after backward, and what
-    holds them until then (``unreduced_gradients``)."""
+    it, the pipeline (None without pp), what its gradients still need after backward, what
+    holds them until then (``unreduced_gradients``), and plait's own hooks that reduce them over dp
+    in backward (ZeRO-2's, or the all-reduce where DDP cannot run; None under DDP and FSDP2)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -40,6 +42,7 @@ class Parallelized:
     reduction: GradientReduction
     topology: Topology
     unreduced_gradients: Callable[[], list[torch.Tensor]]
+    gradient_buckets: GradientBuckets | None = None
 
 
 def apply_within_stage(model: Transformer, topology: Topology) -> Transformer:
@@ -58,7 +61,8 @@ def parallelize(model: Transformer, topology: Topology, precision: str, lr: floa
     layout, pipeline, scatter_after, stage = topology.layout, None, None, None
     if topology.size("pp") > 1:
         # No DDP on a stage (its hooks cannot follow a backward split into input and weight halves):
-        # gradients are reduced after the schedule (plait.parallel.gradients), ZeRO-3's by FSDP2.
+        # plait's buckets reduce each chunk's gradients once its last backward is done, ZeRO-3's
+        # FSDP2 after the schedule (plait.parallel.gradients).
         pipeline = build_pipeline(model, topology)
         model = pipeline.model
         if layout.zero == 3:
@@ -66,11 +70,14 @@ def parallelize(model: Transformer, topology: Topology, precision: str, lr: floa
             scatter_after = stage.reduce
     else:
         model = apply_data_parallel(model, topology, precision)
-    optimizer = build_optimizer(model, lr, weight_decay, topology)
-    compress_gradients(model, optimizer, topology)  # --grad-compression, into the reduction backward runs
-    if layout.zero == 2 and pipeline is not None:
-        scatter_after = optimizer.gradient_shards.flush
+    # A stage's gradients are final chunk by chunk (plait.parallel.gradient_buckets).
+    chunks = {c: list(view.parameters()) for c, view in pipeline.chunks.items()} if pipeline is not None else None
+    optimizer = build_optimizer(model, lr, weight_decay, topology, chunks)
+    buckets = data_parallel_buckets(model, optimizer, topology, chunks)
+    compress_gradients(model, optimizer, topology, buckets)  # --grad-compression, into the reduction backward runs
+    if pipeline is not None and buckets is not None:
+        pipeline.gradient_buckets, scatter_after = buckets, buckets.finish
     reduction = gradient_reduction(topology, pipeline.tied_peer if pipeline is not None else None, scatter_after)
     unreduced = stage.unreduced_gradients if stage is not None else \
         (lambda: [param.grad for param in model.parameters() if param.grad is not None])
-    return Parallelized(model, optimizer, pipeline, reduction, topology, unreduced)
+    return Parallelized(model, optimizer, pipeline, reduction, topology, unreduced, buckets)

@@ -12,7 +12,8 @@ tensor (a sequence shard under sp or cp), and the last stage takes the loss on v
 
 Tied embeddings (GPT-2) live on the first and last stages at once, as in Megatron-LM: both copies
 start equal and ``plait.parallel.gradients`` sums their gradients after each step, so they stay
-equal; it also averages the stages' gradients over dp and cp. The pipeline returns data — the
+equal; it also averages the stages' gradients over cp (the executor starts each chunk's dp
+reduction during the schedule). The pipeline returns data — the
 loss, the measured timelines and the bubble figures — and draws nothing: the training loop hands
 them to ``plait.observe``.
 """
@@ -29,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from plait.parallel.pipeline_executor import Executor
+from plait.parallel.pipeline_executor import ChunkReduction, Executor
 from plait.parallel.tensor import vocab_parallel_loss
 from plait.schedules.actions import Schedule
 from plait.schedules.generators import generate
@@ -127,10 +128,13 @@ class Pipeline:
         self.sequence_split = topology.size("tp") if topology.layout.sp else 1
         self.spans: deque[list[Span]] = deque(maxlen=KEPT_STEPS)  # this rank's spans, one list per step
         self.steps_run = 0
+        # plait's hooks reducing each chunk's gradients over dp once final (set by parallelize; None: none).
+        self.gradient_buckets: ChunkReduction | None = None
 
     def forward_backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast,
                          positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Forward and backward every micro-batch by the schedule, leaving the gradients unreduced.
+        """Forward and backward every micro-batch by the schedule, each chunk's data-parallel
+        reduction started once its gradients are final (``gradient_buckets``) and left in flight.
 
         ``positions`` are those of the sequence slice this rank holds (None: all of them). Returns
         the mean loss of this rank's tokens, on every pp rank.
@@ -148,7 +152,8 @@ class Pipeline:
         if positions is None:  # stages after the first see hidden states, not how long the sequence is
             positions = torch.arange(micro_batches[0][0].shape[1], device=self.device)
         chunks = {c: _Chunk(view, autocast, positions.to(self.device)) for c, view in self.chunks.items()}
-        executor = Executor(self.schedule, self.pp_rank, chunks, loss_fn, recv_shape, self.pp_group, self.device)
+        executor = Executor(self.schedule, self.pp_rank, chunks, loss_fn, recv_shape, self.pp_group, self.device,
+                            reduction=self.gradient_buckets)
         dist.barrier(group=self.pp_group)  # a common start, so every rank's spans share one clock origin
         with vocab_parallel_loss(self.topology):  # the last chunk's loss and its backward
             record = executor.run([inputs for inputs, _ in micro_batches])

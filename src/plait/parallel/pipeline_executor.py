@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Protocol
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,21 @@ from plait.schedules.simulate import Span
 
 TAGS = {Kind.SEND_ACTIVATION: 0, Kind.RECV_ACTIVATION: 0, Kind.SEND_GRAD: 1, Kind.RECV_GRAD: 1}
 LossFn = Callable[[torch.Tensor, int], torch.Tensor]
+GRADIENT_KINDS = (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)  # the actions that accumulate weight gradients
+
+
+class ChunkReduction(Protocol):
+    """A chunk's data-parallel gradient reduction (plait.parallel.gradient_buckets): ``arm`` before
+    the chunk's last backward action of the step, ``close`` after it; neither waits."""
+
+    def arm(self, chunk: int) -> None: ...
+
+    def close(self, chunk: int) -> None: ...
+
+
+def last_gradient_actions(actions: list[Action]) -> dict[int, int]:
+    """Index of each chunk's last action that accumulates its weight gradients (B, or W when split)."""
+    return {action.chunk: index for index, action in enumerate(actions) if action.kind in GRADIENT_KINDS}
 
 
 @dataclass
@@ -62,7 +77,9 @@ class Executor:
     ``chunks`` maps each chunk this rank holds to a module taking the chunk's input (token ids on
     chunk 0, hidden states after) to its output (logits on the last chunk). ``loss_fn(logits, mb)``
     gives the last chunk's loss, already scaled for accumulation. ``recv_shape(mb)`` is the shape of
-    the hidden states that cross between chunks; transfers are in ``dtype``.
+    the hidden states that cross between chunks; transfers are in ``dtype``. ``reduction`` starts
+    each chunk's data-parallel gradient reduction right after its last backward action, so it
+    overlaps what is left of the schedule.
     """
 
     def __init__(
@@ -76,12 +93,15 @@ class Executor:
         device: torch.device,
         dtype: torch.dtype = torch.float32,
         prefetch: int = 4,
+        reduction: ChunkReduction | None = None,
     ):
         self.schedule, self.rank, self.chunks = schedule, rank, chunks
         self.prefetch = max(1, prefetch)
         self.loss_fn, self.recv_shape, self.group = loss_fn, recv_shape, group
         self.device, self.dtype = device, dtype
         self.last_chunk = schedule.num_chunks - 1
+        self.reduction = reduction
+        self.final = {index: chunk for chunk, index in last_gradient_actions(schedule.actions[rank]).items()}
 
     def run(self, inputs: list[torch.Tensor]) -> StepRecord:
         """Execute the rank's list for micro-batch inputs ``inputs`` (token ids, one per micro-batch)."""
@@ -99,6 +119,9 @@ class Executor:
                 ahead = upcoming.popleft()
                 posted[ahead] = self._post_receive(actions[ahead])
             state = states.setdefault((action.chunk, action.microbatch), _MicroState())
+            final = self.reduction is not None and index in self.final
+            if final:
+                self.reduction.arm(action.chunk)  # its hooks send buckets as this backward fills them
             start = time.perf_counter()
             if action.kind is Kind.FORWARD:
                 self._forward(action, state, states, inputs, record)
@@ -123,6 +146,8 @@ class Executor:
                     state.input = buffer.requires_grad_()
                 else:
                     state.output_grad = buffer
+            if final:
+                self.reduction.close(action.chunk)  # within the action's span: the rank's work, not idle
             synchronize()
             record.spans.append(Span(action, start, time.perf_counter()))
         for work in sends:

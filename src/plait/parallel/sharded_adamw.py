@@ -1,7 +1,7 @@
 """ZeRO stages 1 and 2: AdamW whose state each rank keeps for its own rows of every parameter only.
 
-Stage 1: gradients arrive whole (averaged by DDP, or after backward where DDP cannot run: under
-tensor or pipeline parallelism). Stage 2: ``GradientReduceScatter`` leaves
+Stage 1: gradients arrive whole (averaged by DDP, or by ``GradientAllReduce``'s buckets where DDP
+cannot run: under tensor or pipeline parallelism). Stage 2: ``GradientReduceScatter`` leaves
 each rank only the averaged gradient of its own rows. Either way each rank updates the rows it
 owns, and one all-gather per step hands the updated rows to the other ranks. Under tensor
 parallelism the rows are those of the rank's tp shard (plait.parallel.zero_rows).
@@ -13,7 +13,7 @@ the two moments, sharded); the bf16 parameters are the master rounded after ever
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 import torch
 from torch import nn
@@ -21,7 +21,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.optim.adamw import adamw
 
-from plait.parallel.gradient_shards import BUCKET_BYTES, GradientReduceScatter, all_gather_single
+from plait.parallel.gradient_buckets import default_bucket_bytes
+from plait.parallel.gradient_shards import GradientReduceScatter, all_gather_single
 from plait.parallel.zero_rows import RowSplit, local_tensor
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -35,25 +36,27 @@ class ShardedAdamW(torch.optim.Optimizer):
     """AdamW (decoupled weight decay, PyTorch's fused kernel, as ``build_optimizer``) with state sharded over ``mesh``.
 
     ``mesh`` is the dp mesh; under tensor parallelism ``tp_dp_mesh`` (plait.parallel.zero_rows)
-    places the rows of each tp shard. With ``gradient_order``, the model's parameters in order,
-    the gradients are reduce-scattered too (ZeRO-2), bucketed in the reverse of that order, in
-    backward or (``scatter_in_backward`` False) when ``gradient_shards.flush`` is called.
+    places the rows of each tp shard. With ``gradient_chunks`` (chunk → the model's parameters in
+    order; one chunk without pipeline parallelism) the gradients are reduce-scattered too (ZeRO-2),
+    bucketed in the reverse of that order (``bucket_bytes``, default plait.facts.buckets' rule),
+    in backward, or on a pipeline stage (``per_chunk``) as its executor finishes each chunk.
     Parameters held in a lower precision than fp32 get an fp32 master copy of the owned rows
     (``masters``)."""
 
     def __init__(self, params, mesh: DeviceMesh, lr: float, betas: tuple[float, float], eps: float = 1e-8,
-                 weight_decay: float = 1e-2, gradient_order: list[nn.Parameter] | None = None,
-                 bucket_bytes: int = BUCKET_BYTES, tp_dp_mesh: DeviceMesh | None = None, scatter_in_backward: bool = True):
+                 weight_decay: float = 1e-2, gradient_chunks: Mapping[int, list[nn.Parameter]] | None = None,
+                 bucket_bytes: int | None = None, tp_dp_mesh: DeviceMesh | None = None, per_chunk: bool = False):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.split = RowSplit(mesh, tp_dp_mesh)
         optimized = self._optimized()
         self.masters = {param: self.split.as_dtensor(self._rows_of(param).to(torch.float32, copy=True), param)
                         for param in optimized if param.dtype != torch.float32}
         self.gradient_shards = None
-        if gradient_order is not None:
+        if gradient_chunks is not None:
             stepped = set(optimized)
-            self.gradient_shards = GradientReduceScatter([p for p in gradient_order if p in stepped], self.split,
-                                                         bucket_bytes, scatter_in_backward)
+            chunks = {chunk: [p for p in params if p in stepped] for chunk, params in gradient_chunks.items()}
+            limit = bucket_bytes or default_bucket_bytes([p for params in chunks.values() for p in params])
+            self.gradient_shards = GradientReduceScatter(chunks, self.split, limit, per_chunk)
         self._pieces: list[list[tuple[torch.Tensor, slice]]] | None = None
 
     def _optimized(self) -> list[torch.Tensor]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
+from plait.facts.buckets import BUCKET_CAP_BYTES, bucket_bytes
 from plait.facts.model_state import (
     communicated_bytes, powersgd_elements, rank_model_states, rank_parameters, rank_tensor_shapes, rank_tensors,
     reduced_gradient_elements, zero_group,
@@ -29,7 +30,9 @@ from plait.plan.memory import RankMemory, other_bytes
 from plait.plan.pipeline import play
 from plait.schedules import split_layers
 
-BUCKET_BYTES = 25 * 2**20  # DDP's default gradient bucket; the last one cannot overlap anything
+# DDP's default gradient bucket, for the other stacks (plait's own: plait.facts.buckets); the last
+# bucket cannot overlap anything.
+BUCKET_BYTES = BUCKET_CAP_BYTES
 
 
 @dataclass(frozen=True)
@@ -116,8 +119,10 @@ class FlushCosts:
 def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float) -> tuple[float, float]:
     """(in backward, after backward) seconds of plait's data- and context-parallel reduction of
     ``grads`` bytes (plait.parallel.gradients): over dp, an all-reduce below ZeRO-2 and a
-    reduce-scatter from it, run by a hook inside backward (DDP, ZeRO-2's buckets, FSDP2) except on
-    a pipeline stage and below ZeRO-2 under tp; then an all-reduce over cp of what dp left. Under
+    reduce-scatter from it, run by hooks inside backward bucket by bucket (DDP, plait's own buckets
+    under tp or on a pipeline stage, ZeRO-2's, FSDP2's), on a pipeline stage from each chunk's last
+    backward action on, except ZeRO-3 on a pipeline stage, whose FSDP2 reduce-scatter follows the
+    schedule (plait.parallel.stage_sharding); then an all-reduce over cp of what dp left. Under
     hybrid sharding the reduce-scatter runs inside a replica group and an all-reduce of the rows
     across the groups follows it (in FSDP2's backward hook at ZeRO-3, after backward at ZeRO-2)."""
     dp_link = group_link(hw, layout, "dp")
@@ -131,7 +136,7 @@ def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float) -> tuple
         dp_seconds += across if layout.zero == 3 else 0.0
     cp_seconds = all_reduce_seconds(held, layout.cp, group_link(hw, layout, "cp"))
     cp_seconds += across if layout.zero == 2 else 0.0  # plait.parallel.gradients averages the groups with cp
-    in_backward = layout.pp == 1 and (layout.zero >= 2 or layout.tp == 1)
+    in_backward = layout.pp == 1 or layout.zero < 3
     return (dp_seconds, cp_seconds) if in_backward else (0.0, dp_seconds + cp_seconds)
 
 
@@ -160,7 +165,8 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
         reduce += all_reduce_seconds(grads / shards, replicas // shards, strided_link(hw, replicas // shards, shards * stride))
     # Buckets hold the gradients as computed, before any compression.
     bucketed = params * communicated_bytes(replace(layout, grad_compression="none"), precision, kernels)[0]
-    last_bucket = reduce * min(1.0, BUCKET_BYTES / bucketed) if bucketed else 0.0
+    bucket = bucket_bytes(bucketed) if kernels.plait_engine else BUCKET_BYTES  # plait's rule; DDP's default
+    last_bucket = reduce * min(1.0, bucket / bucketed) if bucketed else 0.0
     # ZeRO-1/2 gather the updated rows after the step; ZeRO-3 on a pipeline stage gathers its
     # parameters once per step, before its first forward (plait.parallel.stage_sharding).
     once = layout.zero in (1, 2) or (layout.zero == 3 and layout.pp > 1)

@@ -85,11 +85,12 @@ def forward_backward(parallel: Parallelized, micro_batches: MicroBatches, autoca
     """Accumulate the micro-batches' gradients, the data-parallel hooks reducing only with the last
     one. Returns this rank's mean loss."""
     model, optimizer, device = parallel.model, parallel.optimizer, parallel.topology.device
+    buckets = parallel.gradient_buckets
     local_loss = torch.zeros((), device=device)
     count = len(micro_batches)
     for index, (inputs, targets) in enumerate(micro_batches):
         sync = index == count - 1
-        with record_function(f"plait.microbatch.{index}"), gradient_sync(model, optimizer, sync), autocast():
+        with record_function(f"plait.microbatch.{index}"), gradient_sync(model, optimizer, sync, buckets), autocast():
             logits = model(inputs.to(device), positions)
             with vocab_parallel_loss(parallel.topology):
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()) / count
