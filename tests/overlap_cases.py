@@ -51,3 +51,16 @@ def first_reduction(config: RunConfig, in_backward: bool = True) -> dict:
         "before_last_arm": bool(arms) and first_send < max(arms),
         "before_last_close": bool(closes) and first_send < max(closes),
     }
+
+
+def reducers_left_after_training(config: RunConfig) -> int:
+    """Train ``config``, let the result go and collect: how many optimizers and bucketed gradient
+    reductions are still alive (hooks on the parameters must not keep the model from being freed)."""
+    import gc
+
+    from plait.parallel.gradient_buckets import GradientBuckets
+    from plait.train.loop import train
+
+    train(config, build_topology(config.layout, torch.device("cpu")))
+    gc.collect()
+    return sum(isinstance(obj, (GradientBuckets, torch.optim.Optimizer)) for obj in gc.get_objects())

@@ -10,7 +10,7 @@ import pytest
 
 from plait.facts.buckets import BUCKET_CAP_BYTES, BUCKET_FLOOR_BYTES, bucket_bytes
 from tests.cases import layout_world_size, run_config, train_outcome
-from tests.overlap_cases import first_reduction
+from tests.overlap_cases import first_reduction, reducers_left_after_training
 from tests.test_data_parallel_parity import assert_same_losses, assert_same_weights
 
 MODELS = ("tiny", "tiny-llama")
@@ -73,3 +73,10 @@ def test_on_a_pipeline_stage_a_chunk_reduction_goes_out_before_the_schedules_las
         assert outcome["buckets"] >= 2 and outcome["before_last_close"], outcome
     for outcome in pool.run(first_reduction, 4, interleaved, False):
         assert not outcome["before_last_close"], outcome
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_nothing_of_a_finished_run_stays_alive(pool, zero):
+    """The buckets' hooks live on the parameters: once train() returns, its optimizer and reducer go."""
+    layout = {"dp": 2, "tp": 2, "zero": zero}
+    assert pool.run(reducers_left_after_training, 4, run_config("tiny", steps=2, **layout)) == [0] * 4
