@@ -96,6 +96,20 @@ def rank_tensor_shapes(spec: ModelSpec, layers: int, first: bool, last: bool, tp
     whole (``ReplicatedKVHeads``), embedding and head by rows of the vocabulary padded to a multiple
     of tp, learned positions whole; a tied head on a stage without the embedding keeps its own copy.
     A vector is one column."""
+    block, ends = _block_and_end_shapes(spec, first, last, tp)
+    return block * layers + ends
+
+
+def rank_tensor_shape_counts(spec: ModelSpec, layers: int, first: bool, last: bool, tp: int, pp: int) -> Counter:
+    """``rank_tensor_shapes`` as a count of each distinct shape, without listing every layer's."""
+    block, ends = _block_and_end_shapes(spec, first, last, tp)
+    counts = Counter({shape: n * layers for shape, n in Counter(block).items()})
+    counts.update(ends)
+    return counts
+
+
+def _block_and_end_shapes(spec: ModelSpec, first: bool, last: bool, tp: int) -> tuple[list, list]:
+    """One block's tensor shapes and those of the ends a stage holds (``rank_tensor_shapes``)."""
     h, f = spec.hidden, spec.ffn_hidden
     kv = spec.kv_dim // tp if spec.kv_heads % tp == 0 else spec.kv_dim
     norm = [(h, 1)] * (2 if spec.family == "gpt2" else 1)
@@ -104,17 +118,17 @@ def rank_tensor_shapes(spec: ModelSpec, layers: int, first: bool, last: bool, tp
         block += [(h // tp, 1), (kv, 1), (kv, 1), (h, 1), (f // tp, 1), (h, 1)]
     if spec.gated_mlp:
         block.append((f // tp, h))
-    shapes = block * layers
     vocab_rows = padded_vocab(spec.vocab, tp) // tp
+    ends = []
     if first:
-        shapes.append((vocab_rows, h))
+        ends.append((vocab_rows, h))
         if spec.learned_positions:
-            shapes.append((spec.seq_len, h))
+            ends.append((spec.seq_len, h))
     if last:
-        shapes += norm
+        ends += norm
         if not spec.tie_embeddings or not first:
-            shapes.append((vocab_rows, h))
-    return shapes
+            ends.append((vocab_rows, h))
+    return block, ends
 
 
 def owned_rows(rows: int, rank: int, ranks: int) -> int:
@@ -148,12 +162,11 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     FSDP2 (stage 3) holds each parameter's and gradient's shard padded to the largest rank's rows.
     Adam keeps two fp32 moments per owned element and one fp32 step counter per tensor.
     """
-    shapes = rank_tensor_shapes(spec, layers, first, last, layout.tp, layout.pp)
+    counts = rank_tensor_shape_counts(spec, layers, first, last, layout.tp, layout.pp)
     # ZeRO shards over one replica group's ranks (all dp ranks without hybrid sharding).
     zero, dp, dp_rank = layout.zero, layout.dp_shard, dp_rank % layout.dp_shard
     half = precision == "bf16" and zero in (1, 2) and layout.pp == 1
     weight_bytes = BF16 if half else FP32
-    counts = Counter(shapes)  # a handful of distinct shapes, each repeated per layer
     whole = sum(n * rows * cols for (rows, cols), n in counts.items())
     owned = sum(n * owned_rows(rows, dp_rank, dp) * cols for (rows, cols), n in counts.items()) if zero >= 1 else whole
     padded = sum(n * -(-rows // dp) * cols for (rows, cols), n in counts.items())
@@ -168,7 +181,7 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
         if zero == 3:
             params += whole * FP32
             grads = whole * (BF16 if layout.grad_compression == "bf16" else FP32)
-    optimizer = owned * (ADAM_MOMENTS * FP32 + (FP32 if half else 0)) + FP32 * len(shapes)
+    optimizer = owned * (ADAM_MOMENTS * FP32 + (FP32 if half else 0)) + FP32 * counts.total()
     return ModelStates(params=params, grads=grads, optimizer=optimizer)
 
 

@@ -110,7 +110,18 @@ def run_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None,
 
     ``world_size`` and ``global_batch`` are checked when given.
     """
-    problems = _raised(spec.validate) + _raised(layout.validate)
+    return spec_problems(spec) or layout_problems(spec, layout, world_size, global_batch, kernels)
+
+
+def spec_problems(spec: ModelSpec) -> list[str]:
+    """What is wrong with the model itself, whatever the layout."""
+    return _raised(spec.validate)
+
+
+def layout_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None, global_batch: int | None = None,
+                    kernels: Kernels = STACKS["plait"]) -> list[str]:
+    """``run_problems`` for a ``spec`` already known to be valid (a plan search asks it per candidate)."""
+    problems = _raised(layout.validate)
     if problems:  # the checks below read the fields as positive integers
         return problems
     problems += compression_problems(layout)

@@ -22,7 +22,7 @@ from plait.errors import ConfigError
 from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
 from plait.facts.in_flight import in_flight_chunks
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors
-from plait.facts.validity import compression_problems, fit_problems, run_problems
+from plait.facts.validity import compression_problems, fit_problems, layout_problems, run_problems, spec_problems
 from plait.layout import Layout
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.costs import boundary_seconds, layer_cost
@@ -153,6 +153,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     works: dict[tuple, dict] = {}
     times_cache: dict[tuple, LayerTimes] = {}
     found, capacity = Scan(), hw.usable_memory_bytes
+    if spec_problems(spec):  # no layout can run it (the caller says why, from run_problems)
+        return found
     for tp, cp, pp, dp, algorithm in _meshes(workload, gpus, fixed):
         per_rank = math.ceil(layers / pp)
         params = (rank_parameters(spec, per_rank, True, pp == 1, tp, pp), rank_parameters(spec, per_rank, pp == 1, True, tp, pp))
@@ -198,7 +200,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                                            algorithm) for rc in recomputes}
                     for name, v, held_first, held_last in schedules:
                         candidate = replace(staged, schedule=name, virtual_stages=v, stage_layers=stage_layers)
-                        if run_problems(spec, candidate, gpus, workload.global_batch, kernels):
+                        if layout_problems(spec, candidate, gpus, workload.global_batch, kernels):
                             continue
                         for rc in recomputes:
                             act = acts[rc] * per_rank / v
