@@ -1,10 +1,11 @@
-"""The ``plait`` command: train, plan, simulate, calibrate, explain."""
+"""The ``plait`` command: train, plan, simulate, calibrate, explain, export, sample."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from plait.cli.interop import add_interop_commands
 from plait.cli.planning import add_plan_commands
 from plait.cli.training import add_prediction_arguments, run_train
 from plait.config import add_layout_arguments, add_model_arguments, add_train_arguments
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_prediction_arguments(train)
     train.set_defaults(handler=run_train)
     add_plan_commands(commands)
+    add_interop_commands(commands)
     return parser
 
 
