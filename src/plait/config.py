@@ -49,6 +49,7 @@ class TrainSpec:
     grad_clip: float = 1.0
     deterministic: bool = False
     data: str | None = None
+    init_from: str | None = None  # a Hugging Face model folder (plait export's) whose weights replace the seeded ones
     run_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
@@ -149,6 +150,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"linear warm-up before the cosine decay (default {defaults.warmup_steps})")
     group.add_argument("--data", help="text file, or token file (.u16/.bin, .u32, .npy); default: the Python "
                                       "standard library's source as bytes")
+    group.add_argument("--init-from", metavar="DIR",
+                       help="start from the weights of a Hugging Face GPT-2 or Llama folder (config.json, "
+                            "model.safetensors; e.g. from `plait export`) of this run's model, under any layout")
     group.add_argument("--run-dir", help="where metrics, summary, pictures and checkpoints go (default runs/<time>)")
     group.add_argument("--checkpoint-every", type=int, help="save a checkpoint every K steps (default 0: never)")
     group.add_argument("--resume", action="store_const", const=True, help="continue from the run dir's last checkpoint")
@@ -193,7 +197,7 @@ def _set_flags(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
 
 
 # The type of each field whose default is None (the others take their default's type).
-OPTIONAL_TYPES = {"data": str, "run_dir": str, "stage_layers": tuple}
+OPTIONAL_TYPES = {"data": str, "init_from": str, "run_dir": str, "stage_layers": tuple}
 
 
 def _typed(cls, values: dict):
@@ -295,7 +299,9 @@ def _toml_value(value) -> str:
 
 def config_toml(config: RunConfig) -> str:
     """The fully resolved run as a config file: ``plait train --config FILE`` repeats it step for step."""
-    train = {**asdict(config.train), "data": str(Path(config.train.data).resolve()) if config.train.data else None}
+    paths = {name: str(Path(value).resolve()) if (value := getattr(config.train, name)) else None
+             for name in ("data", "init_from")}
+    train = {**asdict(config.train), **paths}
     tables = {
         "model": {"name": config.model_name, **asdict(config.model)},
         "layout": config.layout.to_dict(),

@@ -1,6 +1,6 @@
 """Text from a trained model: the prompt's tokens, then one token at a time from the model's last logits.
 
-Runs on one process with the full model (``plait.interop.run_weights``). A byte-level run
+Runs on one process with the full model (``plait.train.full_model``). A byte-level run
 (vocabulary of at most 256: the default corpus and text files) reads the prompt as its UTF-8 bytes
 and writes bytes back. Temperature 0 is greedy (the argmax); otherwise the logits are divided by
 the temperature, cut to the ``top_k`` largest (0: all) and sampled from a generator seeded by

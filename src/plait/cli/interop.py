@@ -38,7 +38,7 @@ def add_interop_commands(subparsers) -> None:
 
 def run_export(args: argparse.Namespace, argv: list[str]) -> int:
     from plait.interop.hf import CONFIG_JSON, WEIGHTS_FILE, hf_config, write_hf
-    from plait.interop.run_weights import checkpoint_spec, load_run_model, run_checkpoint
+    from plait.train.full_model import checkpoint_spec, load_run_model, run_checkpoint
 
     hf_config(checkpoint_spec(run_checkpoint(Path(args.run))))  # a model Hugging Face cannot hold is refused first
     target = Path(args.to)
@@ -58,7 +58,7 @@ def run_sample(args: argparse.Namespace, argv: list[str]) -> int:
     from plait.sample import check_sampling, decode_bytes, encode_bytes, generate
 
     check_sampling(args.max_tokens, args.temperature, args.top_k)
-    from plait.interop.run_weights import checkpoint_spec, load_run_model, run_checkpoint
+    from plait.train.full_model import checkpoint_spec, load_run_model, run_checkpoint
 
     prompt = encode_bytes(args.prompt, checkpoint_spec(run_checkpoint(Path(args.run))).vocab)
     model, _ = load_run_model(Path(args.run))

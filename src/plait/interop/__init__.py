@@ -1,1 +1,1 @@
-"""Weights in and out of plait: a run's checkpoint as one full model, and the Hugging Face layout."""
+"""Weights in and out of plait: Hugging Face's file layout."""

@@ -120,7 +120,7 @@ def expected_hf_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
 def check_hf_folder(folder: Path, spec: ModelSpec) -> None:
     """Refuse, in one sentence, a folder whose config or tensors do not describe ``spec``; reads only the
     safetensors header, so it is quick for any size."""
-    from safetensors import SafetensorsError, safe_open
+    from safetensors import SafetensorError, safe_open
 
     folder = Path(folder)
     if not (folder / CONFIG_JSON).is_file() or not (folder / WEIGHTS_FILE).is_file():
@@ -136,13 +136,19 @@ def check_hf_folder(folder: Path, spec: ModelSpec) -> None:
     try:
         with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as weights:
             held = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
-    except (SafetensorsError, OSError) as error:
+    except (SafetensorError, OSError) as error:
         raise ConfigError(f"{folder / WEIGHTS_FILE} is not a readable safetensors file ({error})") from None
     for name, shape in expected_hf_shapes(spec).items():
         if held.get(name) != shape:
             found = "missing" if name not in held else f"of shape {list(held[name])}"
             raise ConfigError(f"{folder / WEIGHTS_FILE}: tensor {name} is {found}, expected shape {list(shape)}; "
                               "the weights do not match their config.json")
+
+
+def check_init_from(config) -> None:
+    """``check_hf_folder`` for the run's --init-from (a ``RunConfig``), if it has one, before any worker starts."""
+    if config.train.init_from:
+        check_hf_folder(Path(config.train.init_from), config.model)
 
 
 def read_hf_state(folder: Path, spec: ModelSpec) -> Tensors:

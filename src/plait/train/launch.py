@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from plait.config import RunConfig
 from plait.errors import ConfigError
+from plait.interop.hf import check_init_from
 from plait.observe.run_files import METRICS_FILE
 from plait.topology import build_topology
 from plait.train.checkpoint import latest_checkpoint
@@ -167,6 +168,7 @@ def launch(config: RunConfig, argv: list[str]) -> int:
         return run_worker(config, Path(config.train.run_dir or "runs/torchrun"))
     check_devices(config)
     check_data(config)
+    check_init_from(config)
     run_dir, checkpoint = prepare_run_dir(config)
     world = config.layout.world_size
     device = f"{world} GPU(s), NCCL" if torch.cuda.is_available() else f"{world} CPU process(es), gloo"

@@ -25,6 +25,7 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 from plait.config import RunConfig, config_toml
+from plait.interop.hf import read_hf_state
 from plait.models.init import init_weights
 from plait.models.transformer import Transformer
 from plait.observe.model_state import ModelStateMeter
@@ -62,9 +63,12 @@ class TrainResult:
 
 
 def build_model(config: RunConfig, device: torch.device) -> nn.Module:
-    """The full single-device model with its seeded weights (identical under every layout)."""
+    """The full single-device model with its seeded weights, or those of --init-from (identical under every layout)."""
     model = Transformer(config.model)
-    init_weights(model, config.model, config.train.seed)
+    if config.train.init_from:
+        model.load_state_dict(read_hf_state(Path(config.train.init_from), config.model))
+    else:
+        init_weights(model, config.model, config.train.seed)
     return model.to(device)
 
 
