@@ -55,13 +55,14 @@ class TrainSpec:
     resume: bool = False
     resume_changed: bool = False
     log_every: int = 10
+    eval_every: int = 0
 
     def validate(self) -> None:
         for name in ("steps", "global_batch", "log_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        for name in ("warmup_steps", "checkpoint_every", "seed"):
+        for name in ("warmup_steps", "checkpoint_every", "eval_every", "seed"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be a non-negative integer, got {value!r}")
@@ -158,6 +159,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--resume", action="store_const", const=True, help="continue from the run dir's last checkpoint")
     group.add_argument("--resume-changed", action="store_const", const=True,
                        help="with --resume: continue on purpose under another model, seed, data or global batch")
+    group.add_argument("--eval-every", type=int, metavar="K",
+                       help="every K steps and after the last, the loss on the held-out last tenth of the data, which "
+                            "training then never reads (default 0: no evaluation, training reads all of it)")
     group.add_argument("--deterministic", action="store_const", const=True, help="deterministic kernels only")
     group.add_argument("--log-every", type=int,
                        help=f"when output is not a terminal, one progress line every K steps (default {defaults.log_every})")

@@ -40,6 +40,7 @@ from plait.topology import Topology
 from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from plait.train.checkpoint_record import run_identity
 from plait.train.data import BatchSource, training_tokens
+from plait.train.evaluation import split_for_evaluation
 from plait.train.optim import learning_rate, set_learning_rate
 
 MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -134,6 +135,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
     if train_spec.deterministic:
         torch.use_deterministic_algorithms(True)
     tokens = training_tokens(train_spec.data, config.model.vocab, config.model.seq_len)
+    tokens, evaluator = split_for_evaluation(tokens, config)  # with --eval-every, training reads only the first part
     source = BatchSource(tokens, config.model.seq_len, train_spec.global_batch, train_spec.seed)
 
     parallel = parallelize_run(build_model(config, device), config, topology)
@@ -178,14 +180,18 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
         result.losses.append(loss)
         result.step_times.append(elapsed)
         progress.set_postfix(loss=f"{loss:.3f}")
+        evaluated = {}
+        if evaluator is not None and ((step + 1) % train_spec.eval_every == 0 or step == train_spec.steps - 1):
+            evaluated["eval_loss"] = evaluator.evaluate(parallel, lambda: autocast(config, device))
         if log is not None:
             log.append({
                 "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item(),
-                "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed,
+                "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed, **evaluated,
             })
         if writes_log_lines and not on_terminal and (step % train_spec.log_every == 0 or step == train_spec.steps - 1):
-            print(f"step {step}/{train_spec.steps}: loss {loss:.4f}, lr {lr:.3g}, grad norm {grad_norm.item():.3g}, "
-                  f"{tokens_per_step / elapsed:,.0f} tokens/s", flush=True)
+            held_out = f", eval loss {evaluated['eval_loss']:.4f}" if evaluated else ""
+            print(f"step {step}/{train_spec.steps}: loss {loss:.4f}{held_out}, lr {lr:.3g}, grad norm "
+                  f"{grad_norm.item():.3g}, {tokens_per_step / elapsed:,.0f} tokens/s", flush=True)
         if run_dir is not None and train_spec.checkpoint_every and (step + 1) % train_spec.checkpoint_every == 0:
             save_checkpoint(run_dir, step + 1, model, optimizer, identity)
     progress.close()
