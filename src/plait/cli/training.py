@@ -154,6 +154,9 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
         print("plait train --dry-run: the run is valid; nothing was started")
         print(describe_prediction(config, prediction, hw))
         return 0 if prediction is None or prediction.fits else 1
+    from plait.train.start import announce
+
+    config = announce(config)  # the start-up line, before the launcher's imports
     from plait.train.launch import launch
 
     return launch(config, worker_argv(argv, config.layout) if args.auto else argv)
