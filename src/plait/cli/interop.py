@@ -20,7 +20,7 @@ def add_interop_commands(subparsers) -> None:
         description="Write the newest checkpoint of RUN (saved under any layout) as config.json and "
                     "model.safetensors of the Hugging Face GPT2LMHeadModel or LlamaForCausalLM of the same shape.")
     export.add_argument("run", metavar="RUN", help="the run directory of a `plait train` run with a checkpoint")
-    export.add_argument("--to", required=True, metavar="DIR", help="the folder to write (created; must not hold an export)")
+    export.add_argument("--to", required=True, metavar="DIR", default=argparse.SUPPRESS, help="the folder to write (created; must not hold an export)")
     export.set_defaults(handler=run_export)
 
     sample = subparsers.add_parser(
@@ -28,7 +28,7 @@ def add_interop_commands(subparsers) -> None:
         description="Continue a prompt with the newest checkpoint of RUN (a byte-level run: the prompt is read as "
                     "UTF-8 bytes and the output decoded from bytes).")
     sample.add_argument("run", metavar="RUN", help="the run directory of a `plait train` run with a checkpoint")
-    sample.add_argument("--prompt", required=True, help="the text to continue")
+    sample.add_argument("--prompt", required=True, default=argparse.SUPPRESS, help="the text to continue")
     sample.add_argument("--max-tokens", type=int, default=200, help="tokens to generate")
     sample.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy (argmax)")
     sample.add_argument("--top-k", type=int, default=0, help="sample among the K likeliest tokens only; 0: all")
