@@ -49,6 +49,7 @@ class TrainSpec:
     grad_clip: float = 1.0
     deterministic: bool = False
     data: str | None = None
+    tokenizer: str | None = None  # the tokenizer.json --data was made with; the run keeps a copy for plait sample
     init_from: str | None = None  # a Hugging Face model folder (plait export's) whose weights replace the seeded ones
     run_dir: str | None = None
     checkpoint_every: int = 0
@@ -151,6 +152,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"linear warm-up before the cosine decay (default {defaults.warmup_steps})")
     group.add_argument("--data", help="text file, or token file (.u16/.bin, .u32, .npy); default: the Python "
                                       "standard library's source as bytes")
+    group.add_argument("--tokenizer", metavar="FILE",
+                       help="the tokenizer.json the --data tokens were made with (plait prepare-data); the run keeps a "
+                            "copy so plait sample decodes with it (default: none, bytes)")
     group.add_argument("--init-from", metavar="DIR",
                        help="start from the weights of a Hugging Face GPT-2 or Llama folder (config.json, "
                             "model.safetensors; e.g. from `plait export`) of this run's model, under any layout")
@@ -201,7 +205,7 @@ def _set_flags(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
 
 
 # The type of each field whose default is None (the others take their default's type).
-OPTIONAL_TYPES = {"data": str, "init_from": str, "run_dir": str, "stage_layers": tuple}
+OPTIONAL_TYPES = {"data": str, "tokenizer": str, "init_from": str, "run_dir": str, "stage_layers": tuple}
 
 
 def _typed(cls, values: dict):
@@ -304,7 +308,7 @@ def _toml_value(value) -> str:
 def config_toml(config: RunConfig) -> str:
     """The fully resolved run as a config file: ``plait train --config FILE`` repeats it step for step."""
     paths = {name: str(Path(value).resolve()) if (value := getattr(config.train, name)) else None
-             for name in ("data", "init_from")}
+             for name in ("data", "tokenizer", "init_from")}
     train = {**asdict(config.train), **paths}
     tables = {
         "model": {"name": config.model_name, **asdict(config.model)},

@@ -1,8 +1,9 @@
 """Text from a trained model: the prompt's tokens, then one token at a time from the model's last logits.
 
-Runs on one process with the full model (``plait.train.full_model``). A byte-level run
-(vocabulary of at most 256: the default corpus and text files) reads the prompt as its UTF-8 bytes
-and writes bytes back. Temperature 0 is greedy (the argmax); otherwise the logits are divided by
+Runs on one process with the full model (``plait.train.full_model``). A run that kept a tokenizer
+(``RUN/tokenizer.json``, from ``plait train --tokenizer``) encodes the prompt and decodes the text
+with it; a byte-level run (vocabulary of at most 256: the default corpus and text files) reads the
+prompt as its UTF-8 bytes and writes bytes back. Temperature 0 is greedy (the argmax); otherwise the logits are divided by
 the temperature, cut to the ``top_k`` largest (0: all) and sampled from a generator seeded by
 ``seed``. A context longer than the model's sequence length keeps its newest ``seq_len`` tokens.
 """
@@ -11,8 +12,11 @@ from __future__ import annotations
 
 import torch
 
+from pathlib import Path
+
 from plait.errors import ConfigError
 from plait.models.transformer import Transformer
+from plait.tokenizer import TOKENIZER_FILE, load_tokenizer
 
 BYTES = 256
 
@@ -34,6 +38,29 @@ def encode_bytes(prompt: str, vocab: int) -> list[int]:
 
 def decode_bytes(ids: list[int]) -> str:
     return bytes(ids).decode("utf-8", errors="replace")
+
+
+class Codec:
+    """Text ↔ token ids for one run: its kept tokenizer, or UTF-8 bytes."""
+
+    def __init__(self, run_dir: Path, vocab: int):
+        path = Path(run_dir) / TOKENIZER_FILE
+        self.tokenizer = load_tokenizer(path) if path.is_file() else None
+        self.vocab = vocab
+
+    def encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            return encode_bytes(prompt, self.vocab)
+        ids = self.tokenizer.encode(prompt).ids
+        if not ids:
+            raise ConfigError("--prompt is empty; give at least one character for the model to continue")
+        if max(ids) >= self.vocab:
+            raise ConfigError(f"the prompt encodes to token {max(ids)} but the model's vocabulary has only "
+                              f"{self.vocab} tokens; the run's tokenizer does not fit its model")
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return decode_bytes(ids) if self.tokenizer is None else self.tokenizer.decode(ids)
 
 
 def check_sampling(max_tokens: int, temperature: float, top_k: int) -> None:

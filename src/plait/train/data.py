@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from plait.errors import ConfigError
+from plait.tokenizer import check_tokenizer
 
 DEFAULT_CORPUS_BYTES = 4 * 2**20
 TOKEN_FILE_DTYPES = {".u16": np.uint16, ".bin": np.uint16, ".u32": np.uint32}
@@ -129,5 +130,7 @@ class BatchSource:
 def check_data(config) -> None:
     """Open the run's data and check it fits the model (a ``RunConfig``), before any worker starts."""
     tokens = training_tokens(config.train.data, config.model.vocab, config.model.seq_len)
+    if config.train.tokenizer:
+        check_tokenizer(config.train.tokenizer, config.model.vocab)
     if config.train.eval_every:
         held_out_split(tokens, config.model.seq_len, config.train.data or "the default corpus")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from plait.parallel.gradients import clip_gradients, finish_gradients, gradient_
 from plait.parallel.parallelize import Parallelized, parallelize
 from plait.parallel.sharded_adamw import fp32_masters, gradients_of
 from plait.parallel.tensor import local_value, vocab_parallel_loss
+from plait.tokenizer import TOKENIZER_FILE
 from plait.topology import Topology
 from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from plait.train.checkpoint_record import run_identity
@@ -150,6 +152,8 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
     log = MetricsLog(run_dir, result.first_step) if writes else None
     if writes:
         (run_dir / CONFIG_FILE).write_text(config_toml(config))
+        if train_spec.tokenizer:  # kept so that plait sample decodes this run's tokens
+            shutil.copyfile(train_spec.tokenizer, run_dir / TOKENIZER_FILE)
     identity = run_identity(config)  # what each checkpoint records it belongs to
     dp_rank, dp_size, dp_group = topology.coordinate("dp"), topology.size("dp"), topology.group("dp")
     tokens_per_step = train_spec.global_batch * config.model.seq_len
