@@ -13,6 +13,7 @@ Flags override the file; the file overrides the defaults.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import sys
@@ -57,6 +58,7 @@ class TrainSpec:
     resume_changed: bool = False
     log_every: int = 10
     eval_every: int = 0
+    tensorboard: bool = False
 
     def validate(self) -> None:
         for name in ("steps", "global_batch", "log_every"):
@@ -79,6 +81,9 @@ class TrainSpec:
             raise ConfigError(f"min-lr-ratio must lie in [0, 1], got {self.min_lr_ratio!r}")
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise ConfigError("grad-clip and weight-decay must not be negative; use 0 to turn them off")
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("--tensorboard writes through the tensorboard package, which is not installed; "
+                              "pip install tensorboard, or drop --tensorboard")
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--eval-every", type=int, metavar="K",
                        help="every K steps and after the last, the loss on the held-out last tenth of the data, which "
                             "training then never reads (default 0: no evaluation, training reads all of it)")
+    group.add_argument("--tensorboard", action="store_const", const=True,
+                       help="also write TensorBoard event files to RUN/tensorboard/: losses, learning rate, gradient "
+                            "norm, step time, tokens/s, and at the end MFU, peak memory and bubble (default off)")
     group.add_argument("--deterministic", action="store_const", const=True, help="deterministic kernels only")
     group.add_argument("--log-every", type=int,
                        help=f"when output is not a terminal, one progress line every K steps (default {defaults.log_every})")

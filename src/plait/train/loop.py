@@ -32,6 +32,7 @@ from plait.models.transformer import Transformer
 from plait.observe.model_state import ModelStateMeter
 from plait.observe.run_files import CONFIG_FILE, MetricsLog, draw_loss, write_pipeline_step
 from plait.observe.summary import write_summary
+from plait.observe.tensorboard import TensorBoardLog
 from plait.parallel.context import average_over_context, context_shard
 from plait.parallel.gradients import clip_gradients, finish_gradients, gradient_sync
 from plait.parallel.parallelize import Parallelized, parallelize
@@ -150,6 +151,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
 
     writes = run_dir is not None and topology.is_logging_rank
     log = MetricsLog(run_dir, result.first_step) if writes else None
+    board = TensorBoardLog(run_dir) if writes and train_spec.tensorboard else None
     if writes:
         (run_dir / CONFIG_FILE).write_text(config_toml(config))
         if train_spec.tokenizer:  # kept so that plait sample decodes this run's tokens
@@ -187,11 +189,12 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
         evaluated = {}
         if evaluator is not None and ((step + 1) % train_spec.eval_every == 0 or step == train_spec.steps - 1):
             evaluated["eval_loss"] = evaluator.evaluate(parallel, lambda: autocast(config, device))
+        row = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item(),
+               "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed, **evaluated}
         if log is not None:
-            log.append({
-                "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item(),
-                "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed, **evaluated,
-            })
+            log.append(row)
+        if board is not None:
+            board.add_step(row)
         if writes_log_lines and not on_terminal and (step % train_spec.log_every == 0 or step == train_spec.steps - 1):
             held_out = f", eval loss {evaluated['eval_loss']:.4f}" if evaluated else ""
             print(f"step {step}/{train_spec.steps}: loss {loss:.4f}{held_out}, lr {lr:.3g}, grad norm "
@@ -209,4 +212,6 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
         result.summary = write_summary(run_dir, config, topology, result)
         if writes:
             draw_loss(run_dir)
+    if board is not None:
+        board.close(result.summary, train_spec.steps - 1)
     return result
