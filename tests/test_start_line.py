@@ -21,4 +21,5 @@ def test_the_start_line_comes_before_the_launcher_is_imported(tmp_path):
     assert lines[start] == f"plait: training tiny under dp2·tp2 on 4 CPU process(es), gloo, fp32; files in {run_dir}/"
     launcher = next(i for i, line in enumerate(lines) if line.startswith("import 'plait.train.launch'"))
     assert start < launcher
-    assert completed.returncode == 2 and any(line.startswith("plait: error:") and "already holds a run" in line for line in lines)
+    errors = [line for line in lines if line.startswith("plait: error:")]
+    assert completed.returncode == 2 and "already holds a run" in errors[0]

@@ -162,7 +162,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                             "copy so plait sample decodes with it (default: none, bytes)")
     group.add_argument("--init-from", metavar="DIR",
                        help="start from the weights of a Hugging Face GPT-2 or Llama folder (config.json, "
-                            "model.safetensors; e.g. from `plait export`) of this run's model, under any layout")
+                            "model.safetensors; e.g. from `plait export`) of this run's model, under any layout "
+                            "(default: none, the seeded weights)")
     group.add_argument("--run-dir", help="where metrics, summary, pictures and checkpoints go (default runs/<time>)")
     group.add_argument("--checkpoint-every", type=int, help="save a checkpoint every K steps (default 0: never)")
     group.add_argument("--resume", action="store_const", const=True, help="continue from the run dir's last checkpoint")

@@ -1,4 +1,4 @@
-"""The ``plait`` command: train, plan, simulate, calibrate, explain, export, sample."""
+"""The ``plait`` command: train, plan, simulate, calibrate, explain, export, sample, prepare-data."""
 
 from __future__ import annotations
 

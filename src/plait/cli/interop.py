@@ -14,14 +14,15 @@ from plait.errors import ConfigError
 
 
 def add_interop_commands(subparsers) -> None:
-    """Register ``export`` and ``sample`` on an argparse subparsers object."""
+    """Register ``export``, ``sample`` and ``prepare-data`` on an argparse subparsers object."""
     formatter = argparse.ArgumentDefaultsHelpFormatter
     export = subparsers.add_parser(
         "export", help="write a run's weights as a Hugging Face model folder", formatter_class=formatter,
         description="Write the newest checkpoint of RUN (saved under any layout) as config.json and "
                     "model.safetensors of the Hugging Face GPT2LMHeadModel or LlamaForCausalLM of the same shape.")
     export.add_argument("run", metavar="RUN", help="the run directory of a `plait train` run with a checkpoint")
-    export.add_argument("--to", required=True, metavar="DIR", default=argparse.SUPPRESS, help="the folder to write (created; must not hold an export)")
+    export.add_argument("--to", required=True, metavar="DIR", default=argparse.SUPPRESS,
+                        help="the folder to write (created; must not hold an export)")
     export.set_defaults(handler=run_export)
 
     sample = subparsers.add_parser(

@@ -25,7 +25,8 @@ def _layout_default(name: str) -> str:
     default, ours = (_shown(getattr(layout, name)) for layout in (Layout(), DEFAULT_LAYOUT))
     if ours == default:
         return f"(default {default})"
-    return f"(default {ours} in the default layout {DEFAULT_LAYOUT.describe()}, used when no layout flag is given; {default} otherwise)"
+    return (f"(default {ours} in the default layout {DEFAULT_LAYOUT.describe()}, used when no layout flag is given; "
+            f"{default} otherwise)")
 
 
 def train_help() -> dict[str, str]:
@@ -55,9 +56,6 @@ def train_help() -> dict[str, str]:
         "--cp-algorithm": "context parallelism: all-to-all exchanges heads (cp must divide heads/tp), ring passes K/V "
                           f"blocks round the cp ranks (seq-len a multiple of 2·cp) {_layout_default('cp_algorithm')}",
         "--precision": "bf16 autocast over fp32 master weights, or fp32 (default: bf16 on GPUs, fp32 on CPUs)",
-        "--init-from": "start from the weights of a Hugging Face GPT-2 or Llama folder (config.json, "
-                       "model.safetensors; e.g. from `plait export`) of this run's model, under any layout "
-                       "(default: none, seeded initialisation)",
         "--resume": "continue from the run dir's last checkpoint (default off)",
         "--resume-changed": "with --resume: continue on purpose under another model, seed, data or global batch "
                             "(default off)",
