@@ -1,5 +1,5 @@
 """Hugging Face interop: a run saved under a 3-D layout is exported, ``transformers`` (built from the
-exported config.json alone, offline) computes the same logits, ``--init-from`` the export under
+exported config.json alone, local files only) computes the same logits, ``--init-from`` the export under
 another layout starts at the exporting model's loss, and ``plait sample`` decodes greedily what the
 exported model's argmax gives.
 
@@ -8,7 +8,6 @@ The reference weights come from torch's own ``dcp_to_torch_save``, not from plai
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import zlib
 
@@ -24,7 +23,6 @@ from plait.train.checkpoint import latest_checkpoint
 from tests.cases import assert_refused_in_one_line, layout_world_size, run_config, train_losses
 
 pytest.importorskip("transformers")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 STEPS = 2
 # Each family's exporting layout (3-D, eight ranks) and the other layout that starts from its export.
@@ -62,7 +60,7 @@ def test_transformers_loads_the_export_and_computes_the_same_logits(exported, mo
     from transformers import AutoModelForCausalLM
 
     _, folder, reference, _ = exported[model]
-    hf, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)
+    hf, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True, local_files_only=True)
     assert type(hf).__name__ == {"tiny": "GPT2LMHeadModel", "tiny-llama": "LlamaForCausalLM"}[model]
     assert not any(info.values()), info  # no tensor missing, unexpected or of another shape
     ids = torch.randint(0, reference.spec.vocab, (2, reference.spec.seq_len), generator=torch.Generator().manual_seed(1))
@@ -106,7 +104,7 @@ def test_tied_and_untied_embeddings_of_both_families_round_trip(tmp_path, family
     back = read_hf_state(tmp_path, spec)
     assert back.keys() == model.state_dict().keys()
     assert all(torch.equal(back[name], value) for name, value in model.state_dict().items())
-    hf = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, local_files_only=True).eval()
     ids = torch.randint(0, 256, (1, 128), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (model(ids) - hf(ids).logits).abs().max().item() <= 1e-5
@@ -116,7 +114,7 @@ def test_greedy_sampling_is_the_exported_models_argmax(exported, capsys):
     from transformers import AutoModelForCausalLM
 
     run, folder, _, _ = exported["tiny"]
-    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
+    hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
     prompt, new = "def ", 12
     ids = list(prompt.encode())
     with torch.no_grad():
