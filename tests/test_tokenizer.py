@@ -41,7 +41,7 @@ def test_prepared_data_trains_and_sample_decodes_with_the_runs_tokenizer(pool, t
     tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
     tokens = tmp_path / "tokens.u16"
     assert main(["prepare-data", *map(str, TEXTS), "--tokenizer", str(tokenizer_file), "--out", str(tokens)]) == 0
-    expected = [i for text in TEXTS for i in tokenizer.encode(text.read_text()).ids]
+    expected = [i for text in TEXTS for i in tokenizer.encode(text.read_text(), add_special_tokens=False).ids]
     assert np.fromfile(tokens, dtype=np.uint16).tolist() == expected
 
     config = run_config("tiny", steps=2, dp=2)
@@ -55,7 +55,7 @@ def test_prepared_data_trains_and_sample_decodes_with_the_runs_tokenizer(pool, t
     model = Transformer(config.model)
     model.load_state_dict(torch.load(tmp_path / "full.pt", weights_only=True)["model"])
     prompt = "def "
-    ids = tokenizer.encode(prompt).ids
+    ids = tokenizer.encode(prompt, add_special_tokens=False).ids
     with torch.no_grad():
         for _ in range(6):
             ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
@@ -74,3 +74,14 @@ def test_bad_prepare_data_input_is_refused_in_one_line(tokenizer_file, tmp_path,
     assert_refused_in_one_line(["prepare-data", "missing.txt", "--tokenizer", str(tokenizer_file), "--out", "t.u16"],
                                "text file missing.txt does not exist", capsys, tmp_path)
     assert not list(tmp_path.iterdir())  # nothing written, not even a partial file
+
+
+def test_text_streams_in_blocks_of_whole_lines(tmp_path):
+    from plait.tokenizer import line_blocks
+
+    text = "".join(f"line {i} é {'x' * (i % 37)}\n" for i in range(2000)) + "no newline at the end"
+    (tmp_path / "text.txt").write_text(text)
+    blocks = list(line_blocks(tmp_path / "text.txt", block_bytes=1000))
+    assert len(blocks) > 20 and "".join(block for block, _ in blocks) == text
+    assert all(block.endswith("\n") for block, _ in blocks[:-1])
+    assert sum(size for _, size in blocks) == len(text.encode())

@@ -51,7 +51,7 @@ class Codec:
     def encode(self, prompt: str) -> list[int]:
         if self.tokenizer is None:
             return encode_bytes(prompt, self.vocab)
-        ids = self.tokenizer.encode(prompt).ids
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
         if not ids:
             raise ConfigError("--prompt is empty; give at least one character for the model to continue")
         if max(ids) >= self.vocab:

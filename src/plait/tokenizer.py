@@ -3,7 +3,8 @@ a run keeps it (``RUN/tokenizer.json``) and ``plait sample`` encodes and decodes
 
 A ``tokenizer.json`` is data (JSON read by the ``tokenizers`` library); nothing in it is executed.
 Text is tokenized in blocks of whole lines (about ``BLOCK_BYTES`` each), so a file of any size
-streams through bounded memory; a line never spans two blocks.
+streams through bounded memory; a line never spans two blocks. No special tokens are added (a
+tokenizer's post-processor would otherwise put them at every block), in the data or the prompt.
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ def check_tokenizer(path: str | Path, vocab: int) -> None:
                           f"pass --vocab {size} (or more)")
 
 
-def line_blocks(path: Path) -> Iterator[tuple[str, int]]:
+def line_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[str, int]]:
     """The UTF-8 text of ``path`` in blocks of whole lines, each with its size in bytes."""
     with Path(path).open("rb") as stream:
-        while block := stream.read(BLOCK_BYTES):
+        while block := stream.read(block_bytes):
             block += stream.readline()  # finish the line the block cut
             try:
                 yield block.decode("utf-8"), len(block)
@@ -78,7 +79,7 @@ def prepare_data(texts: list[str], tokenizer_path: str, out: str) -> int:
                                               unit_scale=True, desc="tokenize") as progress:
             for text in texts:
                 for block, size in line_blocks(Path(text)):
-                    ids = np.asarray(tokenizer.encode(block).ids, dtype=dtype)
+                    ids = np.asarray(tokenizer.encode(block, add_special_tokens=False).ids, dtype=dtype)
                     sink.write(ids.tobytes())
                     count += len(ids)
                     progress.update(size)
