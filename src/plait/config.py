@@ -13,6 +13,7 @@ Flags override the file; the file overrides the defaults.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import sys
@@ -49,18 +50,22 @@ class TrainSpec:
     grad_clip: float = 1.0
     deterministic: bool = False
     data: str | None = None
+    tokenizer: str | None = None  # the tokenizer.json --data was made with; the run keeps a copy for plait sample
+    init_from: str | None = None  # a Hugging Face model folder (plait export's) whose weights replace the seeded ones
     run_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
     resume_changed: bool = False
     log_every: int = 10
+    eval_every: int = 0
+    tensorboard: bool = False
 
     def validate(self) -> None:
         for name in ("steps", "global_batch", "log_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        for name in ("warmup_steps", "checkpoint_every", "seed"):
+        for name in ("warmup_steps", "checkpoint_every", "eval_every", "seed"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be a non-negative integer, got {value!r}")
@@ -76,6 +81,9 @@ class TrainSpec:
             raise ConfigError(f"min-lr-ratio must lie in [0, 1], got {self.min_lr_ratio!r}")
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise ConfigError("grad-clip and weight-decay must not be negative; use 0 to turn them off")
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("--tensorboard writes through the tensorboard package, which is not installed; "
+                              "pip install tensorboard, or drop --tensorboard")
 
 
 @dataclass(frozen=True)
@@ -149,11 +157,24 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"linear warm-up before the cosine decay (default {defaults.warmup_steps})")
     group.add_argument("--data", help="text file, or token file (.u16/.bin, .u32, .npy); default: the Python "
                                       "standard library's source as bytes")
+    group.add_argument("--tokenizer", metavar="FILE",
+                       help="the tokenizer.json the --data tokens were made with (plait prepare-data); the run keeps a "
+                            "copy so plait sample decodes with it (default: none, bytes)")
+    group.add_argument("--init-from", metavar="DIR",
+                       help="start from the weights of a Hugging Face GPT-2 or Llama folder (config.json, "
+                            "model.safetensors; e.g. from `plait export`) of this run's model, under any layout "
+                            "(default: none, the seeded weights)")
     group.add_argument("--run-dir", help="where metrics, summary, pictures and checkpoints go (default runs/<time>)")
     group.add_argument("--checkpoint-every", type=int, help="save a checkpoint every K steps (default 0: never)")
     group.add_argument("--resume", action="store_const", const=True, help="continue from the run dir's last checkpoint")
     group.add_argument("--resume-changed", action="store_const", const=True,
                        help="with --resume: continue on purpose under another model, seed, data or global batch")
+    group.add_argument("--eval-every", type=int, metavar="K",
+                       help="every K steps and after the last, the loss on the held-out last tenth of the data, which "
+                            "training then never reads (default 0: no evaluation, training reads all of it)")
+    group.add_argument("--tensorboard", action="store_const", const=True,
+                       help="also write TensorBoard event files to RUN/tensorboard/: losses, learning rate, gradient "
+                            "norm, step time, tokens/s, and at the end MFU, peak memory and bubble (default off)")
     group.add_argument("--deterministic", action="store_const", const=True, help="deterministic kernels only")
     group.add_argument("--log-every", type=int,
                        help=f"when output is not a terminal, one progress line every K steps (default {defaults.log_every})")
@@ -193,7 +214,7 @@ def _set_flags(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
 
 
 # The type of each field whose default is None (the others take their default's type).
-OPTIONAL_TYPES = {"data": str, "run_dir": str, "stage_layers": tuple}
+OPTIONAL_TYPES = {"data": str, "tokenizer": str, "init_from": str, "run_dir": str, "stage_layers": tuple}
 
 
 def _typed(cls, values: dict):
@@ -295,7 +316,9 @@ def _toml_value(value) -> str:
 
 def config_toml(config: RunConfig) -> str:
     """The fully resolved run as a config file: ``plait train --config FILE`` repeats it step for step."""
-    train = {**asdict(config.train), "data": str(Path(config.train.data).resolve()) if config.train.data else None}
+    paths = {name: str(Path(value).resolve()) if (value := getattr(config.train, name)) else None
+             for name in ("data", "tokenizer", "init_from")}
+    train = {**asdict(config.train), **paths}
     tables = {
         "model": {"name": config.model_name, **asdict(config.model)},
         "layout": config.layout.to_dict(),

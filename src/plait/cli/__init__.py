@@ -1,11 +1,13 @@
-"""The ``plait`` command: train, plan, simulate, calibrate, explain."""
+"""The ``plait`` command: train, plan, simulate, calibrate, explain, export, sample, prepare-data."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from plait.cli.interop import add_interop_commands
 from plait.cli.planning import add_plan_commands
+from plait.cli.train_help import document_train_defaults
 from plait.cli.training import add_prediction_arguments, run_train
 from plait.config import add_layout_arguments, add_model_arguments, add_train_arguments
 from plait.errors import ConfigError
@@ -24,7 +26,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="plait", description=__doc__)
+    parser = OneLineParser(prog="plait", description="Train transformer language models under any parallel layout "
+                           "(data, ZeRO, tensor, sequence, context, pipeline), and plan, predict and explain the "
+                           "layout; export the weights to Hugging Face and sample from them.")
     parser.add_argument("--version", action="version", version=f"plait {plait_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
@@ -35,8 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_layout_arguments(train)
     add_train_arguments(train)
     add_prediction_arguments(train)
+    document_train_defaults(train)
     train.set_defaults(handler=run_train)
     add_plan_commands(commands)
+    add_interop_commands(commands)
     return parser
 
 

@@ -145,13 +145,18 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     hw = prediction_hardware(args) if (args.dry_run or args.auto) else None
     config = auto_config(args, hw) if args.auto else config_from_args(args)
     if args.dry_run:
+        from plait.interop.hf import check_init_from
         from plait.train.data import check_data
 
         check_data(config)
+        check_init_from(config)
         prediction = None if hw is None else evaluate(_workload(config), hw, config.layout.world_size, config.layout)
         print("plait train --dry-run: the run is valid; nothing was started")
         print(describe_prediction(config, prediction, hw))
         return 0 if prediction is None or prediction.fits else 1
+    from plait.train.start import announce
+
+    config = announce(config)  # the start-up line, before the launcher's imports
     from plait.train.launch import launch
 
     return launch(config, worker_argv(argv, config.layout) if args.auto else argv)

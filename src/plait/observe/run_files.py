@@ -1,5 +1,5 @@
 """The run directory: config.toml (the resolved run), metrics.jsonl (a line per step), summary.json,
-loss.png, and for a pipeline run the last step's timeline.png and trace.json."""
+loss.png (training loss, and held-out loss with --eval-every), and for a pipeline run the last step's timeline.png and trace.json."""
 
 from __future__ import annotations
 
@@ -55,9 +55,14 @@ def draw_loss(run_dir: Path) -> Path:
 
     rows = read_metrics(run_dir)
     figure, axes = plt.subplots(figsize=(6, 3.5), dpi=120)
-    axes.plot([r["step"] for r in rows], [r["loss"] for r in rows], color="tab:blue", linewidth=1.2)
+    axes.plot([r["step"] for r in rows], [r["loss"] for r in rows], color="tab:blue", linewidth=1.2, label="training")
+    evaluated = [r for r in rows if "eval_loss" in r]
+    if evaluated:
+        axes.plot([r["step"] for r in evaluated], [r["eval_loss"] for r in evaluated], color="tab:orange",
+                  marker="o", markersize=3, linewidth=1.2, label="held-out (eval)")
+        axes.legend()
     axes.set_xlabel("step")
-    axes.set_ylabel("training loss (nats/token)")
+    axes.set_ylabel("loss (nats/token)")
     axes.grid(alpha=0.3)
     figure.tight_layout()
     path = Path(run_dir) / LOSS_PICTURE

@@ -30,9 +30,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from plait.parallel.pipeline_executor import ChunkReduction, Executor
+from plait.parallel.pipeline_executor import ChunkReduction, Executor, StepRecord
 from plait.parallel.tensor import vocab_parallel_loss
 from plait.schedules.actions import Schedule
+from plait.schedules.forward_only import forward_only
 from plait.schedules.generators import generate
 from plait.schedules.simulate import Span, Timeline, theoretical_bubble
 from plait.schedules.split import split_layers
@@ -139,6 +140,20 @@ class Pipeline:
         ``positions`` are those of the sequence slice this rank holds (None: all of them). Returns
         the mean loss of this rank's tokens, on every pp rank.
         """
+        loss, record = self._execute(self.schedule, micro_batches, autocast, positions)
+        origin = min((span.start for span in record.spans), default=0.0)
+        self.spans.append([Span(s.action, s.start - origin, s.end - origin) for s in record.spans])
+        self.steps_run += 1
+        return loss
+
+    @torch.no_grad()
+    def evaluate(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast,
+                 positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean loss of this rank's tokens by the schedule's forwards alone (no gradients, no timeline)."""
+        return self._execute(forward_only(self.schedule), micro_batches, autocast, positions)[0]
+
+    def _execute(self, schedule: Schedule, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast,
+                 positions: torch.Tensor | None) -> tuple[torch.Tensor, StepRecord]:
         count = len(micro_batches)
         targets = [t.to(self.device) for _, t in micro_batches]
 
@@ -152,18 +167,17 @@ class Pipeline:
         if positions is None:  # stages after the first see hidden states, not how long the sequence is
             positions = torch.arange(micro_batches[0][0].shape[1], device=self.device)
         chunks = {c: _Chunk(view, autocast, positions.to(self.device)) for c, view in self.chunks.items()}
-        executor = Executor(self.schedule, self.pp_rank, chunks, loss_fn, recv_shape, self.pp_group, self.device,
-                            reduction=self.gradient_buckets)
+        # Evaluation's forward-only schedule computes no gradients: nothing to reduce.
+        reduction = self.gradient_buckets if schedule is self.schedule else None
+        executor = Executor(schedule, self.pp_rank, chunks, loss_fn, recv_shape, self.pp_group, self.device,
+                            reduction=reduction)
         dist.barrier(group=self.pp_group)  # a common start, so every rank's spans share one clock origin
         with vocab_parallel_loss(self.topology):  # the last chunk's loss and its backward
             record = executor.run([inputs for inputs, _ in micro_batches])
         loss = record.loss if record.loss is not None else torch.zeros((), device=self.device)
         last = dist.get_global_rank(self.pp_group, self.schedule.pp - 1)
         dist.broadcast(loss, src=last, group=self.pp_group)
-        origin = min((span.start for span in record.spans), default=0.0)
-        self.spans.append([Span(s.action, s.start - origin, s.end - origin) for s in record.spans])
-        self.steps_run += 1
-        return loss
+        return loss, record
 
     def timelines(self) -> list[Timeline]:
         """Collective over the pp group: every step's measured timeline, all ranks together."""

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from plait.errors import ConfigError
+from plait.tokenizer import check_tokenizer
 
 DEFAULT_CORPUS_BYTES = 4 * 2**20
 TOKEN_FILE_DTYPES = {".u16": np.uint16, ".bin": np.uint16, ".u32": np.uint32}
@@ -90,6 +91,19 @@ def training_tokens(path: str | None, vocab: int, seq_len: int) -> np.ndarray:
     return tokens
 
 
+HELD_OUT_SHARE = 0.1  # --eval-every scores the last tenth of the stream, which training never reads
+
+
+def held_out_split(tokens: np.ndarray, seq_len: int, source: str) -> tuple[np.ndarray, np.ndarray]:
+    """(training tokens, held-out tokens): the last tenth (at least one sequence and its target) held out.
+    Training's ``BatchSource`` over the first part reads no token of the second."""
+    held = max(seq_len + 1, int(len(tokens) * HELD_OUT_SHARE))
+    if len(tokens) - held < seq_len + 1:
+        raise ConfigError(f"{source} holds {len(tokens)} tokens, too few to hold out {held} for --eval-every and "
+                          f"train on one sequence of {seq_len} plus its target; use more data or drop --eval-every")
+    return tokens[:-held], tokens[-held:]
+
+
 @dataclass(frozen=True)
 class BatchSource:
     """Draws the rows of the global batch of each step that one data-parallel rank owns."""
@@ -115,4 +129,8 @@ class BatchSource:
 
 def check_data(config) -> None:
     """Open the run's data and check it fits the model (a ``RunConfig``), before any worker starts."""
-    training_tokens(config.train.data, config.model.vocab, config.model.seq_len)
+    tokens = training_tokens(config.train.data, config.model.vocab, config.model.seq_len)
+    if config.train.tokenizer:
+        check_tokenizer(config.train.tokenizer, config.model.vocab)
+    if config.train.eval_every:
+        held_out_split(tokens, config.model.seq_len, config.train.data or "the default corpus")

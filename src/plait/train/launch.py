@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,12 +20,14 @@ import torch.distributed as dist
 
 from plait.config import RunConfig
 from plait.errors import ConfigError
+from plait.interop.hf import check_init_from
 from plait.observe.run_files import METRICS_FILE
 from plait.topology import build_topology
 from plait.train.checkpoint import latest_checkpoint
 from plait.train.checkpoint_record import resumable_checkpoint
 from plait.train.data import check_data
 from plait.train.loop import NonFiniteLoss, train
+from plait.train.start import default_run_dir, inside_torchrun
 
 # A collective that has not completed after this long raises on the rank that waits, naming it.
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
@@ -36,10 +37,6 @@ RESUME_ENV = "PLAIT_RESUME_FROM"
 CPU_RANKS_PER_CORE = 8
 
 
-def inside_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
-
-
 def prepare_run_dir(config: RunConfig) -> tuple[Path, Path | None]:
     """Resolve and create the run directory, refusing to overwrite a finished or resumable run; with
     --resume, also the checkpoint to continue (checked whole and this run's)."""
@@ -47,7 +44,7 @@ def prepare_run_dir(config: RunConfig) -> tuple[Path, Path | None]:
     if train_spec.run_dir is None:
         if train_spec.resume:
             raise ConfigError("--resume needs --run-dir naming the run to continue")
-        run_dir = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+        run_dir = Path(default_run_dir())
     else:
         run_dir = Path(train_spec.run_dir)
     checkpoint = None
@@ -167,11 +164,9 @@ def launch(config: RunConfig, argv: list[str]) -> int:
         return run_worker(config, Path(config.train.run_dir or "runs/torchrun"))
     check_devices(config)
     check_data(config)
+    check_init_from(config)
     run_dir, checkpoint = prepare_run_dir(config)
     world = config.layout.world_size
-    device = f"{world} GPU(s), NCCL" if torch.cuda.is_available() else f"{world} CPU process(es), gloo"
-    print(f"plait: training {config.model_name or 'a custom model'} under {config.layout.describe()} on {device}, "
-          f"{config.train.precision}; files in {run_dir}/", flush=True)
     if world == 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
         return run_worker(config, run_dir, checkpoint)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -25,20 +26,24 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 from plait.config import RunConfig, config_toml
+from plait.interop.hf import read_hf_state
 from plait.models.init import init_weights
 from plait.models.transformer import Transformer
 from plait.observe.model_state import ModelStateMeter
 from plait.observe.run_files import CONFIG_FILE, MetricsLog, draw_loss, write_pipeline_step
 from plait.observe.summary import write_summary
+from plait.observe.tensorboard import TensorBoardLog
 from plait.parallel.context import average_over_context, context_shard
 from plait.parallel.gradients import clip_gradients, finish_gradients, gradient_sync
 from plait.parallel.parallelize import Parallelized, parallelize
 from plait.parallel.sharded_adamw import fp32_masters, gradients_of
 from plait.parallel.tensor import local_value, vocab_parallel_loss
+from plait.tokenizer import TOKENIZER_FILE
 from plait.topology import Topology
 from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from plait.train.checkpoint_record import run_identity
 from plait.train.data import BatchSource, training_tokens
+from plait.train.evaluation import split_for_evaluation
 from plait.train.optim import learning_rate, set_learning_rate
 
 MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -62,9 +67,12 @@ class TrainResult:
 
 
 def build_model(config: RunConfig, device: torch.device) -> nn.Module:
-    """The full single-device model with its seeded weights (identical under every layout)."""
+    """The full single-device model with its seeded weights, or those of --init-from (identical under every layout)."""
     model = Transformer(config.model)
-    init_weights(model, config.model, config.train.seed)
+    if config.train.init_from:
+        model.load_state_dict(read_hf_state(Path(config.train.init_from), config.model))
+    else:
+        init_weights(model, config.model, config.train.seed)
     return model.to(device)
 
 
@@ -131,6 +139,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
     if train_spec.deterministic:
         torch.use_deterministic_algorithms(True)
     tokens = training_tokens(train_spec.data, config.model.vocab, config.model.seq_len)
+    tokens, evaluator = split_for_evaluation(tokens, config)  # with --eval-every, training reads only the first part
     source = BatchSource(tokens, config.model.seq_len, train_spec.global_batch, train_spec.seed)
 
     parallel = parallelize_run(build_model(config, device), config, topology)
@@ -143,8 +152,11 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
 
     writes = run_dir is not None and topology.is_logging_rank
     log = MetricsLog(run_dir, result.first_step) if writes else None
+    board = TensorBoardLog(run_dir) if writes and train_spec.tensorboard else None
     if writes:
         (run_dir / CONFIG_FILE).write_text(config_toml(config))
+        if train_spec.tokenizer:  # kept so that plait sample decodes this run's tokens
+            shutil.copyfile(train_spec.tokenizer, run_dir / TOKENIZER_FILE)
     identity = run_identity(config)  # what each checkpoint records it belongs to
     dp_rank, dp_size, dp_group = topology.coordinate("dp"), topology.size("dp"), topology.group("dp")
     tokens_per_step = train_spec.global_batch * config.model.seq_len
@@ -175,14 +187,19 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
         result.losses.append(loss)
         result.step_times.append(elapsed)
         progress.set_postfix(loss=f"{loss:.3f}")
+        evaluated = {}
+        if evaluator is not None and ((step + 1) % train_spec.eval_every == 0 or step == train_spec.steps - 1):
+            evaluated["eval_loss"] = evaluator.evaluate(parallel, lambda: autocast(config, device))
+        row = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item(),
+               "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed, **evaluated}
         if log is not None:
-            log.append({
-                "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item(),
-                "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed,
-            })
+            log.append(row)
+        if board is not None:
+            board.add_step(row)
         if writes_log_lines and not on_terminal and (step % train_spec.log_every == 0 or step == train_spec.steps - 1):
-            print(f"step {step}/{train_spec.steps}: loss {loss:.4f}, lr {lr:.3g}, grad norm {grad_norm.item():.3g}, "
-                  f"{tokens_per_step / elapsed:,.0f} tokens/s", flush=True)
+            held_out = f", eval loss {evaluated['eval_loss']:.4f}" if evaluated else ""
+            print(f"step {step}/{train_spec.steps}: loss {loss:.4f}{held_out}, lr {lr:.3g}, grad norm "
+                  f"{grad_norm.item():.3g}, {tokens_per_step / elapsed:,.0f} tokens/s", flush=True)
         if run_dir is not None and train_spec.checkpoint_every and (step + 1) % train_spec.checkpoint_every == 0:
             save_checkpoint(run_dir, step + 1, model, optimizer, identity)
     progress.close()
@@ -196,4 +213,6 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
         result.summary = write_summary(run_dir, config, topology, result)
         if writes:
             draw_loss(run_dir)
+    if board is not None:
+        board.close(result.summary, train_spec.steps - 1)
     return result

@@ -1,0 +1,1 @@
+"""Weights in and out of plait: Hugging Face's file layout."""

@@ -1,0 +1,90 @@
+"""Hugging Face ``tokenizers`` files: ``plait prepare-data`` turns text into a token file with one,
+a run keeps it (``RUN/tokenizer.json``) and ``plait sample`` encodes and decodes with it.
+
+A ``tokenizer.json`` is data (JSON read by the ``tokenizers`` library); nothing in it is executed.
+Text is tokenized in blocks of whole lines (about ``BLOCK_BYTES`` each), so a file of any size
+streams through bounded memory; a line never spans two blocks. No special tokens are added (a
+tokenizer's post-processor would otherwise put them at every block), in the data or the prompt.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from plait.errors import ConfigError
+
+TOKENIZER_FILE = "tokenizer.json"  # the copy a run keeps
+BLOCK_BYTES = 2**20
+OUT_DTYPES = {".u16": np.uint16, ".u32": np.uint32}
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer in ``path``; ConfigError if it is missing or not a tokenizers file."""
+    from tokenizers import Tokenizer
+
+    if not Path(path).is_file():
+        raise ConfigError(f"tokenizer {path} does not exist; pass a tokenizer.json saved by the tokenizers library")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as error:  # the file is user input: whatever the library raises on it
+        raise ConfigError(f"{path} is not a tokenizers file ({str(error)[:200]}); pass a tokenizer.json saved by "
+                          "the tokenizers library") from None
+
+
+def check_tokenizer(path: str | Path, vocab: int) -> None:
+    """Refuse a tokenizer whose ids do not fit the model's vocabulary."""
+    size = load_tokenizer(path).get_vocab_size()
+    if size > vocab:
+        raise ConfigError(f"tokenizer {path} has {size} tokens but the model's vocabulary is {vocab}; "
+                          f"pass --vocab {size} (or more)")
+
+
+def line_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[str, int]]:
+    """The UTF-8 text of ``path`` in blocks of whole lines, each with its size in bytes."""
+    with Path(path).open("rb") as stream:
+        while block := stream.read(block_bytes):
+            block += stream.readline()  # finish the line the block cut
+            try:
+                yield block.decode("utf-8"), len(block)
+            except UnicodeDecodeError as error:
+                raise ConfigError(f"{path} is not UTF-8 text ({error}); convert it before tokenizing") from None
+
+
+def prepare_data(texts: list[str], tokenizer_path: str, out: str) -> int:
+    """Tokenize ``texts`` one after another into the token file ``out`` (``.u16`` or ``.u32``); return the
+    token count. The file appears whole or not at all (written aside, then renamed)."""
+    from tqdm import tqdm
+
+    target = Path(out)
+    if target.suffix not in OUT_DTYPES:
+        raise ConfigError(f"--out {out} must end in .u16 or .u32, the token file types plait train reads")
+    if target.exists():
+        raise ConfigError(f"--out {out} already exists; choose another name or remove it")
+    missing = [text for text in texts if not Path(text).is_file()]
+    if missing:
+        raise ConfigError(f"text file {missing[0]} does not exist")
+    tokenizer = load_tokenizer(tokenizer_path)
+    dtype = OUT_DTYPES[target.suffix]
+    if tokenizer.get_vocab_size() > np.iinfo(dtype).max + 1:
+        raise ConfigError(f"the tokenizer's {tokenizer.get_vocab_size()} token ids do not fit {target.suffix}; "
+                          "write a .u32 file")
+    partial = target.with_name(target.name + ".partial")
+    count = 0
+    try:
+        with partial.open("wb") as sink, tqdm(total=sum(Path(t).stat().st_size for t in texts), unit="B",
+                                              unit_scale=True, desc="tokenize") as progress:
+            for text in texts:
+                for block, size in line_blocks(Path(text)):
+                    ids = np.asarray(tokenizer.encode(block, add_special_tokens=False).ids, dtype=dtype)
+                    sink.write(ids.tobytes())
+                    count += len(ids)
+                    progress.update(size)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, target)
+    return count

@@ -1,0 +1,86 @@
+"""``--eval-every``: the held-out loss is logged and drawn, training never reads the held-out tokens,
+and the forward-only evaluation gives the same number under a pipeline as under tp·cp."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from tests.cases import assert_refused_in_one_line, layout_world_size, run_config, train_losses
+
+STEPS, EVAL_EVERY = 4, 2
+PIPELINE = {"dp": 2, "pp": 2, "microbatches": 2}
+TENSOR_CONTEXT = {"tp": 2, "cp": 2}
+ORANGE = np.array([1.0, 0x7F / 255, 0x0E / 255])  # matplotlib's tab:orange, the held-out curve
+
+
+def corpus(path, seed: int, tail_seed: int, size: int = 40_000):
+    """Random bytes whose last tenth (the held-out part) comes from ``tail_seed``."""
+    head = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+    tail = np.random.default_rng(tail_seed).integers(0, 256, size // 10, dtype=np.uint8)
+    path.write_bytes(np.concatenate([head[:-(size // 10)], tail]).tobytes())
+    return str(path)
+
+
+def evaluated_run(pool, tmp_path, name: str, data: str, layout: dict) -> list[dict]:
+    config = run_config("tiny", steps=STEPS, **layout)
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train, data=data, eval_every=EVAL_EVERY))
+    run_dir = tmp_path / name
+    pool.run(train_losses, layout_world_size(layout), config, str(run_dir))
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def held_out(rows: list[dict]) -> list[float]:
+    return [row["eval_loss"] for row in rows if "eval_loss" in row]
+
+
+def orange_pixels(path) -> int:
+    import matplotlib.image
+
+    image = matplotlib.image.imread(path)[..., :3]
+    return int((np.abs(image - ORANGE).max(axis=-1) < 0.05).sum())
+
+
+def test_training_never_reads_the_held_out_tokens_and_every_layout_evaluates_alike(pool, tmp_path):
+    original = corpus(tmp_path / "a.txt", seed=0, tail_seed=1)
+    other_tail = corpus(tmp_path / "b.txt", seed=0, tail_seed=2)
+    piped = evaluated_run(pool, tmp_path, "piped", original, PIPELINE)
+    changed = evaluated_run(pool, tmp_path, "changed", other_tail, PIPELINE)
+    sharded = evaluated_run(pool, tmp_path, "sharded", original, TENSOR_CONTEXT)
+
+    assert [row["step"] for row in piped if "eval_loss" in row] == [1, 3]
+    # Another held-out part changes nothing training sees, bit for bit, and every held-out loss.
+    assert [row["loss"] for row in changed] == [row["loss"] for row in piped]
+    assert all(a != b for a, b in zip(held_out(piped), held_out(changed)))
+    # The pipeline's forward-only schedule and the tp·cp forward score the same tokens alike.
+    assert held_out(sharded) == pytest.approx(held_out(piped), rel=1e-5)
+    assert orange_pixels(tmp_path / "piped" / "loss.png") > 0
+
+
+def test_loss_png_draws_no_held_out_curve_without_evaluation(pool, tmp_path):
+    config = run_config("tiny", steps=2)
+    pool.run(train_losses, 1, config, str(tmp_path / "run"))
+    assert orange_pixels(tmp_path / "run" / "loss.png") == 0
+
+
+def test_data_too_short_to_hold_out_is_refused_before_start(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "short.txt").write_bytes(bytes(range(120)))
+    argv = ["train", "--model", "tiny", "--seq-len", "64", "--dp", "1", "--data", str(tmp_path / "short.txt"), "--dry-run"]
+    assert_refused_in_one_line(argv + ["--eval-every", "5"], "too few to hold out 65 for --eval-every", capsys, tmp_path)
+
+
+def test_the_forward_only_schedule_of_every_schedule_runs_without_deadlock():
+    from plait.schedules.actions import Kind
+    from plait.schedules.forward_only import forward_only
+    from plait.schedules.generators import generate
+    from plait.schedules.simulate import simulate
+
+    for name, virtual in (("naive", 1), ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)):
+        schedule = forward_only(generate(name, 4, 8, virtual))
+        forwards = [a for actions in schedule.actions for a in actions if a.kind is Kind.FORWARD]
+        assert len(forwards) == 4 * virtual * 8  # every chunk's forward of every micro-batch, once
+        simulate(schedule)  # raises ScheduleError on a receive that never meets its send

@@ -1,0 +1,25 @@
+"""``plait train`` names the layout, the world size and the run directory at once: before the launcher
+and the training loop are even imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_the_start_line_comes_before_the_launcher_is_imported(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("")  # a run already there: refused once launched, so nothing trains
+    # -v writes a line per import to stderr; -u keeps both streams unbuffered, so the merged order is true.
+    completed = subprocess.run(
+        [sys.executable, "-u", "-v", "-m", "plait", "train", "--dp", "2", "--tp", "2", "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120,
+    )
+    lines = completed.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("plait: training"))
+    assert lines[start] == f"plait: training tiny under dp2·tp2 on 4 CPU process(es), gloo, fp32; files in {run_dir}/"
+    launcher = next(i for i, line in enumerate(lines) if line.startswith("import 'plait.train.launch'"))
+    assert start < launcher
+    errors = [line for line in lines if line.startswith("plait: error:")]
+    assert completed.returncode == 2 and "already holds a run" in errors[0]

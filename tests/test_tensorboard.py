@@ -1,0 +1,39 @@
+"""``--tensorboard``: the event files, read back by tensorboard's own reader, hold the run's scalars."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from tests.cases import run_config, train_losses
+
+pytest.importorskip("tensorboard")
+
+PER_STEP = {"loss": "loss/train", "eval_loss": "loss/eval", "lr": "lr", "grad_norm": "grad_norm",
+            "step_time_s": "step_time_s", "tokens_per_s": "tokens_per_s"}
+
+
+def test_event_files_hold_every_step_scalar_and_the_summary(pool, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = run_config("tiny", steps=3, dp=2)
+    config = dataclasses.replace(config, train=dataclasses.replace(config.train, eval_every=2, tensorboard=True))
+    run_dir = tmp_path / "run"
+    pool.run(train_losses, 2, config, str(run_dir))
+    events = EventAccumulator(str(run_dir / "tensorboard")).Reload()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+
+    for key, tag in PER_STEP.items():
+        logged = [(event.step, event.value) for event in events.Scalars(tag)]
+        assert logged == [(row["step"], pytest.approx(row[key], rel=1e-6)) for row in rows if key in row], tag
+    assert [event.step for event in events.Scalars("loss/eval")] == [1, 2]
+    # The summary's figures that exist on this device (MFU and comm fraction are null on a CPU run).
+    figures = {f"summary/{key}": summary[key] for key in ("mfu", "peak_memory_bytes", "bubble_fraction", "comm_fraction")
+               if summary[key] is not None}
+    assert "summary/peak_memory_bytes" in figures
+    assert set(events.Tags()["scalars"]) == set(PER_STEP.values()) | set(figures)
+    for tag, value in figures.items():
+        assert [(e.step, e.value) for e in events.Scalars(tag)] == [(2, pytest.approx(value, rel=1e-6))]
