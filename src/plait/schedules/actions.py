@@ -31,6 +31,10 @@ class Kind(Enum):
     SEND_GRAD = "SEND_B"
     RECV_GRAD = "RECV_B"
 
+    # Members are singletons: hash by identity in C rather than by Enum's Python-level name hash
+    # (the planner looks kinds up in sets and tables millions of times a search).
+    __hash__ = object.__hash__
+
     @property
     def is_compute(self) -> bool:
         return self in COMPUTE_KINDS
