@@ -54,9 +54,10 @@ class TrainSpec:
     resume: bool = False
     resume_changed: bool = False
     log_every: int = 10
+    trace_every: int = 10
 
     def validate(self) -> None:
-        for name in ("steps", "global_batch", "log_every"):
+        for name in ("steps", "global_batch", "log_every", "trace_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -157,6 +158,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--deterministic", action="store_const", const=True, help="deterministic kernels only")
     group.add_argument("--log-every", type=int,
                        help=f"when output is not a terminal, one progress line every K steps (default {defaults.log_every})")
+    group.add_argument("--trace-every", type=int,
+                       help="trace the step after the first and every K-th after it: compute spans, every collective "
+                            f"and the waits, into trace.json and summary.json (default {defaults.trace_every})")
 
 
 def _section(values: dict, key: str, allowed: tuple[str, ...], path: str) -> dict:

@@ -126,6 +126,7 @@ class Pipeline:
         # Hidden states cross stages as sequence shards under sp (cp shards the token ids already).
         self.sequence_split = topology.size("tp") if topology.layout.sp else 1
         self.spans: deque[list[Span]] = deque(maxlen=KEPT_STEPS)  # this rank's spans, one list per step
+        self.last_step_spans: list[Span] = []  # the last step's, in time.perf_counter seconds
         self.steps_run = 0
 
     def forward_backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast,
@@ -155,6 +156,7 @@ class Pipeline:
         loss = record.loss if record.loss is not None else torch.zeros((), device=self.device)
         last = dist.get_global_rank(self.pp_group, self.schedule.pp - 1)
         dist.broadcast(loss, src=last, group=self.pp_group)
+        self.last_step_spans = record.spans
         origin = min((span.start for span in record.spans), default=0.0)
         self.spans.append([Span(s.action, s.start - origin, s.end - origin) for s in record.spans])
         self.steps_run += 1

@@ -1,0 +1,100 @@
+"""Where a traced step's time went, from the step records of ``plait.observe.step_trace``.
+
+Pure Python. On each rank a step splits into
+
+* bubble: the pipeline executor's send and receive spans (a stage waiting for its neighbour);
+* exposed communication, per group: waiting for any collective or transfer, outside those spans;
+* compute: the compute spans (forward, backward, gradient sync, optimizer; pipeline actions) less
+  the waits inside them;
+* other: the rest of the step (the batch, the loss average, Python between spans) less its waits.
+
+The four add up to the step's duration; overlapped communication (per group) is the time a transfer
+was in flight while the rank did not wait for it.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+def _overlap(start: float, end: float, spans: list[dict]) -> float:
+    return sum(max(0.0, min(end, s["end"]) - max(start, s["start"])) for s in spans)
+
+
+def split_step(record: dict) -> dict:
+    """One rank's traced step as seconds of compute, exposed communication (and per group),
+    overlapped communication per group, bubble and other."""
+    transfers = record["transfers"]
+    compute = [s for s in record["spans"] if s["args"].get("compute", True)]
+    pipeline_transfers = [s for s in record["spans"] if not s["args"].get("compute", True)]
+    in_compute = 0.0
+    exposed: dict[str, float] = {}
+    for start, end, index in record["waits"]:
+        outside = end - start - _overlap(start, end, pipeline_transfers)  # those are the bubble already
+        in_compute += _overlap(start, end, compute)
+        group = transfers[index]["group"]
+        exposed[group] = exposed.get(group, 0.0) + outside
+    bubble = sum(s["end"] - s["start"] for s in pipeline_transfers)
+    computing = sum(s["end"] - s["start"] for s in compute)
+    overlapped: dict[str, float] = {}
+    for transfer in transfers:
+        if transfer["completed"] is not None:
+            hidden = max(0.0, transfer["completed"] - transfer["issued"] - transfer["exposed"])
+            overlapped[transfer["group"]] = overlapped.get(transfer["group"], 0.0) + hidden
+    exposed_total = sum(exposed.values())
+    return {
+        "step_s": record["duration"],
+        "compute_s": computing - in_compute,
+        "exposed_comm_s": exposed_total,
+        "bubble_s": bubble,
+        "other_s": record["duration"] - computing - bubble - (exposed_total - in_compute),
+        "exposed_comm_by_group_s": exposed,
+        "overlapped_comm_by_group_s": overlapped,
+    }
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def run_time_split(ranks: list[dict]) -> dict | None:
+    """Medians over the traced steps (each step: the mean over ranks) with their min and max, the
+    per-rank medians, ``comm_fraction`` (exposed communication / step time) and the
+    compute-to-synchronisation ratio (compute / exposed communication). None without a traced step."""
+    steps = sorted({r["step"] for rank in ranks for r in rank["steps"]})
+    if not steps:
+        return None
+    splits = {step: [split_step(r) for rank in ranks for r in rank["steps"] if r["step"] == step] for step in steps}
+    scalars = ("step_s", "compute_s", "exposed_comm_s", "bubble_s", "other_s")
+    per_step = {key: [_mean([s[key] for s in splits[step]]) for step in steps] for key in scalars}
+    groups = sorted({g for step in steps for s in splits[step] for g in s["exposed_comm_by_group_s"]
+                     | s["overlapped_comm_by_group_s"]})
+    by_group = {}
+    for key in ("exposed_comm_by_group_s", "overlapped_comm_by_group_s"):
+        by_group[key] = {g: statistics.median(_mean([s[key].get(g, 0.0) for s in splits[step]]) for step in steps)
+                         for g in groups}
+    fractions = [e / t for e, t in zip(per_step["exposed_comm_s"], per_step["step_s"])]
+    compute, exposed = statistics.median(per_step["compute_s"]), statistics.median(per_step["exposed_comm_s"])
+    per_rank = []
+    for rank in ranks:
+        mine = [split_step(r) for r in rank["steps"]]
+        per_rank.append({"rank": rank["rank"], "name": rank["name"],
+                         **{key: statistics.median(s[key] for s in mine) for key in scalars}})
+    return {
+        "traced_steps": steps,
+        **{key: _spread(values) for key, values in per_step.items()},
+        **by_group,
+        "comm_fraction": _spread(fractions),
+        "compute_to_sync_ratio": compute / exposed if exposed > 0 else None,
+        "per_rank": per_rank,
+    }
+
+
+def proportions(split: dict) -> str:
+    """``compute : exposed communication : bubble`` as percentages of the median step."""
+    step = split["step_s"]["median"]
+    parts = [split[key]["median"] / step for key in ("compute_s", "exposed_comm_s", "bubble_s")]
+    return " : ".join(f"{part:.0%}" for part in parts)
