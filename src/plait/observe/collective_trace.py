@@ -117,12 +117,13 @@ class CollectiveTracer(TorchDispatchMode):
         return OP_NAMES.get(op) if namespace in ("c10d", "_c10d_functional") else None
 
     def _settle(self, now: float) -> None:
-        """The gap since the last op ended: if a transfer completed in it, the rank was waiting for it."""
+        """The gap since the last op ended: if a transfer completed in it, the rank was waiting for the
+        last of them until now (until it resumed, which also covers what a future chained to the
+        transfer does, such as a DDP communication hook's)."""
         done, self._completions = self._completions, []
         in_gap = [(at, index) for at, index in done if self._last_end < at <= now]
         if in_gap:
-            at, index = max(in_gap)
-            self.waits.append(Wait(self._last_end, at, index))
+            self.waits.append(Wait(self._last_end, now, max(in_gap)[1]))
 
     def _record(self, func, name: str, args, kwargs, out, started: float) -> None:
         schema = func._schema.arguments

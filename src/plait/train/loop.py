@@ -28,7 +28,7 @@ from plait.config import RunConfig, config_toml
 from plait.models.init import init_weights
 from plait.models.transformer import Transformer
 from plait.observe.model_state import ModelStateMeter
-from plait.observe.run_files import CONFIG_FILE, MetricsLog, draw_loss, write_pipeline_step
+from plait.observe.run_files import CONFIG_FILE, MetricsLog, draw_loss, write_run_trace
 from plait.observe.step_trace import StepTracer
 from plait.observe.summary import write_summary
 from plait.parallel.context import average_over_context, context_shard
@@ -203,12 +203,10 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
             save_checkpoint(run_dir, step + 1, model, optimizer, identity)
     progress.close()
     if pipeline is not None and result.losses:
-        measured = pipeline.measure()
-        result.pipeline = measured.figures
-        if writes and measured.timelines:
-            write_pipeline_step(run_dir, measured.timelines[-1], pipeline.schedule, measured.last_step,
-                                measured.bubble_fraction)
+        result.pipeline = pipeline.measure().figures
     result.traces = tracer.gather()
+    if writes and result.traces:
+        write_run_trace(run_dir, result.traces, layout, result.pipeline.get("bubble_fraction"))
     if run_dir is not None:
         result.summary = write_summary(run_dir, config, topology, result)
         if writes:
