@@ -17,29 +17,31 @@ from plait.topology import build_topology
 from plait.train.loop import train
 
 
-def traced_run(config: RunConfig, run_dir: str) -> list[dict] | None:
-    """Train ``config`` tracing every step after the first; rank 0 returns every rank's traced steps."""
+def traced_run(config: RunConfig, run_dir: str) -> tuple[list[dict] | None, dict[int, float]]:
+    """Train ``config`` tracing every step after the first: every rank's traced steps (on rank 0, None
+    elsewhere) and this rank's own step times as the loop measured them, by step."""
     config = replace(config, train=replace(config.train, trace_every=1))
     topology = build_topology(config.layout, torch.device("cpu"))
-    return train(config, topology, Path(run_dir)).traces
+    result = train(config, topology, Path(run_dir))
+    return result.traces, dict(enumerate(result.step_times, start=result.first_step))
 
 
 def _delaying_hook(delay_s: float):
-    """A DDP communication hook: the bucket's all-reduce, finished ``delay_s`` late on gloo's thread."""
+    """A DDP communication hook: rank 1 issues the bucket's all-reduce ``delay_s`` late, so on rank 0
+    that collective completes ``delay_s`` later than it would."""
 
     def hook(state, bucket):
-        def finish(future):
+        if dist.get_rank() == 1:
             time.sleep(delay_s)
-            return future.value()[0] / dist.get_world_size()
-
-        return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(finish)
+        work = dist.all_reduce(bucket.buffer(), async_op=True)
+        return work.get_future().then(lambda future: future.value()[0] / dist.get_world_size())
 
     return hook
 
 
 def ddp_steps_with_delay(delay_s: float, steps: int) -> list[dict]:
-    """Train a small DDP model for ``steps`` traced steps, its one gradient bucket finishing ``delay_s``
-    late (0: plain); returns this rank's traced steps."""
+    """Train a small DDP model for ``steps`` traced steps, its one gradient bucket's all-reduce issued
+    ``delay_s`` late by rank 1 (0: plain); returns this rank's traced steps."""
     topology = build_topology(Layout(dp=dist.get_world_size()), torch.device("cpu"))
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256)))

@@ -130,9 +130,11 @@ class CollectiveTracer(TorchDispatchMode):
         values = {argument.name: value for argument, value in zip(schema, args)} | kwargs
         payload = next(values[n] for n in INPUT_ARGUMENTS if n in values)
         group, ranks = self._group(values)
+        if len(ranks) == 1:  # a group of one rank (a dimension of size 1) moves nothing
+            return
         peer = None
         for key in ("dst", "src"):
-            if key in values and ranks is not None:
+            if key in values:
                 peer = ranks[values[key]] if func.namespace == "c10d" else values[key]
         index = len(self.transfers)
         self.transfers.append(Transfer(name, group, 0 if name == "barrier" else _tensor_bytes(payload), started, peer=peer))
@@ -151,7 +153,7 @@ class CollectiveTracer(TorchDispatchMode):
         self.transfers[index].completed = at
         self._completions.append((at, index))
 
-    def _group(self, values: dict) -> tuple[str, tuple[int, ...] | None]:
+    def _group(self, values: dict) -> tuple[str, tuple[int, ...]]:
         if "process_group" in values:
             group = dist.ProcessGroup.unbox(values["process_group"])
         else:
