@@ -8,8 +8,9 @@ Pure Python. On each rank a step splits into
   the waits inside them;
 * other: the rest of the step (the batch, the loss average, Python between spans) less its waits.
 
-The four add up to the step's duration; overlapped communication (per group) is the time a transfer
-was in flight while the rank did not wait for it.
+The four add up to the step's duration; exposed communication is also given per group and op
+(``dp all_reduce``); overlapped communication (per group) is the time a transfer was in flight while
+the rank did not wait for it.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ def split_step(record: dict) -> dict:
     pipeline_transfers = [s for s in record["spans"] if not s["args"].get("compute", True)]
     in_compute = 0.0
     exposed: dict[str, float] = {}
+    by_op: dict[str, float] = {}
     for start, end, index in record["waits"]:
         outside = end - start - _overlap(start, end, pipeline_transfers)  # those are the bubble already
         in_compute += _overlap(start, end, compute)
-        group = transfers[index]["group"]
+        group, op = transfers[index]["group"], transfers[index]["op"]
         exposed[group] = exposed.get(group, 0.0) + outside
+        by_op[f"{group} {op}"] = by_op.get(f"{group} {op}", 0.0) + outside
     bubble = sum(s["end"] - s["start"] for s in pipeline_transfers)
     computing = sum(s["end"] - s["start"] for s in compute)
     overlapped: dict[str, float] = {}
@@ -48,6 +51,7 @@ def split_step(record: dict) -> dict:
         "bubble_s": bubble,
         "other_s": record["duration"] - computing - bubble - (exposed_total - in_compute),
         "exposed_comm_by_group_s": exposed,
+        "exposed_comm_by_op_s": by_op,
         "overlapped_comm_by_group_s": overlapped,
     }
 
@@ -70,12 +74,11 @@ def run_time_split(ranks: list[dict]) -> dict | None:
     splits = {step: [split_step(r) for rank in ranks for r in rank["steps"] if r["step"] == step] for step in steps}
     scalars = ("step_s", "compute_s", "exposed_comm_s", "bubble_s", "other_s")
     per_step = {key: [_mean([s[key] for s in splits[step]]) for step in steps] for key in scalars}
-    groups = sorted({g for step in steps for s in splits[step] for g in s["exposed_comm_by_group_s"]
-                     | s["overlapped_comm_by_group_s"]})
     by_group = {}
-    for key in ("exposed_comm_by_group_s", "overlapped_comm_by_group_s"):
-        by_group[key] = {g: statistics.median(_mean([s[key].get(g, 0.0) for s in splits[step]]) for step in steps)
-                         for g in groups}
+    for key in ("exposed_comm_by_group_s", "exposed_comm_by_op_s", "overlapped_comm_by_group_s"):
+        names = sorted({name for step in steps for s in splits[step] for name in s[key]})
+        by_group[key] = {name: statistics.median(_mean([s[key].get(name, 0.0) for s in splits[step]]) for step in steps)
+                         for name in names}
     fractions = [e / t for e, t in zip(per_step["exposed_comm_s"], per_step["step_s"])]
     compute, exposed = statistics.median(per_step["compute_s"]), statistics.median(per_step["exposed_comm_s"])
     per_rank = []
