@@ -10,8 +10,8 @@ neither a collective's process group nor its bytes (no ``record_param_comms`` ev
 that says when the rank waited.
 
 When the rank waited: a ``c10d`` op returns a ``Work`` whose future calls back when the transfer
-completes (on gloo's thread; gloo's point-to-point work has none, and the pipeline executor's
-receive spans are those waits). The main thread runs ops back to back unless it is blocked; a gap
+completes (on gloo's thread); gloo's point-to-point work has none and is polled at each op
+(``Work.is_completed``), so it is seen complete at the start of the op after its wait. The main thread runs ops back to back unless it is blocked; a gap
 between two ops in which a transfer completed is time the rank waited for that transfer (a sync
 ``dist.all_reduce``, ``Work.wait``, DDP's wait at the end of backward). A functional collective is
 waited for by its ``wait_tensor`` op, whose whole duration is the wait.
@@ -83,6 +83,7 @@ class CollectiveTracer(TorchDispatchMode):
         self.transfers: list[Transfer] = []
         self.waits: list[Wait] = []
         self._completions: list[tuple[float, int]] = []  # appended by gloo's thread (list.append is atomic)
+        self._unfinished: list[tuple[int, object]] = []  # transfers whose work has no future, and that work
         self._functional: dict[int, int] = {}  # id of a functional collective's output -> its transfer
         self._last_end = time.perf_counter()
         self._ops: dict[object, str | None] = {}
@@ -90,7 +91,7 @@ class CollectiveTracer(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         started = time.perf_counter()
-        if self._completions:
+        if self._completions or self._unfinished:
             self._settle(started)
         name = self._ops.get(func)
         if name is None and func not in self._ops:
@@ -120,10 +121,23 @@ class CollectiveTracer(TorchDispatchMode):
         """The gap since the last op ended: if a transfer completed in it, the rank was waiting for the
         last of them until now (until it resumed, which also covers what a future chained to the
         transfer does, such as a DDP communication hook's)."""
+        if self._unfinished:
+            self._poll(now)
         done, self._completions = self._completions, []
         in_gap = [(at, index) for at, index in done if self._last_end < at <= now]
         if in_gap:
             self.waits.append(Wait(self._last_end, now, max(in_gap)[1]))
+
+    def _poll(self, now: float) -> None:
+        """Transfers without a future found complete now: they completed by ``now`` (an upper bound)."""
+        unfinished = []
+        for index, work in self._unfinished:
+            if work.is_completed():
+                self.transfers[index].completed = now
+                self._completions.append((now, index))
+            else:
+                unfinished.append((index, work))
+        self._unfinished = unfinished
 
     def _record(self, func, name: str, args, kwargs, out, started: float) -> None:
         schema = func._schema.arguments
@@ -142,9 +156,11 @@ class CollectiveTracer(TorchDispatchMode):
             self._functional[id(out)] = index
             return
         work = out[-1] if isinstance(out, (tuple, list)) else out
+        work = dist.distributed_c10d.Work.unbox(work)
         try:
-            future = dist.distributed_c10d.Work.unbox(work).get_future()
-        except RuntimeError:  # gloo's send and receive have no future: the pipeline's spans time their waits
+            future = work.get_future()
+        except RuntimeError:  # gloo's send and receive have no future: polled at each op instead
+            self._unfinished.append((index, work))
             return
         future.add_done_callback(lambda _: self._complete(index))
 

@@ -2,7 +2,8 @@
 
 Pure Python. On each rank a step splits into
 
-* bubble: the pipeline executor's send and receive spans (a stage waiting for its neighbour);
+* bubble: the pipeline executor's send and receive spans and any wait for a pipeline send or
+  receive (a stage waiting for its neighbour);
 * exposed communication, per group: waiting for any collective or transfer, outside those spans;
 * compute: the compute spans (forward, backward, gradient sync, optimizer; pipeline actions) less
   the waits inside them;
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import statistics
 
+POINT_TO_POINT = ("send", "recv")
+
 def _overlap(start: float, end: float, spans: list[dict]) -> float:
     return sum(max(0.0, min(end, s["end"]) - max(start, s["start"])) for s in spans)
 
@@ -27,16 +30,20 @@ def split_step(record: dict) -> dict:
     transfers = record["transfers"]
     compute = [s for s in record["spans"] if s["args"].get("compute", True)]
     pipeline_transfers = [s for s in record["spans"] if not s["args"].get("compute", True)]
-    in_compute = 0.0
+    in_compute = waited = 0.0
+    bubble = sum(s["end"] - s["start"] for s in pipeline_transfers)
     exposed: dict[str, float] = {}
     by_op: dict[str, float] = {}
     for start, end, index in record["waits"]:
         outside = end - start - _overlap(start, end, pipeline_transfers)  # those are the bubble already
         in_compute += _overlap(start, end, compute)
+        waited += outside
         group, op = transfers[index]["group"], transfers[index]["op"]
+        if group == "pp" and op in POINT_TO_POINT:  # waiting for a pipeline neighbour, next to its span
+            bubble += outside
+            continue
         exposed[group] = exposed.get(group, 0.0) + outside
         by_op[f"{group} {op}"] = by_op.get(f"{group} {op}", 0.0) + outside
-    bubble = sum(s["end"] - s["start"] for s in pipeline_transfers)
     computing = sum(s["end"] - s["start"] for s in compute)
     overlapped: dict[str, float] = {}
     for transfer in transfers:
@@ -49,7 +56,8 @@ def split_step(record: dict) -> dict:
         "compute_s": computing - in_compute,
         "exposed_comm_s": exposed_total,
         "bubble_s": bubble,
-        "other_s": record["duration"] - computing - bubble - (exposed_total - in_compute),
+        "other_s": record["duration"] - computing - sum(s["end"] - s["start"] for s in pipeline_transfers)
+        - (waited - in_compute),
         "exposed_comm_by_group_s": exposed,
         "exposed_comm_by_op_s": by_op,
         "overlapped_comm_by_group_s": overlapped,
