@@ -9,11 +9,12 @@ exchanges). A dispatch mode sees each with its process group and tensors, as PyT
 neither a collective's process group nor its bytes (no ``record_param_comms`` events), and nothing
 that says when the rank waited.
 
-When the rank waited: a ``c10d`` op returns a ``Work`` whose future calls back when the transfer
-completes (on gloo's thread); gloo's point-to-point work has none and is polled at each op
-(``Work.is_completed``), so it is seen complete at the start of the op after its wait. The main thread runs ops back to back unless it is blocked; a gap
-between two ops in which a transfer completed is time the rank waited for that transfer (a sync
-``dist.all_reduce``, ``Work.wait``, DDP's wait at the end of backward). A functional collective is
+When the rank waited: a ``c10d`` op returns a ``Work``, which the tracer polls
+(``Work.is_completed``, the C++ state, so no callback waits for the GIL) at the start of each op
+until it is complete. The main thread runs ops back to back unless it is blocked, so a transfer
+found complete at an op's start completed in the gap before it (or in the op before, off by that
+op at most), and the gap was the rank waiting for it (a sync ``dist.all_reduce``, ``Work.wait``,
+DDP's wait at the end of backward); its completion time is that op's start. A functional collective is
 waited for by its ``wait_tensor`` op, whose whole duration is the wait.
 """
 
@@ -82,8 +83,7 @@ class CollectiveTracer(TorchDispatchMode):
         self.group_names = group_names
         self.transfers: list[Transfer] = []
         self.waits: list[Wait] = []
-        self._completions: list[tuple[float, int]] = []  # appended by gloo's thread (list.append is atomic)
-        self._unfinished: list[tuple[int, object]] = []  # transfers whose work has no future, and that work
+        self._unfinished: list[tuple[int, object]] = []  # transfers in flight, each with its Work
         self._functional: dict[int, int] = {}  # id of a functional collective's output -> its transfer
         self._last_end = time.perf_counter()
         self._ops: dict[object, str | None] = {}
@@ -91,7 +91,7 @@ class CollectiveTracer(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         started = time.perf_counter()
-        if self._completions or self._unfinished:
+        if self._unfinished:
             self._settle(started)
         name = self._ops.get(func)
         if name is None and func not in self._ops:
@@ -118,26 +118,15 @@ class CollectiveTracer(TorchDispatchMode):
         return OP_NAMES.get(op) if namespace in ("c10d", "_c10d_functional") else None
 
     def _settle(self, now: float) -> None:
-        """The gap since the last op ended: if a transfer completed in it, the rank was waiting for the
-        last of them until now (until it resumed, which also covers what a future chained to the
-        transfer does, such as a DDP communication hook's)."""
-        if self._unfinished:
-            self._poll(now)
-        done, self._completions = self._completions, []
-        in_gap = [(at, index) for at, index in done if self._last_end < at <= now]
-        if in_gap:
-            self.waits.append(Wait(self._last_end, now, max(in_gap)[1]))
-
-    def _poll(self, now: float) -> None:
-        """Transfers without a future found complete now: they completed by ``now`` (an upper bound)."""
-        unfinished = []
-        for index, work in self._unfinished:
-            if work.is_completed():
+        """Transfers found complete now completed in the gap since the last op ended or in that op;
+        the rank waited the gap for the last of them (until it resumed: a blocked wait, or
+        a future chained to the transfer such as a DDP communication hook's)."""
+        done = [index for index, work in self._unfinished if work.is_completed()]
+        if done:
+            self._unfinished = [(index, work) for index, work in self._unfinished if index not in done]
+            for index in done:
                 self.transfers[index].completed = now
-                self._completions.append((now, index))
-            else:
-                unfinished.append((index, work))
-        self._unfinished = unfinished
+            self.waits.append(Wait(self._last_end, now, max(done)))
 
     def _record(self, func, name: str, args, kwargs, out, started: float) -> None:
         schema = func._schema.arguments
@@ -156,18 +145,7 @@ class CollectiveTracer(TorchDispatchMode):
             self._functional[id(out)] = index
             return
         work = out[-1] if isinstance(out, (tuple, list)) else out
-        work = dist.distributed_c10d.Work.unbox(work)
-        try:
-            future = work.get_future()
-        except RuntimeError:  # gloo's send and receive have no future: polled at each op instead
-            self._unfinished.append((index, work))
-            return
-        future.add_done_callback(lambda _: self._complete(index))
-
-    def _complete(self, index: int) -> None:
-        at = time.perf_counter()
-        self.transfers[index].completed = at
-        self._completions.append((at, index))
+        self._unfinished.append((index, dist.distributed_c10d.Work.unbox(work)))
 
     def _group(self, values: dict) -> tuple[str, tuple[int, ...]]:
         if "process_group" in values:

@@ -59,9 +59,11 @@ def draw_rank_timeline(ranks: list[dict], path: Path, title: str, chunked: bool 
     step = max(r["step"] for rank in shown for r in rank["steps"])
     records = [next(r for r in rank["steps"] if r["step"] == step) for rank in shown]
     length = max(r["duration"] for r in records) * 1e3
-    figure, axes = plt.subplots(figsize=(12, 0.55 * len(shown) + 1.6))
+    height = 0.55 * len(shown) + 2.0
+    figure, axes = plt.subplots(figsize=(12, height))
     groups: set[str] = set()
     kinds: dict[str, str] = {}
+    pipelined = False
     for row, record in enumerate(records):
         for span in record["spans"]:
             start, width = span["start"] * 1e3, (span["end"] - span["start"]) * 1e3
@@ -69,7 +71,7 @@ def draw_rank_timeline(ranks: list[dict], path: Path, title: str, chunked: bool 
             if span["args"].get("compute", True):
                 kinds[span["name"] if "kind" not in span["args"] else Kind(span["args"]["kind"]).name.lower()] = colour
             else:
-                colour = BUBBLE
+                colour, pipelined = BUBBLE, True
             axes.broken_barh([(start, width)], (row - 0.35, 0.7), facecolors=colour, edgecolor="white", linewidth=0.3)
             if width > length / 50 and (text := _label(span, chunked)):
                 axes.text(start + width / 2, row, text, ha="center", va="center", fontsize=6, color="white")
@@ -89,11 +91,12 @@ def draw_rank_timeline(ranks: list[dict], path: Path, title: str, chunked: bool 
     axes.set_title(title + (f"; {len(shown)} of {len(ranks)} ranks, one per role" if by_role else ""), fontsize=10)
     handles = [Patch(color=c, label=k.replace("_", " ")) for k, c in kinds.items()]
     handles += [Patch(color=GROUP_COLOURS.get(g, OTHER_GROUP), label=f"waiting: {g}") for g in sorted(groups)]
-    handles.append(Patch(color=BUBBLE, label="pipeline send/receive (bubble)"))
-    axes.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(len(handles), 6),
-                fontsize=8)
+    if pipelined:
+        handles.append(Patch(color=BUBBLE, label="pipeline send/receive (bubble)"))
     axes.set_xlabel(f"time in step {step} (ms); thin lines: collectives in flight; white: idle")
-    figure.tight_layout()
+    legend_inches = 0.3 * -(-len(handles) // 6) + 0.2
+    figure.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8)
+    figure.tight_layout(rect=(0, legend_inches / height, 1, 1))
     temporary = path.with_name(path.name + ".partial")
     figure.savefig(temporary, dpi=120, format="png")
     plt.close(figure)
