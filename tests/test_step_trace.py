@@ -13,6 +13,7 @@ from plait.facts.collectives import collective_bytes_per_layer
 from plait.facts.model_state import rank_parameters
 from plait.models.spec import model_spec
 from plait.observe.time_split import split_step
+from plait.train.launch import print_summary
 from tests.cases import layout_world_size, run_config
 from tests.trace_cases import ddp_steps_with_delay, traced_run
 
@@ -45,13 +46,13 @@ def runs(pool, tmp_path_factory):
         run_dir = tmp_path_factory.mktemp("trace") / "run"
         ranks = pool.run(traced_run, layout_world_size(layout), run_config("tiny", steps=4, **layout), str(run_dir))
         step_times = [times for _, times in ranks]
-        out[name] = ranks[0][0], step_times, json.loads((run_dir / "trace.json").read_text())
+        out[name] = ranks[0][0], step_times, json.loads((run_dir / "trace.json").read_text()), run_dir
     return out
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_compute_exposed_bubble_and_other_add_up_to_the_step_time(runs, name):
-    traces, step_times, _ = runs[name]
+    traces, step_times, _, _ = runs[name]
     assert len(traces) == layout_world_size(LAYOUTS[name])
     for rank in traces:
         assert [record["step"] for record in rank["steps"]] == [1, 2, 3]
@@ -64,7 +65,7 @@ def test_compute_exposed_bubble_and_other_add_up_to_the_step_time(runs, name):
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_trace_has_a_track_per_rank_and_collectives_with_group_op_and_bytes(runs, name):
-    traces, _, trace = runs[name]
+    traces, _, trace, run_dir = runs[name]
     names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
     assert names == {rank["rank"]: rank["name"] for rank in traces}
     assert len(set(names.values())) == len(names)
@@ -72,6 +73,18 @@ def test_trace_has_a_track_per_rank_and_collectives_with_group_op_and_bytes(runs
     assert groups == {dim for dim in ("dp", "tp", "cp", "pp") if LAYOUTS[name].get(dim, 1) > 1}
     assert all(e["args"]["bytes"] >= 0 and e["args"]["op"] for e in trace["traceEvents"]
                if e.get("cat") == "collective" and e["ph"] == "b")
+    assert (run_dir / "timeline.png").stat().st_size > 10_000
+
+
+def test_closing_lines_give_compute_exposed_communication_and_bubble(runs, capsys):
+    run_dir = runs["dp2·tp2·pp2"][3]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    print_summary(summary, run_dir)
+    split = summary["time_split"]
+    shares = [split[part]["median"] / split["step_s"]["median"] for part in ("compute_s", "exposed_comm_s", "bubble_s")]
+    assert f"compute : exposed communication : bubble = {shares[0]:.0%} : {shares[1]:.0%} : {shares[2]:.0%}" in \
+        capsys.readouterr().out
+    assert summary["comm_fraction"] == split["comm_fraction"]["median"] > 0
 
 
 def _issued_in(record: dict, span_names: tuple[str, ...], group: str, op: str) -> int:

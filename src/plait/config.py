@@ -54,7 +54,7 @@ class TrainSpec:
     resume: bool = False
     resume_changed: bool = False
     log_every: int = 10
-    trace_every: int = 20  # a traced step costs 13-26% more on 2 loaded cores (benchmarks/tracing_overhead.py)
+    trace_every: int = 20  # a traced step costs 13-22% more on 2 loaded cores (benchmarks/tracing_overhead.py)
 
     def validate(self) -> None:
         for name in ("steps", "global_batch", "log_every", "trace_every"):

@@ -17,6 +17,7 @@ METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.toml"
 SUMMARY_FILE = "summary.json"
 LOSS_PICTURE = "loss.png"
+TRACE_STEPS = 8  # trace.json keeps this many traced steps: eight ranks' step is about 0.5 MB of events
 
 
 def write_json_atomically(path: Path, value: object) -> None:
@@ -68,9 +69,11 @@ def draw_loss(run_dir: Path) -> Path:
 
 
 def write_run_trace(run_dir: Path, ranks: list[dict], layout: Layout, bubble: float | None) -> None:
-    """Every rank's traced steps into trace.json and the last one drawn into timeline.png."""
+    """Every rank's last ``TRACE_STEPS`` traced steps into trace.json and the last one drawn into
+    timeline.png (summary.json's figures use them all)."""
     if not any(rank["steps"] for rank in ranks):
         return
+    ranks = [{**rank, "steps": rank["steps"][-TRACE_STEPS:]} for rank in ranks]
     trace = {"traceEvents": rank_events(ranks), "displayTimeUnit": "ms",
              "otherData": {"measured": True, "layout": layout.describe()}}
     write_json_atomically(Path(run_dir) / TRACE_FILE, trace)
