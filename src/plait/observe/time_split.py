@@ -74,7 +74,8 @@ def _mean(values: list[float]) -> float:
 
 def run_time_split(ranks: list[dict]) -> dict | None:
     """Medians over the traced steps (each step: the mean over ranks) with their min and max, the
-    per-rank medians, ``comm_fraction`` (exposed communication / step time) and the
+    per-rank medians, each part's share of the step (``shares``: median over the steps with its min
+    and max), ``comm_fraction`` (exposed communication's share) and the
     compute-to-synchronisation ratio (compute / exposed communication). None without a traced step."""
     steps = sorted({r["step"] for rank in ranks for r in rank["steps"]})
     if not steps:
@@ -87,7 +88,8 @@ def run_time_split(ranks: list[dict]) -> dict | None:
         names = sorted({name for step in steps for s in splits[step] for name in s[key]})
         by_group[key] = {name: statistics.median(_mean([s[key].get(name, 0.0) for s in splits[step]]) for step in steps)
                          for name in names}
-    fractions = [e / t for e, t in zip(per_step["exposed_comm_s"], per_step["step_s"])]
+    shares = {part: _spread([p / t for p, t in zip(per_step[f"{part}_s"], per_step["step_s"])])
+              for part in ("compute", "exposed_comm", "bubble", "other")}
     compute, exposed = statistics.median(per_step["compute_s"]), statistics.median(per_step["exposed_comm_s"])
     per_rank = []
     for rank in ranks:
@@ -98,14 +100,13 @@ def run_time_split(ranks: list[dict]) -> dict | None:
         "traced_steps": steps,
         **{key: _spread(values) for key, values in per_step.items()},
         **by_group,
-        "comm_fraction": _spread(fractions),
+        "shares": shares,
+        "comm_fraction": shares["exposed_comm"],
         "compute_to_sync_ratio": compute / exposed if exposed > 0 else None,
         "per_rank": per_rank,
     }
 
 
 def proportions(split: dict) -> str:
-    """``compute : exposed communication : bubble`` as percentages of the median step."""
-    step = split["step_s"]["median"]
-    parts = [split[key]["median"] / step for key in ("compute_s", "exposed_comm_s", "bubble_s")]
-    return " : ".join(f"{part:.0%}" for part in parts)
+    """``compute : exposed communication : bubble``, each its median share of the step."""
+    return " : ".join(f"{split['shares'][part]['median']:.0%}" for part in ("compute", "exposed_comm", "bubble"))
