@@ -98,10 +98,9 @@ def chunk_views(model: nn.Module, schedule: Schedule, rank: int, split: tuple[ra
 
 @dataclass
 class PipelineMeasurement:
-    """The kept steps' measured timelines (every pp rank), the last step's index and the bubble figures."""
+    """The kept steps' measured timelines (every pp rank) and the bubble figures."""
 
     timelines: list[Timeline]
-    last_step: int
     bubble_fraction: float
     bubble_fraction_theory: float
 
@@ -175,7 +174,7 @@ class Pipeline:
         warmup_kept = self.steps_run == len(timelines) and len(timelines) > 1
         steady = timelines[1:] if warmup_kept else timelines
         measured = statistics.median(t.bubble_fraction for t in steady)
-        return PipelineMeasurement(timelines, self.steps_run - 1, measured, theoretical_bubble(self.schedule))
+        return PipelineMeasurement(timelines, measured, theoretical_bubble(self.schedule))
 
 
 class _Chunk(nn.Module):
