@@ -97,12 +97,12 @@ def forward_backward(parallel: Parallelized, micro_batches: MicroBatches, autoca
     for index, (inputs, targets) in enumerate(micro_batches):
         sync = index == count - 1
         with record_function(f"plait.microbatch.{index}"), gradient_sync(model, optimizer, sync), autocast():
-            with vocab_parallel_loss(parallel.topology):
-                with span("forward", microbatch=index):
-                    logits = model(inputs.to(device), positions)
+            with span("forward", microbatch=index):
+                logits = model(inputs.to(device), positions)
+                with vocab_parallel_loss(parallel.topology):
                     loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()) / count
-                with span("backward", microbatch=index):
-                    loss.backward()
+            with span("backward", microbatch=index), vocab_parallel_loss(parallel.topology):
+                loss.backward()
         local_loss += local_value(loss.detach())
     return local_loss
 
