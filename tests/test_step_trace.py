@@ -15,7 +15,7 @@ from plait.models.spec import model_spec
 from plait.observe.time_split import split_step
 from plait.train.launch import print_summary
 from tests.cases import layout_world_size, run_config
-from tests.trace_cases import ddp_steps_with_delay, traced_run
+from tests.trace_cases import ddp_steps_with_delay, profiled_run, traced_run
 
 DELAY_S = 0.1
 LAYOUTS = {
@@ -119,3 +119,11 @@ def test_context_collectives_carry_the_analytic_bytes(pool, tmp_path, layout, op
         record = rank["steps"][-1]
         measured = sum(t["bytes"] for t in record["transfers"] if t["group"] == "cp" and t["op"] == op)
         assert measured == spec.layers * per_layer
+
+
+def test_profile_steps_writes_a_torch_profiler_trace_per_rank_and_step(pool, tmp_path):
+    pool.run(profiled_run, 2, run_config("tiny", steps=3, dp=2), str(tmp_path), "1:2")
+    files = sorted(path.name for path in (tmp_path / "profile").iterdir())
+    assert files == ["rank0_step1.json", "rank0_step2.json", "rank1_step1.json", "rank1_step2.json"]
+    events = json.loads((tmp_path / "profile" / "rank1_step2.json").read_text())["traceEvents"]
+    assert any(event.get("name") == "c10d::allreduce_" for event in events)

@@ -59,3 +59,9 @@ def ddp_steps_with_delay(delay_s: float, steps: int) -> list[dict]:
                 optimizer.step()
                 optimizer.zero_grad()
     return tracer.records
+
+
+def profiled_run(config: RunConfig, run_dir: str, steps: str) -> None:
+    """Train ``config`` with ``--profile-steps steps``."""
+    config = replace(config, train=replace(config.train, profile_steps=steps))
+    train(config, build_topology(config.layout, torch.device("cpu")), Path(run_dir))

@@ -17,6 +17,7 @@ METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.toml"
 SUMMARY_FILE = "summary.json"
 LOSS_PICTURE = "loss.png"
+PROFILE_DIR = "profile"  # --profile-steps: torch.profiler's traces, rank{R}_step{K}.json
 TRACE_STEPS = 8  # trace.json keeps this many traced steps: eight ranks' step is about 0.5 MB of events
 
 

@@ -1,6 +1,7 @@
 """The span tracer the training loop runs on every rank: every ``--trace-every`` K-th step (and the
 first after the warm-up step) it records compute spans (forward, backward, gradient sync, optimizer;
-the pipeline's actions), every collective and point-to-point transfer, and the waits.
+the pipeline's actions), every collective and point-to-point transfer, and the waits; over the
+steps of ``--profile-steps A:B`` it also runs torch.profiler, for kernel-level digging.
 
 A traced step is one plain dict (times in seconds from the step's start) so that rank 0 can gather
 them all and the pure ``plait.observe.time_split`` and ``plait.observe.rank_trace`` read them.
@@ -12,7 +13,11 @@ import contextlib
 import time
 from collections.abc import Iterator
 
+from pathlib import Path
+
+import torch
 import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
 
 from plait.observe.collective_trace import CollectiveTracer
 from plait.schedules.simulate import Span
@@ -41,8 +46,10 @@ def rank_name(topology: Topology) -> str:
 class StepTracer:
     """Records the traced steps of one rank: ``with tracer.step(k): ...``, ``with tracer.span(name)``."""
 
-    def __init__(self, topology: Topology, every: int, first_step: int, end_step: int):
+    def __init__(self, topology: Topology, every: int, first_step: int, end_step: int,
+                 profiled: range = range(0), profile_dir: Path | None = None):
         self.every, self.first_step, self.end_step = every, first_step, end_step
+        self.profiled, self.profile_dir = profiled, profile_dir
         self.group_names = layout_group_names(topology)
         self.name = rank_name(topology)
         self.coordinates = {dim: topology.coordinate(dim) for dim in ("dp", "cp", "tp", "pp")}
@@ -56,6 +63,23 @@ class StepTracer:
 
     @contextlib.contextmanager
     def step(self, step: int) -> Iterator[None]:
+        with self._profiled(step), self._traced(step):
+            yield
+
+    @contextlib.contextmanager
+    def _profiled(self, step: int) -> Iterator[None]:
+        """torch.profiler over a step of ``profiled`` (kernels and operators), one file per rank and step."""
+        if step not in self.profiled or self.profile_dir is None:
+            yield
+            return
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        with profile(activities=activities) as profiler:
+            yield
+        self.profile_dir.mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(self.profile_dir / f"rank{dist.get_rank()}_step{step}.json"))
+
+    @contextlib.contextmanager
+    def _traced(self, step: int) -> Iterator[None]:
         if not self.traces(step):
             yield
             return

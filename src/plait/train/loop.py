@@ -28,7 +28,7 @@ from plait.config import RunConfig, config_toml
 from plait.models.init import init_weights
 from plait.models.transformer import Transformer
 from plait.observe.model_state import ModelStateMeter
-from plait.observe.run_files import CONFIG_FILE, MetricsLog, draw_loss, write_run_trace
+from plait.observe.run_files import CONFIG_FILE, PROFILE_DIR, MetricsLog, draw_loss, write_run_trace
 from plait.observe.step_trace import StepTracer
 from plait.observe.summary import write_summary
 from plait.parallel.context import average_over_context, context_shard
@@ -163,7 +163,8 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
     # A bar on a terminal; in a log file (not a terminal) a plain line every --log-every steps.
     writes_log_lines, on_terminal = topology.is_logging_rank, sys.stderr.isatty()
     progress = tqdm(steps, desc="train", unit="step", disable=not (writes_log_lines and on_terminal), dynamic_ncols=True)
-    tracer = StepTracer(topology, train_spec.trace_every, result.first_step, train_spec.steps)
+    tracer = StepTracer(topology, train_spec.trace_every, result.first_step, train_spec.steps,
+                        train_spec.profiled_steps, run_dir / PROFILE_DIR if run_dir is not None else None)
     for step in progress:
         started = time.perf_counter()
         with tracer.step(step):
