@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-
 from pathlib import Path
 
 import torch
