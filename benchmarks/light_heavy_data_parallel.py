@@ -1,7 +1,7 @@
 """Data parallelism helps a heavy model and not a light one: the tracer's figures beside the scaling.
 
-``tiny`` and a shape with 29× its FLOPs per sequence (8 layers, hidden 512) each train under dp1 and dp2 on the same
-global batch, every step after the first traced. The figures: the dp2 run's exposed communication
+``tiny`` and a shape with 29× its FLOPs per sequence (8 layers, hidden 512) each train under dp1
+and dp2 on the same global batch, every step after the first traced. The figures: the dp2 run's exposed communication
 share (``comm_fraction``) and compute-to-synchronisation ratio, and the speed-up of dp2 over dp1
 (median step times), which the shares should explain.
 
