@@ -83,6 +83,8 @@ BAD_INPUTS = {
     "damaged .npy file": (["--dp", "1", "--data", "{damaged}"], "is not a readable .npy array"),
     "damaged hardware profile": (["--auto", "--ranks", "2", "--hardware-profile", "{profile}"],
                                  "memory_bytes must be positive"),
+    "tracing no step": (["--trace-every", "0"], "trace-every must be a positive integer, got 0"),
+    "profiling steps backwards": (["--profile-steps", "3:1"], "profile-steps must be two step numbers A:B"),
 }
 
 

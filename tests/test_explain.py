@@ -81,3 +81,28 @@ def test_explain_refuses_what_it_cannot_predict_in_one_line(run_dir, tmp_path, c
     assert main(["explain", str(target)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("plait: error:") and expected in lines[0], lines
+
+
+@pytest.fixture(scope="module")
+def dp_run_dir(pool, tmp_path_factory):
+    """A finished data-parallel run's directory (no pipeline)."""
+    path = tmp_path_factory.mktemp("explain_dp") / "run"
+    pool.run(train_losses, 2, run_config("tiny", steps=3, dp=2), str(path))
+    return path
+
+
+def test_a_data_parallel_run_is_explained_with_where_its_time_went(dp_run_dir, profile):
+    from plait.plan.hardware import load_profile
+
+    explanation = explain(dp_run_dir, profile=load_profile(profile))
+    split = json.loads((dp_run_dir / "summary.json").read_text())["time_split"]
+    measured = {quantity: value for quantity, _, value, _ in explanation.rows()}
+    assert measured["compute"] == split["compute_s"]["median"]
+    assert measured["exposed dp communication"] == split["exposed_comm_by_group_s"]["dp"] > 0
+    parts = {"compute": split["compute_s"]["median"], "other time": split["other_s"]["median"],
+             **{f"exposed {op}": seconds for op, seconds in split["exposed_comm_by_op_s"].items()}}
+    largest = max(parts, key=parts.get)
+    report = explanation.report()
+    assert f"bottleneck: {largest} is {parts[largest] / split['step_s']['median']:.0%} of the step" in report
+    assert "the planner" in report
+    assert explanation.draw() is None  # the measured-beside-simulated picture is of pipeline schedules

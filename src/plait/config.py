@@ -35,6 +35,16 @@ DEFAULT_MODEL = "tiny"
 DEFAULT_LAYOUT = Layout(dp=2, tp=2, pp=2, microbatches=2)  # 3-D: every rank in three groups
 
 
+def step_range(text: str) -> range:
+    """The steps "A:B" names, both included; none for ""."""
+    if not text:
+        return range(0)
+    first, _, last = text.partition(":")
+    if not (first.isdigit() and last.isdigit() and int(first) <= int(last)):
+        raise ConfigError(f"profile-steps must be two step numbers A:B with A <= B (e.g. 5:7), got {text!r}")
+    return range(int(first), int(last) + 1)
+
+
 @dataclass(frozen=True)
 class TrainSpec:
     """Everything about a training run that is neither the model nor the layout."""
@@ -59,9 +69,15 @@ class TrainSpec:
     log_every: int = 10
     eval_every: int = 0
     tensorboard: bool = False
+    trace_every: int = 20  # a traced step costs 13-22% more on 2 loaded cores (benchmarks/tracing_overhead.py)
+    profile_steps: str = ""  # "A:B": torch.profiler traces of steps A to B on every rank
+
+    @property
+    def profiled_steps(self) -> range:
+        return step_range(self.profile_steps)
 
     def validate(self) -> None:
-        for name in ("steps", "global_batch", "log_every"):
+        for name in ("steps", "global_batch", "log_every", "trace_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -69,6 +85,7 @@ class TrainSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be a non-negative integer, got {value!r}")
+        step_range(self.profile_steps)
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} is unknown; use one of {', '.join(PRECISIONS)}")
         for name in ("lr", "min_lr_ratio", "grad_clip", "weight_decay"):
@@ -178,6 +195,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--deterministic", action="store_const", const=True, help="deterministic kernels only")
     group.add_argument("--log-every", type=int,
                        help=f"when output is not a terminal, one progress line every K steps (default {defaults.log_every})")
+    group.add_argument("--trace-every", type=int,
+                       help="trace the step after the first and every K-th after it: compute spans, every collective "
+                            f"and the waits, into trace.json and summary.json (default {defaults.trace_every})")
+    group.add_argument("--profile-steps", metavar="A:B",
+                       help="write torch.profiler traces of steps A to B on every rank into RUN/profile/")
 
 
 def _section(values: dict, key: str, allowed: tuple[str, ...], path: str) -> dict:

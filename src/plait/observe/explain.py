@@ -2,8 +2,10 @@
 
 Pure Python, like the planner it calls: it reads the run directory's summary.json (and trace.json
 for pipeline runs), predicts the same model, batch and layout with ``plait.plan.simulate.evaluate``
-on the run's hardware, and reports each figure both ways. Pipeline runs also get ``explain.png``:
-the measured step above the simulated one, drawn alike.
+on the run's hardware, and reports each figure both ways, for every layout: step time, where it
+went (compute, exposed communication per group, bubble), memory; then the bottleneck in one
+sentence (``plait.observe.bottleneck``) and the planner's fastest layout for as many ranks.
+Pipeline runs also get ``explain.png``: the measured step above the simulated one, drawn alike.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from plait.errors import ConfigError
 from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
+from plait.observe.bottleneck import bottleneck
 from plait.observe.run_files import SUMMARY_FILE
 from plait.observe.simulated import simulated_timeline
 from plait.observe.timeline import draw_timelines
 from plait.observe.trace import TRACE_FILE, timeline_from_trace
 from plait.plan.hardware import Hardware, catalog_name_of, hardware
+from plait.plan.search import search
 from plait.plan.simulate import Prediction, Workload, evaluate
 
 EXPLAIN_PICTURE = "explain.png"
@@ -51,16 +55,52 @@ class Explanation:
         for predicted_kind, measured_kind in STATE_KINDS.items():
             measured = max((rank[measured_kind] for rank in held if rank), default=None)
             rows.append((f"{measured_kind} per rank (most)", p.memory_breakdown[predicted_kind], measured, "bytes"))
+        rows += self.time_rows()
         measured_peak = s.get("peak_memory_bytes") if s.get("device") == "cuda" else None  # a CPU's RSS is not it
         rows.append(("peak memory per rank", p.peak_memory_bytes, measured_peak, "bytes"))
         rows.append(("MFU", p.mfu if s.get("device") == "cuda" else None, s.get("mfu"), "fraction"))
         return rows
+
+    def time_rows(self) -> list[tuple[str, float | None, float | None, str]]:
+        """Where the step's time went, predicted and measured (the median traced step), when traced."""
+        split, predicted = self.summary.get("time_split"), self.prediction.time_breakdown
+        if not split:
+            return []
+        exposed = split["exposed_comm_by_group_s"]
+
+        def measured(*groups: str) -> float:
+            return sum(exposed.get(group, 0.0) for group in groups)
+
+        return [
+            ("compute", predicted["compute_s"] + predicted["optimizer_s"], split["compute_s"]["median"], "s"),
+            ("exposed dp communication", predicted["exposed_dp_comm_s"], measured("dp", "dp_shard", "dp_replicate"), "s"),
+            ("exposed tp and cp communication", predicted["critical_path_comm_s"], measured("tp", "cp"), "s"),
+            ("exposed pp communication", None, measured("pp"), "s"),
+            ("bubble", predicted["bubble_s"], split["bubble_s"]["median"], "s"),
+            ("other", None, split["other_s"]["median"], "s"),
+            ("exposed communication share", (predicted["exposed_dp_comm_s"] + predicted["critical_path_comm_s"])
+             / self.prediction.step_time_s, self.summary["comm_fraction"], "fraction"),
+        ]
+
+    def planner_choice(self) -> str | None:
+        """What the planner would run on as many ranks of the same hardware, beside this layout."""
+        try:
+            best = search(self.workload, self.hardware, self.summary["world_size"], top=1).ranked[0]
+        except ConfigError:
+            return None
+        if best.layout == self.layout:
+            return f"the planner predicts {self.layout.describe()} is already the fastest layout for these ranks"
+        return (f"the planner's fastest layout for {self.summary['world_size']} rank(s) on {self.hardware.name} is "
+                f"{best.layout.describe()}: {best.step_time_s:.4g} s per step predicted, against "
+                f"{self.prediction.step_time_s:.4g} s for this one")
 
     def to_dict(self) -> dict:
         return {
             "run_dir": str(self.run_dir), "hardware": self.hardware.name, "layout": self.layout.to_dict(),
             "predicted": self.prediction.to_dict(),
             "rows": [{"quantity": q, "predicted": p, "measured": m, "unit": u} for q, p, m, u in self.rows()],
+            "bottleneck": bottleneck(self.summary["time_split"]) if self.summary.get("time_split") else None,
+            "planner": self.planner_choice(),
         }
 
     def report(self) -> str:
@@ -82,6 +122,10 @@ class Explanation:
             lines.append(f"| {quantity} | {_format(predicted, unit)} | {_format(measured, unit)} | {error} |")
         if s.get("bubble_fraction_theory"):
             lines.append(f"\nthe schedule's bubble with equal stage costs: {s['bubble_fraction_theory']:.1%}")
+        if s.get("time_split"):
+            lines.append(f"bottleneck: {bottleneck(s['time_split'])}")
+        if (choice := self.planner_choice()) is not None:
+            lines.append(choice)
         lines.append("predicted time per step: " + ", ".join(
             f"{name.removesuffix('_s').replace('_', ' ')} {seconds:.4g} s"
             for name, seconds in self.prediction.time_breakdown.items()))
@@ -90,7 +134,7 @@ class Explanation:
     def draw(self) -> Path | None:
         """explain.png: the measured pipeline step above the simulated one; None without trace.json."""
         trace = self.run_dir / TRACE_FILE
-        if not trace.exists():
+        if self.layout.pp == 1 or not trace.exists():
             return None
         measured = timeline_from_trace(json.loads(trace.read_text()))
         simulated = simulated_timeline(self.workload, self.hardware, self.layout.world_size, self.layout)

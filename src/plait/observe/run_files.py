@@ -1,5 +1,6 @@
 """The run directory: config.toml (the resolved run), metrics.jsonl (a line per step), summary.json,
-loss.png (training loss, and held-out loss with --eval-every), and for a pipeline run the last step's timeline.png and trace.json."""
+loss.png (training loss, and held-out loss with --eval-every), and every rank's traced steps:
+trace.json and the last one's timeline.png."""
 
 from __future__ import annotations
 
@@ -7,15 +8,18 @@ import json
 import os
 from pathlib import Path
 
-from plait.observe.timeline import TIMELINE_PICTURE, draw_timeline
-from plait.observe.trace import TRACE_FILE, timeline_events
-from plait.schedules.actions import Schedule
-from plait.schedules.simulate import Timeline
+from plait.layout import Layout
+from plait.observe.rank_timeline import draw_rank_timeline
+from plait.observe.rank_trace import rank_events
+from plait.observe.timeline import TIMELINE_PICTURE
+from plait.observe.trace import TRACE_FILE
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.toml"
 SUMMARY_FILE = "summary.json"
 LOSS_PICTURE = "loss.png"
+PROFILE_DIR = "profile"  # --profile-steps: torch.profiler's traces, rank{R}_step{K}.json
+TRACE_STEPS = 8  # trace.json keeps this many traced steps: eight ranks' step is about 0.5 MB of events
 
 
 def write_json_atomically(path: Path, value: object) -> None:
@@ -71,12 +75,14 @@ def draw_loss(run_dir: Path) -> Path:
     return path
 
 
-def write_pipeline_step(run_dir: Path, timeline: Timeline, schedule: Schedule, step: int, bubble: float) -> None:
-    """Draw a measured pipeline step into timeline.png and write it as trace.json."""
-    title = f"{schedule.name}, pp={schedule.pp}, m={schedule.microbatches}"
-    if schedule.virtual_stages > 1:
-        title += f", v={schedule.virtual_stages}"
-    draw_timeline(timeline, Path(run_dir) / TIMELINE_PICTURE, f"{title}: measured bubble {bubble:.1%}")
-    trace = {"traceEvents": timeline_events(timeline), "displayTimeUnit": "ms",
-             "otherData": {"measured": True, "step": step}}
+def write_run_trace(run_dir: Path, ranks: list[dict], layout: Layout, bubble: float | None) -> None:
+    """Every rank's last ``TRACE_STEPS`` traced steps into trace.json and the last one drawn into
+    timeline.png (summary.json's figures use them all)."""
+    if not any(rank["steps"] for rank in ranks):
+        return
+    ranks = [{**rank, "steps": rank["steps"][-TRACE_STEPS:]} for rank in ranks]
+    trace = {"traceEvents": rank_events(ranks), "displayTimeUnit": "ms",
+             "otherData": {"measured": True, "layout": layout.describe()}}
     write_json_atomically(Path(run_dir) / TRACE_FILE, trace)
+    title = layout.describe() + ("" if bubble is None else f": measured bubble {bubble:.1%}")
+    draw_rank_timeline(ranks, Path(run_dir) / TIMELINE_PICTURE, title, chunked=layout.virtual_stages > 1)

@@ -2,9 +2,12 @@
 
 ``model_spec``, ``global_batch`` and ``device_name`` let ``plait explain`` predict the same run.
 ``mfu`` is the model FLOP/s per rank over the device's peak from the hardware catalog
-(``plait.plan.hardware``), null on a device the catalog does not hold (any CPU). Fields whose
-measurement has not landed yet are written as null: ``comm_fraction`` (needs the span tracer). Without
-pipeline parallelism there is no bubble, so ``bubble_fraction`` is 0. ``model_state_bytes_per_rank``
+(``plait.plan.hardware``), null on a device the catalog does not hold (any CPU). ``time_split`` is
+where the traced steps' time went (``plait.observe.time_split``): compute, exposed communication
+(per group), overlapped communication, bubble and other, medians over the traced steps with their
+min and max, and per rank; ``comm_fraction`` is its exposed communication over the step time
+(median), null when no step was traced. Without pipeline parallelism there is no bubble, so
+``bubble_fraction`` is 0. ``model_state_bytes_per_rank``
 is what each rank measured it holds of parameters, gradients and optimizer state
 (``plait.observe.model_state``); ``model_state_bytes_formula`` is what the shared fact
 (``plait.facts.model_state.rank_model_states``, which the planner also uses) says it holds: one
@@ -25,6 +28,7 @@ from plait.config import RunConfig
 from plait.facts.model_state import pipeline_share, rank_model_states
 from plait.models.flops import flops_per_sequence, parameter_count
 from plait.observe.run_files import SUMMARY_FILE, write_json_atomically
+from plait.observe.time_split import run_time_split
 from plait.plan.hardware import catalog_name_of, hardware
 from plait.topology import Topology
 
@@ -74,6 +78,7 @@ def write_summary(run_dir: Path, config: RunConfig, topology: Topology, result) 
     model_flops = flops_per_sequence(config.model, recompute=layout.recompute).model
     model_tflops = model_flops * sequences_per_s / layout.world_size / 1e12
     peak = catalog_peak_tflops(topology.device, train.precision)
+    split = run_time_split(result.traces) if result.traces else None
     summary = {
         "layout": {**layout.to_dict(), "name": layout.describe()},
         "world_size": layout.world_size,
@@ -93,7 +98,9 @@ def write_summary(run_dir: Path, config: RunConfig, topology: Topology, result) 
         "model_tflops_per_rank": model_tflops,
         "bubble_fraction": result.pipeline.get("bubble_fraction", 0.0 if layout.pp == 1 else None),
         "bubble_fraction_theory": result.pipeline.get("bubble_fraction_theory", 0.0 if layout.pp == 1 else None),
-        "comm_fraction": None,
+        "comm_fraction": None if split is None else split["comm_fraction"]["median"],
+        "compute_to_sync_ratio": None if split is None else split["compute_to_sync_ratio"],
+        "time_split": split,
         "mfu": None if peak is None else model_tflops / peak,
         "peak_memory_bytes": max(per_rank),
         "peak_memory_bytes_per_rank": per_rank,

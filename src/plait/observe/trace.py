@@ -1,6 +1,7 @@
-"""trace.json: a step's timeline as Chrome/Perfetto trace events, one track per pipeline rank.
+"""A pipeline step's timeline as Chrome/Perfetto trace events, one track per pipeline rank.
 
-Pure Python (the planner writes simulated steps in the same format). Every event carries its action
+Pure Python: the planner writes simulated steps in this format; a run's trace.json
+(``plait.observe.rank_trace``) carries the same arguments on its pipeline actions. Every event carries its action
 in ``args``, so ``timeline_from_trace`` reads a measured step back for ``plait explain`` to draw
 beside the simulated one.
 """
@@ -32,13 +33,18 @@ def timeline_events(timeline: Timeline, compute_only: bool = False) -> list[dict
 
 
 def timeline_from_trace(trace: dict) -> Timeline:
-    """The per-action timeline in ``trace``'s events (those written by ``timeline_events``)."""
+    """The per-action timeline in ``trace``'s events: those ``timeline_events`` writes (one track per
+    pipeline rank), or in a run's trace.json the last traced step of one rank per pipeline stage,
+    each rank's spans from the step's first action."""
+    actions = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "kind" in e.get("args", {})]
+    if any("pp_rank" in e["args"] for e in actions):
+        last = max(e["args"]["step"] for e in actions if "pp_rank" in e["args"])
+        actions = [e for e in actions if e["args"].get("pp_rank") is not None and e["args"]["step"] == last]
+    origin = min((e["ts"] for e in actions), default=0.0)
     ranks: dict[int, list[Span]] = {}
-    for event in trace["traceEvents"]:
-        args = event.get("args", {})
-        if event.get("ph") != "X" or "kind" not in args:
-            continue
+    for event in actions:
+        args = event["args"]
         action = Action(Kind(args["kind"]), args["chunk"], args["microbatch"], args["peer"])
-        start = event["ts"] / 1e6
-        ranks.setdefault(event["tid"], []).append(Span(action, start, start + event["dur"] / 1e6))
+        start = (event["ts"] - origin) / 1e6
+        ranks.setdefault(args.get("pp_rank", event["tid"]), []).append(Span(action, start, start + event["dur"] / 1e6))
     return Timeline(tuple(tuple(sorted(ranks[r], key=lambda s: s.start)) for r in sorted(ranks)))

@@ -100,10 +100,9 @@ def chunk_views(model: nn.Module, schedule: Schedule, rank: int, split: tuple[ra
 
 @dataclass
 class PipelineMeasurement:
-    """The kept steps' measured timelines (every pp rank), the last step's index and the bubble figures."""
+    """The kept steps' measured timelines (every pp rank) and the bubble figures."""
 
     timelines: list[Timeline]
-    last_step: int
     bubble_fraction: float
     bubble_fraction_theory: float
 
@@ -128,6 +127,7 @@ class Pipeline:
         # Hidden states cross stages as sequence shards under sp (cp shards the token ids already).
         self.sequence_split = topology.size("tp") if topology.layout.sp else 1
         self.spans: deque[list[Span]] = deque(maxlen=KEPT_STEPS)  # this rank's spans, one list per step
+        self.last_step_spans: list[Span] = []  # the last step's, in time.perf_counter seconds
         self.steps_run = 0
         # plait's hooks reducing each chunk's gradients over dp once final (set by parallelize; None: none).
         self.gradient_buckets: ChunkReduction | None = None
@@ -141,6 +141,7 @@ class Pipeline:
         the mean loss of this rank's tokens, on every pp rank.
         """
         loss, record = self._execute(self.schedule, micro_batches, autocast, positions)
+        self.last_step_spans = record.spans
         origin = min((span.start for span in record.spans), default=0.0)
         self.spans.append([Span(s.action, s.start - origin, s.end - origin) for s in record.spans])
         self.steps_run += 1
@@ -192,7 +193,7 @@ class Pipeline:
         warmup_kept = self.steps_run == len(timelines) and len(timelines) > 1
         steady = timelines[1:] if warmup_kept else timelines
         measured = statistics.median(t.bubble_fraction for t in steady)
-        return PipelineMeasurement(timelines, self.steps_run - 1, measured, theoretical_bubble(self.schedule))
+        return PipelineMeasurement(timelines, measured, theoretical_bubble(self.schedule))
 
 
 class _Chunk(nn.Module):

@@ -22,6 +22,7 @@ from plait.config import RunConfig
 from plait.errors import ConfigError
 from plait.interop.hf import check_init_from
 from plait.observe.run_files import METRICS_FILE
+from plait.observe.time_split import proportions
 from plait.topology import build_topology
 from plait.train.checkpoint import latest_checkpoint
 from plait.train.checkpoint_record import resumable_checkpoint
@@ -107,14 +108,19 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     pipelined = summary["layout"]["pp"] > 1
     bubble = (f"  bubble      {summary['bubble_fraction']:.1%} measured, {summary['bubble_fraction_theory']:.1%} "
               "in theory (equal costs)\n") if pipelined else ""
+    split = summary.get("time_split")
+    where = "" if split is None else (
+        f"  time        compute : exposed communication : bubble = {proportions(split)} of the step "
+        f"(median of {len(split['traced_steps'])} traced step(s))\n")
+    traced = ", timeline.png, trace.json" if split is not None else ""
     print(
         f"plait: {summary['model']} under {summary['layout']['name']} on {summary['world_size']} rank(s), "
         f"steps {summary['first_step']}–{summary['steps'] - 1}\n"
         f"  loss        {summary['initial_loss']:.4f} → {summary['final_loss']:.4f}\n"
         f"  throughput  {summary['tokens_per_s']:,.0f} tokens/s, {summary['step_time_s'] * 1e3:.1f} ms/step (median)\n"
         f"  memory      {summary['peak_memory_bytes'] / 2**20:,.0f} MiB peak on the busiest rank\n"
-        f"{bubble}"
-        f"  files       {run_dir}/ (metrics.jsonl, summary.json, loss.png{', timeline.png, trace.json' if pipelined else ''})"
+        f"{bubble}{where}"
+        f"  files       {run_dir}/ (metrics.jsonl, summary.json, loss.png{traced})"
     )
 
 

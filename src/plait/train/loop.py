@@ -30,7 +30,8 @@ from plait.interop.hf import read_hf_state
 from plait.models.init import init_weights
 from plait.models.transformer import Transformer
 from plait.observe.model_state import ModelStateMeter
-from plait.observe.run_files import CONFIG_FILE, MetricsLog, draw_loss, write_pipeline_step
+from plait.observe.run_files import CONFIG_FILE, PROFILE_DIR, MetricsLog, draw_loss, write_run_trace
+from plait.observe.step_trace import StepTracer
 from plait.observe.summary import write_summary
 from plait.observe.tensorboard import TensorBoardLog
 from plait.parallel.context import average_over_context, context_shard
@@ -47,6 +48,11 @@ from plait.train.evaluation import split_for_evaluation
 from plait.train.optim import learning_rate, set_learning_rate
 
 MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
+Spans = Callable[..., contextlib.AbstractContextManager]  # span(name, **args): a traced compute span
+
+
+def no_spans(name: str, **args) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
 
 
 class NonFiniteLoss(RuntimeError):
@@ -63,6 +69,7 @@ class TrainResult:
     model: nn.Module | None = None
     model_state_bytes: dict[str, int] = field(default_factory=dict)
     pipeline: dict[str, float] = field(default_factory=dict)  # measured and theoretical bubble, with --pp
+    traces: list[dict] | None = None  # on rank 0: every rank's traced steps (plait.observe.step_trace)
     summary: dict | None = None
 
 
@@ -89,7 +96,7 @@ def autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractCont
 
 
 def forward_backward(parallel: Parallelized, micro_batches: MicroBatches, autocast: Callable,
-                     positions: torch.Tensor | None) -> torch.Tensor:
+                     positions: torch.Tensor | None, span: Spans = no_spans) -> torch.Tensor:
     """Accumulate the micro-batches' gradients, the data-parallel hooks reducing only with the last
     one. Returns this rank's mean loss."""
     model, optimizer, device = parallel.model, parallel.optimizer, parallel.topology.device
@@ -99,9 +106,11 @@ def forward_backward(parallel: Parallelized, micro_batches: MicroBatches, autoca
     for index, (inputs, targets) in enumerate(micro_batches):
         sync = index == count - 1
         with record_function(f"plait.microbatch.{index}"), gradient_sync(model, optimizer, sync, buckets), autocast():
-            logits = model(inputs.to(device), positions)
-            with vocab_parallel_loss(parallel.topology):
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()) / count
+            with span("forward", microbatch=index):
+                logits = model(inputs.to(device), positions)
+                with vocab_parallel_loss(parallel.topology):
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()) / count
+            with span("backward", microbatch=index), vocab_parallel_loss(parallel.topology):
                 loss.backward()
         local_loss += local_value(loss.detach())
     return local_loss
@@ -109,25 +118,28 @@ def forward_backward(parallel: Parallelized, micro_batches: MicroBatches, autoca
 
 def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: float, autocast: Callable,
                positions: torch.Tensor | None = None,
-               laid_out: Callable[[], None] = lambda: None) -> tuple[torch.Tensor, torch.Tensor]:
+               laid_out: Callable[[], None] = lambda: None, span: Spans = no_spans) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step: forward and backward, the gradients finished for the layout, clipping at
     ``grad_clip`` (0: none), the step. Returns (this rank's mean loss, global grad norm).
 
     ``autocast()`` gives the run's precision context; ``positions`` are those of the sequence slice
     this rank holds under context parallelism; ``laid_out`` is called after backward, once the
-    gradients are laid out as their parameters, before they are reduced."""
+    gradients are laid out as their parameters, before they are reduced; ``span`` times the compute
+    spans of a traced step."""
     if parallel.pipeline is not None:
         loss = parallel.pipeline.forward_backward(micro_batches, autocast, positions)
     else:
-        loss = forward_backward(parallel, micro_batches, autocast, positions)
-    finish_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction, laid_out)
-    max_norm = grad_clip if grad_clip > 0 else math.inf
-    grad_norm = clip_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction, max_norm)
-    if not torch.isfinite(grad_norm):  # the global norm, the same on every rank: all stop before stepping
+        loss = forward_backward(parallel, micro_batches, autocast, positions, span)
+    with span("gradient sync"):
+        finish_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction, laid_out)
+    with span("optimizer"):
+        max_norm = grad_clip if grad_clip > 0 else math.inf
+        grad_norm = clip_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction, max_norm)
+        if not torch.isfinite(grad_norm):  # the global norm, the same on every rank: all stop before stepping
+            parallel.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLoss(f"the gradient norm is {grad_norm.item()}")
+        parallel.optimizer.step()
         parallel.optimizer.zero_grad(set_to_none=True)
-        raise NonFiniteLoss(f"the gradient norm is {grad_norm.item()}")
-    parallel.optimizer.step()
-    parallel.optimizer.zero_grad(set_to_none=True)
     return loss, grad_norm
 
 
@@ -164,25 +176,31 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
     # A bar on a terminal; in a log file (not a terminal) a plain line every --log-every steps.
     writes_log_lines, on_terminal = topology.is_logging_rank, sys.stderr.isatty()
     progress = tqdm(steps, desc="train", unit="step", disable=not (writes_log_lines and on_terminal), dynamic_ncols=True)
+    tracer = StepTracer(topology, train_spec.trace_every, result.first_step, train_spec.steps,
+                        train_spec.profiled_steps, run_dir / PROFILE_DIR if run_dir is not None else None)
     for step in progress:
         started = time.perf_counter()
-        lr = learning_rate(step, train_spec)
-        set_learning_rate(optimizer, lr)
-        inputs, targets = source.local_batch(step, dp_rank, dp_size)
-        inputs, targets, positions = context_shard(inputs, targets, topology)
-        micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
-        try:
-            local_loss, grad_norm = train_step(parallel, micro, train_spec.grad_clip, lambda: autocast(config, device),
-                                               positions, meter.before_reduction)
-        except NonFiniteLoss as error:
-            raise NonFiniteLoss(f"step {step}: {error}, so the step was not taken and nothing of it was logged or "
-                                "saved; resume from an earlier checkpoint with a lower --lr, or check the data") from None
-        dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
-        average_over_context(local_loss, topology)
-        loss = local_loss.item()
-        if not math.isfinite(loss):  # the same global loss on every rank, so every rank stops here
-            raise NonFiniteLoss(f"step {step}: the loss is {loss}, so nothing of the step was logged or saved; resume "
-                                "from an earlier checkpoint with a lower --lr, or check the data")
+        with tracer.step(step):
+            lr = learning_rate(step, train_spec)
+            set_learning_rate(optimizer, lr)
+            inputs, targets = source.local_batch(step, dp_rank, dp_size)
+            inputs, targets, positions = context_shard(inputs, targets, topology)
+            micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
+            try:
+                local_loss, grad_norm = train_step(parallel, micro, train_spec.grad_clip,
+                                                   lambda: autocast(config, device), positions, meter.before_reduction,
+                                                   tracer.span)
+            except NonFiniteLoss as error:
+                raise NonFiniteLoss(f"step {step}: {error}, so the step was not taken and nothing of it was logged or "
+                                    "saved; resume from an earlier checkpoint with a lower --lr, or check the data") from None
+            if pipeline is not None:
+                tracer.add_actions(pipeline.last_step_spans)
+            dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
+            average_over_context(local_loss, topology)
+            loss = local_loss.item()
+            if not math.isfinite(loss):  # the same global loss on every rank, so every rank stops here
+                raise NonFiniteLoss(f"step {step}: the loss is {loss}, so nothing of the step was logged or saved; "
+                                    "resume from an earlier checkpoint with a lower --lr, or check the data")
         elapsed = time.perf_counter() - started
         result.losses.append(loss)
         result.step_times.append(elapsed)
@@ -204,11 +222,10 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
             save_checkpoint(run_dir, step + 1, model, optimizer, identity)
     progress.close()
     if pipeline is not None and result.losses:
-        measured = pipeline.measure()
-        result.pipeline = measured.figures
-        if writes and measured.timelines:
-            write_pipeline_step(run_dir, measured.timelines[-1], pipeline.schedule, measured.last_step,
-                                measured.bubble_fraction)
+        result.pipeline = pipeline.measure().figures
+    result.traces = tracer.gather()
+    if writes and result.traces:
+        write_run_trace(run_dir, result.traces, layout, result.pipeline.get("bubble_fraction"))
     if run_dir is not None:
         result.summary = write_summary(run_dir, config, topology, result)
         if writes:

@@ -1,0 +1,112 @@
+"""Where a traced step's time went, from the step records of ``plait.observe.step_trace``.
+
+Pure Python. On each rank a step splits into
+
+* bubble: the pipeline executor's send and receive spans and any wait for a pipeline send or
+  receive (a stage waiting for its neighbour);
+* exposed communication, per group: waiting for any collective or transfer, outside those spans;
+* compute: the compute spans (forward, backward, gradient sync, optimizer; pipeline actions) less
+  the waits inside them;
+* other: the rest of the step (the batch, the loss average, Python between spans) less its waits.
+
+The four add up to the step's duration; exposed communication is also given per group and op
+(``dp all_reduce``); overlapped communication (per group) is the time a transfer was in flight while
+the rank did not wait for it.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+POINT_TO_POINT = ("send", "recv")
+
+def _overlap(start: float, end: float, spans: list[dict]) -> float:
+    return sum(max(0.0, min(end, s["end"]) - max(start, s["start"])) for s in spans)
+
+
+def split_step(record: dict) -> dict:
+    """One rank's traced step as seconds of compute, exposed communication (and per group),
+    overlapped communication per group, bubble and other."""
+    transfers = record["transfers"]
+    compute = [s for s in record["spans"] if s["args"].get("compute", True)]
+    pipeline_transfers = [s for s in record["spans"] if not s["args"].get("compute", True)]
+    in_compute = waited = 0.0
+    bubble = sum(s["end"] - s["start"] for s in pipeline_transfers)
+    exposed: dict[str, float] = {}
+    by_op: dict[str, float] = {}
+    for start, end, index in record["waits"]:
+        outside = end - start - _overlap(start, end, pipeline_transfers)  # those are the bubble already
+        in_compute += _overlap(start, end, compute)
+        waited += outside
+        group, op = transfers[index]["group"], transfers[index]["op"]
+        if group == "pp" and op in POINT_TO_POINT:  # waiting for a pipeline neighbour, next to its span
+            bubble += outside
+            continue
+        exposed[group] = exposed.get(group, 0.0) + outside
+        by_op[f"{group} {op}"] = by_op.get(f"{group} {op}", 0.0) + outside
+    computing = sum(s["end"] - s["start"] for s in compute)
+    overlapped: dict[str, float] = {}
+    for transfer in transfers:
+        if transfer["completed"] is not None:
+            hidden = max(0.0, transfer["completed"] - transfer["issued"] - transfer["exposed"])
+            overlapped[transfer["group"]] = overlapped.get(transfer["group"], 0.0) + hidden
+    exposed_total = sum(exposed.values())
+    return {
+        "step_s": record["duration"],
+        "compute_s": computing - in_compute,
+        "exposed_comm_s": exposed_total,
+        "bubble_s": bubble,
+        "other_s": record["duration"] - computing - sum(s["end"] - s["start"] for s in pipeline_transfers)
+        - (waited - in_compute),
+        "exposed_comm_by_group_s": exposed,
+        "exposed_comm_by_op_s": by_op,
+        "overlapped_comm_by_group_s": overlapped,
+    }
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def run_time_split(ranks: list[dict]) -> dict | None:
+    """Medians over the traced steps (each step: the mean over ranks) with their min and max, the
+    per-rank medians, each part's share of the step (``shares``: median over the steps with its min
+    and max), ``comm_fraction`` (exposed communication's share) and the
+    compute-to-synchronisation ratio (compute / exposed communication). None without a traced step."""
+    steps = sorted({r["step"] for rank in ranks for r in rank["steps"]})
+    if not steps:
+        return None
+    splits = {step: [split_step(r) for rank in ranks for r in rank["steps"] if r["step"] == step] for step in steps}
+    scalars = ("step_s", "compute_s", "exposed_comm_s", "bubble_s", "other_s")
+    per_step = {key: [_mean([s[key] for s in splits[step]]) for step in steps] for key in scalars}
+    by_group = {}
+    for key in ("exposed_comm_by_group_s", "exposed_comm_by_op_s", "overlapped_comm_by_group_s"):
+        names = sorted({name for step in steps for s in splits[step] for name in s[key]})
+        by_group[key] = {name: statistics.median(_mean([s[key].get(name, 0.0) for s in splits[step]]) for step in steps)
+                         for name in names}
+    shares = {part: _spread([p / t for p, t in zip(per_step[f"{part}_s"], per_step["step_s"])])
+              for part in ("compute", "exposed_comm", "bubble", "other")}
+    compute, exposed = statistics.median(per_step["compute_s"]), statistics.median(per_step["exposed_comm_s"])
+    per_rank = []
+    for rank in ranks:
+        mine = [split_step(r) for r in rank["steps"]]
+        per_rank.append({"rank": rank["rank"], "name": rank["name"],
+                         **{key: statistics.median(s[key] for s in mine) for key in scalars}})
+    return {
+        "traced_steps": steps,
+        **{key: _spread(values) for key, values in per_step.items()},
+        **by_group,
+        "shares": shares,
+        "comm_fraction": shares["exposed_comm"],
+        "compute_to_sync_ratio": compute / exposed if exposed > 0 else None,
+        "per_rank": per_rank,
+    }
+
+
+def proportions(split: dict) -> str:
+    """``compute : exposed communication : bubble``, each its median share of the step."""
+    return " : ".join(f"{split['shares'][part]['median']:.0%}" for part in ("compute", "exposed_comm", "bubble"))

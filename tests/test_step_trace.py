@@ -1,0 +1,129 @@
+"""The span tracer: waits it reports follow a known delay, a step's parts add up to its measured time
+under every kind of layout, trace.json has a track per rank, and the bytes on its collectives are the
+shared analytic volumes."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from plait.facts.collectives import collective_bytes_per_layer
+from plait.facts.model_state import rank_parameters
+from plait.models.spec import model_spec
+from plait.observe.time_split import split_step
+from plait.train.launch import print_summary
+from tests.cases import layout_world_size, run_config
+from tests.trace_cases import ddp_steps_with_delay, profiled_run, traced_run
+
+DELAY_S = 0.1
+LAYOUTS = {
+    "dp2": {"dp": 2},
+    "tp2": {"tp": 2},
+    "cp2": {"cp": 2},
+    "pp2": {"pp": 2, "microbatches": 2},
+    "dp2·tp2·pp2": {"dp": 2, "tp": 2, "pp": 2, "microbatches": 2},
+}
+PARTS = ("compute_s", "exposed_comm_s", "bubble_s", "other_s")
+
+
+def test_a_delayed_collective_raises_exposed_communication_by_the_delay(pool):
+    exposed = {}
+    for delay in (0.0, DELAY_S):
+        steps = pool.run(ddp_steps_with_delay, 2, delay, 4)[0]
+        exposed[delay] = statistics.median(split_step(step)["exposed_comm_by_group_s"].get("dp", 0.0)
+                                           for step in steps)
+    assert exposed[DELAY_S] - exposed[0.0] == pytest.approx(DELAY_S, rel=0.2)
+
+
+@pytest.fixture(scope="module")
+def runs(pool, tmp_path_factory):
+    """Every rank's traced steps, each rank's step times as its loop measured them, and the trace.json
+    of a four-step run of each layout."""
+    out = {}
+    for name, layout in LAYOUTS.items():
+        run_dir = tmp_path_factory.mktemp("trace") / "run"
+        ranks = pool.run(traced_run, layout_world_size(layout), run_config("tiny", steps=4, **layout), str(run_dir))
+        step_times = [times for _, times in ranks]
+        out[name] = ranks[0][0], step_times, json.loads((run_dir / "trace.json").read_text()), run_dir
+    return out
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_compute_exposed_bubble_and_other_add_up_to_the_step_time(runs, name):
+    traces, step_times, _, _ = runs[name]
+    assert len(traces) == layout_world_size(LAYOUTS[name])
+    for rank in traces:
+        assert [record["step"] for record in rank["steps"]] == [1, 2, 3]
+        for record in rank["steps"]:
+            split = split_step(record)
+            assert all(split[part] >= 0 for part in PARTS)
+            measured = step_times[rank["rank"]][record["step"]]
+            assert sum(split[part] for part in PARTS) == pytest.approx(measured, rel=0.05)
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_trace_has_a_track_per_rank_and_collectives_with_group_op_and_bytes(runs, name):
+    traces, _, trace, run_dir = runs[name]
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert names == {rank["rank"]: rank["name"] for rank in traces}
+    assert len(set(names.values())) == len(names)
+    groups = {e["args"]["group"] for e in trace["traceEvents"] if e.get("cat") == "collective" and e["ph"] == "b"}
+    assert groups == {dim for dim in ("dp", "tp", "cp", "pp") if LAYOUTS[name].get(dim, 1) > 1}
+    assert all(e["args"]["bytes"] >= 0 and e["args"]["op"] for e in trace["traceEvents"]
+               if e.get("cat") == "collective" and e["ph"] == "b")
+    assert (run_dir / "timeline.png").stat().st_size > 10_000
+
+
+def test_closing_lines_give_compute_exposed_communication_and_bubble(runs, capsys):
+    """Each share is the median over the traced steps of the ranks' mean part over their mean step."""
+    traces, _, _, run_dir = runs["dp2·tp2·pp2"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    print_summary(summary, run_dir)
+    shares = []
+    for part in ("compute_s", "exposed_comm_s", "bubble_s"):
+        per_step = []
+        for step in (1, 2, 3):
+            splits = [split_step(r) for rank in traces for r in rank["steps"] if r["step"] == step]
+            per_step.append(sum(s[part] for s in splits) / sum(s["step_s"] for s in splits))
+        shares.append(statistics.median(per_step))
+    assert f"compute : exposed communication : bubble = {shares[0]:.0%} : {shares[1]:.0%} : {shares[2]:.0%}" in \
+        capsys.readouterr().out
+    assert summary["comm_fraction"] == pytest.approx(shares[1], rel=1e-9)
+
+
+def _issued_in(record: dict, span_names: tuple[str, ...], group: str, op: str) -> int:
+    """Bytes handed to ``group``'s ``op`` transfers issued inside the step's spans named ``span_names``."""
+    spans = [s for s in record["spans"] if s["name"] in span_names]
+    return sum(t["bytes"] for t in record["transfers"] if t["group"] == group and t["op"] == op
+               and any(s["start"] <= t["issued"] <= s["end"] for s in spans))
+
+
+def test_data_parallel_all_reduce_moves_every_gradient_once(runs):
+    """DDP's buckets, issued during backward, carry the rank's parameters' fp32 gradients."""
+    spec = model_spec("tiny", seq_len=64)
+    expected = 4 * rank_parameters(spec, spec.layers, True, True, tp=1, pp=1)
+    for rank in runs["dp2"][0]:
+        for record in rank["steps"]:
+            assert _issued_in(record, ("backward",), "dp", "all_reduce") == expected
+
+
+@pytest.mark.parametrize("layout, op", [({"cp": 2}, "all_to_all"), ({"cp": 2, "cp_algorithm": "ring"}, "send")])
+def test_context_collectives_carry_the_analytic_bytes(pool, tmp_path, layout, op):
+    """Per step: every layer's collective bytes (plait.facts.collectives); only the layers exchange over cp."""
+    traces = pool.run(traced_run, layout_world_size(layout), run_config("tiny", steps=2, **layout), str(tmp_path))[0][0]
+    spec = model_spec("tiny", seq_len=64)
+    per_layer = collective_bytes_per_layer(spec, 8, 64, **layout)[op]
+    for rank in traces:
+        record = rank["steps"][-1]
+        measured = sum(t["bytes"] for t in record["transfers"] if t["group"] == "cp" and t["op"] == op)
+        assert measured == spec.layers * per_layer
+
+
+def test_profile_steps_writes_a_torch_profiler_trace_per_rank_and_step(pool, tmp_path):
+    pool.run(profiled_run, 2, run_config("tiny", steps=3, dp=2), str(tmp_path), "1:2")
+    files = sorted(path.name for path in (tmp_path / "profile").iterdir())
+    assert files == ["rank0_step1.json", "rank0_step2.json", "rank1_step1.json", "rank1_step2.json"]
+    events = json.loads((tmp_path / "profile" / "rank1_step2.json").read_text())["traceEvents"]
+    assert any(event.get("name") == "c10d::allreduce_" for event in events)
