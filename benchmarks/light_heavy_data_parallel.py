@@ -1,6 +1,6 @@
 """Data parallelism helps a heavy model and not a light one: the tracer's figures beside the scaling.
 
-``tiny`` and a shape with 29× its FLOPs per sequence (8 layers, hidden 512) each train under dp1
+``tiny`` and a shape with 31× its FLOPs per sequence (9 layers, hidden 512) each train under dp1
 and dp2 on the same global batch, every step after the first traced. The figures: the dp2 run's exposed communication
 share (``comm_fraction``) and compute-to-synchronisation ratio, and the speed-up of dp2 over dp1
 (median step times), which the shares should explain.
@@ -27,7 +27,7 @@ from plait.observe.time_split import run_time_split
 from plait.topology import build_topology
 from plait.train.loop import train
 
-SHAPES = {"tiny": {}, "heavy (8 layers, hidden 512)": {"layers": 8, "hidden": 512, "ffn_hidden": 2048, "heads": 8,
+SHAPES = {"tiny": {}, "heavy (9 layers, hidden 512)": {"layers": 9, "hidden": 512, "ffn_hidden": 2048, "heads": 8,
                                                         "kv_heads": 8}}
 
 
