@@ -11,6 +11,7 @@ from plait.cli import main
 from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.spec import model_spec
+from plait.observe.bottleneck import bottleneck
 from plait.observe.explain import explain
 from plait.observe.trace import timeline_from_trace
 from plait.plan.hardware import hardware
@@ -99,10 +100,27 @@ def test_a_data_parallel_run_is_explained_with_where_its_time_went(dp_run_dir, p
     measured = {quantity: value for quantity, _, value, _ in explanation.rows()}
     assert measured["compute"] == split["compute_s"]["median"]
     assert measured["exposed dp communication"] == split["exposed_comm_by_group_s"]["dp"] > 0
-    parts = {"compute": split["compute_s"]["median"], "other time": split["other_s"]["median"],
-             **{f"exposed {op}": seconds for op, seconds in split["exposed_comm_by_op_s"].items()}}
-    largest = max(parts, key=parts.get)
     report = explanation.report()
-    assert f"bottleneck: {largest} is {parts[largest] / split['step_s']['median']:.0%} of the step" in report
+    assert f"bottleneck: {bottleneck(split)}" in report
     assert "the planner" in report
     assert explanation.draw() is None  # the measured-beside-simulated picture is of pipeline schedules
+
+
+def _split(compute: float, exposed: dict[str, float], bubble: float = 0.0, other: float = 0.0) -> dict:
+    """A time split as plait.observe.time_split writes it, of one traced step."""
+    step = compute + sum(exposed.values()) + bubble + other
+    median = lambda value: {"median": value, "min": value, "max": value}  # noqa: E731
+    return {"step_s": median(step), "compute_s": median(compute), "bubble_s": median(bubble),
+            "other_s": median(other), "exposed_comm_by_op_s": exposed}
+
+
+@pytest.mark.parametrize(("split", "named"), [
+    (_split(0.030, {"dp all_reduce": 0.060}), "exposed dp all_reduce is 67% of the step: the model is too light"),
+    (_split(1.000, {"dp all_reduce": 0.050}, other=0.02), "compute is 93% of the step: the run is compute-bound"),
+    (_split(1.000, {"tp all_reduce": 0.1, "dp all_reduce": 0.3}), "exposed dp all_reduce is 21% of the step"),
+    (_split(1.000, {"pp send": 0.05}, bubble=0.5), "the pipeline bubble is 32% of the step: more micro-batches"),
+])
+def test_the_bottleneck_is_what_holds_the_step_above_its_compute(split, named):
+    """The largest exposed part if it is a tenth of the step or more, else compute: a light model's
+    exposed all-reduce is named even though compute is larger, a heavy model is compute-bound."""
+    assert bottleneck(split).startswith(named), bottleneck(split)

@@ -1,5 +1,5 @@
-"""The bottleneck of a measured run in one sentence: the largest part of its median traced step
-(``plait.observe.time_split``), and what would cut it. Pure Python."""
+"""The bottleneck of a measured run in one sentence: what holds its median traced step above its
+compute (``plait.observe.time_split``), and what would cut it. Pure Python."""
 
 from __future__ import annotations
 
@@ -17,14 +17,21 @@ REMEDIES = {
 }
 
 
+# An overhead (exposed communication, bubble, other) this large a share of the step is what to cut
+# first; below it, the run is bound by its compute.
+WORTH_NAMING = 0.10
+
+
 def bottleneck(split: dict) -> str:
-    """One sentence naming the largest part of the median step (compute, one group's exposed op,
-    the bubble or other) and what would cut it."""
+    """One sentence naming what holds the median step above its compute (one group's exposed op,
+    the bubble or other time, the largest of them if it is at least ``WORTH_NAMING`` of the step;
+    otherwise compute itself) and what would cut it."""
     step = split["step_s"]["median"]
-    parts = {"compute": split["compute_s"]["median"], "bubble": split["bubble_s"]["median"],
-             "other": split["other_s"]["median"]}
-    parts |= {f"exposed {name}": seconds for name, seconds in split["exposed_comm_by_op_s"].items()}
-    name = max(parts, key=parts.get)
+    overheads = {"bubble": split["bubble_s"]["median"], "other": split["other_s"]["median"]}
+    overheads |= {f"exposed {name}": seconds for name, seconds in split["exposed_comm_by_op_s"].items()}
+    name = max(overheads, key=overheads.get)
+    if overheads[name] < WORTH_NAMING * step:
+        return f"compute is {split['compute_s']['median'] / step:.0%} of the step: {REMEDIES['compute']}"
     group = name.split()[1].split("_")[0] if name.startswith("exposed ") else name
     subject = {"bubble": "the pipeline bubble", "other": "other time"}.get(name, name)
-    return f"{subject} is {parts[name] / step:.0%} of the step: {REMEDIES[group]}"
+    return f"{subject} is {overheads[name] / step:.0%} of the step: {REMEDIES[group]}"
