@@ -199,7 +199,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                        help="trace the step after the first and every K-th after it: compute spans, every collective "
                             f"and the waits, into trace.json and summary.json (default {defaults.trace_every})")
     group.add_argument("--profile-steps", metavar="A:B",
-                       help="write torch.profiler traces of steps A to B on every rank into RUN/profile/")
+                       help="write torch.profiler traces of steps A to B on every rank into RUN/profile/ (default: none)")
 
 
 def _section(values: dict, key: str, allowed: tuple[str, ...], path: str) -> dict:
