@@ -89,3 +89,10 @@ def test_another_runs_checkpoint_is_refused_unless_asked(trained):
     assert refused.stderr.count("\n") == 1 and "another seed" in refused.stderr and "--resume-changed" in refused.stderr
     accepted = _train(run_dir, "--resume", "--steps", "3", "--seed", "7", "--resume-changed")
     assert accepted.returncode == 0, accepted.stderr[-2000:]
+
+
+def test_a_finished_run_asks_for_more_steps(trained):
+    run_dir, _ = trained
+    refused = _train(run_dir, "--resume")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "has already taken 2 steps; pass a larger --steps than 2" in refused.stderr

@@ -131,6 +131,11 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
                   if not p.name.endswith((PARTIAL, DAMAGED)) and (p / STEP_FILE).exists())
 
 
+def checkpoint_step(path: Path) -> int:
+    """The optimizer steps the checkpoint at ``path`` holds."""
+    return json.loads((Path(path) / STEP_FILE).read_text())["step"]
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of ``run_dir``, or None."""
     complete = complete_checkpoints(run_dir)
@@ -187,4 +192,4 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
                    optim_state_dict={**state["optimizer"], **kept}, options=OPTIONS)
     if masters:
         optimizer.parameters_from_masters()
-    return json.loads((Path(path) / STEP_FILE).read_text())["step"]
+    return checkpoint_step(path)

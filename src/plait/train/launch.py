@@ -23,7 +23,7 @@ from plait.config import RunConfig
 from plait.errors import ConfigError
 from plait.observe.run_files import METRICS_FILE
 from plait.topology import build_topology
-from plait.train.checkpoint import latest_checkpoint
+from plait.train.checkpoint import checkpoint_step
 from plait.train.checkpoint_record import resumable_checkpoint
 from plait.train.data import check_data
 from plait.train.loop import NonFiniteLoss, train
@@ -41,8 +41,9 @@ def inside_torchrun() -> bool:
 
 
 def prepare_run_dir(config: RunConfig) -> tuple[Path, Path | None]:
-    """Resolve and create the run directory, refusing to overwrite a finished or resumable run; with
-    --resume, also the checkpoint to continue (checked whole and this run's)."""
+    """Resolve and create the run directory, refusing to overwrite a started run; with --resume, also
+    the checkpoint to continue (checked whole and this run's), or None: a run directory with no whole
+    checkpoint (killed before its first, or new) starts from step 0, so no directory is ever locked."""
     train_spec = config.train
     if train_spec.run_dir is None:
         if train_spec.resume:
@@ -50,16 +51,28 @@ def prepare_run_dir(config: RunConfig) -> tuple[Path, Path | None]:
         run_dir = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     else:
         run_dir = Path(train_spec.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} is a file, not a directory; choose another --run-dir")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"--run-dir {run_dir} cannot be created ({error.strerror}); choose a --run-dir you can "
+                          "write to") from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"--run-dir {run_dir} is not writable; make it writable or choose another --run-dir")
     checkpoint = None
     if train_spec.resume:
-        if latest_checkpoint(run_dir) is None:
-            raise ConfigError(f"{run_dir} holds no complete checkpoint to resume from; drop --resume to start afresh")
         checkpoint = resumable_checkpoint(run_dir, config)  # whole, this run's, read without running anything
+        if checkpoint is None:
+            print(f"plait: {run_dir} holds no complete checkpoint; the run starts from step 0", flush=True)
+        elif checkpoint_step(checkpoint) >= train_spec.steps:
+            raise ConfigError(f"{checkpoint} has already taken {checkpoint_step(checkpoint)} steps; pass a larger "
+                              f"--steps than {train_spec.steps} to train the run further")
     elif (run_dir / METRICS_FILE).exists():
         raise ConfigError(
-            f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir"
+            f"{run_dir} already holds a run; pass --resume to continue it (from its newest complete checkpoint, "
+            "or from step 0 if it has none) or choose another --run-dir"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir, checkpoint
 
 
@@ -68,18 +81,19 @@ def agreed_checkpoint(config: RunConfig, run_dir: Path) -> Path | None:
     torchrun plait did not start, rank 0 checks it the same way and tells the others."""
     if not config.train.resume:
         return None
-    if RESUME_ENV in os.environ:
-        return Path(os.environ[RESUME_ENV])
-    choice: list[str | None] = [None, None]  # the checkpoint, or why there is none
+    if RESUME_ENV in os.environ:  # empty: the launcher found none, so the run starts from step 0
+        return Path(os.environ[RESUME_ENV]) if os.environ[RESUME_ENV] else None
+    choice: list[str | None] = [None, None]  # the checkpoint (None: start from step 0), or why it cannot resume
     if dist.get_rank() == 0:
         try:
-            choice[0] = str(resumable_checkpoint(run_dir, config))
+            checkpoint = resumable_checkpoint(run_dir, config)
+            choice[0] = None if checkpoint is None else str(checkpoint)
         except ConfigError as error:
             choice[1] = str(error)
     dist.broadcast_object_list(choice, src=0)
     if choice[1] is not None:
         raise ConfigError(choice[1])
-    return Path(choice[0])
+    return None if choice[0] is None else Path(choice[0])
 
 
 def check_devices(config: RunConfig) -> None:
@@ -172,14 +186,14 @@ def launch(config: RunConfig, argv: list[str]) -> int:
     device = f"{world} GPU(s), NCCL" if torch.cuda.is_available() else f"{world} CPU process(es), gloo"
     print(f"plait: training {config.model_name or 'a custom model'} under {config.layout.describe()} on {device}, "
           f"{config.train.precision}; files in {run_dir}/", flush=True)
+    checked = {RESUME_ENV: "" if checkpoint is None else str(checkpoint)} if config.train.resume else {}
     if world == 1:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", **checked)
         return run_worker(config, run_dir, checkpoint)
     threads = max(1, (os.cpu_count() or 1) // world)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
         "-m", "plait", "train", *argv, "--run-dir", str(run_dir),
     ]
-    checked = {RESUME_ENV: str(checkpoint)} if checkpoint is not None else {}
     completed = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(threads), **checked})
     return completed.returncode
