@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 
 from plait.errors import ConfigError
 
@@ -140,6 +141,16 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of ``run_dir``, or None."""
     complete = complete_checkpoints(run_dir)
     return complete[-1] if complete else None
+
+
+def weights_are_finite(model: nn.Module) -> bool:
+    """Collective over every rank: whether all parameters (each rank's own shards) are finite. A step
+    whose loss and gradient norm were finite can still overflow the weights (a huge learning rate)."""
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
+    finite = torch.tensor([float(all(bool(torch.isfinite(p).all()) for p in local))],
+                          device=local[0].device if local else None)
+    dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    return bool(finite.item())
 
 
 def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
