@@ -54,6 +54,12 @@ def test_a_pickle_payload_in_metadata_runs_nothing(trained, tmp_path):
     assert refused.stderr.count("\n") == 1 and "is not checkpoint metadata" in refused.stderr, refused.stderr
     assert not marker.exists()
     assert newest.is_dir()  # refused, not set aside: whole files that are not metadata are no accident
+    advised = f"rename it to {newest.name}.damaged to resume from the one before"
+    assert advised in refused.stderr
+    newest.rename(newest.with_name(f"{newest.name}.damaged"))  # the way out the message offers works
+    resumed = _train(run_dir, "--resume", "--steps", "3")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "steps 1–2" in resumed.stdout and not marker.exists()
 
 
 def test_a_torchrun_plait_did_not_start_checks_the_checkpoint_too(tmp_path):

@@ -107,8 +107,9 @@ def checkpoint_metadata(path: Path) -> dcp_metadata.Metadata:
     try:
         return SafeReader(str(path)).read_metadata()
     except Exception as error:  # the file is untrusted input: whatever it makes the unpickler raise
-        raise ConfigError(f"{path} is not a readable checkpoint ({type(error).__name__}: {error}); set it aside "
-                          "(rename it) to resume from the one before, or drop --resume to start afresh") from None
+        raise ConfigError(f"{path} is not a readable checkpoint ({type(error).__name__}: {error}); rename it to "
+                          f"{Path(path).name}{DAMAGED} to resume from the one before, or choose another --run-dir to "
+                          "start afresh") from None
 
 
 def crc32_of(path: Path) -> int:
@@ -196,8 +197,8 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     try:
         dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafeLoadPlanner())
     except CheckpointException as error:  # e.g. an entry that is not plain data, refused by weights_only
-        raise ConfigError(f"{path} could not be loaded as data ({str(error).splitlines()[0][:200]}); set it aside "
-                          "(rename it) to resume from the one before") from None
+        raise ConfigError(f"{path} could not be loaded as data ({str(error).splitlines()[0][:200]}); rename it to "
+                          f"{Path(path).name}{DAMAGED} to resume from the one before") from None
     # A parameter with a master keeps its own tensor here and is then rounded from the loaded master.
     set_state_dict(model, optimizer, model_state_dict={**state["model"], **{name: model_state[name] for name in masters}},
                    optim_state_dict={**state["optimizer"], **kept}, options=OPTIONS)
