@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import resource
 import subprocess
 import sys
 
@@ -102,3 +103,22 @@ def test_a_finished_run_asks_for_more_steps(trained):
     refused = _train(run_dir, "--resume")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
     assert "has already taken 2 steps; pass a larger --steps than 2" in refused.stderr
+
+
+def _no_file_over_300_kib() -> None:
+    """What a full disk does to a writer, for this process and its children: a write past it fails."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (300 * 1024, 300 * 1024))
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_in_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    completed = subprocess.run([sys.executable, "-m", "plait", "train", "--dp", "1", "--steps", "3", "--global-batch",
+                                "4", "--checkpoint-every", "1", "--run-dir", str(run_dir)],
+                               capture_output=True, text=True, timeout=300, preexec_fn=_no_file_over_300_kib)
+    assert completed.returncode == 1
+    assert "Traceback" not in completed.stderr, completed.stderr[-2000:]
+    errors = [line for line in completed.stderr.splitlines() if line.startswith("plait:")]
+    assert len(errors) == 1 and "the checkpoint of step 1 could not be written" in errors[0], completed.stderr[-2000:]
+    assert "File too large" in errors[0] and "then pass --resume" in errors[0]
+    assert not list((run_dir / "checkpoints").iterdir())  # the unfinished folder is gone, nothing else was there
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0]

@@ -168,7 +168,11 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
     # The fp32 masters stand for their bf16 parameters, so every layout resumes at full precision.
     model_state.update(master_weights(model, optimizer))
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
+    try:
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
+    except CheckpointException as error:  # DCP raises it on every rank alike, so every rank stops here
+        rank, (cause, _) = next(iter(error.failures.items()))
+        raise _not_written(step, partial, f"rank {rank}: {_in_words(cause)}") from None
     mine = {p.name: crc32_of(p) for p in partial.glob(f"__{dist.get_rank()}_*")}
     shards: list[dict | None] = [None] * dist.get_world_size()
     dist.all_gather_object(shards, mine)
@@ -176,11 +180,36 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
         files = {name: crc for rank in shards for name, crc in rank.items()}
         files[METADATA_FILE] = crc32_of(partial / METADATA_FILE)
         record = json.dumps({**identity, "step": step, "files": files}, indent=1) + "\n"
-        (partial / RUN_FILE).write_text(record)
-        (partial / STEP_FILE).write_text(json.dumps({"step": step}) + "\n")
+        try:
+            (partial / RUN_FILE).write_text(record)
+            (partial / STEP_FILE).write_text(json.dumps({"step": step}) + "\n")
+        except OSError as error:  # the other ranks wait at the barrier below until the launcher ends them
+            raise _not_written(step, partial, f"rank 0: {_in_words(error)}") from None
         os.replace(partial, final)
     dist.barrier()
     return final
+
+
+class CheckpointNotWritten(RuntimeError):
+    """A checkpoint could not be written (a full disk, a quota, permissions): the run stops and the
+    last complete checkpoint stays."""
+
+
+def _not_written(step: int, partial: Path, cause: str) -> CheckpointNotWritten:
+    """The error to stop on, once rank 0 has removed the unfinished folder (freeing what it took)."""
+    if dist.get_rank() == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+    free = shutil.disk_usage(next(folder for folder in partial.parents if folder.exists())).free
+    return CheckpointNotWritten(f"the checkpoint of step {step} could not be written to {partial.parent} ({cause}; "
+                                f"{free / 2**20:,.0f} MiB free there); the last complete checkpoint is kept: free "
+                                "space or fix the permissions, then pass --resume")
+
+
+def _in_words(error: BaseException) -> str:
+    """An error as one phrase: an OSError's own words ("No space left on device"), else its first line."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:

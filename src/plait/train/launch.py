@@ -23,7 +23,7 @@ from plait.config import RunConfig
 from plait.errors import ConfigError
 from plait.observe.run_files import METRICS_FILE
 from plait.topology import build_topology
-from plait.train.checkpoint import checkpoint_step
+from plait.train.checkpoint import CheckpointNotWritten, checkpoint_step
 from plait.train.checkpoint_record import resumable_checkpoint
 from plait.train.data import check_data
 from plait.train.loop import NonFiniteLoss, train
@@ -155,7 +155,7 @@ def run_worker(config: RunConfig, run_dir: Path, resume_from: Path | None = None
         if summary is not None:
             print_summary(summary, run_dir)
         dist.barrier()  # every rank past its last collective before any tears its groups down
-    except NonFiniteLoss as error:
+    except (NonFiniteLoss, CheckpointNotWritten) as error:
         if dist.get_rank() == 0:
             print(f"plait: error: {error}", file=sys.stderr, flush=True)
         return 1
