@@ -85,6 +85,7 @@ def test_a_truncated_shard_falls_back_to_the_checkpoint_before(trained):
     resumed = _train(run_dir, "--resume", "--steps", "3")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"{newest.name} is damaged ({shard.name} does not match its checksum)" in resumed.stdout
+    assert f"resuming from {older.name}" in resumed.stdout
     assert "steps 1–2" in resumed.stdout  # resumed after step 1, from the older checkpoint
     assert (run_dir / "checkpoints" / f"{newest.name}.damaged").is_dir()  # set aside, not deleted
 

@@ -81,8 +81,7 @@ def resumable_checkpoint(run_dir: Path, config: RunConfig) -> Path | None:
         aside = next(path for n in range(1, 1000)
                      if not (path := checkpoint.with_name(checkpoint.name + (f".{n}" if n > 1 else "") + DAMAGED)).exists())
         os.replace(checkpoint, aside)
-        print(f"plait: {checkpoint.name} is damaged ({problem}); set aside as {aside.name}, resuming from an "
-              "earlier checkpoint", flush=True)
+        print(f"plait: {checkpoint.name} is damaged ({problem}); set aside as {aside.name}", flush=True)
     else:
         return None
     checkpoint_metadata(checkpoint)  # whole files that are not metadata are refused, not set aside

@@ -68,6 +68,8 @@ def prepare_run_dir(config: RunConfig) -> tuple[Path, Path | None]:
         elif checkpoint_step(checkpoint) >= train_spec.steps:
             raise ConfigError(f"{checkpoint} has already taken {checkpoint_step(checkpoint)} steps; pass a larger "
                               f"--steps than {train_spec.steps} to train the run further")
+        else:
+            print(f"plait: resuming from {checkpoint.name}", flush=True)
     elif (run_dir / METRICS_FILE).exists():
         raise ConfigError(
             f"{run_dir} already holds a run; pass --resume to continue it (from its newest complete checkpoint, "
