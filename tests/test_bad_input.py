@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -68,7 +69,11 @@ BAD_INPUTS = {
     "unknown flag": (["--dpp", "2"], "unrecognized arguments"),
     "unknown precision": (["--precision", "fp8"], "invalid choice"),
     "overwriting a finished run": (["--run-dir", "{finished_run}"], "already holds a run"),
-    "resume without checkpoint": (["--run-dir", "{finished_run}", "--resume"], "no complete checkpoint"),
+    "run dir that is a file": (["--dp", "1", "--run-dir", "{empty}"], "is a file, not a directory"),
+    "run dir inside a file": (["--dp", "1", "--run-dir", "{empty}/run"], "cannot be created (Not a directory)"),
+    "absurd global batch": (["--global-batch", str(2**40)], "more than plait draws per step"),
+    "not-a-number learning rate": (["--lr", "nan"], "lr must be a finite number"),
+    "dry run with a bad flag": (["--dry-run", "--lr", "inf"], "lr must be a finite number"),
     "resume without run dir": (["--resume"], "--resume needs --run-dir"),
     "batch the default layout cannot split": (["--global-batch", "2"], "with the default layout dp2·tp2·pp2"),
     "PowerSGD over ZeRO-2's reduce-scatter": (["--dp", "2", "--zero", "2", "--grad-compression", "powersgd"],
@@ -93,15 +98,26 @@ def test_bad_input_is_one_clear_line(case, files, capsys, monkeypatch, tmp_path)
     monkeypatch.chdir(tmp_path)  # a default run dir would appear here if anything started
     flags, expected = BAD_INPUTS[case]
     argv = ["train", "--steps", "2", *[flag.format(**files) for flag in flags]]
+    saved = _contents(tmp_path)
     assert_refused_in_one_line(argv, expected, capsys, tmp_path)
-    assert (tmp_path / "finished_run" / "metrics.jsonl").read_text() == '{"step": 0, "loss": 5.0}\n'
+    assert _contents(tmp_path) == saved  # nothing already there was changed, and nothing was added
 
 
-def test_command_line_reports_bad_input_without_starting_workers(tmp_path):
-    completed = subprocess.run(
-        [sys.executable, "-m", "plait", "train", "--dp", "2", "--global-batch", "5"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )
+def _contents(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` with its bytes (None for a folder)."""
+    return {str(path): path.read_bytes() if path.is_file() else None for path in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("flags, expected", [(["--dp", "2", "--global-batch", "5"], "not divisible"),
+                                             (["--dry-run", "--lr", "inf"], "lr must be a finite number")])
+def test_command_line_reports_bad_input_without_starting_workers(tmp_path, flags, expected):
+    """Refused before torch is imported: well under a second of CPU time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    completed = subprocess.run([sys.executable, "-m", "plait", "train", *flags],
+                               cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert completed.returncode == 2
-    assert completed.stderr.strip().count("\n") == 0 and "not divisible" in completed.stderr
+    assert completed.stderr.strip().count("\n") == 0 and expected in completed.stderr
     assert "torch.distributed.run" not in completed.stderr and not (tmp_path / "runs").exists()
+    cpu_seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu_seconds <= 1.0, f"{cpu_seconds:.2f} s of CPU to refuse a bad flag"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import resource
 import subprocess
 import sys
 
@@ -54,6 +55,12 @@ def test_a_pickle_payload_in_metadata_runs_nothing(trained, tmp_path):
     assert refused.stderr.count("\n") == 1 and "is not checkpoint metadata" in refused.stderr, refused.stderr
     assert not marker.exists()
     assert newest.is_dir()  # refused, not set aside: whole files that are not metadata are no accident
+    advised = f"rename it to {newest.name}.damaged to resume from the one before"
+    assert advised in refused.stderr
+    newest.rename(newest.with_name(f"{newest.name}.damaged"))  # the way out the message offers works
+    resumed = _train(run_dir, "--resume", "--steps", "3")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "steps 1–2" in resumed.stdout and not marker.exists()
 
 
 def test_a_torchrun_plait_did_not_start_checks_the_checkpoint_too(tmp_path):
@@ -78,6 +85,7 @@ def test_a_truncated_shard_falls_back_to_the_checkpoint_before(trained):
     resumed = _train(run_dir, "--resume", "--steps", "3")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"{newest.name} is damaged ({shard.name} does not match its checksum)" in resumed.stdout
+    assert f"resuming from {older.name}" in resumed.stdout
     assert "steps 1–2" in resumed.stdout  # resumed after step 1, from the older checkpoint
     assert (run_dir / "checkpoints" / f"{newest.name}.damaged").is_dir()  # set aside, not deleted
 
@@ -89,3 +97,29 @@ def test_another_runs_checkpoint_is_refused_unless_asked(trained):
     assert refused.stderr.count("\n") == 1 and "another seed" in refused.stderr and "--resume-changed" in refused.stderr
     accepted = _train(run_dir, "--resume", "--steps", "3", "--seed", "7", "--resume-changed")
     assert accepted.returncode == 0, accepted.stderr[-2000:]
+
+
+def test_a_finished_run_asks_for_more_steps(trained):
+    run_dir, _ = trained
+    refused = _train(run_dir, "--resume")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "has already taken 2 steps; pass a larger --steps than 2" in refused.stderr
+
+
+def _no_file_over_300_kib() -> None:
+    """What a full disk does to a writer, for this process and its children: a write past it fails."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (300 * 1024, 300 * 1024))
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_in_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    completed = subprocess.run([sys.executable, "-m", "plait", "train", "--dp", "1", "--steps", "3", "--global-batch",
+                                "4", "--checkpoint-every", "1", "--run-dir", str(run_dir)],
+                               capture_output=True, text=True, timeout=300, preexec_fn=_no_file_over_300_kib)
+    assert completed.returncode == 1
+    assert "Traceback" not in completed.stderr, completed.stderr[-2000:]
+    errors = [line for line in completed.stderr.splitlines() if line.startswith("plait:")]
+    assert len(errors) == 1 and "the checkpoint of step 1 could not be written" in errors[0], completed.stderr[-2000:]
+    assert "File too large" in errors[0] and "then pass --resume" in errors[0]
+    assert not list((run_dir / "checkpoints").iterdir())  # the unfinished folder is gone, nothing else was there
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0]

@@ -142,8 +142,9 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     if args.ranks is not None and not args.auto:
         raise ConfigError("--ranks sets how many ranks --auto plans for; add --auto, or give the layout "
                           "(--dp, --tp, --cp, --pp) whose product is the rank count")
+    config = None if args.auto else config_from_args(args)  # checked before prediction_hardware imports torch
     hw = prediction_hardware(args) if (args.dry_run or args.auto) else None
-    config = auto_config(args, hw) if args.auto else config_from_args(args)
+    config = auto_config(args, hw) if args.auto else config
     if args.dry_run:
         from plait.interop.hf import check_init_from
         from plait.train.data import check_data

@@ -71,10 +71,18 @@ def pipeline_problems(spec: ModelSpec, layout: Layout) -> list[str]:
             + split_problems(spec, layout.pp, layout.virtual_stages, layout.stage_layers))
 
 
+# Sequences per step: 500 times the largest published runs' (about 2,000), yet small enough that
+# drawing a step's batch never exhausts a rank's memory.
+MAX_GLOBAL_BATCH = 2**20
+
+
 def batch_problems(layout: Layout, global_batch: int) -> list[str]:
     per_rank = layout.dp * layout.microbatches
     if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
         return [f"global batch must be a positive number of sequences, got {global_batch!r}"]
+    if global_batch > MAX_GLOBAL_BATCH:
+        return [f"global batch {global_batch:,} sequences is more than plait draws per step ({MAX_GLOBAL_BATCH:,}); "
+                "choose a smaller --global-batch"]
     if global_batch % per_rank:
         return [f"global batch {global_batch} is not divisible by dp × microbatches = {per_rank}; "
                 f"choose a global batch that is a multiple of {per_rank}"]

@@ -33,7 +33,13 @@ def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in lines[:-1]]
+    try:
+        rows += [json.loads(line) for line in lines[-1:]]
+    except ValueError:  # a run killed mid-line: the step it was writing is not kept, and is run again
+        pass
+    return rows
 
 
 class MetricsLog:
@@ -47,7 +53,7 @@ class MetricsLog:
 
     def append(self, row: dict) -> None:
         with self.path.open("a") as file:
-            file.write(json.dumps(row) + "\n")
+            file.write(json.dumps(row, allow_nan=False) + "\n")  # strict JSON: the loop stops on NaN first
 
 
 def draw_loss(run_dir: Path) -> Path:

@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 
 from plait.errors import ConfigError
 
@@ -106,8 +107,9 @@ def checkpoint_metadata(path: Path) -> dcp_metadata.Metadata:
     try:
         return SafeReader(str(path)).read_metadata()
     except Exception as error:  # the file is untrusted input: whatever it makes the unpickler raise
-        raise ConfigError(f"{path} is not a readable checkpoint ({type(error).__name__}: {error}); set it aside "
-                          "(rename it) to resume from the one before, or drop --resume to start afresh") from None
+        raise ConfigError(f"{path} is not a readable checkpoint ({type(error).__name__}: {error}); rename it to "
+                          f"{Path(path).name}{DAMAGED} to resume from the one before, or choose another --run-dir to "
+                          "start afresh") from None
 
 
 def crc32_of(path: Path) -> int:
@@ -131,10 +133,25 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
                   if not p.name.endswith((PARTIAL, DAMAGED)) and (p / STEP_FILE).exists())
 
 
+def checkpoint_step(path: Path) -> int:
+    """The optimizer steps the checkpoint at ``path`` holds."""
+    return json.loads((Path(path) / STEP_FILE).read_text())["step"]
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of ``run_dir``, or None."""
     complete = complete_checkpoints(run_dir)
     return complete[-1] if complete else None
+
+
+def weights_are_finite(model: nn.Module) -> bool:
+    """Collective over every rank: whether all parameters (each rank's own shards) are finite. A step
+    whose loss and gradient norm were finite can still overflow the weights (a huge learning rate)."""
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
+    finite = torch.tensor([float(all(bool(torch.isfinite(p).all()) for p in local))],
+                          device=local[0].device if local else None)
+    dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    return bool(finite.item())
 
 
 def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -151,7 +168,11 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
     # The fp32 masters stand for their bf16 parameters, so every layout resumes at full precision.
     model_state.update(master_weights(model, optimizer))
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
+    try:
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
+    except CheckpointException as error:  # DCP raises it on every rank alike, so every rank stops here
+        rank, (cause, _) = next(iter(error.failures.items()))
+        raise _not_written(step, partial, f"rank {rank}: {_in_words(cause)}") from None
     mine = {p.name: crc32_of(p) for p in partial.glob(f"__{dist.get_rank()}_*")}
     shards: list[dict | None] = [None] * dist.get_world_size()
     dist.all_gather_object(shards, mine)
@@ -159,11 +180,36 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
         files = {name: crc for rank in shards for name, crc in rank.items()}
         files[METADATA_FILE] = crc32_of(partial / METADATA_FILE)
         record = json.dumps({**identity, "step": step, "files": files}, indent=1) + "\n"
-        (partial / RUN_FILE).write_text(record)
-        (partial / STEP_FILE).write_text(json.dumps({"step": step}) + "\n")
+        try:
+            (partial / RUN_FILE).write_text(record)
+            (partial / STEP_FILE).write_text(json.dumps({"step": step}) + "\n")
+        except OSError as error:  # the other ranks wait at the barrier below until the launcher ends them
+            raise _not_written(step, partial, f"rank 0: {_in_words(error)}") from None
         os.replace(partial, final)
     dist.barrier()
     return final
+
+
+class CheckpointNotWritten(RuntimeError):
+    """A checkpoint could not be written (a full disk, a quota, permissions): the run stops and the
+    last complete checkpoint stays."""
+
+
+def _not_written(step: int, partial: Path, cause: str) -> CheckpointNotWritten:
+    """The error to stop on, once rank 0 has removed the unfinished folder (freeing what it took)."""
+    if dist.get_rank() == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+    free = shutil.disk_usage(next(folder for folder in partial.parents if folder.exists())).free
+    return CheckpointNotWritten(f"the checkpoint of step {step} could not be written to {partial.parent} ({cause}; "
+                                f"{free / 2**20:,.0f} MiB free there); the last complete checkpoint is kept: free "
+                                "space or fix the permissions, then pass --resume")
+
+
+def _in_words(error: BaseException) -> str:
+    """An error as one phrase: an OSError's own words ("No space left on device"), else its first line."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -180,11 +226,11 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
     try:
         dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafeLoadPlanner())
     except CheckpointException as error:  # e.g. an entry that is not plain data, refused by weights_only
-        raise ConfigError(f"{path} could not be loaded as data ({str(error).splitlines()[0][:200]}); set it aside "
-                          "(rename it) to resume from the one before") from None
+        raise ConfigError(f"{path} could not be loaded as data ({str(error).splitlines()[0][:200]}); rename it to "
+                          f"{Path(path).name}{DAMAGED} to resume from the one before") from None
     # A parameter with a master keeps its own tensor here and is then rounded from the loaded master.
     set_state_dict(model, optimizer, model_state_dict={**state["model"], **{name: model_state[name] for name in masters}},
                    optim_state_dict={**state["optimizer"], **kept}, options=OPTIONS)
     if masters:
         optimizer.parameters_from_masters()
-    return json.loads((Path(path) / STEP_FILE).read_text())["step"]
+    return checkpoint_step(path)

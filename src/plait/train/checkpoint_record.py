@@ -4,9 +4,9 @@
 seed, data and its size, global batch, layout, plait version), the step and a CRC-32 of every
 file. Before any worker starts, ``--resume`` checks the newest checkpoint against it: a damaged
 one (a file missing or changed) is set aside (renamed ``.damaged``; nothing is deleted) and the one
-before it is used, saying so; a whole one whose metadata is not metadata, or a checkpoint of
-another run (other model, seed, data or batch), is refused in one line (the latter unless
-``--resume-changed``).
+before it is used, saying so; with none left the run starts again from step 0. A whole one whose
+metadata is not metadata, or a checkpoint of another run (other model, seed, data or batch), is
+refused in one line (the latter unless ``--resume-changed``).
 """
 
 from __future__ import annotations
@@ -70,9 +70,10 @@ def changes(folder: Path, config: RunConfig) -> list[str]:
     return [field for field in SAME_RUN if record.get(field) != now[field]]
 
 
-def resumable_checkpoint(run_dir: Path, config: RunConfig) -> Path:
+def resumable_checkpoint(run_dir: Path, config: RunConfig) -> Path | None:
     """The newest whole checkpoint of ``run_dir`` that belongs to this run; damaged newer ones are set
-    aside, each with a line saying why. ConfigError if none is left or the run changed."""
+    aside, each with a line saying why. None if no whole one is left (the run starts again from step
+    0); ConfigError if the run changed."""
     for checkpoint in reversed(complete_checkpoints(run_dir)):
         problem = damage(checkpoint)
         if problem is None:
@@ -80,10 +81,9 @@ def resumable_checkpoint(run_dir: Path, config: RunConfig) -> Path:
         aside = next(path for n in range(1, 1000)
                      if not (path := checkpoint.with_name(checkpoint.name + (f".{n}" if n > 1 else "") + DAMAGED)).exists())
         os.replace(checkpoint, aside)
-        print(f"plait: {checkpoint.name} is damaged ({problem}); set aside as {aside.name}, resuming from an "
-              "earlier checkpoint", flush=True)
+        print(f"plait: {checkpoint.name} is damaged ({problem}); set aside as {aside.name}", flush=True)
     else:
-        raise ConfigError(f"{run_dir} holds no intact checkpoint to resume from; drop --resume to start afresh")
+        return None
     checkpoint_metadata(checkpoint)  # whole files that are not metadata are refused, not set aside
     changed = changes(checkpoint, config)
     if changed and not config.train.resume_changed:

@@ -24,7 +24,7 @@ from plait.interop.hf import check_init_from
 from plait.observe.run_files import METRICS_FILE
 from plait.observe.time_split import proportions
 from plait.topology import build_topology
-from plait.train.checkpoint import latest_checkpoint
+from plait.train.checkpoint import CheckpointNotWritten, checkpoint_step
 from plait.train.checkpoint_record import resumable_checkpoint
 from plait.train.data import check_data
 from plait.train.loop import NonFiniteLoss, train
@@ -39,8 +39,9 @@ CPU_RANKS_PER_CORE = 8
 
 
 def prepare_run_dir(config: RunConfig) -> tuple[Path, Path | None]:
-    """Resolve and create the run directory, refusing to overwrite a finished or resumable run; with
-    --resume, also the checkpoint to continue (checked whole and this run's)."""
+    """Resolve and create the run directory, refusing to overwrite a started run; with --resume, also
+    the checkpoint to continue (checked whole and this run's), or None: a run directory with no whole
+    checkpoint (killed before its first, or new) starts from step 0, so no directory is ever locked."""
     train_spec = config.train
     if train_spec.run_dir is None:
         if train_spec.resume:
@@ -48,16 +49,30 @@ def prepare_run_dir(config: RunConfig) -> tuple[Path, Path | None]:
         run_dir = Path(default_run_dir())
     else:
         run_dir = Path(train_spec.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} is a file, not a directory; choose another --run-dir")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"--run-dir {run_dir} cannot be created ({error.strerror}); choose a --run-dir you can "
+                          "write to") from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"--run-dir {run_dir} is not writable; make it writable or choose another --run-dir")
     checkpoint = None
     if train_spec.resume:
-        if latest_checkpoint(run_dir) is None:
-            raise ConfigError(f"{run_dir} holds no complete checkpoint to resume from; drop --resume to start afresh")
         checkpoint = resumable_checkpoint(run_dir, config)  # whole, this run's, read without running anything
+        if checkpoint is None:
+            print(f"plait: {run_dir} holds no complete checkpoint; the run starts from step 0", flush=True)
+        elif checkpoint_step(checkpoint) >= train_spec.steps:
+            raise ConfigError(f"{checkpoint} has already taken {checkpoint_step(checkpoint)} steps; pass a larger "
+                              f"--steps than {train_spec.steps} to train the run further")
+        else:
+            print(f"plait: resuming from {checkpoint.name}", flush=True)
     elif (run_dir / METRICS_FILE).exists():
         raise ConfigError(
-            f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir"
+            f"{run_dir} already holds a run; pass --resume to continue it (from its newest complete checkpoint, "
+            "or from step 0 if it has none) or choose another --run-dir"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir, checkpoint
 
 
@@ -66,18 +81,19 @@ def agreed_checkpoint(config: RunConfig, run_dir: Path) -> Path | None:
     torchrun plait did not start, rank 0 checks it the same way and tells the others."""
     if not config.train.resume:
         return None
-    if RESUME_ENV in os.environ:
-        return Path(os.environ[RESUME_ENV])
-    choice: list[str | None] = [None, None]  # the checkpoint, or why there is none
+    if RESUME_ENV in os.environ:  # empty: the launcher found none, so the run starts from step 0
+        return Path(os.environ[RESUME_ENV]) if os.environ[RESUME_ENV] else None
+    choice: list[str | None] = [None, None]  # the checkpoint (None: start from step 0), or why it cannot resume
     if dist.get_rank() == 0:
         try:
-            choice[0] = str(resumable_checkpoint(run_dir, config))
+            checkpoint = resumable_checkpoint(run_dir, config)
+            choice[0] = None if checkpoint is None else str(checkpoint)
         except ConfigError as error:
             choice[1] = str(error)
     dist.broadcast_object_list(choice, src=0)
     if choice[1] is not None:
         raise ConfigError(choice[1])
-    return Path(choice[0])
+    return None if choice[0] is None else Path(choice[0])
 
 
 def check_devices(config: RunConfig) -> None:
@@ -144,7 +160,7 @@ def run_worker(config: RunConfig, run_dir: Path, resume_from: Path | None = None
         if summary is not None:
             print_summary(summary, run_dir)
         dist.barrier()  # every rank past its last collective before any tears its groups down
-    except NonFiniteLoss as error:
+    except (NonFiniteLoss, CheckpointNotWritten) as error:
         if dist.get_rank() == 0:
             print(f"plait: error: {error}", file=sys.stderr, flush=True)
         return 1
@@ -173,14 +189,14 @@ def launch(config: RunConfig, argv: list[str]) -> int:
     check_init_from(config)
     run_dir, checkpoint = prepare_run_dir(config)
     world = config.layout.world_size
+    checked = {RESUME_ENV: "" if checkpoint is None else str(checkpoint)} if config.train.resume else {}
     if world == 1:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", **checked)
         return run_worker(config, run_dir, checkpoint)
     threads = max(1, (os.cpu_count() or 1) // world)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
         "-m", "plait", "train", *argv, "--run-dir", str(run_dir),
     ]
-    checked = {RESUME_ENV: str(checkpoint)} if checkpoint is not None else {}
     completed = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(threads), **checked})
     return completed.returncode

@@ -41,7 +41,7 @@ from plait.parallel.sharded_adamw import fp32_masters, gradients_of
 from plait.parallel.tensor import local_value, vocab_parallel_loss
 from plait.tokenizer import TOKENIZER_FILE
 from plait.topology import Topology
-from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, weights_are_finite
 from plait.train.checkpoint_record import run_identity
 from plait.train.data import BatchSource, training_tokens
 from plait.train.evaluation import split_for_evaluation
@@ -219,6 +219,9 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
             print(f"step {step}/{train_spec.steps}: loss {loss:.4f}{held_out}, lr {lr:.3g}, grad norm "
                   f"{grad_norm.item():.3g}, {tokens_per_step / elapsed:,.0f} tokens/s", flush=True)
         if run_dir is not None and train_spec.checkpoint_every and (step + 1) % train_spec.checkpoint_every == 0:
+            if not weights_are_finite(model):  # the last checkpoint kept stays one training can go on from
+                raise NonFiniteLoss(f"step {step}: the weights are not finite after the step, so it was not saved; "
+                                    "resume from an earlier checkpoint with a lower --lr")
             save_checkpoint(run_dir, step + 1, model, optimizer, identity)
     progress.close()
     if pipeline is not None and result.losses:
