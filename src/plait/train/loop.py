@@ -25,7 +25,7 @@ from torch import nn
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from plait.config import RunConfig, config_toml
+from plait.config import RunConfig, TrainSpec, config_toml
 from plait.interop.hf import read_hf_state
 from plait.models.init import init_weights
 from plait.models.transformer import Transformer
@@ -64,6 +64,13 @@ class TrainResult:
     model_state_bytes: dict[str, int] = field(default_factory=dict)
     pipeline: dict[str, float] = field(default_factory=dict)  # measured and theoretical bubble, with --pp
     summary: dict | None = None
+
+
+def wants_final_checkpoint(train: TrainSpec, first_step: int) -> bool:
+    """A checkpoint after the last step: on by default, unless no step ran or --checkpoint-every saved it."""
+    ran = first_step < train.steps
+    saved = train.checkpoint_every and train.steps % train.checkpoint_every == 0
+    return train.final_checkpoint and ran and not saved
 
 
 def build_model(config: RunConfig, device: torch.device) -> nn.Module:
@@ -203,6 +210,8 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
         if run_dir is not None and train_spec.checkpoint_every and (step + 1) % train_spec.checkpoint_every == 0:
             save_checkpoint(run_dir, step + 1, model, optimizer, identity)
     progress.close()
+    if run_dir is not None and wants_final_checkpoint(train_spec, result.first_step):
+        save_checkpoint(run_dir, train_spec.steps, model, optimizer, identity)
     if pipeline is not None and result.losses:
         measured = pipeline.measure()
         result.pipeline = measured.figures
