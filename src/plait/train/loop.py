@@ -44,7 +44,7 @@ from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_chec
 from plait.train.checkpoint_record import run_identity
 from plait.train.data import BatchSource, training_tokens
 from plait.train.evaluation import split_for_evaluation
-from plait.train.optim import learning_rate, set_learning_rate
+from plait.train.optim import lr_scheduler
 
 MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -171,10 +171,10 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
     # A bar on a terminal; in a log file (not a terminal) a plain line every --log-every steps.
     writes_log_lines, on_terminal = topology.is_logging_rank, sys.stderr.isatty()
     progress = tqdm(steps, desc="train", unit="step", disable=not (writes_log_lines and on_terminal), dynamic_ncols=True)
+    schedule = lr_scheduler(optimizer, train_spec, result.first_step)
     for step in progress:
         started = time.perf_counter()
-        lr = learning_rate(step, train_spec)
-        set_learning_rate(optimizer, lr)
+        lr = schedule.get_last_lr()[0]
         inputs, targets = source.local_batch(step, dp_rank, dp_size)
         inputs, targets, positions = context_shard(inputs, targets, topology)
         micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
@@ -184,6 +184,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
         except NonFiniteLoss as error:
             raise NonFiniteLoss(f"step {step}: {error}, so the step was not taken and nothing of it was logged or "
                                 "saved; resume from an earlier checkpoint with a lower --lr, or check the data") from None
+        schedule.step()
         dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
         average_over_context(local_loss, topology)
         loss = local_loss.item()
