@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from plait.config import RunConfig, config_toml, validate_run
+from plait.errors import ConfigError
 from plait.layout import Layout
 from plait.observe.run_files import METRICS_FILE
 
@@ -57,7 +58,8 @@ def run_both(config: RunConfig, root: Path) -> tuple[Path, Path]:
     for run, directory, argv in ((laid_out, layout_dir, ["--config", str(config_file)]), (single, single_dir, [])):
         code = launch(replace(run, train=replace(run.train, run_dir=str(directory))), argv)
         if code != 0:
-            raise RuntimeError(f"the {'single-process' if run is single else 'layout'} run failed (exit {code})")
+            raise ConfigError(f"the {'single-process' if run is single else 'layout'} run failed (exit {code}) with "
+                              "the error above, so nothing was compared; fix it and verify again")
     return layout_dir, single_dir
 
 
