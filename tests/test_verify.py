@@ -22,8 +22,9 @@ def verify(flags: list[str], run_root: Path, capsys, monkeypatch, faults: bool =
 
     paths = ([str(ROOT / "tests" / "faults")] if faults else []) + [str(ROOT / "src"), str(ROOT)]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):  # the single-process launch sets them
-        monkeypatch.setenv(name, "")
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):  # the single-process launch sets them:
+        monkeypatch.setenv(name, "")  # recorded, so that they are restored (or removed) after the test
+        monkeypatch.delenv(name)
     code = main(["verify", *SMALL, *flags, "--run-dir", str(run_root / "runs")])
     return code, capsys.readouterr().out
 
