@@ -8,8 +8,8 @@ import sys
 
 from plait.cli.interop import add_interop_commands
 from plait.cli.planning import add_plan_commands
-from plait.cli.train_help import document_train_defaults
 from plait.cli.schedule import add_schedule_command
+from plait.cli.train_help import document_train_defaults
 from plait.cli.training import add_prediction_arguments, run_train
 from plait.cli.verify import add_verify_command
 from plait.config import add_layout_arguments, add_model_arguments, add_train_arguments
