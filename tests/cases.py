@@ -74,7 +74,8 @@ def run_config(
     config = RunConfig(
         model=model_spec(model, seq_len=seq_len),
         layout=Layout(**layout),
-        train=TrainSpec(steps=steps, global_batch=global_batch, warmup_steps=2, precision=precision),
+        train=TrainSpec(steps=steps, global_batch=global_batch, warmup_steps=2, precision=precision,
+                        final_checkpoint=False),  # tests that resume ask for their checkpoints
         model_name=model,
     )
     validate_run(config)

@@ -26,7 +26,7 @@ def layers_for(pp: int, v: int) -> int:
 
 def small_config(model: str, layers: int, **layout) -> RunConfig:
     spec = model_spec(model, layers=layers, hidden=32, heads=4, seq_len=16, **FAMILIES[model])
-    train = TrainSpec(steps=10, global_batch=16, warmup_steps=2)
+    train = TrainSpec(steps=10, global_batch=16, warmup_steps=2, final_checkpoint=False)
     config = RunConfig(spec, Layout(**layout), train, model_name=model)
     validate_run(config)
     return config

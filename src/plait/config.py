@@ -64,6 +64,7 @@ class TrainSpec:
     init_from: str | None = None  # a Hugging Face model folder (plait export's) whose weights replace the seeded ones
     run_dir: str | None = None
     checkpoint_every: int = 0
+    final_checkpoint: bool = True  # a checkpoint after the last step, unless --checkpoint-every wrote it already
     resume: bool = False
     resume_changed: bool = False
     log_every: int = 10
@@ -183,6 +184,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                             "(default: none, the seeded weights)")
     group.add_argument("--run-dir", help="where metrics, summary, pictures and checkpoints go (default runs/<time>)")
     group.add_argument("--checkpoint-every", type=int, help="save a checkpoint every K steps (default 0: never)")
+    group.add_argument("--final-checkpoint", action=argparse.BooleanOptionalAction, default=None,
+                       help="save a checkpoint after the last step, for export, sample and --resume; "
+                            "--no-final-checkpoint saves none (default on)")
     group.add_argument("--resume", action="store_const", const=True, help="continue from the run dir's last checkpoint")
     group.add_argument("--resume-changed", action="store_const", const=True,
                        help="with --resume: continue on purpose under another model, seed, data or global batch")

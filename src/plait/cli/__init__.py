@@ -1,4 +1,5 @@
-"""The ``plait`` command: train, plan, simulate, calibrate, explain, export, sample, prepare-data."""
+"""The ``plait`` command: train, plan, simulate, calibrate, explain, export, sample, prepare-data, verify,
+schedule."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import sys
 
 from plait.cli.interop import add_interop_commands
 from plait.cli.planning import add_plan_commands
+from plait.cli.schedule import add_schedule_command
 from plait.cli.train_help import document_train_defaults
 from plait.cli.training import add_prediction_arguments, run_train
+from plait.cli.verify import add_verify_command
 from plait.config import add_layout_arguments, add_model_arguments, add_train_arguments
 from plait.errors import ConfigError
 from plait.version import plait_version
@@ -43,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=run_train)
     add_plan_commands(commands)
     add_interop_commands(commands)
+    add_verify_command(commands)
+    add_schedule_command(commands)
     return parser
 
 

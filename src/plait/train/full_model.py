@@ -28,8 +28,8 @@ def run_checkpoint(run_dir: Path) -> Path:
         raise ConfigError(f"{run_dir} is not a directory; pass the run directory of a `plait train` run")
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
-        raise ConfigError(f"{run_dir} holds no complete checkpoint; train it with --checkpoint-every K "
-                          "(or resume it with --resume --checkpoint-every K) to write one")
+        raise ConfigError(f"{run_dir} holds no complete checkpoint (a run saves one after its last step unless "
+                          "--no-final-checkpoint); train it to the end, or resume it with --resume, to write one")
     problem = damage(checkpoint)
     if problem is not None:
         raise ConfigError(f"{checkpoint} is damaged ({problem}); set it aside (rename it) to use the one before")

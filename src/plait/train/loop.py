@@ -25,7 +25,7 @@ from torch import nn
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from plait.config import RunConfig, config_toml
+from plait.config import RunConfig, TrainSpec, config_toml
 from plait.interop.hf import read_hf_state
 from plait.models.init import init_weights
 from plait.models.transformer import Transformer
@@ -45,7 +45,7 @@ from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_chec
 from plait.train.checkpoint_record import run_identity
 from plait.train.data import BatchSource, training_tokens
 from plait.train.evaluation import split_for_evaluation
-from plait.train.optim import learning_rate, set_learning_rate
+from plait.train.optim import lr_scheduler
 
 MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
 Spans = Callable[..., contextlib.AbstractContextManager]  # span(name, **args): a traced compute span
@@ -71,6 +71,13 @@ class TrainResult:
     pipeline: dict[str, float] = field(default_factory=dict)  # measured and theoretical bubble, with --pp
     traces: list[dict] | None = None  # on rank 0: every rank's traced steps (plait.observe.step_trace)
     summary: dict | None = None
+
+
+def wants_final_checkpoint(train: TrainSpec, first_step: int) -> bool:
+    """A checkpoint after the last step: on by default, unless no step ran or --checkpoint-every saved it."""
+    ran = first_step < train.steps
+    saved = train.checkpoint_every and train.steps % train.checkpoint_every == 0
+    return train.final_checkpoint and ran and not saved
 
 
 def build_model(config: RunConfig, device: torch.device) -> nn.Module:
@@ -178,11 +185,11 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
     progress = tqdm(steps, desc="train", unit="step", disable=not (writes_log_lines and on_terminal), dynamic_ncols=True)
     tracer = StepTracer(topology, train_spec.trace_every, result.first_step, train_spec.steps,
                         train_spec.profiled_steps, run_dir / PROFILE_DIR if run_dir is not None else None)
+    schedule = lr_scheduler(optimizer, train_spec, result.first_step)
     for step in progress:
         started = time.perf_counter()
         with tracer.step(step):
-            lr = learning_rate(step, train_spec)
-            set_learning_rate(optimizer, lr)
+            lr = schedule.get_last_lr()[0]
             inputs, targets = source.local_batch(step, dp_rank, dp_size)
             inputs, targets, positions = context_shard(inputs, targets, topology)
             micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
@@ -193,6 +200,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
             except NonFiniteLoss as error:
                 raise NonFiniteLoss(f"step {step}: {error}, so the step was not taken and nothing of it was logged or "
                                     "saved; resume from an earlier checkpoint with a lower --lr, or check the data") from None
+            schedule.step()
             if pipeline is not None:
                 tracer.add_actions(pipeline.last_step_spans)
             dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
@@ -224,6 +232,11 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
                                     "resume from an earlier checkpoint with a lower --lr")
             save_checkpoint(run_dir, step + 1, model, optimizer, identity)
     progress.close()
+    if run_dir is not None and wants_final_checkpoint(train_spec, result.first_step):
+        if not weights_are_finite(model):
+            raise NonFiniteLoss(f"step {train_spec.steps - 1}: the weights are not finite after the step, so it was "
+                                "not saved; resume from an earlier checkpoint with a lower --lr")
+        save_checkpoint(run_dir, train_spec.steps, model, optimizer, identity)
     if pipeline is not None and result.losses:
         result.pipeline = pipeline.measure().figures
     result.traces = tracer.gather()
