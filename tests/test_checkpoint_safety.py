@@ -123,3 +123,19 @@ def test_a_checkpoint_that_cannot_be_written_stops_in_one_line(tmp_path):
     assert "File too large" in errors[0] and "then pass --resume" in errors[0]
     assert not list((run_dir / "checkpoints").iterdir())  # the unfinished folder is gone, nothing else was there
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0]
+
+
+def test_turning_held_out_evaluation_on_or_off_is_another_run(tmp_path):
+    """--eval-every keeps the data's tail from training, so a checkpoint of a run without it is
+    another run's for a run with it (and the other way round); the same setting is the same run."""
+    from dataclasses import replace
+
+    from plait.train.checkpoint_record import changes, run_identity
+    from tests.cases import run_config
+
+    plain = run_config("tiny")
+    evaluated = replace(plain, train=replace(plain.train, eval_every=5))
+    for written, resumed, expected in ((plain, evaluated, ["held_out"]), (evaluated, plain, ["held_out"]),
+                                       (evaluated, evaluated, [])):
+        (tmp_path / RUN_FILE).write_text(json.dumps(run_identity(written)))
+        assert changes(tmp_path, resumed) == expected

@@ -62,6 +62,7 @@ def draw_loss(run_dir: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = read_metrics(run_dir)
     figure, axes = plt.subplots(figsize=(6, 3.5), dpi=120)
@@ -73,6 +74,8 @@ def draw_loss(run_dir: Path) -> Path:
         axes.legend()
     axes.set_xlabel("step")
     axes.set_ylabel("loss (nats/token)")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
+    axes.set_title(f"{Path(run_dir).name}: loss per step")
     axes.grid(alpha=0.3)
     figure.tight_layout()
     path = Path(run_dir) / LOSS_PICTURE

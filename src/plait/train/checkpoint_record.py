@@ -1,8 +1,8 @@
 """What a checkpoint belongs to and whether it is whole: the ``run.json`` beside every checkpoint.
 
 ``save_checkpoint`` writes it once every rank's files are in place: the run's identity (model,
-seed, data and its size, global batch, layout, plait version), the step and a CRC-32 of every
-file. Before any worker starts, ``--resume`` checks the newest checkpoint against it: a damaged
+seed, data and its size, global batch, the share --eval-every holds out, layout, plait version),
+the step and a CRC-32 of every file. Before any worker starts, ``--resume`` checks the newest checkpoint against it: a damaged
 one (a file missing or changed) is set aside (renamed ``.damaged``; nothing is deleted) and the one
 before it is used, saying so; with none left the run starts again from step 0. A whole one whose
 metadata is not metadata, or a checkpoint of another run (other model, seed, data or batch), is
@@ -19,10 +19,12 @@ from pathlib import Path
 from plait.config import RunConfig
 from plait.errors import ConfigError
 from plait.train.checkpoint import DAMAGED, RUN_FILE, STEP_FILE, checkpoint_metadata, complete_checkpoints, crc32_of
+from plait.train.data import HELD_OUT_SHARE
 from plait.version import plait_version
 
 # What must match to continue a run; the layout may change (checkpoints load under any layout).
-SAME_RUN = ("model_spec", "seed", "data", "data_bytes", "global_batch")
+# held_out: --eval-every keeps the data's tail from training, so turning it on or off changes the steps.
+SAME_RUN = ("model_spec", "seed", "data", "data_bytes", "global_batch", "held_out")
 
 
 def run_identity(config: RunConfig) -> dict:
@@ -32,7 +34,8 @@ def run_identity(config: RunConfig) -> dict:
         "model_spec": asdict(config.model), "seed": config.train.seed,
         "data": str(Path(data).resolve()) if data else None,
         "data_bytes": Path(data).stat().st_size if data else None,
-        "global_batch": config.train.global_batch, "layout": config.layout.to_dict(), "plait_version": plait_version(),
+        "global_batch": config.train.global_batch, "held_out": HELD_OUT_SHARE if config.train.eval_every else None,
+        "layout": config.layout.to_dict(), "plait_version": plait_version(),
     }
 
 
