@@ -85,6 +85,24 @@ def test_init_from_the_export_under_another_layout_starts_at_its_loss(pool, expo
     assert first_loss == pytest.approx(expected, rel=1e-5)
 
 
+def test_init_from_reads_a_stock_gpt2_folder_whose_names_lack_the_transformer_prefix(tmp_path):
+    """The Hub's GPT-2 files say ``wte.weight``, ``h.0.…``; --init-from's check and read accept them as plait's own."""
+    from safetensors.torch import load_file, save_file
+
+    from plait.interop.hf import WEIGHTS_FILE, check_hf_folder, read_hf_state, write_hf
+    from plait.models.spec import model_spec
+
+    spec = model_spec(None, family="gpt2", layers=1, hidden=32, heads=2, vocab=64, seq_len=16, tie_embeddings=False)
+    state = Transformer(spec).state_dict()
+    write_hf(spec, state, tmp_path)
+    weights = tmp_path / WEIGHTS_FILE
+    save_file({name.removeprefix("transformer."): value for name, value in load_file(str(weights)).items()},
+              str(weights), metadata={"format": "pt"})
+    check_hf_folder(tmp_path, spec)
+    back = read_hf_state(tmp_path, spec)
+    assert back.keys() == state.keys() and all(torch.equal(back[name], value) for name, value in state.items())
+
+
 @pytest.mark.parametrize("family, tied, kv_heads", [("gpt2", True, 4), ("gpt2", False, 4), ("llama", True, 1),
                                                    ("llama", False, 2)])
 def test_tied_and_untied_embeddings_of_both_families_round_trip(tmp_path, family, tied, kv_heads):

@@ -117,6 +117,14 @@ def expected_hf_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     return {name: tuple(value.shape) for name, value in to_hf(spec, state).items()}
 
 
+def _with_gpt2_prefix(spec: ModelSpec, tensors: dict) -> dict:
+    """The Hub's stock GPT-2 files name their tensors without ``transformer.`` (``wte.weight``, ``h.0.…``);
+    give them the prefix plait's export writes, so either spelling reads the same (``lm_head.…`` has none)."""
+    if spec.family != "gpt2" or "transformer.wte.weight" in tensors or "wte.weight" not in tensors:
+        return tensors
+    return {name if name.startswith("lm_head.") else f"transformer.{name}": value for name, value in tensors.items()}
+
+
 def check_hf_folder(folder: Path, spec: ModelSpec) -> None:
     """Refuse, in one sentence, a folder whose config or tensors do not describe ``spec``; reads only the
     safetensors header, so it is quick for any size."""
@@ -135,7 +143,7 @@ def check_hf_folder(folder: Path, spec: ModelSpec) -> None:
                           "describes (--model or --family/--layers/--hidden/... flags matching it)")
     try:
         with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as weights:
-            held = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+            held = _with_gpt2_prefix(spec, {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()})
     except (SafetensorError, OSError) as error:
         raise ConfigError(f"{folder / WEIGHTS_FILE} is not a readable safetensors file ({error})") from None
     for name, shape in expected_hf_shapes(spec).items():
@@ -155,4 +163,5 @@ def read_hf_state(folder: Path, spec: ModelSpec) -> Tensors:
     """plait's full fp32 state dict from a folder ``check_hf_folder`` accepted."""
     from safetensors.torch import load_file
 
-    return {name: value.float() for name, value in from_hf(spec, load_file(str(Path(folder) / WEIGHTS_FILE))).items()}
+    tensors = _with_gpt2_prefix(spec, load_file(str(Path(folder) / WEIGHTS_FILE)))
+    return {name: value.float() for name, value in from_hf(spec, tensors).items()}
