@@ -83,6 +83,9 @@ BAD_INPUTS = {
     "damaged .npy file": (["--dp", "1", "--data", "{damaged}"], "is not a readable .npy array"),
     "damaged hardware profile": (["--auto", "--ranks", "2", "--hardware-profile", "{profile}"],
                                  "memory_bytes must be positive"),
+    "tokenizer with byte data": (["--tokenizer", "/no/tokenizer.json"], "--tokenizer needs --data of token ids"),
+    "tokenizer with a text file": (["--data", "{short}", "--tokenizer", "/no/tokenizer.json"],
+                                   "--tokenizer needs --data of token ids"),
     "tracing no step": (["--trace-every", "0"], "trace-every must be a positive integer, got 0"),
     "profiling steps backwards": (["--profile-steps", "3:1"], "profile-steps must be two step numbers A:B"),
 }
