@@ -85,6 +85,15 @@ def test_init_from_the_export_under_another_layout_starts_at_its_loss(pool, expo
     assert first_loss == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.parametrize("vocab, end_of_text", [(50257, 50256), (50304, 50256), (256, None), (60000, None)])
+def test_gpt2_export_names_the_end_of_text_token_only_for_gpt2s_own_vocabulary(vocab, end_of_text):
+    from plait.interop.hf import hf_config
+    from plait.models.spec import model_spec
+
+    config = hf_config(model_spec(None, family="gpt2", layers=1, hidden=32, heads=2, vocab=vocab, seq_len=16))
+    assert config["bos_token_id"] == config["eos_token_id"] == end_of_text
+
+
 def test_init_from_reads_a_stock_gpt2_folder_whose_names_lack_the_transformer_prefix(tmp_path):
     """The Hub's GPT-2 files say ``wte.weight``, ``h.0.…``; --init-from's check and read accept them as plait's own."""
     from safetensors.torch import load_file, save_file

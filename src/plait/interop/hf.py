@@ -20,6 +20,7 @@ from plait.models.spec import ModelSpec
 CONFIG_JSON = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 GPT2_END_OF_TEXT = 50256
+GPT2_VOCABS = (50257, 50304)  # GPT-2's own vocabulary, and nanoGPT's padding of it to a multiple of 64
 
 
 def hf_config(spec: ModelSpec) -> dict:
@@ -34,7 +35,7 @@ def hf_config(spec: ModelSpec) -> dict:
             "n_inner": spec.ffn_hidden, "activation_function": "gelu_new", "layer_norm_epsilon": spec.norm_eps,
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": spec.tie_embeddings,
             # GPT-2's end-of-text id where the vocabulary is GPT-2's; plait knows no special tokens otherwise.
-            **{key: GPT2_END_OF_TEXT if spec.vocab > GPT2_END_OF_TEXT else None for key in ("bos_token_id", "eos_token_id")},
+            **{key: GPT2_END_OF_TEXT if spec.vocab in GPT2_VOCABS else None for key in ("bos_token_id", "eos_token_id")},
             "torch_dtype": "float32",
         }
     return {
