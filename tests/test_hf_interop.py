@@ -94,6 +94,17 @@ def test_gpt2_export_names_the_end_of_text_token_only_for_gpt2s_own_vocabulary(v
     assert config["bos_token_id"] == config["eos_token_id"] == end_of_text
 
 
+def test_a_llama_config_whose_head_dim_is_null_reads_as_without_one(tmp_path):
+    import json
+
+    from plait.interop.hf import hf_config, spec_from_hf_config
+    from plait.models.spec import model_spec
+
+    spec = model_spec(None, family="llama", layers=1, hidden=32, heads=2, kv_heads=1, vocab=64, seq_len=16)
+    (tmp_path / "config.json").write_text(json.dumps({**hf_config(spec), "head_dim": None}))
+    assert spec_from_hf_config(tmp_path / "config.json") == spec
+
+
 def test_init_from_reads_a_stock_gpt2_folder_whose_names_lack_the_transformer_prefix(tmp_path):
     """The Hub's GPT-2 files say ``wte.weight``, ``h.0.…``; --init-from's check and read accept them as plait's own."""
     from safetensors.torch import load_file, save_file

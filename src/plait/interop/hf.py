@@ -79,7 +79,7 @@ def spec_from_hf_config(path: Path) -> ModelSpec:
             if config.get("hidden_act", "silu") != "silu" or config.get("attention_bias") or config.get("mlp_bias"):
                 raise _refuse(path, "has biases or a gate other than SiLU")
             heads = config["num_attention_heads"]
-            if config.get("head_dim", config["hidden_size"] // heads) * heads != config["hidden_size"]:
+            if (config.get("head_dim") or config["hidden_size"] // heads) * heads != config["hidden_size"]:
                 raise _refuse(path, "has a head dimension other than hidden size / heads")
             return ModelSpec("llama", config["num_hidden_layers"], config["hidden_size"], heads,
                              config.get("num_key_value_heads") or heads, config["intermediate_size"],
