@@ -91,6 +91,22 @@ BAD_INPUTS = {
 }
 
 
+# Commands other than train: their whole argv.
+BAD_COMMANDS = {
+    "token file in a missing folder": (["prepare-data", "{short}", "--tokenizer", "/no/tokenizer.json", "--out",
+                                        "missing_dir/t.u16"], "the folder missing_dir does not exist"),
+    "export under a file": (["export", "{finished_run}", "--to", "{short}/hf"], "short.txt is a file"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_COMMANDS))
+def test_bad_command_input_is_one_clear_line(case, files, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    argv, expected = BAD_COMMANDS[case]
+    assert_refused_in_one_line([arg.format(**files) for arg in argv], expected, capsys, tmp_path)
+    assert not (tmp_path / "missing_dir").exists()
+
+
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
 def test_bad_input_is_one_clear_line(case, files, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # a default run dir would appear here if anything started

@@ -64,6 +64,8 @@ def prepare_data(texts: list[str], tokenizer_path: str, out: str) -> int:
         raise ConfigError(f"--out {out} must end in .u16 or .u32, the token file types plait train reads")
     if target.exists():
         raise ConfigError(f"--out {out} already exists; choose another name or remove it")
+    if not target.parent.is_dir():
+        raise ConfigError(f"--out {out}: the folder {target.parent} does not exist; create it or name another")
     missing = [text for text in texts if not Path(text).is_file()]
     if missing:
         raise ConfigError(f"text file {missing[0]} does not exist")
