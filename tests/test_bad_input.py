@@ -88,9 +88,28 @@ BAD_INPUTS = {
     "damaged .npy file": (["--dp", "1", "--data", "{damaged}"], "is not a readable .npy array"),
     "damaged hardware profile": (["--auto", "--ranks", "2", "--hardware-profile", "{profile}"],
                                  "memory_bytes must be positive"),
+    "tokenizer with byte data": (["--tokenizer", "/no/tokenizer.json"], "--tokenizer needs --data of token ids"),
+    "tokenizer with a text file": (["--data", "{short}", "--tokenizer", "/no/tokenizer.json"],
+                                   "--tokenizer needs --data of token ids"),
     "tracing no step": (["--trace-every", "0"], "trace-every must be a positive integer, got 0"),
     "profiling steps backwards": (["--profile-steps", "3:1"], "profile-steps must be two step numbers A:B"),
 }
+
+
+# Commands other than train: their whole argv.
+BAD_COMMANDS = {
+    "token file in a missing folder": (["prepare-data", "{short}", "--tokenizer", "/no/tokenizer.json", "--out",
+                                        "missing_dir/t.u16"], "the folder missing_dir does not exist"),
+    "export under a file": (["export", "{finished_run}", "--to", "{short}/hf"], "short.txt is a file"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_COMMANDS))
+def test_bad_command_input_is_one_clear_line(case, files, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    argv, expected = BAD_COMMANDS[case]
+    assert_refused_in_one_line([arg.format(**files) for arg in argv], expected, capsys, tmp_path)
+    assert not (tmp_path / "missing_dir").exists()
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))

@@ -85,6 +85,44 @@ def test_init_from_the_export_under_another_layout_starts_at_its_loss(pool, expo
     assert first_loss == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.parametrize("vocab, end_of_text", [(50257, 50256), (50304, 50256), (256, None), (60000, None)])
+def test_gpt2_export_names_the_end_of_text_token_only_for_gpt2s_own_vocabulary(vocab, end_of_text):
+    from plait.interop.hf import hf_config
+    from plait.models.spec import model_spec
+
+    config = hf_config(model_spec(None, family="gpt2", layers=1, hidden=32, heads=2, vocab=vocab, seq_len=16))
+    assert config["bos_token_id"] == config["eos_token_id"] == end_of_text
+
+
+def test_a_llama_config_whose_head_dim_is_null_reads_as_without_one(tmp_path):
+    import json
+
+    from plait.interop.hf import hf_config, spec_from_hf_config
+    from plait.models.spec import model_spec
+
+    spec = model_spec(None, family="llama", layers=1, hidden=32, heads=2, kv_heads=1, vocab=64, seq_len=16)
+    (tmp_path / "config.json").write_text(json.dumps({**hf_config(spec), "head_dim": None}))
+    assert spec_from_hf_config(tmp_path / "config.json") == spec
+
+
+def test_init_from_reads_a_stock_gpt2_folder_whose_names_lack_the_transformer_prefix(tmp_path):
+    """The Hub's GPT-2 files say ``wte.weight``, ``h.0.…``; --init-from's check and read accept them as plait's own."""
+    from safetensors.torch import load_file, save_file
+
+    from plait.interop.hf import WEIGHTS_FILE, check_hf_folder, read_hf_state, write_hf
+    from plait.models.spec import model_spec
+
+    spec = model_spec(None, family="gpt2", layers=1, hidden=32, heads=2, vocab=64, seq_len=16, tie_embeddings=False)
+    state = Transformer(spec).state_dict()
+    write_hf(spec, state, tmp_path)
+    weights = tmp_path / WEIGHTS_FILE
+    save_file({name.removeprefix("transformer."): value for name, value in load_file(str(weights)).items()},
+              str(weights), metadata={"format": "pt"})
+    check_hf_folder(tmp_path, spec)
+    back = read_hf_state(tmp_path, spec)
+    assert back.keys() == state.keys() and all(torch.equal(back[name], value) for name, value in state.items())
+
+
 @pytest.mark.parametrize("family, tied, kv_heads", [("gpt2", True, 4), ("gpt2", False, 4), ("llama", True, 1),
                                                    ("llama", False, 2)])
 def test_tied_and_untied_embeddings_of_both_families_round_trip(tmp_path, family, tied, kv_heads):

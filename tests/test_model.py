@@ -121,3 +121,14 @@ def test_same_seed_same_weights_and_other_seed_differs():
         assert torch.equal(a, b), name
         if a.dim() >= 2:
             assert not torch.equal(a, c), name
+
+
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_sampling_at_a_tiny_temperature_is_greedy(top_k):
+    """A temperature near zero (1e-40) gives the argmax, not inf or nan probabilities."""
+    from plait.sample import generate
+
+    torch.manual_seed(0)
+    model = Transformer(model_spec(None, family="gpt2", layers=1, hidden=32, heads=2, vocab=64, seq_len=16)).eval()
+    prompt = [1, 2, 3]
+    assert generate(model, prompt, 4, temperature=1e-40, top_k=top_k) == generate(model, prompt, 4)

@@ -37,3 +37,31 @@ def test_event_files_hold_every_step_scalar_and_the_summary(pool, tmp_path):
     assert set(events.Tags()["scalars"]) == set(PER_STEP.values()) | set(figures)
     for tag, value in figures.items():
         assert [(e.step, e.value) for e in events.Scalars(tag)] == [(2, pytest.approx(value, rel=1e-6))]
+
+
+
+RAISES_BEFORE_CLOSE = """
+import sys
+from plait.observe.tensorboard import TensorBoardLog
+board = TensorBoardLog(sys.argv[1])
+for step in range(200):
+    board.add_step({"step": step, "loss": 1.5, "lr": 0.1, "grad_norm": 1.0, "step_time_s": 0.1, "tokens_per_s": 9.0})
+raise RuntimeError("the run stops (NonFiniteLoss, say) before the log closes")
+"""
+
+
+def test_every_step_survives_a_process_that_dies_before_the_log_closes(tmp_path):
+    """The writer's queue dies with the process; each step must be on disk when add_step returns."""
+    import os
+    import subprocess
+    import sys
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from plait.observe.tensorboard import TENSORBOARD_DIR
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    assert subprocess.run([sys.executable, "-c", RAISES_BEFORE_CLOSE, str(tmp_path)], env=env,
+                          capture_output=True).returncode == 1
+    events = EventAccumulator(str(tmp_path / TENSORBOARD_DIR), size_guidance={"scalars": 0}).Reload()
+    assert [event.step for event in events.Scalars("loss/train")] == list(range(200))

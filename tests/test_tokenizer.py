@@ -85,3 +85,13 @@ def test_text_streams_in_blocks_of_whole_lines(tmp_path):
     assert len(blocks) > 20 and "".join(block for block, _ in blocks) == text
     assert all(block.endswith("\n") for block, _ in blocks[:-1])
     assert sum(size for _, size in blocks) == len(text.encode())
+
+
+def test_a_file_without_newlines_streams_in_bounded_blocks(tmp_path):
+    from plait.tokenizer import line_blocks
+
+    text = "é" * 5000 + "x"  # 10,001 bytes, no newline; a block may end inside a two-byte character
+    (tmp_path / "text.txt").write_text(text)
+    blocks = list(line_blocks(tmp_path / "text.txt", block_bytes=999))
+    assert len(blocks) > 5 and all(size <= 2 * 999 for _, size in blocks)
+    assert "".join(block for block, _ in blocks) == text and sum(size for _, size in blocks) == len(text.encode())

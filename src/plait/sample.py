@@ -83,7 +83,8 @@ def generate(model: Transformer, prompt: list[int], max_tokens: int, temperature
         if temperature == 0:
             ids.append(int(logits.argmax()))
             continue
-        logits = logits / temperature
+        # The top logit subtracted first, in float64, so no temperature above zero overflows or divides 0 by 0.
+        logits = (logits.double() - logits.max()) / temperature
         if 0 < top_k < logits.numel():
             logits = logits.masked_fill(logits < logits.topk(top_k).values[-1], float("-inf"))
         ids.append(int(torch.multinomial(logits.softmax(-1), 1, generator=generator)))

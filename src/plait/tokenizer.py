@@ -9,6 +9,7 @@ tokenizer's post-processor would otherwise put them at every block), in the data
 
 from __future__ import annotations
 
+import codecs
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,14 +45,17 @@ def check_tokenizer(path: str | Path, vocab: int) -> None:
 
 
 def line_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[str, int]]:
-    """The UTF-8 text of ``path`` in blocks of whole lines, each with its size in bytes."""
+    """The UTF-8 text of ``path`` in blocks of whole lines, each with its size in bytes; a line longer than
+    a block is cut (between characters), so no block exceeds two ``block_bytes``."""
+    decoder = codecs.getincrementaldecoder("utf-8")()  # holds a character a cut split until the next block
     with Path(path).open("rb") as stream:
-        while block := stream.read(block_bytes):
-            block += stream.readline()  # finish the line the block cut
-            try:
-                yield block.decode("utf-8"), len(block)
-            except UnicodeDecodeError as error:
-                raise ConfigError(f"{path} is not UTF-8 text ({error}); convert it before tokenizing") from None
+        try:
+            while block := stream.read(block_bytes):
+                block += stream.readline(block_bytes)  # finish the line the block cut, unless it runs on further
+                yield decoder.decode(block), len(block)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"{path} is not UTF-8 text ({error}); convert it before tokenizing") from None
 
 
 def prepare_data(texts: list[str], tokenizer_path: str, out: str) -> int:
@@ -64,6 +68,8 @@ def prepare_data(texts: list[str], tokenizer_path: str, out: str) -> int:
         raise ConfigError(f"--out {out} must end in .u16 or .u32, the token file types plait train reads")
     if target.exists():
         raise ConfigError(f"--out {out} already exists; choose another name or remove it")
+    if not target.parent.is_dir():
+        raise ConfigError(f"--out {out}: the folder {target.parent} does not exist; create it or name another")
     missing = [text for text in texts if not Path(text).is_file()]
     if missing:
         raise ConfigError(f"text file {missing[0]} does not exist")

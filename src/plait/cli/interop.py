@@ -54,10 +54,11 @@ def run_export(args: argparse.Namespace, argv: list[str]) -> int:
     from plait.interop.hf import CONFIG_JSON, WEIGHTS_FILE, hf_config, write_hf
     from plait.train.full_model import checkpoint_spec, load_run_model, run_checkpoint
 
-    hf_config(checkpoint_spec(run_checkpoint(Path(args.run))))  # a model Hugging Face cannot hold is refused first
     target = Path(args.to)
-    if target.exists() and not target.is_dir():
-        raise ConfigError(f"--to {target} is a file; name a folder to write the export into")
+    existing = next(path for path in (target, *target.parents) if path.exists())  # the folder or its nearest parent
+    if not existing.is_dir():
+        raise ConfigError(f"--to {target}: {existing} is a file; name a folder to write the export into")
+    hf_config(checkpoint_spec(run_checkpoint(Path(args.run))))  # a model Hugging Face cannot hold is refused early
     held = [name for name in (CONFIG_JSON, WEIGHTS_FILE) if (target / name).exists()]
     if held:
         raise ConfigError(f"--to {target} already holds {' and '.join(held)}; choose another folder or remove them")

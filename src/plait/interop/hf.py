@@ -20,6 +20,7 @@ from plait.models.spec import ModelSpec
 CONFIG_JSON = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 GPT2_END_OF_TEXT = 50256
+GPT2_VOCABS = (50257, 50304)  # GPT-2's own vocabulary, and nanoGPT's padding of it to a multiple of 64
 
 
 def hf_config(spec: ModelSpec) -> dict:
@@ -34,7 +35,7 @@ def hf_config(spec: ModelSpec) -> dict:
             "n_inner": spec.ffn_hidden, "activation_function": "gelu_new", "layer_norm_epsilon": spec.norm_eps,
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": spec.tie_embeddings,
             # GPT-2's end-of-text id where the vocabulary is GPT-2's; plait knows no special tokens otherwise.
-            **{key: GPT2_END_OF_TEXT if spec.vocab > GPT2_END_OF_TEXT else None for key in ("bos_token_id", "eos_token_id")},
+            **{key: GPT2_END_OF_TEXT if spec.vocab in GPT2_VOCABS else None for key in ("bos_token_id", "eos_token_id")},
             "torch_dtype": "float32",
         }
     return {
@@ -78,7 +79,7 @@ def spec_from_hf_config(path: Path) -> ModelSpec:
             if config.get("hidden_act", "silu") != "silu" or config.get("attention_bias") or config.get("mlp_bias"):
                 raise _refuse(path, "has biases or a gate other than SiLU")
             heads = config["num_attention_heads"]
-            if config.get("head_dim", config["hidden_size"] // heads) * heads != config["hidden_size"]:
+            if (config.get("head_dim") or config["hidden_size"] // heads) * heads != config["hidden_size"]:
                 raise _refuse(path, "has a head dimension other than hidden size / heads")
             return ModelSpec("llama", config["num_hidden_layers"], config["hidden_size"], heads,
                              config.get("num_key_value_heads") or heads, config["intermediate_size"],
@@ -117,6 +118,14 @@ def expected_hf_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     return {name: tuple(value.shape) for name, value in to_hf(spec, state).items()}
 
 
+def _with_gpt2_prefix(spec: ModelSpec, tensors: dict) -> dict:
+    """The Hub's stock GPT-2 files name their tensors without ``transformer.`` (``wte.weight``, ``h.0.…``);
+    give them the prefix plait's export writes, so either spelling reads the same (``lm_head.…`` has none)."""
+    if spec.family != "gpt2" or "transformer.wte.weight" in tensors or "wte.weight" not in tensors:
+        return tensors
+    return {name if name.startswith("lm_head.") else f"transformer.{name}": value for name, value in tensors.items()}
+
+
 def check_hf_folder(folder: Path, spec: ModelSpec) -> None:
     """Refuse, in one sentence, a folder whose config or tensors do not describe ``spec``; reads only the
     safetensors header, so it is quick for any size."""
@@ -135,7 +144,7 @@ def check_hf_folder(folder: Path, spec: ModelSpec) -> None:
                           "describes (--model or --family/--layers/--hidden/... flags matching it)")
     try:
         with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as weights:
-            held = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+            held = _with_gpt2_prefix(spec, {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()})
     except (SafetensorError, OSError) as error:
         raise ConfigError(f"{folder / WEIGHTS_FILE} is not a readable safetensors file ({error})") from None
     for name, shape in expected_hf_shapes(spec).items():
@@ -155,4 +164,5 @@ def read_hf_state(folder: Path, spec: ModelSpec) -> Tensors:
     """plait's full fp32 state dict from a folder ``check_hf_folder`` accepted."""
     from safetensors.torch import load_file
 
-    return {name: value.float() for name, value in from_hf(spec, load_file(str(Path(folder) / WEIGHTS_FILE))).items()}
+    tensors = _with_gpt2_prefix(spec, load_file(str(Path(folder) / WEIGHTS_FILE)))
+    return {name: value.float() for name, value in from_hf(spec, tensors).items()}

@@ -25,10 +25,11 @@ class TensorBoardLog:
         self.writer = SummaryWriter(log_dir=str(Path(run_dir) / TENSORBOARD_DIR))
 
     def add_step(self, row: dict) -> None:
-        """One metrics.jsonl row."""
+        """One metrics.jsonl row, flushed at once so a run that stops on an error keeps its steps."""
         for key, tag in STEP_TAGS.items():
             if row.get(key) is not None:
                 self.writer.add_scalar(tag, row[key], row["step"])
+        self.writer.flush()
 
     def close(self, summary: dict | None, last_step: int) -> None:
         """Add the run's summary figures that exist at ``last_step``, then flush and close."""

@@ -129,6 +129,11 @@ class BatchSource:
 
 def check_data(config) -> None:
     """Open the run's data and check it fits the model (a ``RunConfig``), before any worker starts."""
+    data = config.train.data
+    if config.train.tokenizer and Path(data or "").suffix not in (*TOKEN_FILE_DTYPES, ".npy"):
+        raise ConfigError(f"--tokenizer needs --data of token ids (.u16/.bin/.u32/.npy), but "
+                          f"{data or 'the default corpus'} is read as bytes; make a token file with `plait prepare-data "
+                          f"TEXT --tokenizer {config.train.tokenizer} --out FILE.u16`, or drop --tokenizer")
     tokens = training_tokens(config.train.data, config.model.vocab, config.model.seq_len)
     if config.train.tokenizer:
         check_tokenizer(config.train.tokenizer, config.model.vocab)
