@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import time
 from typing import Callable
 
@@ -48,6 +49,22 @@ def run_on_ranks(function: Callable, world: int, *args):
     mp.start_processes(_entry, args=(world, port, function, args, results), nprocs=world, start_method="spawn")
     return results.get()
 
+
+
+def alternating_medians(steps: int, plait_step: Callable[[], None], torch_step: Callable[[], None]) -> dict[str, float]:
+    """Median seconds of ``steps`` steps of each (after two warm-up steps), the two alternating which
+    goes first so machine noise hits both alike; every step between barriers, timed on this rank."""
+    times: dict[str, list[float]] = {"plait": [], "torch": []}
+    for step in range(steps + 2):
+        order = (("plait", plait_step), ("torch", torch_step)) if step % 2 else (("torch", torch_step), ("plait", plait_step))
+        for name, run in order:
+            dist.barrier()
+            start = time.perf_counter()
+            run()
+            dist.barrier()
+            if step >= 2:  # the first two steps warm up both runtimes
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 class StageClock:
     """Fixed durations for one stage chunk's forward and backward, so that every chunk costs the same.

@@ -9,9 +9,7 @@ two so machine noise hits both alike. Prints the median step times and their rat
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -19,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 sys.path.insert(0, str(Path(__file__).parent))
-from pipeline_common import batch, equal_chunks, run_on_ranks  # noqa: E402
+from pipeline_common import alternating_medians, batch, equal_chunks, run_on_ranks  # noqa: E402
 
 from plait.parallel.pipeline_executor import Executor  # noqa: E402
 from plait.schedules import generate  # noqa: E402
@@ -51,16 +49,7 @@ def compare(m: int, steps: int, width: int, depth: int, rows: int) -> dict:
         else:
             torch_schedule.step()
 
-    times: dict[str, list[float]] = {"plait": [], "torch": []}
-    for step in range(steps + 2):
-        for name, run in (("plait", plait_step), ("torch", torch_step)) if step % 2 else (("torch", torch_step), ("plait", plait_step)):
-            dist.barrier()
-            start = time.perf_counter()
-            run()
-            dist.barrier()
-            if step >= 2:  # the first two steps warm up both runtimes
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return alternating_medians(steps, plait_step, torch_step)
 
 
 def main() -> None:

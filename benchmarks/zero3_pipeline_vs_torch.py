@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -32,7 +30,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.distributed.tensor import DTensor
 
-from benchmarks.pipeline_common import run_on_ranks
+from benchmarks.pipeline_common import alternating_medians, run_on_ranks
 from plait.config import RunConfig, TrainSpec
 from plait.layout import Layout
 from plait.models.spec import model_spec
@@ -122,17 +120,7 @@ def compare(m: int, micro: int, steps: int, layers: int, hidden: int, seq_len: i
         torch_optimizer.step()
         torch_optimizer.zero_grad(set_to_none=True)
 
-    times: dict[str, list[float]] = {"plait": [], "torch": []}
-    for step in range(steps + 2):
-        order = (("plait", plait_step), ("torch", torch_step)) if step % 2 else (("torch", torch_step), ("plait", plait_step))
-        for name, run in order:
-            dist.barrier()
-            start = time.perf_counter()
-            run()
-            dist.barrier()
-            if step >= 2:  # the first two steps warm up both runtimes
-                times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return alternating_medians(steps, plait_step, torch_step)
 
 
 def main() -> None:
