@@ -50,10 +50,14 @@ def step_times(configs: dict, rounds: int) -> dict:
 
 def step_time(config: RunConfig) -> float:
     """Median step time over all steps but the first two (warm-up)."""
+    return statistics.median(run_step_times(config)[2:])
+
+
+def run_step_times(config: RunConfig) -> list[float]:
+    """Rank 0's time of every step of one run of ``config`` on fresh gloo ranks, one thread each."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    context = mp.get_context("spawn")
-    results = context.Queue()
+    results = mp.get_context("spawn").Queue()
     mp.start_processes(_rank, args=(config, port, results), nprocs=config.layout.world_size, start_method="spawn")
-    return statistics.median(results.get()[2:])
+    return results.get()

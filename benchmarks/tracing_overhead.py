@@ -11,19 +11,11 @@ figures: the median traced step over the median untraced one, and what tracing e
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 from dataclasses import replace
-from datetime import timedelta
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
-from benchmarks.common import bench_config
+from benchmarks.common import bench_config, run_step_times
 from plait.config import RunConfig, TrainSpec
-from plait.topology import build_topology
-from plait.train.loop import train
 
 LAYOUTS = {
     "dp2": {"dp": 2},
@@ -34,24 +26,9 @@ LAYOUTS = {
 }
 
 
-def _rank(rank: int, config: RunConfig, port: int, results: mp.Queue) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=config.layout.world_size, timeout=timedelta(minutes=5))
-    result = train(config, build_topology(config.layout, torch.device("cpu")))
-    if rank == 0:
-        results.put(result.step_times)
-    dist.destroy_process_group()
-
-
 def traced_and_untraced(config: RunConfig) -> tuple[float, float]:
     """Median traced and untraced step time of one run tracing every other step (step 0 left out)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    results = mp.get_context("spawn").Queue()
-    mp.start_processes(_rank, args=(config, port, results), nprocs=config.layout.world_size, start_method="spawn")
-    times = results.get()
+    times = run_step_times(config)
     return statistics.median(times[1::2]), statistics.median(times[2::2])
 
 
