@@ -67,6 +67,7 @@ class TrainSpec:
     final_checkpoint: bool = True  # a checkpoint after the last step, unless --checkpoint-every wrote it already
     resume: bool = False
     resume_changed: bool = False
+    max_restarts: int = 0  # torchrun's elastic agent restarts the group this often after a rank is lost
     log_every: int = 10
     eval_every: int = 0
     tensorboard: bool = False
@@ -82,7 +83,7 @@ class TrainSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        for name in ("warmup_steps", "checkpoint_every", "eval_every", "seed"):
+        for name in ("warmup_steps", "checkpoint_every", "eval_every", "seed", "max_restarts"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be a non-negative integer, got {value!r}")
@@ -190,6 +191,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--resume", action="store_const", const=True, help="continue from the run dir's last checkpoint")
     group.add_argument("--resume-changed", action="store_const", const=True,
                        help="with --resume: continue on purpose under another model, seed, data or global batch")
+    group.add_argument("--max-restarts", type=int, metavar="N",
+                       help="after a rank dies, restart every rank up to N times, each resuming by itself from the "
+                            "newest complete checkpoint (losing the steps since it; default 0: the run ends)")
     group.add_argument("--eval-every", type=int, metavar="K",
                        help="every K steps and after the last, the loss on the held-out last tenth of the data, which "
                             "training then never reads (default 0: no evaluation, training reads all of it)")

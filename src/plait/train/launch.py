@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -34,6 +35,8 @@ from plait.train.start import default_run_dir, inside_torchrun
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 # The checkpoint the local launcher checked for --resume, handed to its torchrun workers.
 RESUME_ENV = "PLAIT_RESUME_FROM"
+# How often torchrun's elastic agent has restarted this group after losing a rank (0: the first start).
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 # CPU ranks a local launch may start per core: the default 8-rank layout runs on two cores.
 CPU_RANKS_PER_CORE = 8
 
@@ -177,25 +180,41 @@ def run_worker(config: RunConfig, run_dir: Path, resume_from: Path | None = None
 def train_rank(config: RunConfig, device: torch.device, run_dir: Path, resume_from: Path | None) -> dict | None:
     """Train this rank; return rank 0's summary. What the run built dies with this frame."""
     topology = build_topology(config.layout, device)
-    return train(config, topology, run_dir, resume_from or agreed_checkpoint(config, run_dir)).summary
+    checkpoint = resume_from or agreed_checkpoint(config, run_dir)
+    restart = int(os.environ.get(RESTART_ENV, 0))
+    if restart and dist.get_rank() == 0:
+        start = f"{checkpoint.name}" if checkpoint is not None else "step 0 (no complete checkpoint yet)"
+        print(f"plait: restart {restart} of {config.train.max_restarts} after a lost rank: resuming from {start}",
+              flush=True)
+    return train(config, topology, run_dir, checkpoint).summary
+
+
+def after_restart(config: RunConfig) -> RunConfig:
+    """The config a worker runs: after the elastic agent restarted the group (a rank was lost), every
+    rank goes on from the run dir's newest complete checkpoint by itself, as ``--resume`` does."""
+    if not int(os.environ.get(RESTART_ENV, 0)):
+        return config
+    os.environ.pop(RESUME_ENV, None)  # the launcher's choice predates the checkpoints written since
+    return replace(config, train=replace(config.train, resume=True))
 
 
 def launch(config: RunConfig, argv: list[str]) -> int:
     """Run ``plait train`` with ``argv`` (already validated into ``config``) on every rank."""
     if inside_torchrun():
-        return run_worker(config, Path(config.train.run_dir or "runs/torchrun"))
+        return run_worker(after_restart(config), Path(config.train.run_dir or "runs/torchrun"))
     check_devices(config)
     check_data(config)
     check_init_from(config)
     run_dir, checkpoint = prepare_run_dir(config)
     world = config.layout.world_size
     checked = {RESUME_ENV: "" if checkpoint is None else str(checkpoint)} if config.train.resume else {}
-    if world == 1:
+    if world == 1 and not config.train.max_restarts:  # one rank with no restarts runs in this process
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", **checked)
         return run_worker(config, run_dir, checkpoint)
     threads = max(1, (os.cpu_count() or 1) // world)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+        f"--max-restarts={config.train.max_restarts}",
         "-m", "plait", "train", *argv, "--run-dir", str(run_dir),
     ]
     completed = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(threads), **checked})
