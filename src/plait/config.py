@@ -67,6 +67,7 @@ class TrainSpec:
     final_checkpoint: bool = True  # a checkpoint after the last step, unless --checkpoint-every wrote it already
     resume: bool = False
     resume_changed: bool = False
+    keep_checkpoints: int = 0  # the newest K complete checkpoints are kept; 0 keeps every one
     max_restarts: int = 0  # torchrun's elastic agent restarts the group this often after a rank is lost
     log_every: int = 10
     eval_every: int = 0
@@ -83,7 +84,7 @@ class TrainSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        for name in ("warmup_steps", "checkpoint_every", "eval_every", "seed", "max_restarts"):
+        for name in ("warmup_steps", "checkpoint_every", "eval_every", "seed", "max_restarts", "keep_checkpoints"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be a non-negative integer, got {value!r}")
@@ -188,6 +189,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--final-checkpoint", action=argparse.BooleanOptionalAction, default=None,
                        help="save a checkpoint after the last step, for export, sample and --resume; "
                             "--no-final-checkpoint saves none (default on)")
+    group.add_argument("--keep-checkpoints", type=int, metavar="K",
+                       help="once a checkpoint is complete, delete all but the newest K (default 0: keep every one)")
     group.add_argument("--resume", action="store_const", const=True, help="continue from the run dir's last checkpoint")
     group.add_argument("--resume-changed", action="store_const", const=True,
                        help="with --resume: continue on purpose under another model, seed, data or global batch")

@@ -155,11 +155,12 @@ def weights_are_finite(model: nn.Module) -> bool:
 
 
 def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    identity: dict) -> Path:
+                    identity: dict, keep: int = 0) -> Path:
     """Save the state after ``step`` optimizer steps; collective over all ranks.
 
     Each rank takes the CRC-32 of the shards it wrote; rank 0 records them, with ``identity`` (the
-    run the checkpoint belongs to), in ``run.json`` before marking the folder complete."""
+    run the checkpoint belongs to), in ``run.json`` before marking the folder complete, and then,
+    with ``keep`` > 0, deletes all but the newest ``keep`` complete checkpoints."""
     final = checkpoint_root(run_dir) / f"step_{step:07d}"
     partial = final.with_name(final.name + PARTIAL)
     if dist.get_rank() == 0:
@@ -186,6 +187,9 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
         except OSError as error:  # the other ranks wait at the barrier below until the launcher ends them
             raise _not_written(step, partial, f"rank 0: {_in_words(error)}") from None
         os.replace(partial, final)
+        if keep:
+            for old in complete_checkpoints(run_dir)[:-keep]:  # never one set aside as damaged
+                shutil.rmtree(old)
     dist.barrier()
     return final
 

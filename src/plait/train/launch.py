@@ -184,8 +184,8 @@ def train_rank(config: RunConfig, device: torch.device, run_dir: Path, resume_fr
     restart = int(os.environ.get(RESTART_ENV, 0))
     if restart and dist.get_rank() == 0:
         start = f"{checkpoint.name}" if checkpoint is not None else "step 0 (no complete checkpoint yet)"
-        print(f"plait: restart {restart} of {config.train.max_restarts} after a lost rank: resuming from {start}",
-              flush=True)
+        allowed = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "?")  # torchrun's --max-restarts, however it started
+        print(f"plait: restart {restart} of {allowed} after a lost rank: resuming from {start}", flush=True)
     return train(config, topology, run_dir, checkpoint).summary
 
 

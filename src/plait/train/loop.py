@@ -230,13 +230,14 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
             if not weights_are_finite(model):  # the last checkpoint kept stays one training can go on from
                 raise NonFiniteLoss(f"step {step}: the weights are not finite after the step, so it was not saved; "
                                     "resume from an earlier checkpoint with a lower --lr")
-            save_checkpoint(run_dir, step + 1, model, optimizer, identity)
+            save_checkpoint(run_dir, step + 1, model, optimizer, identity, train_spec.keep_checkpoints)
     progress.close()
     if run_dir is not None and wants_final_checkpoint(train_spec, result.first_step):
         if not weights_are_finite(model):
             raise NonFiniteLoss(f"step {train_spec.steps - 1}: the weights are not finite after the step, so it was "
                                 "not saved; resume from an earlier checkpoint with a lower --lr")
-        save_checkpoint(run_dir, train_spec.steps, model, optimizer, identity)
+        save_checkpoint(run_dir, train_spec.steps, model, optimizer, identity,
+                        train_spec.keep_checkpoints)
     if pipeline is not None and result.losses:
         result.pipeline = pipeline.measure().figures
     result.traces = tracer.gather()
