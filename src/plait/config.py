@@ -67,6 +67,7 @@ class TrainSpec:
     final_checkpoint: bool = True  # a checkpoint after the last step, unless --checkpoint-every wrote it already
     resume: bool = False
     resume_changed: bool = False
+    async_checkpoint: bool = False  # checkpoints written by a background thread while training goes on
     keep_checkpoints: int = 0  # the newest K complete checkpoints are kept; 0 keeps every one
     max_restarts: int = 0  # torchrun's elastic agent restarts the group this often after a rank is lost
     log_every: int = 10
@@ -189,6 +190,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--final-checkpoint", action=argparse.BooleanOptionalAction, default=None,
                        help="save a checkpoint after the last step, for export, sample and --resume; "
                             "--no-final-checkpoint saves none (default on)")
+    group.add_argument("--async-checkpoint", action="store_const", const=True,
+                       help="write checkpoints in the background while training goes on; each becomes complete once "
+                            "every rank's files are written (default off: the step waits for the write)")
     group.add_argument("--keep-checkpoints", type=int, metavar="K",
                        help="once a checkpoint is complete, delete all but the newest K (default 0: keep every one)")
     group.add_argument("--resume", action="store_const", const=True, help="continue from the run dir's last checkpoint")

@@ -154,26 +154,35 @@ def weights_are_finite(model: nn.Module) -> bool:
     return bool(finite.item())
 
 
-def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    identity: dict, keep: int = 0) -> Path:
-    """Save the state after ``step`` optimizer steps; collective over all ranks.
-
-    Each rank takes the CRC-32 of the shards it wrote; rank 0 records them, with ``identity`` (the
-    run the checkpoint belongs to), in ``run.json`` before marking the folder complete, and then,
-    with ``keep`` > 0, deletes all but the newest ``keep`` complete checkpoints."""
-    final = checkpoint_root(run_dir) / f"step_{step:07d}"
-    partial = final.with_name(final.name + PARTIAL)
+def begin_checkpoint(run_dir: Path, step: int) -> Path:
+    """Collective: the empty ``.partial`` folder the checkpoint of ``step`` is written into."""
+    partial = checkpoint_root(run_dir) / f"step_{step:07d}{PARTIAL}"
     if dist.get_rank() == 0:
         shutil.rmtree(partial, ignore_errors=True)  # what an interrupted save left there is not this checkpoint's
     dist.barrier()
+    return partial
+
+
+def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """What a checkpoint holds: the model's and the optimizer's state, as torch.distributed.checkpoint saves it."""
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
     # The fp32 masters stand for their bf16 parameters, so every layout resumes at full precision.
     model_state.update(master_weights(model, optimizer))
-    try:
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(partial))
-    except CheckpointException as error:  # DCP raises it on every rank alike, so every rank stops here
-        rank, (cause, _) = next(iter(error.failures.items()))
-        raise _not_written(step, partial, f"rank {rank}: {_in_words(cause)}") from None
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def not_written(step: int, partial: Path, error: CheckpointException) -> "CheckpointNotWritten":
+    """DCP raises a failed save on every rank alike, so every rank stops with this error."""
+    rank, (cause, _) = next(iter(error.failures.items()))
+    return _not_written(step, partial, f"rank {rank}: {_in_words(cause)}")
+
+
+def complete_checkpoint(run_dir: Path, step: int, partial: Path, identity: dict, keep: int) -> Path:
+    """Collective, once every rank's files are in ``partial``: each rank takes the CRC-32 of the shards
+    it wrote; rank 0 records them, with ``identity`` (the run the checkpoint belongs to), in
+    ``run.json``, marks the folder complete by renaming it, and then, with ``keep`` > 0, deletes all
+    but the newest ``keep`` complete checkpoints."""
+    final = partial.with_name(partial.name.removesuffix(PARTIAL))
     mine = {p.name: crc32_of(p) for p in partial.glob(f"__{dist.get_rank()}_*")}
     shards: list[dict | None] = [None] * dist.get_world_size()
     dist.all_gather_object(shards, mine)

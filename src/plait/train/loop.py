@@ -41,8 +41,9 @@ from plait.parallel.sharded_adamw import fp32_masters, gradients_of
 from plait.parallel.tensor import local_value, vocab_parallel_loss
 from plait.tokenizer import TOKENIZER_FILE
 from plait.topology import Topology
-from plait.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, weights_are_finite
+from plait.train.checkpoint import latest_checkpoint, load_checkpoint, weights_are_finite
 from plait.train.checkpoint_record import run_identity
+from plait.train.checkpoint_writer import CheckpointWriter
 from plait.train.data import BatchSource, training_tokens
 from plait.train.evaluation import split_for_evaluation
 from plait.train.optim import lr_scheduler
@@ -176,7 +177,8 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
         (run_dir / CONFIG_FILE).write_text(config_toml(config))
         if train_spec.tokenizer:  # kept so that plait sample decodes this run's tokens
             shutil.copyfile(train_spec.tokenizer, run_dir / TOKENIZER_FILE)
-    identity = run_identity(config)  # what each checkpoint records it belongs to
+    writer = None if run_dir is None else CheckpointWriter(run_dir, run_identity(config), train_spec.keep_checkpoints,
+                                                           train_spec.async_checkpoint)
     dp_rank, dp_size, dp_group = topology.coordinate("dp"), topology.size("dp"), topology.group("dp")
     tokens_per_step = train_spec.global_batch * config.model.seq_len
     steps = range(result.first_step, train_spec.steps)
@@ -186,58 +188,66 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
     tracer = StepTracer(topology, train_spec.trace_every, result.first_step, train_spec.steps,
                         train_spec.profiled_steps, run_dir / PROFILE_DIR if run_dir is not None else None)
     schedule = lr_scheduler(optimizer, train_spec, result.first_step)
-    for step in progress:
-        started = time.perf_counter()
-        with tracer.step(step):
-            lr = schedule.get_last_lr()[0]
-            inputs, targets = source.local_batch(step, dp_rank, dp_size)
-            inputs, targets, positions = context_shard(inputs, targets, topology)
-            micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
-            try:
-                local_loss, grad_norm = train_step(parallel, micro, train_spec.grad_clip,
-                                                   lambda: autocast(config, device), positions, meter.before_reduction,
-                                                   tracer.span)
-            except NonFiniteLoss as error:
-                raise NonFiniteLoss(f"step {step}: {error}, so the step was not taken and nothing of it was logged or "
-                                    "saved; resume from an earlier checkpoint with a lower --lr, or check the data") from None
-            schedule.step()
-            if pipeline is not None:
-                tracer.add_actions(pipeline.last_step_spans)
-            dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
-            average_over_context(local_loss, topology)
-            loss = local_loss.item()
-            if not math.isfinite(loss):  # the same global loss on every rank, so every rank stops here
-                raise NonFiniteLoss(f"step {step}: the loss is {loss}, so nothing of the step was logged or saved; "
-                                    "resume from an earlier checkpoint with a lower --lr, or check the data")
-        elapsed = time.perf_counter() - started
-        result.losses.append(loss)
-        result.step_times.append(elapsed)
-        progress.set_postfix(loss=f"{loss:.3f}")
-        evaluated = {}
-        if evaluator is not None and ((step + 1) % train_spec.eval_every == 0 or step == train_spec.steps - 1):
-            evaluated["eval_loss"] = evaluator.evaluate(parallel, lambda: autocast(config, device))
-        row = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item(),
-               "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed, **evaluated}
-        if log is not None:
-            log.append(row)
-        if board is not None:
-            board.add_step(row)
-        if writes_log_lines and not on_terminal and (step % train_spec.log_every == 0 or step == train_spec.steps - 1):
-            held_out = f", eval loss {evaluated['eval_loss']:.4f}" if evaluated else ""
-            print(f"step {step}/{train_spec.steps}: loss {loss:.4f}{held_out}, lr {lr:.3g}, grad norm "
-                  f"{grad_norm.item():.3g}, {tokens_per_step / elapsed:,.0f} tokens/s", flush=True)
-        if run_dir is not None and train_spec.checkpoint_every and (step + 1) % train_spec.checkpoint_every == 0:
-            if not weights_are_finite(model):  # the last checkpoint kept stays one training can go on from
-                raise NonFiniteLoss(f"step {step}: the weights are not finite after the step, so it was not saved; "
-                                    "resume from an earlier checkpoint with a lower --lr")
-            save_checkpoint(run_dir, step + 1, model, optimizer, identity, train_spec.keep_checkpoints)
-    progress.close()
-    if run_dir is not None and wants_final_checkpoint(train_spec, result.first_step):
-        if not weights_are_finite(model):
-            raise NonFiniteLoss(f"step {train_spec.steps - 1}: the weights are not finite after the step, so it was "
-                                "not saved; resume from an earlier checkpoint with a lower --lr")
-        save_checkpoint(run_dir, train_spec.steps, model, optimizer, identity,
-                        train_spec.keep_checkpoints)
+    try:
+        for step in progress:
+            started = time.perf_counter()
+            with tracer.step(step):
+                lr = schedule.get_last_lr()[0]
+                inputs, targets = source.local_batch(step, dp_rank, dp_size)
+                inputs, targets, positions = context_shard(inputs, targets, topology)
+                micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
+                try:
+                    local_loss, grad_norm = train_step(parallel, micro, train_spec.grad_clip,
+                                                       lambda: autocast(config, device), positions,
+                                                       meter.before_reduction, tracer.span)
+                except NonFiniteLoss as error:
+                    raise NonFiniteLoss(f"step {step}: {error}, so the step was not taken and nothing of it was "
+                                        "logged or saved; resume from an earlier checkpoint with a lower --lr, or "
+                                        "check the data") from None
+                schedule.step()
+                if pipeline is not None:
+                    tracer.add_actions(pipeline.last_step_spans)
+                dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
+                average_over_context(local_loss, topology)
+                loss = local_loss.item()
+                if not math.isfinite(loss):  # the same global loss on every rank, so every rank stops here
+                    raise NonFiniteLoss(f"step {step}: the loss is {loss}, so nothing of the step was logged or saved; "
+                                        "resume from an earlier checkpoint with a lower --lr, or check the data")
+            elapsed = time.perf_counter() - started
+            result.losses.append(loss)
+            result.step_times.append(elapsed)
+            progress.set_postfix(loss=f"{loss:.3f}")
+            evaluated = {}
+            if evaluator is not None and ((step + 1) % train_spec.eval_every == 0 or step == train_spec.steps - 1):
+                evaluated["eval_loss"] = evaluator.evaluate(parallel, lambda: autocast(config, device))
+            row = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item(),
+                   "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed, **evaluated}
+            if log is not None:
+                log.append(row)
+            if board is not None:
+                board.add_step(row)
+            last = step == train_spec.steps - 1
+            if writes_log_lines and not on_terminal and (step % train_spec.log_every == 0 or last):
+                held_out = f", eval loss {evaluated['eval_loss']:.4f}" if evaluated else ""
+                print(f"step {step}/{train_spec.steps}: loss {loss:.4f}{held_out}, lr {lr:.3g}, grad norm "
+                      f"{grad_norm.item():.3g}, {tokens_per_step / elapsed:,.0f} tokens/s", flush=True)
+            if run_dir is not None and train_spec.checkpoint_every and (step + 1) % train_spec.checkpoint_every == 0:
+                if not weights_are_finite(model):  # the last checkpoint kept stays one training can go on from
+                    raise NonFiniteLoss(f"step {step}: the weights are not finite after the step, so it was not saved; "
+                                        "resume from an earlier checkpoint with a lower --lr")
+                writer.save(step + 1, model, optimizer)
+        progress.close()
+        if run_dir is not None and wants_final_checkpoint(train_spec, result.first_step):
+            if not weights_are_finite(model):
+                raise NonFiniteLoss(f"step {train_spec.steps - 1}: the weights are not finite after the step, so it "
+                                    "was not saved; resume from an earlier checkpoint with a lower --lr")
+            writer.save(train_spec.steps, model, optimizer)
+    except NonFiniteLoss:  # raised on every rank at the same step: a checkpoint still being written completes
+        if writer is not None:
+            writer.finish()
+        raise
+    if writer is not None:
+        writer.finish()
     if pipeline is not None and result.losses:
         result.pipeline = pipeline.measure().figures
     result.traces = tracer.gather()
