@@ -49,8 +49,9 @@ def main() -> None:
             print(f"run {index}: rank {run.killed_rank} killed after step {after - 1} (+{wait:.2f} s): "
                   f"exit {run.returncode}, {'all steps' if whole else 'steps missing'}, "
                   f"{'bit-exact' if same else 'DIFFERS'}, {run.wall_s:.1f} s", flush=True)
-            if not whole:
-                print(run.output[-2000:], flush=True)
+            if not whole:  # plait's own lines and every error line, without torchrun's tracebacks
+                print("\n".join(line for line in run.output.splitlines()
+                                if line.startswith("plait") or "Error" in line or "error" in line), flush=True)
     print(f"{finished}/{args.runs} finished, {exact}/{args.runs} bit-exact with the uninterrupted run; "
           f"median time lost {statistics.median(lost):.1f} s (min {min(lost):.1f}, max {max(lost):.1f})")
 
