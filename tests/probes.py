@@ -40,9 +40,12 @@ def _one_step(config: RunConfig, layers: int, topology) -> tuple[CollectiveBytes
 
 
 def layer_costs(config: RunConfig) -> dict:
-    """Per layer and step: bytes handed to each collective, calls of each, and bytes saved for backward.
+    """Per layer and step: bytes handed to each collective, calls of each, and bytes saved for backward;
+    and per step, the bytes handed to each collective outside the layers (embedding, head, the
+    gradient sums of weights ranks replicate there).
 
-    The collectives of one layer are those of a 2-layer model less those of a 1-layer model."""
+    The collectives of one layer are those of a 2-layer model less those of a 1-layer model; those
+    outside the layers are the 1-layer model's less one layer's."""
     topology = build_topology(config.layout, CPU)
     one, saved = _one_step(config, 1, topology)
     two, _ = _one_step(config, 2, topology)
@@ -50,8 +53,8 @@ def layer_costs(config: RunConfig) -> dict:
         "bytes": {name: two.bytes[name] - one.bytes[name] for name in two.bytes if two.bytes[name] != one.bytes[name]},
         "calls": {name: two.calls[name] - one.calls[name] for name in two.calls if two.calls[name] != one.calls[name]},
         "saved": saved.total,
+        "outside": {name: count for name in two.bytes if (count := 2 * one.bytes[name] - two.bytes[name])},
     }
-
 
 
 def saved_activation_bytes(config: RunConfig) -> int:

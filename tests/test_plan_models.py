@@ -50,20 +50,23 @@ def test_mesh_order_keeps_tp_inside_a_node_and_sends_dp_across():
     assert group_link(hw, Layout(dp=16), "dp").crosses_nodes
 
 
-def _scores(fixed):
-    workload = Workload(model_spec("gpt2-large"), 64)
+def _scores(fixed, model="gpt2-large"):
+    workload = Workload(model_spec(model), 64)
     found = scan(workload, hardware("a100-40gb"), 16, fixed, None, keep=10_000)
     return {fields: -step for step, fields in found.best}
 
 
 def test_the_dominance_rules_the_search_relies_on():
-    """Without sp a layout is never faster than with it; ZeRO-1 never beats ZeRO-2 without hybrid
+    """Without sp a layout is never faster than with it, but for the gather of learned positions'
+    gradient that sp adds (under 0.1% of the step); ZeRO-1 never beats ZeRO-2 without hybrid
     sharding (with it, ZeRO-2 averages its rows across the replica groups after backward)."""
-    for tp in (2, 4):
-        with_sp, without = _scores({"tp": tp, "sp": True, "recompute": "none"}), _scores({"tp": tp, "sp": False, "recompute": "none"})
-        for fields, step in without.items():
-            twin = fields[:4] + (True,) + fields[5:]
-            assert with_sp[twin] <= step + 1e-12
+    for model, slack in (("gpt2-large", 1e-3), ("llama-3b", 1e-12)):
+        for tp in (2, 4):
+            with_sp = _scores({"tp": tp, "sp": True, "recompute": "none"}, model)
+            without = _scores({"tp": tp, "sp": False, "recompute": "none"}, model)
+            for fields, step in without.items():
+                twin = fields[:4] + (True,) + fields[5:]
+                assert with_sp[twin] <= step * (1 + slack)
     one, two = _scores({"zero": 1, "recompute": "none"}), _scores({"zero": 2, "recompute": "none"})
     compared = 0
     for fields, step in one.items():

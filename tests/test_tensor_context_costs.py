@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from plait.facts.activations import saved_bytes_per_layer
-from plait.facts.collectives import collective_bytes_per_layer
+from plait.facts.collectives import collective_bytes_per_layer, outside_layer_collective_bytes
 from plait.models.spec import model_spec
 from tests.cases import run_config
 from tests.probes import layer_costs
@@ -31,6 +31,7 @@ LAYOUTS = [
     {"cp": 2, "cp_algorithm": "ring"},
     {"tp": 2, "cp": 2, "cp_algorithm": "ring"},
     {"cp": 2, "cp_algorithm": "ring", "recompute": "selective"},
+    {"tp": 2, "sp": True, "cp": 2},
 ]
 
 
@@ -50,6 +51,15 @@ def measured(pool):
 def test_collective_bytes_per_layer_match_analytic(measured, model, index):
     expected = collective_bytes_per_layer(model_spec(model, seq_len=SEQ), BATCH, SEQ, **LAYOUTS[index])
     assert measured[model, index]["bytes"] == expected
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
+@pytest.mark.parametrize("index", range(len(LAYOUTS)), ids=[str(layout) for layout in LAYOUTS])
+def test_collective_bytes_outside_the_layers_match_analytic(measured, model, index):
+    """The embedding's and head's calls and the gradient sums of the weights replicated there."""
+    layout = {key: value for key, value in LAYOUTS[index].items() if key in ("tp", "sp", "cp")}
+    expected = outside_layer_collective_bytes(model_spec(model, seq_len=SEQ), BATCH, SEQ, **layout)
+    assert measured[model, index]["outside"] == expected
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-llama"])

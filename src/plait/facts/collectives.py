@@ -1,8 +1,9 @@
-"""Bytes each collective of tensor, sequence and context parallelism moves per layer, on paper.
+"""Bytes each collective of tensor, sequence and context parallelism moves, on paper.
 
-One home for the engine's tests and the planner: ``layer_collectives`` lists the calls, which the
-planner times (plait.plan.costs) and tests measure in a real step, requiring equality.
-``batch`` sequences of ``seq`` tokens go through one layer on each rank.
+One home for the engine's tests and the planner: ``layer_collectives`` lists one layer's calls and
+``embedding_collectives`` / ``head_collectives`` those of the model's two ends, which the planner
+times (plait.plan.costs) and tests measure in a real step, requiring equality. ``batch`` sequences
+of ``seq`` tokens go through the model on each rank.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plait.facts.activations import kv_heads_per_rank
+from plait.facts.model_state import padded_vocab
 from plait.models.flops import layer_parameter_count, norm_parameter_count
 from plait.models.spec import ModelSpec
 
@@ -73,6 +75,62 @@ def layer_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bo
         again = {"none": 0, "selective": 3, "full": 4}[recompute]
         out.append(Collective("all_to_all", "cp", cp, stream // tp, 4, 4 + again))
     return tuple(out)
+
+
+def embedding_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False, cp: int = 1,
+                          element_bytes: int = FP32) -> tuple[Collective, ...]:
+    """The tensor-parallel collectives of the embedding, per micro-batch on one rank.
+
+    The token embedding is split by vocabulary rows, so each rank's lookup is a partial sum: all-
+    reduced forward, or with sp reduce-scattered into sequence shards (its backward all-gathers the
+    gradient). Learned positions are replicated and sliced to the rank's shard under sp, so their
+    gradient is all-gathered in backward."""
+    if tp == 1:
+        return ()
+    stream = batch * (seq // cp) * spec.hidden * element_bytes
+    if not sp:
+        return (Collective("all_reduce", "tp", tp, stream, 1, 0),)
+    out = [Collective("reduce_scatter", "tp", tp, stream, 1, 0), Collective("all_gather", "tp", tp, stream, 0, 1)]
+    if spec.learned_positions:
+        out.append(Collective("all_gather", "tp", tp, (seq // cp) * spec.hidden * FP32, 0, 1))
+    return tuple(out)
+
+
+def head_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False, cp: int = 1,
+                     element_bytes: int = FP32) -> tuple[Collective, ...]:
+    """The tensor-parallel collectives of the output projection, per micro-batch on one rank.
+
+    Split by vocabulary columns, the head reads the whole residual stream: its input gradient (the
+    ranks' partial sums) is all-reduced in backward, or with sp its input is all-gathered forward and
+    the gradient reduce-scattered back. The vocabulary-parallel loss's own reductions are one value
+    per token and are left out."""
+    if tp == 1:
+        return ()
+    stream = batch * (seq // cp) * spec.hidden * element_bytes
+    if not sp:
+        return (Collective("all_reduce", "tp", tp, stream, 0, 1),)
+    return (Collective("all_gather", "tp", tp, stream, 1, 0), Collective("reduce_scatter", "tp", tp, stream, 0, 1))
+
+
+def outside_layer_collective_bytes(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,
+                                   cp: int = 1) -> dict[str, int]:
+    """Bytes each rank hands each collective per step outside the layers (a one-stage model in plait's
+    fp32): the embedding's and head's calls, plus the gradient sums of the weights there that ranks
+    replicate: the final norm's over tp under sp (it saw a sequence shard) and, under cp, all of this
+    rank's, averaged over cp (the norm's a second time under sp)."""
+    volumes: dict[str, int] = {}
+    for call in embedding_collectives(spec, batch, seq, tp, sp, cp) + head_collectives(spec, batch, seq, tp, sp, cp):
+        volumes[call.op] = volumes.get(call.op, 0) + (call.forward + call.backward) * call.handed_bytes
+    summed = 0
+    if tp > 1 and sp:
+        summed += norm_parameter_count(spec)
+    if cp > 1:
+        rows = padded_vocab(spec.vocab, tp) // tp * spec.hidden
+        positions = spec.seq_len * spec.hidden if spec.learned_positions else 0
+        summed += rows * (1 if spec.tie_embeddings else 2) + positions + norm_parameter_count(spec)
+    if summed:
+        volumes["all_reduce"] = volumes.get("all_reduce", 0) + summed * FP32
+    return volumes
 
 
 def collective_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from plait.facts.activations import ACTIVATION_BYTES
-from plait.facts.collectives import layer_collectives
+from plait.facts.collectives import embedding_collectives, head_collectives, layer_collectives
 from plait.facts.model_state import communicated_bytes, zero_group
 from plait.facts.stack import Kernels
 from plait.layout import Layout
@@ -114,6 +114,30 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
                      on_path["backward"] + cp_backward + zero_backward, gather)
 
 
+@dataclass(frozen=True)
+class EndCollectives:
+    """Seconds of the embedding's and the head's tensor-parallel collectives per micro-batch, each on
+    the critical path of the first and last chunk (plait.facts.collectives lists them)."""
+
+    embedding_forward: float = 0.0
+    embedding_backward: float = 0.0
+    head_forward: float = 0.0
+    head_backward: float = 0.0
+
+
+def end_collectives(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str) -> EndCollectives:
+    if layout.tp == 1:
+        return EndCollectives()
+    link, e = group_link(hw, layout, "tp"), ACTIVATION_BYTES[precision]
+    sides = []
+    for calls in (embedding_collectives(spec, micro_batch, spec.seq_len, layout.tp, layout.sp, layout.cp, e),
+                  head_collectives(spec, micro_batch, spec.seq_len, layout.tp, layout.sp, layout.cp, e)):
+        seconds = [(call.forward, call.backward, COLLECTIVE_SECONDS[call.op](call.tensor_bytes, call.size, link))
+                   for call in calls]
+        sides += [sum(f * t for f, _, t in seconds), sum(b * t for _, b, t in seconds)]
+    return EndCollectives(*sides)
+
+
 def chunk_costs(
     spec: ModelSpec,
     hw: Hardware,
@@ -126,9 +150,7 @@ def chunk_costs(
     """Costs of every stage chunk holding ``counts[c]`` layers; chunk 0 embeds, the last one has the head."""
     layer = layer_cost(spec, hw, layout, micro_batch, precision, kernels)
     t = layer.times
-    e = ACTIVATION_BYTES[precision]
-    tokens = micro_batch * spec.seq_len // layout.cp
-    embed_comm = all_reduce_seconds(tokens * spec.hidden * e, layout.tp, group_link(hw, layout, "tp"))
+    ends = end_collectives(spec, hw, layout, micro_batch, precision)
     head = head_times(spec, hw, precision, micro_batch, layout.tp, layout.cp)
     out = []
     for c, n in enumerate(counts):
@@ -137,12 +159,14 @@ def chunk_costs(
         backward_weight = n * t.backward_weight
         comm = n * (layer.comm_forward + layer.comm_backward)
         if c == 0:
-            forward += embed_comm + layer.first_gather
-            comm += embed_comm + layer.first_gather
+            forward += ends.embedding_forward + layer.first_gather
+            backward_input += ends.embedding_backward
+            comm += ends.embedding_forward + ends.embedding_backward + layer.first_gather
         if c == len(counts) - 1:
-            forward += head.forward
-            backward_input += head.backward_input
+            forward += head.forward + ends.head_forward
+            backward_input += head.backward_input + ends.head_backward
             backward_weight += head.backward_weight
+            comm += ends.head_forward + ends.head_backward
         out.append(ChunkCost(forward, backward_input, backward_weight, comm))
     return tuple(out)
 
