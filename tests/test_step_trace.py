@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from plait.facts.collectives import collective_bytes_per_layer
+from plait.facts.collectives import collective_bytes_per_layer, outside_layer_collective_bytes
 from plait.facts.model_state import rank_parameters
 from plait.models.spec import model_spec
 from plait.observe.time_split import split_step
@@ -122,6 +122,22 @@ def test_context_collectives_carry_the_analytic_bytes(pool, tmp_path, layout, op
         record = rank["steps"][-1]
         measured = sum(t["bytes"] for t in record["transfers"] if t["group"] == "cp" and t["op"] == op)
         assert measured == spec.layers * per_layer
+
+
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"tp": 2, "sp": True}, {"dp": 2, "tp": 2, "sp": True}],
+                         ids=["tp2", "tp2-sp", "dp2·tp2-sp"])
+def test_tensor_collectives_of_a_whole_step_carry_the_analytic_bytes(pool, tmp_path, layout):
+    """Per step and op, the tp group's traced bytes: every layer's (plait.facts.collectives) and those
+    of the model's two ends (embedding, head, the final norm's gradient sum under sp)."""
+    traces = pool.run(traced_run, layout_world_size(layout), run_config("tiny", steps=2, **layout), str(tmp_path))[0][0]
+    spec, batch = model_spec("tiny", seq_len=64), 8 // layout.get("dp", 1)
+    per_layer = collective_bytes_per_layer(spec, batch, 64, tp=2, sp=layout.get("sp", False))
+    ends = outside_layer_collective_bytes(spec, batch, 64, tp=2, sp=layout.get("sp", False))
+    expected = {op: spec.layers * per_layer.get(op, 0) + ends.get(op, 0) for op in {*per_layer, *ends}}
+    for rank in traces:
+        transfers = rank["steps"][-1]["transfers"]
+        measured = {op: sum(t["bytes"] for t in transfers if t["group"] == "tp" and t["op"] == op) for op in expected}
+        assert measured == expected
 
 
 def test_profile_steps_writes_a_torch_profiler_trace_per_rank_and_step(pool, tmp_path):
