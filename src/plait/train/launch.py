@@ -143,6 +143,22 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     )
 
 
+def join_process_group(backend: str) -> None:
+    """Join the ranks' process group. After the elastic agent restarted the group, the agent's store
+    still holds the lost attempt's keys (torchrun does not prefix them per attempt), and a rank that
+    reads a dead peer's address there waits for it until the collective timeout; so a restarted
+    group meets under keys of its own attempt."""
+    restart = int(os.environ.get(RESTART_ENV, 0))
+    if not restart or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # else rank 0 hosts a new store
+        dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+        return
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group(backend, store=dist.PrefixStore(f"plait/attempt_{restart}", store),
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                            timeout=COLLECTIVE_TIMEOUT)
+
+
 def run_worker(config: RunConfig, run_dir: Path, resume_from: Path | None = None) -> int:
     """This process is one rank: join the process group, train, report."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -157,7 +173,7 @@ def run_worker(config: RunConfig, run_dir: Path, resume_from: Path | None = None
         backend = "gloo"
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+    join_process_group(backend)
     try:
         summary = train_rank(config, device, run_dir, resume_from)
         if summary is not None:
