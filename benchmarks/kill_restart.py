@@ -3,7 +3,8 @@ random moment, N times, against one uninterrupted run of the same command.
 
 Each run must exit 0 with every step logged once, and end with the uninterrupted run's final loss
 and weights bit for bit (the group restarts and resumes from its newest complete checkpoint). The
-time lost is the faulted run's wall time less the uninterrupted run's.
+time lost is the faulted run's wall time less that of an uninterrupted run taken just before it
+(pairs, so that load from other processes falls on both alike).
 
     python -m benchmarks.kill_restart [--runs 20] [--seed 0]
 """
@@ -40,15 +41,16 @@ def main() -> None:
         for index in range(args.runs):
             run_dir = Path(root) / f"run{index}"
             after, rank, wait = choose.randrange(1, STEPS - 1), choose.randrange(RANKS), choose.uniform(0, 0.1)
+            paired = train_killing_a_rank(Path(root) / f"paired{index}", ARGV, after_steps=None)
             run = train_killing_a_rank(run_dir, ARGV, after_steps=after, rank=rank, extra_wait_s=wait)
             whole = run.returncode == 0 and logged_steps(run_dir) == list(range(STEPS))
             same = whole and final_state(run_dir) == expected
             finished += whole
             exact += same
-            lost.append(run.wall_s - reference.wall_s)
+            lost.append(run.wall_s - paired.wall_s)
             print(f"run {index}: rank {run.killed_rank} killed after step {after - 1} (+{wait:.2f} s): "
                   f"exit {run.returncode}, {'all steps' if whole else 'steps missing'}, "
-                  f"{'bit-exact' if same else 'DIFFERS'}, {run.wall_s:.1f} s", flush=True)
+                  f"{'bit-exact' if same else 'DIFFERS'}, {run.wall_s:.1f} s (uninterrupted {paired.wall_s:.1f} s)", flush=True)
             if not whole:  # plait's own lines and every error line, without torchrun's tracebacks
                 print("\n".join(line for line in run.output.splitlines()
                                 if line.startswith("plait") or "Error" in line or "error" in line), flush=True)
