@@ -21,6 +21,7 @@ import torch.distributed as dist
 from plait.config import RunConfig
 from plait.errors import ConfigError
 from plait.interop.hf import check_init_from
+from plait.observe.progress import Progress
 from plait.observe.run_files import METRICS_FILE
 from plait.observe.time_split import proportions
 from plait.topology import build_topology
@@ -29,6 +30,7 @@ from plait.train.checkpoint_record import resumable_checkpoint
 from plait.train.data import check_data
 from plait.train.loop import NonFiniteLoss, train
 from plait.train.start import default_run_dir, inside_torchrun
+from plait.train.watchdog import stall_watchdog
 
 # A collective that has not completed after this long raises on the rank that waits, naming it.
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
@@ -36,6 +38,9 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 RESUME_ENV = "PLAIT_RESUME_FROM"
 # CPU ranks a local launch may start per core: the default 8-rank layout runs on two cores.
 CPU_RANKS_PER_CORE = 8
+# NCCL's own watchdog keeps a flight record of each rank's last collectives and, when one times out,
+# dumps it to RUN/nccl_trace_rank_<r> (read it with torch's `torchfrtrace`); a user's setting wins.
+NCCL_FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 
 
 def prepare_run_dir(config: RunConfig) -> tuple[Path, Path | None]:
@@ -149,6 +154,8 @@ def run_worker(config: RunConfig, run_dir: Path, resume_from: Path | None = None
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         backend = "nccl"
+        for name, value in {**NCCL_FLIGHT_RECORDER, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{run_dir}/nccl_trace_rank_"}.items():
+            os.environ.setdefault(name, value)
     else:
         device = torch.device("cpu")
         backend = "gloo"
@@ -177,7 +184,9 @@ def run_worker(config: RunConfig, run_dir: Path, resume_from: Path | None = None
 def train_rank(config: RunConfig, device: torch.device, run_dir: Path, resume_from: Path | None) -> dict | None:
     """Train this rank; return rank 0's summary. What the run built dies with this frame."""
     topology = build_topology(config.layout, device)
-    return train(config, topology, run_dir, resume_from or agreed_checkpoint(config, run_dir)).summary
+    progress = Progress()
+    with stall_watchdog(config.train.stall_timeout, progress, topology):
+        return train(config, topology, run_dir, resume_from or agreed_checkpoint(config, run_dir), progress).summary
 
 
 def launch(config: RunConfig, argv: list[str]) -> int:
