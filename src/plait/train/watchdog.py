@@ -60,6 +60,7 @@ class Watchdog:
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._watch, name="plait-stall-watchdog", daemon=True)
         self.beat = 0
+        self.present: list[int] = []  # the ranks whose record is in the store
 
     def start(self) -> None:
         self.thread.start()
@@ -79,8 +80,10 @@ class Watchdog:
             "label": self.label, "host": self.host, "pid": self.pid, "done": done}))
 
     def _read(self) -> dict[int, dict]:
-        """Every rank's record that is in the store."""
-        present = [rank for rank in range(self.world) if self.store.check([f"rank{rank}"])]
+        """Every rank's record that is in the store (once all are, one request reads them all)."""
+        if len(self.present) < self.world:
+            self.present = [rank for rank in range(self.world) if self.store.check([f"rank{rank}"])]
+        present = self.present
         values = self.store.multi_get([f"rank{rank}" for rank in present]) if present else []
         return {rank: json.loads(value) for rank, value in zip(present, values)}
 
