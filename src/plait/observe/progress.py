@@ -8,29 +8,36 @@ a write costs a tuple and an attribute store, cheap enough for every pipeline ac
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 
 Spans = Callable[..., contextlib.AbstractContextManager]
+# The phases of a step in the order every rank runs them (the compute spans' names among them): of
+# stalled ranks in one step, the one in the earliest phase is the one the others wait for.
+STEP_PHASES = ("data", "forward", "backward", "forward and backward", "gradient sync", "optimizer",
+               "loss all-reduce (dp)", "eval", "checkpoint", "final checkpoint", "gathering timelines and traces",
+               "summary")
 
 
 class Progress:
-    """This rank's last record: (how many records so far, step, phase, operation)."""
+    """This rank's last record: (how many records so far, step, phase, operation, the global rank
+    the operation waits for or None, when it began in wall-clock time)."""
 
     def __init__(self) -> None:
-        self.record: tuple[int, int | None, str, str] = (0, None, "start-up", "")
+        self.record: tuple[int, int | None, str, str, int | None, float] = (0, None, "start-up", "", None, time.time())
 
     def step(self, step: int, phase: str) -> None:
         """A new step begins with ``phase``."""
-        self.record = (self.record[0] + 1, step, phase, "")
+        self.record = (self.record[0] + 1, step, phase, "", None, time.time())
 
     def phase(self, phase: str) -> None:
-        count, step, _, _ = self.record
-        self.record = (count + 1, step, phase, "")
+        count, step = self.record[:2]
+        self.record = (count + 1, step, phase, "", None, time.time())
 
-    def operation(self, operation: str) -> None:
-        """Within the phase: the operation, e.g. a pipeline transfer naming its peer."""
-        count, step, phase, _ = self.record
-        self.record = (count + 1, step, phase, operation)
+    def operation(self, operation: str, waits_for: int | None = None) -> None:
+        """Within the phase: the operation, e.g. a pipeline receive and the rank it waits for."""
+        count, step, phase = self.record[:3]
+        self.record = (count + 1, step, phase, operation, waits_for, time.time())
 
     def marking(self, span: Spans) -> Spans:
         """``span`` (the tracer's compute spans) that also records each span's name as the phase."""

@@ -133,7 +133,8 @@ class Executor:
             final = self.reduction is not None and index in self.final
             if final:
                 self.reduction.arm(action.chunk)  # its hooks send buckets as this backward fills them
-            self.progress.operation(self._operation(action))
+            waits_for = self.global_ranks[action.peer] if action.kind.is_recv else None
+            self.progress.operation(self._operation(action), waits_for)
             start = time.perf_counter()
             if action.kind is Kind.FORWARD:
                 self._forward(action, state, states, inputs, record)

@@ -26,7 +26,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from plait.observe.progress import Progress, describe
+from plait.observe.progress import STEP_PHASES, Progress, describe
 from plait.topology import Topology
 
 # The order a rank's coordinates are named in, e.g. dp1·tp0·pp0.
@@ -63,6 +63,7 @@ class Watchdog:
         self.present: list[int] = []  # the ranks whose record is in the store
 
     def start(self) -> None:
+        self._publish()  # at once: a rank stopped before the thread's first beat is still seen, as frozen
         self.thread.start()
 
     def stop(self) -> None:
@@ -74,9 +75,10 @@ class Watchdog:
 
     def _publish(self, done: bool = False) -> None:
         self.beat += 1
-        count, step, phase, operation = self.progress.record
+        count, step, phase, operation, waits_for, when = self.progress.record
         self.store.set(f"rank{self.rank}", json.dumps({
             "beat": self.beat, "count": count, "step": step, "phase": phase, "operation": operation,
+            "waits_for": waits_for, "when": when,
             "label": self.label, "host": self.host, "pid": self.pid, "done": done}))
 
     def _read(self) -> dict[int, dict]:
@@ -127,8 +129,7 @@ class Watchdog:
             frozen, culprits = [], silent
         else:
             frozen = [rank for rank, s in judged.items() if now - s.beat_at > self.timeout / 2]
-            oldest = min(s.progress_at for s in judged.values())
-            culprits = frozen or [rank for rank, s in judged.items() if s.progress_at == oldest]
+            culprits = frozen or [self._furthest_behind(judged)]
         blamed = "; ".join(self._blame(rank, seen[rank], now, rank in frozen) for rank in culprits)
         waits: dict[str, list[int]] = {}
         for rank, s in judged.items():
@@ -139,6 +140,22 @@ class Watchdog:
         line = blamed + (f"; {others}" if others else "")
         return line, [seen[rank].record for rank in frozen]
 
+    @staticmethod
+    def _furthest_behind(judged: dict[int, Seen]) -> int:
+        """The live rank the others wait for: the earliest in the program (step, then phase, then the
+        oldest record), followed along the ranks a pipeline receive waits for."""
+
+        def position(rank: int) -> tuple:
+            record = judged[rank].record
+            phase = STEP_PHASES.index(record["phase"]) if record["phase"] in STEP_PHASES else len(STEP_PHASES)
+            return record["step"] if record["step"] is not None else -1, phase, record["when"]
+
+        rank, visited = min(judged, key=position), set()
+        while (peer := judged[rank].record["waits_for"]) in judged and peer not in visited:
+            visited.add(rank)
+            rank = peer
+        return rank
+
     def _blame(self, rank: int, s: Seen, now: float, frozen: bool) -> str:
         if s.record is None:
             return f"rank {rank} sent no heartbeat for {now - s.progress_at:.0f} s: it has not reached the training steps"
@@ -146,7 +163,7 @@ class Watchdog:
         if frozen:  # its last record is up to one interval older than the moment it stopped
             return (f"rank {rank} ({label}) made no progress for {now - s.progress_at:.0f} s and its process does not "
                     f"run (stopped, or hung holding the interpreter); it was last seen in {where}")
-        return f"rank {rank} ({label}) made no progress for {now - s.progress_at:.0f} s in {where}"
+        return f"rank {rank} ({label}) made no progress for {max(0.0, time.time() - s.record['when']):.0f} s in {where}"
 
     @staticmethod
     def _ranks(ranks: list[int], seen: dict[int, Seen]) -> str:
