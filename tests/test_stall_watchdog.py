@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from plait.errors import ConfigError
 from plait.config import TrainSpec
+from plait.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 STALL_TIMEOUT = 3
@@ -60,8 +60,9 @@ def start(flags: list[str], run_dir: Path, env: dict | None = None) -> subproces
 
 def end_every_process(job: subprocess.Popen, seen: set[int]) -> None:
     """Leave nothing running: a stopped worker is woken to die."""
+    below = seen | set(descendants(job.pid))  # before the launcher dies and its children are re-parented
     job.kill()
-    for pid in seen | set(descendants(job.pid)):
+    for pid in below:
         for sig in (signal.SIGCONT, signal.SIGKILL):
             try:
                 os.kill(pid, sig)
@@ -111,9 +112,10 @@ def test_a_stopped_rank_is_named_and_the_job_ends(tmp_path, case):
 
 def test_a_rank_hung_alive_is_named_with_what_its_peer_waits_in(tmp_path):
     """tests/stall_fault hangs rank 1 in its fifth optimizer step; its heartbeat goes on, so the
-    watchdog names it by its oldest record, not by a stopped process."""
+    watchdog names it as the rank furthest behind, not by a stopped process."""
     paths = [str(ROOT / "tests" / "stall_fault"), str(ROOT / "src"), str(ROOT)]
-    job = start(["--dp", "2", "--global-batch", "4"], tmp_path / "run", {**os.environ, "PYTHONPATH": os.pathsep.join(paths)})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    job = start(["--dp", "2", "--global-batch", "4"], tmp_path / "run", env)
     seen: set[int] = set()
     try:
         _, stderr = job.communicate(timeout=240)

@@ -154,7 +154,8 @@ def run_worker(config: RunConfig, run_dir: Path, resume_from: Path | None = None
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         backend = "nccl"
-        for name, value in {**NCCL_FLIGHT_RECORDER, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{run_dir}/nccl_trace_rank_"}.items():
+        dump = {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{run_dir}/nccl_trace_rank_"}
+        for name, value in {**NCCL_FLIGHT_RECORDER, **dump}.items():
             os.environ.setdefault(name, value)
     else:
         device = torch.device("cpu")

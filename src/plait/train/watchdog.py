@@ -158,7 +158,7 @@ class Watchdog:
 
     def _blame(self, rank: int, s: Seen, now: float, frozen: bool) -> str:
         if s.record is None:
-            return f"rank {rank} sent no heartbeat for {now - s.progress_at:.0f} s: it has not reached the training steps"
+            return f"rank {rank} sent no heartbeat for {now - s.progress_at:.0f} s: it has not reached the steps"
         where, label = describe(s.record["step"], s.record["phase"], s.record["operation"]), s.record["label"]
         if frozen:  # its last record is up to one interval older than the moment it stopped
             return (f"rank {rank} ({label}) made no progress for {now - s.progress_at:.0f} s and its process does not "
