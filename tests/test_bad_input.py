@@ -31,6 +31,17 @@ def files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "damaged.npy").write_bytes(b"\x93NUMPY not an array")
     (tmp_path / "profile.json").write_text('{"name": "x", "bf16_tflops": 1, "fp32_tflops": 1, "memory_bytes": -5, '
                                            '"memory_gbps": 1, "intra_node_gbps": 1, "inter_node_gbps": 1}')
+    (tmp_path / "stall_text.toml").write_text('[train]\nstall_timeout = "soon"\n')
+    (tmp_path / "train_value.toml").write_text("train = 5\n")
+    (tmp_path / "dp_fraction.toml").write_text("[layout]\ndp = 2.5\n")
+    (tmp_path / "seed_bool.toml").write_text("[train]\nseed = true\n")
+    (tmp_path / "latin1.toml").write_bytes(b"[train]\nseed = 1 # \xe9\n")
+    (tmp_path / "incomplete.json").write_text('{"name": "x"}')
+    (tmp_path / "not_json.json").write_text("bf16_tflops: 1")
+    (tmp_path / "folder").mkdir()
+    damaged_run = tmp_path / "damaged_run"
+    damaged_run.mkdir()
+    (damaged_run / "summary.json").write_text('{"model_spec": ')
     finished = tmp_path / "finished_run"
     finished.mkdir()
     (finished / "metrics.jsonl").write_text('{"step": 0, "loss": 5.0}\n')
@@ -93,6 +104,36 @@ BAD_INPUTS = {
                                    "--tokenizer needs --data of token ids"),
     "tracing no step": (["--trace-every", "0"], "trace-every must be a positive integer, got 0"),
     "profiling steps backwards": (["--profile-steps", "3:1"], "profile-steps must be two step numbers A:B"),
+    "profiling steps that are not numbers": (["--profile-steps", "soon"], "profile-steps must be two step numbers"),
+    "negative stall timeout": (["--stall-timeout", "-1"], "stall-timeout must be 0 (no watchdog) or a number"),
+    "stall timeout shorter than a second": (["--stall-timeout", "0.2"], "of at least 1, got 0.2"),
+    "stall timeout that is not a number": (["--stall-timeout", "soon"], "invalid float value: 'soon'"),
+    "stall timeout of the wrong type": (["--config", "{stall_text}"], "stall-timeout must be of type float"),
+    "a TOML table given as a value": (["--config", "{train_value}"], "[train] must be a table"),
+    "a fraction where a count goes": (["--config", "{dp_fraction}"], "dp must be of type int, got 2.5"),
+    "a boolean where a count goes": (["--config", "{seed_bool}"], "seed must be of type int, got True"),
+    "a TOML file that is not UTF-8": (["--config", "{latin1}"], "is not valid TOML"),
+    "negative warm-up": (["--warmup-steps", "-1"], "warmup-steps must be a non-negative integer"),
+    "negative seed": (["--seed", "-1"], "seed must be a non-negative integer"),
+    "empty global batch": (["--global-batch", "0"], "global-batch must be a positive integer"),
+    "negative checkpoint interval": (["--checkpoint-every", "-1"], "checkpoint-every must be a non-negative"),
+    "negative evaluation interval": (["--eval-every", "-2"], "eval-every must be a non-negative integer"),
+    "no log lines": (["--log-every", "0"], "log-every must be a positive integer"),
+    "tp that does not divide the heads": (["--tp", "3"], "cannot be split over --tp 3"),
+    "cp that does not divide the sequence": (["--cp", "3"], "not divisible by --cp 3"),
+    "ring cp on a sequence of odd chunks": (["--cp", "2", "--cp-algorithm", "ring", "--seq-len", "6"],
+                                            "not divisible by 2 × --cp 2"),
+    "a model of no layers": (["--layers", "0"], "layers must be a positive integer"),
+    "no micro-batches": (["--microbatches", "0"], "microbatches must be a positive integer"),
+    "unknown pipeline schedule": (["--schedule", "zigzag"], "invalid choice: 'zigzag'"),
+    "weights from a folder without them": (["--init-from", "{folder}"], "holds no config.json and model.safetensors"),
+    "data path that is a folder": (["--data", "{folder}"], "is a folder"),
+    "resuming a run dir that is a file": (["--resume", "--run-dir", "{empty}"], "is a file, not a directory"),
+    "a catalog GPU and a profile at once": (["--dry-run", "--gpu", "h100-sxm", "--hardware-profile", "{incomplete}"],
+                                            "not allowed with argument --gpu"),
+    "incomplete hardware profile": (["--auto", "--ranks", "2", "--hardware-profile", "{incomplete}"], "is incomplete"),
+    "hardware profile that is not JSON": (["--auto", "--ranks", "2", "--hardware-profile", "{not_json}"],
+                                          "cannot read hardware profile"),
 }
 
 
@@ -101,6 +142,40 @@ BAD_COMMANDS = {
     "token file in a missing folder": (["prepare-data", "{short}", "--tokenizer", "/no/tokenizer.json", "--out",
                                         "missing_dir/t.u16"], "the folder missing_dir does not exist"),
     "export under a file": (["export", "{finished_run}", "--to", "{short}/hf"], "short.txt is a file"),
+    "export of a run with no checkpoint": (["export", "{finished_run}", "--to", "hf"], "holds no complete checkpoint"),
+    "plan of an unknown preset": (["plan", "--model", "gpt5"], "unknown model preset 'gpt5'"),
+    "plan on no GPUs": (["plan", "--model", "tiny", "--gpus", "0"], "--gpus must be a positive integer"),
+    "plan on an unknown GPU": (["plan", "--model", "tiny", "--gpu", "h900"], "unknown GPU 'h900'"),
+    "plan with a missing profile": (["plan", "--model", "tiny", "--hardware-profile", "/no/profile.json"],
+                                    "cannot read hardware profile"),
+    "plan with an incomplete profile": (["plan", "--model", "tiny", "--hardware-profile", "{incomplete}"],
+                                        "is incomplete"),
+    "plan keeping all memory free": (["plan", "--model", "tiny", "--memory-headroom", "1.5"], "in [0, 1)"),
+    "plan listing no layouts": (["plan", "--model", "tiny", "--top", "0"], "--top must be a positive integer"),
+    "plan with negative bandwidth": (["plan", "--model", "tiny", "--intra-node-gbps", "-1"],
+                                     "intra_node_gbps must be positive"),
+    "plan with not-a-number peak": (["plan", "--model", "tiny", "--peak-tflops", "nan"], "must be a finite number"),
+    "plan of dropout on plait's stack": (["plan", "--model", "tiny", "--dropout"], "add --stack megatron"),
+    "plan of a dp that does not divide the GPUs": (["plan", "--model", "tiny", "--dp", "3"],
+                                                   "does not divide --gpus 8"),
+    "simulate ZeRO stage 5": (["simulate", "--model", "tiny", "--dp", "8", "--zero", "5"],
+                              "ZeRO stage 5 does not exist"),
+    "simulate a batch dp cannot split": (["simulate", "--model", "tiny", "--dp", "8", "--global-batch", "3"],
+                                         "not divisible by dp"),
+    "simulate a trace into a missing folder": (["simulate", "--model", "tiny", "--dp", "8", "--trace", "no_dir/t.json"],
+                                               "the folder no_dir does not exist"),
+    "simulate a timeline into a missing folder": (["simulate", "--model", "tiny", "--dp", "8", "--timeline",
+                                                   "no_dir/t.png"], "the folder no_dir does not exist"),
+    "simulate a trace onto a folder": (["simulate", "--model", "tiny", "--dp", "8", "--trace", "{folder}"],
+                                       "is a folder; name a file"),
+    "explain a run with no summary": (["explain", "{finished_run}"], "holds no summary.json"),
+    "explain a damaged summary": (["explain", "{damaged_run}"], "is not a readable summary"),
+    "explain with a profile that is not JSON": (["explain", "{damaged_run}", "--hardware-profile", "{not_json}"],
+                                                "cannot read hardware profile"),
+    "calibrate on no cores": (["calibrate", "--threads", "0"], "--threads must be a positive number of cores"),
+    "calibrate into a missing folder": (["calibrate", "--out", "no_dir/profile.json"], "the folder no_dir does not"),
+    "schedule of an unknown name": (["schedule", "zigzag", "--pp", "2", "--microbatches", "4"], "invalid choice"),
+    "verify with no data parallelism": (["verify", "--dp", "0"], "dp must be a positive integer"),
 }
 
 
@@ -108,8 +183,9 @@ BAD_COMMANDS = {
 def test_bad_command_input_is_one_clear_line(case, files, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     argv, expected = BAD_COMMANDS[case]
+    saved = _contents(tmp_path)
     assert_refused_in_one_line([arg.format(**files) for arg in argv], expected, capsys, tmp_path)
-    assert not (tmp_path / "missing_dir").exists()
+    assert _contents(tmp_path) == saved  # nothing already there was changed, and nothing was added
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
@@ -128,7 +204,8 @@ def _contents(root: Path) -> dict[str, bytes | None]:
 
 
 @pytest.mark.parametrize("flags, expected", [(["--dp", "2", "--global-batch", "5"], "not divisible"),
-                                             (["--dry-run", "--lr", "inf"], "lr must be a finite number")])
+                                             (["--dry-run", "--lr", "inf"], "lr must be a finite number"),
+                                             (["--dp", "2", "--stall-timeout", "-1"], "stall-timeout must be 0")])
 def test_command_line_reports_bad_input_without_starting_workers(tmp_path, flags, expected):
     """Refused before torch is imported: well under a second of CPU time."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

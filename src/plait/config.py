@@ -75,6 +75,7 @@ class TrainSpec:
     tensorboard: bool = False
     trace_every: int = 20  # a traced step costs 13-22% more on 2 loaded cores (benchmarks/tracing_overhead.py)
     profile_steps: str = ""  # "A:B": torch.profiler traces of steps A to B on every rank
+    stall_timeout: float = 120.0  # seconds without progress before the watchdog names the stalled rank; 0: off
 
     @property
     def profiled_steps(self) -> range:
@@ -96,6 +97,9 @@ class TrainSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"{name.replace('_', '-')} must be a finite number, got {value!r}")
+        value = self.stall_timeout
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value == 0 or 1 <= value < math.inf):
+            raise ConfigError(f"stall-timeout must be 0 (no watchdog) or a number of seconds of at least 1, got {value!r}")
         if self.lr <= 0:
             raise ConfigError(f"learning rate must be a positive number, got {self.lr!r}")
         if not 0 <= self.min_lr_ratio <= 1:
@@ -213,6 +217,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--trace-every", type=int,
                        help="trace the step after the first and every K-th after it: compute spans, every collective "
                             f"and the waits, into trace.json and summary.json (default {defaults.trace_every})")
+    group.add_argument("--stall-timeout", type=float, metavar="SECONDS",
+                       help="when a rank makes no progress for this long, every rank names it and the operation "
+                            "it and its peers are in, and the run ends (default "
+                            f"{defaults.stall_timeout:g}; 0: off)")
     group.add_argument("--profile-steps", metavar="A:B",
                        help="write torch.profiler traces of steps A to B on every rank into RUN/profile/ (default: none)")
 

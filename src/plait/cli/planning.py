@@ -146,6 +146,17 @@ def stack_name(args: argparse.Namespace) -> str:
     return args.stack + (f" with --{', --'.join(f.replace('_', '-') for f in changed)}" if changed else "")
 
 
+def check_output_file(flag: str, path: str | None) -> None:
+    """A file a command will write: refused before any work if its folder is missing or it is a folder."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; name a file to write")
+    if not target.parent.is_dir():
+        raise ConfigError(f"{flag} {path}: the folder {target.parent} does not exist; create it or name another")
+
+
 def run_plan(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     workload, hw, fixed = planning_inputs(args)
     result = search(workload, hw, args.gpus, fixed, args.microbatch_size, top=args.top, tie_break=args.tie_break)
@@ -166,6 +177,8 @@ def run_plan(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
 def run_simulate(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     """Predict one layout; exit 1 when it does not fit (after printing its per-rank memory)."""
+    check_output_file("--trace", args.trace)
+    check_output_file("--timeline", args.timeline)
     workload, hw, fixed = planning_inputs(args)
     try:
         prediction = best_layout(workload, hw, args.gpus, fixed, args.microbatch_size, args.tie_break)
@@ -223,6 +236,9 @@ def run_explain(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
 
 def run_calibrate(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    check_output_file("--out", args.out)
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads must be a positive number of cores, got {args.threads}")
     from plait.calibrate.machine import calibrate
 
     profile = calibrate(args.out, args.name, args.precision, args.threads)

@@ -161,8 +161,11 @@ def read_summary(run_dir: Path) -> dict:
     if not path.exists():
         raise ConfigError(f"{run_dir} holds no {SUMMARY_FILE}; explain reads the directory of a finished "
                           "`plait train --run-dir DIR` run")
-    summary = json.loads(path.read_text())
-    if "model_spec" not in summary or "device_name" not in summary:
+    try:
+        summary = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path} is not a readable summary ({error}); it is damaged: train the run again") from None
+    if not isinstance(summary, dict) or "model_spec" not in summary or "device_name" not in summary:
         raise ConfigError(f"{path} has no model_spec: it was written before plait explain existed; train the run again")
     return summary
 

@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from plait.observe.progress import Progress
 from plait.parallel.pipeline_executor import ChunkReduction, Executor, StepRecord
 from plait.parallel.tensor import vocab_parallel_loss
 from plait.schedules.actions import Schedule
@@ -133,14 +134,15 @@ class Pipeline:
         self.gradient_buckets: ChunkReduction | None = None
 
     def forward_backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast,
-                         positions: torch.Tensor | None = None) -> torch.Tensor:
+                         positions: torch.Tensor | None = None, progress: Progress | None = None) -> torch.Tensor:
         """Forward and backward every micro-batch by the schedule, each chunk's data-parallel
         reduction started once its gradients are final (``gradient_buckets``) and left in flight.
 
         ``positions`` are those of the sequence slice this rank holds (None: all of them). Returns
-        the mean loss of this rank's tokens, on every pp rank.
+        the mean loss of this rank's tokens, on every pp rank. ``progress`` records each action, for
+        the stall watchdog.
         """
-        loss, record = self._execute(self.schedule, micro_batches, autocast, positions)
+        loss, record = self._execute(self.schedule, micro_batches, autocast, positions, progress or Progress())
         self.last_step_spans = record.spans
         origin = min((span.start for span in record.spans), default=0.0)
         self.spans.append([Span(s.action, s.start - origin, s.end - origin) for s in record.spans])
@@ -151,10 +153,10 @@ class Pipeline:
     def evaluate(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast,
                  positions: torch.Tensor | None = None) -> torch.Tensor:
         """The mean loss of this rank's tokens by the schedule's forwards alone (no gradients, no timeline)."""
-        return self._execute(forward_only(self.schedule), micro_batches, autocast, positions)[0]
+        return self._execute(forward_only(self.schedule), micro_batches, autocast, positions, Progress())[0]
 
     def _execute(self, schedule: Schedule, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast,
-                 positions: torch.Tensor | None) -> tuple[torch.Tensor, StepRecord]:
+                 positions: torch.Tensor | None, progress: Progress) -> tuple[torch.Tensor, StepRecord]:
         count = len(micro_batches)
         targets = [t.to(self.device) for _, t in micro_batches]
 
@@ -171,12 +173,14 @@ class Pipeline:
         # Evaluation's forward-only schedule computes no gradients: nothing to reduce.
         reduction = self.gradient_buckets if schedule is self.schedule else None
         executor = Executor(schedule, self.pp_rank, chunks, loss_fn, recv_shape, self.pp_group, self.device,
-                            reduction=reduction)
+                            reduction=reduction, progress=progress)
+        progress.operation("pp barrier before the schedule")
         dist.barrier(group=self.pp_group)  # a common start, so every rank's spans share one clock origin
         with vocab_parallel_loss(self.topology):  # the last chunk's loss and its backward
             record = executor.run([inputs for inputs, _ in micro_batches])
         loss = record.loss if record.loss is not None else torch.zeros((), device=self.device)
         last = dist.get_global_rank(self.pp_group, self.schedule.pp - 1)
+        progress.operation(f"pp loss broadcast from rank {last}")
         dist.broadcast(loss, src=last, group=self.pp_group)
         return loss, record
 

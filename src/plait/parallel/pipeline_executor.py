@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
+from plait.observe.progress import Progress
 from plait.parallel.tensor import local_value
 from plait.schedules.actions import Action, Kind, Schedule
 from plait.schedules.simulate import Span
@@ -36,6 +37,11 @@ from plait.schedules.simulate import Span
 TAGS = {Kind.SEND_ACTIVATION: 0, Kind.RECV_ACTIVATION: 0, Kind.SEND_GRAD: 1, Kind.RECV_GRAD: 1}
 LossFn = Callable[[torch.Tensor, int], torch.Tensor]
 GRADIENT_KINDS = (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)  # the actions that accumulate weight gradients
+# Each action in words, as the stall watchdog reports it (a transfer names its peer after these).
+OPERATIONS = {Kind.FORWARD: "forward", Kind.BACKWARD: "backward", Kind.BACKWARD_INPUT: "input backward",
+              Kind.BACKWARD_WEIGHT: "weight backward", Kind.SEND_ACTIVATION: "send activation to",
+              Kind.RECV_ACTIVATION: "recv activation from", Kind.SEND_GRAD: "send gradient to",
+              Kind.RECV_GRAD: "recv gradient from"}
 
 
 class ChunkReduction(Protocol):
@@ -79,7 +85,8 @@ class Executor:
     gives the last chunk's loss, already scaled for accumulation. ``recv_shape(mb)`` is the shape of
     the hidden states that cross between chunks; transfers are in ``dtype``. ``reduction`` starts
     each chunk's data-parallel gradient reduction right after its last backward action, so it
-    overlaps what is left of the schedule.
+    overlaps what is left of the schedule. ``progress`` records each action as it starts, for the
+    stall watchdog.
     """
 
     def __init__(
@@ -94,6 +101,7 @@ class Executor:
         dtype: torch.dtype = torch.float32,
         prefetch: int = 4,
         reduction: ChunkReduction | None = None,
+        progress: Progress | None = None,
     ):
         self.schedule, self.rank, self.chunks = schedule, rank, chunks
         self.prefetch = max(1, prefetch)
@@ -101,6 +109,9 @@ class Executor:
         self.device, self.dtype = device, dtype
         self.last_chunk = schedule.num_chunks - 1
         self.reduction = reduction
+        self.progress = progress or Progress()
+        # Global ranks of the pp group's members: the watchdog names a transfer's peer as the job knows it.
+        self.global_ranks = dist.get_process_group_ranks(group) if group is not None else list(range(schedule.pp))
         self.final = {index: chunk for chunk, index in last_gradient_actions(schedule.actions[rank]).items()}
 
     def run(self, inputs: list[torch.Tensor]) -> StepRecord:
@@ -122,6 +133,8 @@ class Executor:
             final = self.reduction is not None and index in self.final
             if final:
                 self.reduction.arm(action.chunk)  # its hooks send buckets as this backward fills them
+            waits_for = self.global_ranks[action.peer] if action.kind.is_recv else None
+            self.progress.operation(self._operation(action), waits_for)
             start = time.perf_counter()
             if action.kind is Kind.FORWARD:
                 self._forward(action, state, states, inputs, record)
@@ -150,9 +163,15 @@ class Executor:
                 self.reduction.close(action.chunk)  # within the action's span: the rank's work, not idle
             synchronize()
             record.spans.append(Span(action, start, time.perf_counter()))
+        self.progress.operation("pp wait for the step's sends")
         for work in sends:
             work.wait()
         return record
+
+    def _operation(self, action: Action) -> str:
+        """The action in words: 'pp recv activation from rank 1 (chunk 1, micro-batch 0)'."""
+        peer = "" if action.peer is None else f" rank {self.global_ranks[action.peer]}"
+        return f"pp {OPERATIONS[action.kind]}{peer} (chunk {action.chunk}, micro-batch {action.microbatch})"
 
     def _send(self, action: Action, tensor: torch.Tensor) -> dist.Work:
         payload = tensor.detach().to(self.dtype).contiguous()

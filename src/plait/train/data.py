@@ -43,6 +43,8 @@ def load_tokens(path: str | None) -> np.ndarray:
     if path is None:
         return default_corpus()
     file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"data file {path} is a folder; pass --data with a text or token file")
     if not file.is_file():
         raise ConfigError(f"data file {path} does not exist; pass --data with a text or token file")
     if file.stat().st_size == 0:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from plait.config import RunConfig
 from plait.errors import ConfigError
 from plait.interop.hf import check_init_from
+from plait.observe.progress import Progress
 from plait.observe.run_files import METRICS_FILE
 from plait.observe.time_split import proportions
 from plait.topology import build_topology
@@ -30,6 +31,7 @@ from plait.train.checkpoint_record import resumable_checkpoint
 from plait.train.data import check_data
 from plait.train.loop import NonFiniteLoss, train
 from plait.train.start import default_run_dir, inside_torchrun
+from plait.train.watchdog import stall_watchdog
 
 # A collective that has not completed after this long raises on the rank that waits, naming it.
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
@@ -39,6 +41,9 @@ RESUME_ENV = "PLAIT_RESUME_FROM"
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 # CPU ranks a local launch may start per core: the default 8-rank layout runs on two cores.
 CPU_RANKS_PER_CORE = 8
+# NCCL's own watchdog keeps a flight record of each rank's last collectives and, when one times out,
+# dumps it to RUN/nccl_trace_rank_<r> (read it with torch's `torchfrtrace`); a user's setting wins.
+NCCL_FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 
 
 def prepare_run_dir(config: RunConfig) -> tuple[Path, Path | None]:
@@ -168,6 +173,9 @@ def run_worker(config: RunConfig, run_dir: Path, resume_from: Path | None = None
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         backend = "nccl"
+        dump = {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{run_dir}/nccl_trace_rank_"}
+        for name, value in {**NCCL_FLIGHT_RECORDER, **dump}.items():
+            os.environ.setdefault(name, value)
     else:
         device = torch.device("cpu")
         backend = "gloo"
@@ -202,7 +210,9 @@ def train_rank(config: RunConfig, device: torch.device, run_dir: Path, resume_fr
         start = f"{checkpoint.name}" if checkpoint is not None else "step 0 (no complete checkpoint yet)"
         allowed = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "?")  # torchrun's --max-restarts, however it started
         print(f"plait: restart {restart} of {allowed} after a lost rank: resuming from {start}", flush=True)
-    return train(config, topology, run_dir, checkpoint).summary
+    progress = Progress()
+    with stall_watchdog(config.train.stall_timeout, progress, topology):
+        return train(config, topology, run_dir, checkpoint, progress).summary
 
 
 def after_restart(config: RunConfig) -> RunConfig:

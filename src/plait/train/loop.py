@@ -30,6 +30,7 @@ from plait.interop.hf import read_hf_state
 from plait.models.init import init_weights
 from plait.models.transformer import Transformer
 from plait.observe.model_state import ModelStateMeter
+from plait.observe.progress import Progress
 from plait.observe.run_files import CONFIG_FILE, PROFILE_DIR, MetricsLog, draw_loss, write_run_trace
 from plait.observe.step_trace import StepTracer
 from plait.observe.summary import write_summary
@@ -126,16 +127,19 @@ def forward_backward(parallel: Parallelized, micro_batches: MicroBatches, autoca
 
 def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: float, autocast: Callable,
                positions: torch.Tensor | None = None,
-               laid_out: Callable[[], None] = lambda: None, span: Spans = no_spans) -> tuple[torch.Tensor, torch.Tensor]:
+               laid_out: Callable[[], None] = lambda: None, span: Spans = no_spans,
+               progress: Progress | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step: forward and backward, the gradients finished for the layout, clipping at
     ``grad_clip`` (0: none), the step. Returns (this rank's mean loss, global grad norm).
 
     ``autocast()`` gives the run's precision context; ``positions`` are those of the sequence slice
     this rank holds under context parallelism; ``laid_out`` is called after backward, once the
     gradients are laid out as their parameters, before they are reduced; ``span`` times the compute
-    spans of a traced step."""
+    spans of a traced step; ``progress`` records the pipeline's actions for the stall watchdog."""
     if parallel.pipeline is not None:
-        loss = parallel.pipeline.forward_backward(micro_batches, autocast, positions)
+        progress = progress or Progress()
+        progress.phase("forward and backward")
+        loss = parallel.pipeline.forward_backward(micro_batches, autocast, positions, progress)
     else:
         loss = forward_backward(parallel, micro_batches, autocast, positions, span)
     with span("gradient sync"):
@@ -152,9 +156,11 @@ def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: f
 
 
 def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
-          resume_from: Path | None = None) -> TrainResult:
+          resume_from: Path | None = None, progress: Progress | None = None) -> TrainResult:
     """Run ``config`` on this rank. With ``run_dir``, rank 0 writes the run files there; with --resume
-    the run continues ``resume_from`` (default: the run dir's newest complete checkpoint)."""
+    the run continues ``resume_from`` (default: the run dir's newest complete checkpoint). Each step's
+    phases are recorded in ``progress``, which the stall watchdog reads."""
+    progress = progress or Progress()
     train_spec, layout, device = config.train, config.layout, topology.device
     if train_spec.deterministic:
         torch.use_deterministic_algorithms(True)
@@ -184,13 +190,15 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
     steps = range(result.first_step, train_spec.steps)
     # A bar on a terminal; in a log file (not a terminal) a plain line every --log-every steps.
     writes_log_lines, on_terminal = topology.is_logging_rank, sys.stderr.isatty()
-    progress = tqdm(steps, desc="train", unit="step", disable=not (writes_log_lines and on_terminal), dynamic_ncols=True)
+    bar = tqdm(steps, desc="train", unit="step", disable=not (writes_log_lines and on_terminal), dynamic_ncols=True)
     tracer = StepTracer(topology, train_spec.trace_every, result.first_step, train_spec.steps,
                         train_spec.profiled_steps, run_dir / PROFILE_DIR if run_dir is not None else None)
     schedule = lr_scheduler(optimizer, train_spec, result.first_step)
+    span = progress.marking(tracer.span)
     try:
-        for step in progress:
+        for step in bar:
             started = time.perf_counter()
+            progress.step(step, "data")
             with tracer.step(step):
                 lr = schedule.get_last_lr()[0]
                 inputs, targets = source.local_batch(step, dp_rank, dp_size)
@@ -199,7 +207,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
                 try:
                     local_loss, grad_norm = train_step(parallel, micro, train_spec.grad_clip,
                                                        lambda: autocast(config, device), positions,
-                                                       meter.before_reduction, tracer.span)
+                                                       meter.before_reduction, span, progress)
                 except NonFiniteLoss as error:
                     raise NonFiniteLoss(f"step {step}: {error}, so the step was not taken and nothing of it was "
                                         "logged or saved; resume from an earlier checkpoint with a lower --lr, or "
@@ -207,6 +215,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
                 schedule.step()
                 if pipeline is not None:
                     tracer.add_actions(pipeline.last_step_spans)
+                progress.phase("loss all-reduce (dp)")
                 dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
                 average_over_context(local_loss, topology)
                 loss = local_loss.item()
@@ -216,9 +225,10 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
             elapsed = time.perf_counter() - started
             result.losses.append(loss)
             result.step_times.append(elapsed)
-            progress.set_postfix(loss=f"{loss:.3f}")
+            bar.set_postfix(loss=f"{loss:.3f}")
             evaluated = {}
             if evaluator is not None and ((step + 1) % train_spec.eval_every == 0 or step == train_spec.steps - 1):
+                progress.phase("eval")
                 evaluated["eval_loss"] = evaluator.evaluate(parallel, lambda: autocast(config, device))
             row = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item(),
                    "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed, **evaluated}
@@ -235,8 +245,10 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
                 if not weights_are_finite(model):  # the last checkpoint kept stays one training can go on from
                     raise NonFiniteLoss(f"step {step}: the weights are not finite after the step, so it was not saved; "
                                         "resume from an earlier checkpoint with a lower --lr")
+                progress.phase("checkpoint")
                 writer.save(step + 1, model, optimizer)
-        progress.close()
+        bar.close()
+        progress.phase("final checkpoint")
         if run_dir is not None and wants_final_checkpoint(train_spec, result.first_step):
             if not weights_are_finite(model):
                 raise NonFiniteLoss(f"step {train_spec.steps - 1}: the weights are not finite after the step, so it "
@@ -248,11 +260,13 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
         raise
     if writer is not None:
         writer.finish()
+    progress.phase("gathering timelines and traces")
     if pipeline is not None and result.losses:
         result.pipeline = pipeline.measure().figures
     result.traces = tracer.gather()
     if writes and result.traces:
         write_run_trace(run_dir, result.traces, layout, result.pipeline.get("bubble_fraction"))
+    progress.phase("summary")
     if run_dir is not None:
         result.summary = write_summary(run_dir, config, topology, result)
         if writes:
