@@ -79,6 +79,31 @@ def test_trace_has_a_track_per_rank_and_collectives_with_group_op_and_bytes(runs
     assert (run_dir / "timeline.png").stat().st_size > 10_000
 
 
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_explain_sets_every_layouts_measured_time_beside_the_planners(runs, name, tmp_path):
+    """plait explain on dp-, tp-, cp-only, pipelined and 3-D runs: the measured step and each group's
+    exposed communication beside the planner's prediction of the same run, and the bottleneck."""
+    from dataclasses import replace
+
+    from plait.observe.bottleneck import bottleneck
+    from plait.observe.explain import explain
+    from plait.plan.hardware import hardware
+
+    run_dir = runs[name][3]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    explanation = explain(run_dir, profile=replace(hardware("a100-80gb"), name="test-profile"))
+    rows = {quantity: (predicted, measured) for quantity, predicted, measured, _ in explanation.rows()}
+    assert rows["step time"][1] == summary["step_time_s"] and rows["step time"][0] > 0
+    exposed = summary["time_split"]["exposed_comm_by_group_s"]
+    assert rows["exposed dp communication"][1] == exposed.get("dp", 0.0)
+    assert rows["exposed tp and cp communication"][1] == exposed.get("tp", 0.0) + exposed.get("cp", 0.0)
+    for group, quantity in (("dp", "exposed dp communication"), ("tp", "exposed tp and cp communication"),
+                            ("cp", "exposed tp and cp communication")):
+        if LAYOUTS[name].get(group, 1) > 1:  # the planner predicts a cost for every group the layout has
+            assert rows[quantity][0] > 0, quantity
+    assert f"bottleneck: {bottleneck(summary['time_split'])}" in explanation.report()
+
+
 def test_closing_lines_give_compute_exposed_communication_and_bubble(runs, capsys):
     """Each share is the median over the traced steps of the ranks' mean part over their mean step."""
     traces, _, _, run_dir = runs["dp2·tp2·pp2"]
