@@ -25,6 +25,11 @@ class Kernels:
     # tensor backward needs, so the block's closing collective is not issued again (plait);
     # Megatron-LM reruns the whole forward, collectives and all.
     recompute_whole_forward: bool = True
+    # Megatron-LM runs a column-parallel linear's backward tensor-parallel collective asynchronously
+    # (LinearWithGradAccumulationAndAsyncCommunication): the input gradient's all-reduce, or under sp
+    # its reduce-scatter, goes while the weight gradient is computed, and sp's re-gather of the saved
+    # input shard while the input gradient is. plait's DTensor layers issue each on the critical path.
+    tp_backward_overlap: bool = True
     # Whose engine holds the memory: plait's own (what its runs measure: plait.facts.model_state and
     # .activations count it exactly) or a reference stack (the ZeRO paper's and Korthikanti's formulas).
     engine: str = "reference"
@@ -37,7 +42,8 @@ class Kernels:
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
     # query kept, no scores), one eager kernel per elementwise op, either context-parallel algorithm.
-    "plait": Kernels(fused=False, cp_algorithms=("all-to-all", "ring"), recompute_whole_forward=False, engine="plait"),
+    "plait": Kernels(fused=False, cp_algorithms=("all-to-all", "ring"), recompute_whole_forward=False,
+                     tp_backward_overlap=False, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
     "megatron": Kernels(),
 }

@@ -90,6 +90,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     # under the attention they feed (and under its recomputation, which sends them again).
     on_path = {"forward": 0.0, "backward": 0.0}
     ring = {"forward": 0.0, "backward": 0.0}
+    tp_backward = 0.0  # the backward's own tensor-parallel collectives (not the recomputed forward's)
     for call in layer_collectives(spec, micro_batch, spec.seq_len, layout.tp, layout.sp, layout.cp, layout.recompute,
                                   e, kernels.recompute_whole_forward, layout.cp_algorithm):
         link = group_link(hw, layout, call.group)
@@ -99,6 +100,12 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
             seconds, into = COLLECTIVE_SECONDS[call.op](call.tensor_bytes, call.size, link), on_path
         into["forward"] += call.forward * seconds
         into["backward"] += call.backward * seconds
+        if call.group == "tp" and kernels.tp_backward_overlap:
+            rerun = call.forward if layout.recompute == "full" else 0
+            tp_backward += (call.backward - rerun) * seconds
+    if tp_backward:  # under the column-parallel linears' backward matmuls, only the excess is exposed
+        window = column_parallel_share(spec) * times.backward_weight * (2 if layout.sp else 1)
+        on_path["backward"] -= tp_backward - exposed_under(tp_backward, window, hw.comm_overlap)
     recomputed = 0.0 if layout.recompute == "none" else 1.0
     cp_forward = exposed_under(ring["forward"], times.attention, hw.comm_overlap)
     cp_backward = exposed_under(ring["backward"], (hw.attention_backward_ratio + recomputed) * times.attention,
@@ -136,6 +143,15 @@ def end_collectives(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: 
                    for call in calls]
         sides += [sum(f * t for f, _, t in seconds), sum(b * t for _, b, t in seconds)]
     return EndCollectives(*sides)
+
+
+def column_parallel_share(spec: ModelSpec) -> float:
+    """The column-parallel linears' (q, k, v and the MLP's input projections) share of a layer's
+    weight-gradient matmuls, by parameters: their gradient matmuls are what Megatron-LM's asynchronous
+    tensor-parallel backward runs beside."""
+    column = spec.hidden * (spec.hidden + 2 * spec.kv_dim) + spec.hidden * spec.ffn_hidden * (2 if spec.gated_mlp else 1)
+    row = spec.hidden * spec.hidden + spec.ffn_hidden * spec.hidden
+    return column / (column + row)
 
 
 def chunk_costs(
