@@ -2,14 +2,20 @@
 
 Ring algorithms (Patarasuk & Yuan 2009; NCCL's default for large messages): over n ranks an
 all-reduce of S bytes sends 2(n−1)/n·S per rank in 2(n−1) steps, a reduce-scatter or all-gather
-(n−1)/n·S in n−1 steps. Each step pays the link latency. Where reduce-scatter and all-gather are
-not rings (gloo), the hardware's calibrated ``CollectiveScale`` multiplies their two terms.
+(n−1)/n·S in n−1 steps. Where reduce-scatter and all-gather are not rings (gloo), the hardware's
+calibrated ``CollectiveScale`` multiplies their two terms.
 
 Topology: the mesh is (pp, dp, cp, tp) with tp innermost, ranks numbered row-major and nodes
 holding consecutive ranks. A group whose members all sit in one node uses the intra-node link.
-A group that spans nodes runs as many parallel rings as it has members per node, each through
-its own network adapter, so its bandwidth is min(intra, members-per-node × inter) and each step
-pays the network latency.
+A group that spans nodes is laid out as NCCL lays its rings: each ring runs through a node's
+members over NVLink and leaves it through one network adapter, so a group with k members per
+node runs k rings side by side, one per adapter, and gets min(intra, k × adapter) bus bandwidth
+(the node's other adapters carry the other groups of its stride).
+
+Latency follows NCCL's own tuning model (src/graph/tuning.cc): a ring is a pipeline, so the
+latency a piece of data pays is the sum of the hops it crosses — of a pass's n−1 steps, the
+N−1 that cross between the N nodes the group spans pay the network hop, the rest the NVLink hop
+(an all-reduce's two passes pay both twice).
 
 Overlap rules, used by plait.plan.simulate (where a rule says a collective overlaps compute, the
 hardware's ``comm_overlap`` fraction of it can hide: all of it on a GPU, what calibrate measures
@@ -33,20 +39,37 @@ from dataclasses import dataclass
 from plait.layout import MESH_DIMS, Layout
 from plait.plan.hardware import CollectiveScale, Hardware
 
-# Fraction of the nominal link bandwidth a large collective achieves (NCCL's bus bandwidth on
-# NVLink and InfiniBand is ~80% of nominal in nccl-tests reports).
+# Fraction of the nominal link bandwidth a large collective achieves. Inside a node NCCL's ring
+# bus bandwidth on NVLink is ~80% of nominal in nccl-tests reports. Across nodes each adapter
+# reaches more of its line rate: NVIDIA measures 192 GB/s all-reduce bus bandwidth on DGX A100
+# with 8 × 200 Gb/s InfiniBand (24 of 25 GB/s per adapter; NVIDIA/nccl issue 812), and expects
+# 46–48 of 50 GB/s per 400 Gb/s NDR adapter (NVIDIA/nccl-tests issue 290).
 LINK_EFFICIENCY = 0.8
+NETWORK_EFFICIENCY = 0.96
 
 
 @dataclass(frozen=True)
 class Link:
-    """Bandwidth (bytes/s) and per-step latency (s) one rank of a group sees."""
+    """What one rank of a group sees: bus bandwidth (bytes/s), the latency of a ring step inside a
+    node (s), and for a group spanning ``nodes`` nodes the latency of a step between them."""
 
     bandwidth: float
     latency: float
     crosses_nodes: bool
     reduce_scatter_scale: CollectiveScale = CollectiveScale()  # the Hardware's
     all_gather_scale: CollectiveScale = CollectiveScale()
+    nodes: int = 1
+    network_latency: float = 0.0
+
+    def ring_latency(self, steps: int, passes: int = 1) -> float:
+        """Latency of ``passes`` ring passes of ``steps`` steps each, ``nodes − 1`` of each between nodes."""
+        between = min(steps, self.nodes - 1)
+        return passes * ((steps - between) * self.latency + between * self.network_latency)
+
+    @property
+    def hop_latency(self) -> float:
+        """Latency of one point-to-point transfer on this link."""
+        return self.network_latency if self.crosses_nodes else self.latency
 
 
 def group_link(hw: Hardware, layout: Layout, dim: str) -> Link:
@@ -73,22 +96,24 @@ def strided_link(hw: Hardware, size: int, stride: int) -> Link:
     if stride * size <= hw.gpus_per_node:
         return Link(intra, hw.intra_node_latency_s, False, **scales)
     members_per_node = max(1, hw.gpus_per_node // stride)
-    inter = hw.inter_node_gbps * 1e9 * LINK_EFFICIENCY * members_per_node
-    return Link(min(intra, inter), hw.inter_node_latency_s, True, **scales)
+    inter = hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY * members_per_node
+    nodes = -(-size // members_per_node)
+    return Link(min(intra, inter), hw.intra_node_latency_s, True, **scales, nodes=nodes,
+                network_latency=hw.inter_node_latency_s)
 
 
 def all_reduce_seconds(nbytes: float, n: int, link: Link) -> float:
     """Ring all-reduce of ``nbytes`` over ``n`` ranks."""
     if n == 1:
         return 0.0
-    return 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
+    return link.ring_latency(n - 1, passes=2) + 2 * (n - 1) / n * nbytes / link.bandwidth
 
 
 def ring_pass_seconds(nbytes: float, n: int, link: Link, scale: CollectiveScale = CollectiveScale()) -> float:
     """One pass round a ring of ``n`` ranks, each step moving 1/n of a ``nbytes`` buffer."""
     if n == 1:
         return 0.0
-    return scale.latency * (n - 1) * link.latency + scale.bandwidth * (n - 1) / n * nbytes / link.bandwidth
+    return scale.latency * link.ring_latency(n - 1) + scale.bandwidth * (n - 1) / n * nbytes / link.bandwidth
 
 
 def reduce_scatter_seconds(nbytes: float, n: int, link: Link) -> float:
@@ -108,7 +133,7 @@ def all_to_all_seconds(nbytes: float, n: int, link: Link) -> float:
 
 def send_seconds(nbytes: float, link: Link) -> float:
     """One point-to-point transfer."""
-    return link.latency + nbytes / link.bandwidth
+    return link.hop_latency + nbytes / link.bandwidth
 
 
 def exposed_under(comm_s: float, compute_s: float, overlap: float) -> float:

@@ -28,6 +28,13 @@ COLLECTIVE_SECONDS = {
 }
 
 
+# Kernels one ring step of context-parallel attention launches forward besides its attention block:
+# the send/receive of the next K/V block and the online-softmax merge of the block's output and
+# log-sum-exp into the running ones (rescale, add, the new log-sum-exp). Backward launches twice as
+# many (the dK/dV hop and the accumulation of dQ and dK/dV).
+RING_STEP_KERNELS = 5
+
+
 @dataclass(frozen=True)
 class ChunkCost:
     """Seconds of one chunk for one micro-batch; ``comm`` is the exposed communication inside."""
@@ -107,18 +114,45 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         window = column_parallel_share(spec) * times.backward_weight * (2 if layout.sp else 1)
         on_path["backward"] -= tp_backward - exposed_under(tp_backward, window, hw.comm_overlap)
     recomputed = 0.0 if layout.recompute == "none" else 1.0
-    cp_forward = exposed_under(ring["forward"], times.attention, hw.comm_overlap)
-    cp_backward = exposed_under(ring["backward"], (hw.attention_backward_ratio + recomputed) * times.attention,
-                                hw.comm_overlap)
+    cp_forward = cp_backward = 0.0
+    if ring["forward"] or ring["backward"]:
+        # The attention runs as cp block kernels, one per ring step; the K/V for step i+1 travels
+        # under step i's block, so the last block has nothing to hide and only (cp−1)/cp of the
+        # attention covers the hops. Each step also launches its exchange and the merge of its
+        # output into the running one, whatever the block's size.
+        hidden_under = (layout.cp - 1) / layout.cp * times.attention
+        steps = layout.cp * RING_STEP_KERNELS * hw.kernel_overhead_s
+        cp_forward = exposed_under(ring["forward"], hidden_under, hw.comm_overlap) + steps
+        cp_backward = exposed_under(ring["backward"], (hw.attention_backward_ratio + recomputed) * hidden_under,
+                                    hw.comm_overlap) + (2 + recomputed) * steps
     zero_forward = zero_backward = gather = 0.0
     if layout.zero == 3 and layout.pp == 1:  # a pipeline stage gathers once per step (plan.simulate.flush_costs)
-        shards, stride = zero_group(layout, kernels)
-        gathered = layer_parameter_count(spec) / layout.tp * communicated_bytes(layout, precision, kernels)[1]
-        gather = all_gather_seconds(gathered, shards, strided_link(hw, shards, stride))
+        gather, scatter = zero3_layer_seconds(spec, hw, layout, precision, kernels)
         zero_forward = exposed_under(gather, times.forward, hw.comm_overlap)
-        zero_backward = exposed_under(gather, times.backward, hw.comm_overlap)
+        # Backward gathers the layer again and reduce-scatters its gradients on the same links, both
+        # under the layer's backward (and its recomputation): one prefetched layer ahead, so a layer
+        # whose compute is shorter than its transfers exposes the difference.
+        zero_backward = exposed_under(gather + scatter, times.backward + times.recompute, hw.comm_overlap)
     return LayerCost(times, on_path["forward"] + cp_forward + zero_forward,
                      on_path["backward"] + cp_backward + zero_backward, gather)
+
+
+def zero3_layer_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str,
+                        kernels: Kernels) -> tuple[float, float]:
+    """(all-gather of one layer's parameters, reduce-scatter of its gradients) under ZeRO-3 without
+    pipeline stages; under hybrid sharding the reduce-scatter is followed by the all-reduce of the
+    shard across replica groups, in the same backward hook (FSDP2, plait.facts.model_state)."""
+    shards, stride = zero_group(layout, kernels)
+    link = strided_link(hw, shards, stride)
+    grad_bytes, param_bytes = communicated_bytes(layout, precision, kernels)
+    parameters = layer_parameter_count(spec) / layout.tp
+    gather = all_gather_seconds(parameters * param_bytes, shards, link)
+    scatter = reduce_scatter_seconds(parameters * grad_bytes, shards, link)
+    replicas = layout.dp * (1 if kernels.plait_engine else layout.cp) // shards
+    if replicas > 1:
+        scatter += all_reduce_seconds(parameters * grad_bytes / shards, replicas,
+                                      strided_link(hw, replicas, shards * stride))
+    return gather, scatter
 
 
 @dataclass(frozen=True)

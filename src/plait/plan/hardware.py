@@ -66,8 +66,8 @@ class Hardware:
     inter_node_latency_s: float = 15e-6
     # Fraction of the peak a large, well-shaped matmul reaches: one constant, fitted to the ten
     # A100 runs of Narayanan et al. 2021 table 1 (benchmarks/validate_published.py --fit gives
-    # 0.656) and used for every catalog entry, as no other GPU has data to fit it here.
-    matmul_efficiency: float = 0.656
+    # 0.653) and used for every catalog entry, as no other GPU has data to fit it here.
+    matmul_efficiency: float = 0.653
     # Bytes per second of activation functions (GELU, SiLU); None: as memory_gbps (on GPUs they
     # are bandwidth-bound; on a CPU their transcendentals make them slower, so calibrate measures).
     activation_gbps: float | None = None

@@ -18,7 +18,7 @@ from plait.facts.model_state import (
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.facts.validity import check_run
 from plait.layout import Layout
-from plait.models.flops import flops_per_sequence
+from plait.models.flops import flops_per_sequence, layer_parameter_count
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, reduce_scatter_seconds, strided_link,
@@ -147,7 +147,12 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     shards, stride = zero_group(layout, kernels)
     link = strided_link(hw, shards, stride)
     g_bytes, p_bytes = communicated_bytes(layout, precision, kernels)
-    grads = reduced_gradient_elements(workload.spec, layout, params) * g_bytes
+    # ZeRO-3 without stages reduces each layer's gradients in that layer's backward, where
+    # plait.plan.costs.layer_cost charges them beside its gathers; what is left here is the
+    # embedding's and head's, reduced after the last backward with nothing to hide under.
+    per_layer = layout.zero == 3 and layout.pp == 1
+    reduced = params - workload.spec.layers * layer_parameter_count(workload.spec) / layout.tp if per_layer else params
+    grads = reduced_gradient_elements(workload.spec, layout, reduced) * g_bytes
     after = 0.0
     if layout.grad_compression == "powersgd":
         # Three all-reduces over dp in turn (the tensors sent whole, then P, then Q); context-parallel
@@ -158,6 +163,8 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
         after = all_reduce_seconds(params * g_bytes, layout.cp, group_link(hw, layout, "cp"))
     elif kernels.plait_engine:
         reduce, after = plait_reduction_seconds(hw, layout, grads)
+        if per_layer:  # the context-parallel average after backward covers every layer's shard
+            after = plait_reduction_seconds(hw, layout, params * g_bytes)[1]
     elif layout.zero < 2:
         reduce = all_reduce_seconds(grads, replicas, replica_link)
     else:  # reduce-scatter over the ZeRO group; replica groups (hybrid sharding) average the shard
@@ -166,7 +173,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     # Buckets hold the gradients as computed, before any compression.
     bucketed = params * communicated_bytes(replace(layout, grad_compression="none"), precision, kernels)[0]
     bucket = bucket_bytes(bucketed) if kernels.plait_engine else BUCKET_BYTES  # plait's rule; DDP's default
-    last_bucket = reduce * min(1.0, bucket / bucketed) if bucketed else 0.0
+    last_bucket = reduce if per_layer else reduce * min(1.0, bucket / bucketed) if bucketed else 0.0
     # ZeRO-1/2 gather the updated rows after the step; ZeRO-3 on a pipeline stage gathers its
     # parameters once per step, before its first forward (plait.parallel.stage_sharding).
     once = layout.zero in (1, 2) or (layout.zero == 3 and layout.pp > 1)
