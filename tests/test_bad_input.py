@@ -155,6 +155,8 @@ BAD_COMMANDS = {
     "plan with negative bandwidth": (["plan", "--model", "tiny", "--intra-node-gbps", "-1"],
                                      "intra_node_gbps must be positive"),
     "plan with not-a-number peak": (["plan", "--model", "tiny", "--peak-tflops", "nan"], "must be a finite number"),
+    "plan with a negative memory bandwidth": (["plan", "--model", "tiny", "--memory-bandwidth", "-3"],
+                                              "memory_gbps must be positive"),
     "plan of dropout on plait's stack": (["plan", "--model", "tiny", "--dropout"], "add --stack megatron"),
     "plan of a dp that does not divide the GPUs": (["plan", "--model", "tiny", "--dp", "3"],
                                                    "does not divide --gpus 8"),

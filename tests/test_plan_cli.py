@@ -86,3 +86,13 @@ def test_simulate_draws_its_timeline_with_the_runs_renderer(tmp_path, capsys):
             "--dp", "1", "--tp", "1", "--cp", "1", "--pp", "2", "--microbatches", "4", "--timeline", str(picture)]
     assert main(args) == 0
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_memory_bandwidth_is_a_figure_the_prediction_reads(capsys):
+    """An HBM2e or power-capped part: half the bandwidth slows the memory-bound kernels, nothing else."""
+    args = ["simulate", "--model", "gpt2", "--gpu", "h100-sxm", "--gpus", "1", "--global-batch", "8", "--json"]
+    steps = []
+    for bandwidth in ([], ["--memory-bandwidth", "1675"]):
+        assert main(args + bandwidth) == 0
+        steps.append(json.loads(capsys.readouterr().out)["step_time_s"])
+    assert steps[1] > steps[0]

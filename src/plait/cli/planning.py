@@ -35,6 +35,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--inter-node-gbps", type=float, help="per-device network bandwidth between nodes, GB/s each way")
     group.add_argument("--peak-tflops", type=float, help="dense peak TFLOP/s at --precision")
     group.add_argument("--memory-gb", type=float, help="device memory in GB (10^9 bytes)")
+    group.add_argument("--memory-bandwidth", type=float, metavar="GBPS",
+                       help="device memory bandwidth in GB/s (an HBM2e or power-capped part of a catalog GPU)")
     group.add_argument("--global-batch", type=int, help="sequences per step (default: ~1M tokens, a multiple of --gpus)")
     group.add_argument("--microbatch-size", type=int, help="sequences per micro-batch (default: searched)")
     group.add_argument("--memory-headroom", type=float, metavar="FRACTION",
@@ -113,6 +115,7 @@ def planning_inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]
         "intra_node_gbps": args.intra_node_gbps, "inter_node_gbps": args.inter_node_gbps,
         "gpus_per_node": args.gpus_per_node,
         "memory_bytes": None if args.memory_gb is None else args.memory_gb * 1e9,
+        "memory_gbps": args.memory_bandwidth,
     }
     for flag in ("top", "microbatch_size"):
         value = getattr(args, flag, None)

@@ -72,7 +72,10 @@ def korthikanti_bytes_per_layer(spec: ModelSpec, micro_batch: int, tp: int = 1, 
         replicated += 2 * tokens * h * MASK_BYTES
     kv = kv_heads_per_rank(spec, tp) * spec.head_dim
     sharded = tokens * e * (h / tp + 2 * kv + h / tp)  # Q, K, V, attention output
-    mlp_saved = 4 if spec.gated_mlp else 2  # SwiGLU: gate, up, silu(gate), product; GELU: in, out
+    # GELU: its input and output. SwiGLU as the fused stacks run it (Megatron-LM's bias_swiglu, Transformer
+    # Engine): the fused gate-and-up output (2f), from which backward recomputes silu, and the product
+    # that the down projection keeps (f); plait's eager engine keeps four (``saved_bytes_per_layer``).
+    mlp_saved = (3 if kernels.fused else 4) if spec.gated_mlp else 2
     sharded += tokens * e * mlp_saved * f / tp
     attention_core = 0.0
     if recompute == "none":

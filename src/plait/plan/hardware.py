@@ -132,6 +132,11 @@ class Hardware:
 
 # All NVIDIA server parts assume an 8-GPU HGX/DGX node with one network adapter per GPU.
 CATALOG: dict[str, Hardware] = {
+    # NVIDIA Tesla V100 datasheet (SXM2/SXM3): 125 TFLOPS on fp16 tensor cores (V100 has no bf16: its
+    # mixed precision runs fp16, at the same rate), FP32 15.7 TFLOPS, 32 GB HBM2 at 900 GB/s; NVLink 2
+    # 300 GB/s bidirectional = 150 per direction. Nodes as DGX-2H (Shoeybi et al. 2019, Megatron-LM):
+    # 16 GPUs on NVSwitch, 8 × 100 Gb/s InfiniBand per node = 6.25 GB/s per GPU.
+    "v100": Hardware("v100", 125, 15.7, 32 * GB, 900, 150, 6.25, gpus_per_node=16),
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, FP32 19.5 TFLOPS,
     # 40 GB HBM2 at 1,555 GB/s; NVLink 3 600 GB/s bidirectional = 300 GB/s per direction.
     # DGX A100 user guide: 8× ConnectX-6 200 Gb/s HDR InfiniBand → 25 GB/s per GPU.
@@ -145,6 +150,15 @@ CATALOG: dict[str, Hardware] = {
     # H100 datasheet (PCIe): BF16 756 TFLOPS dense, FP32 51 TFLOPS, 80 GB HBM2e at 2.0 TB/s;
     # no NVSwitch: peers talk over PCIe Gen5 x16, 64 GB/s per direction; one 400 Gb/s NIC per GPU.
     "h100-pcie": Hardware("h100-pcie", 756, 51, 80 * GB, 2000, 64, 50),
+    # NVIDIA H100 NVL (H100 datasheet, NVL column): BF16 1,671 TFLOPS with sparsity (835.5 dense),
+    # FP32 60 TFLOPS, 94 GB HBM3 at 3.9 TB/s; NVLink bridges join pairs of GPUs only (600 GB/s
+    # bidirectional), so groups of more than two talk over PCIe Gen5 x16, 64 GB/s per direction (for a
+    # tp2 group on a bridged pair pass --intra-node-gbps 300); one 400 Gb/s NIC per GPU.
+    "h100-nvl": Hardware("h100-nvl", 835.5, 60, 94 * GB, 3900, 64, 50),
+    # NVIDIA H800 SXM5 (the export part of H100 SXM5): the same tensor cores and HBM3 (BF16 989 TFLOPS
+    # dense, FP32 67, 80 GB at 3.35 TB/s), NVLink cut to 400 GB/s bidirectional = 200 per direction;
+    # 8 × 400 Gb/s NDR per node as in DGX H100.
+    "h800": Hardware("h800", 989, 67, 80 * GB, 3350, 200, 50),
     # NVIDIA H200 datasheet (SXM): BF16 989 TFLOPS dense, FP32 67 TFLOPS, 141 GB HBM3e at
     # 4.8 TB/s, NVLink 900 GB/s bidirectional; HGX H200 with 400 Gb/s per GPU.
     "h200": Hardware("h200", 989, 67, 141 * GB, 4800, 450, 50),
@@ -164,9 +178,9 @@ OVERRIDABLE = tuple(f.name for f in fields(Hardware) if f.name not in MEASURED_O
 
 # What the driver calls each catalog part (torch.cuda.get_device_name), most specific first:
 # "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA A100-SXM4-40GB", "AMD Instinct MI300X".
-DEVICE_NAMES: tuple[tuple[str, str | None], ...] = (
-    ("H100 NVL", None),  # a PCIe part with its own peak, not in the catalog
-    ("H100 PCIe", "h100-pcie"), ("H100", "h100-sxm"), ("H200", "h200"), ("B200", "b200"),
+DEVICE_NAMES: tuple[tuple[str, str], ...] = (
+    ("H100 NVL", "h100-nvl"), ("H100 PCIe", "h100-pcie"), ("H100", "h100-sxm"), ("H800", "h800"), ("H200", "h200"),
+    ("B200", "b200"), ("V100", "v100"),
     ("A100-SXM4-40GB", "a100-40gb"), ("A100-PCIE-40GB", "a100-40gb"), ("A100", "a100-80gb"), ("MI300X", "mi300x"),
 )
 
