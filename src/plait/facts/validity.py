@@ -128,13 +128,30 @@ def spec_problems(spec: ModelSpec) -> list[str]:
 
 def layout_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None, global_batch: int | None = None,
                     kernels: Kernels = STACKS["plait"]) -> list[str]:
-    """``run_problems`` for a ``spec`` already known to be valid (a plan search asks it per candidate)."""
+    """``run_problems`` for a ``spec`` already known to be valid (a plan search asks it per candidate).
+
+    A layout is valid exactly when ``mesh_problems`` and ``pipeline_problems`` both find nothing: a
+    search checks the first once per mesh and the second once per schedule."""
     problems = _raised(layout.validate)
     if problems:  # the checks below read the fields as positive integers
         return problems
-    problems += compression_problems(layout)
-    problems += fit_problems(spec, layout, kernels)
-    problems += pipeline_problems(spec, layout)
+    return (compression_problems(layout) + fit_problems(spec, layout, kernels) + pipeline_problems(spec, layout)
+            + size_problems(layout, world_size, global_batch))
+
+
+def mesh_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None, global_batch: int | None = None,
+                  kernels: Kernels = STACKS["plait"]) -> list[str]:
+    """``layout_problems`` without the pipeline schedule and the stage split (``pipeline_problems``)."""
+    problems = _raised(layout.validate)
+    if problems:
+        return problems
+    return compression_problems(layout) + fit_problems(spec, layout, kernels) + size_problems(layout, world_size,
+                                                                                             global_batch)
+
+
+def size_problems(layout: Layout, world_size: int | None, global_batch: int | None) -> list[str]:
+    """The layout against the ranks there are and the global batch, each when given."""
+    problems = []
     if world_size is not None and layout.world_size != world_size:
         problems.append(f"layout {layout.describe()} uses dp·cp·tp·pp = {layout.world_size} ranks but there are "
                         f"{world_size}; make the product of the layout sizes equal the number of ranks")

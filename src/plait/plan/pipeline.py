@@ -11,6 +11,7 @@ playing the best ones.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -56,6 +57,13 @@ def play_list(schedule: Schedule, chunks: Sequence[ChunkCost], flight: float, ch
     return Played(timeline.step_time, tuple(timeline.busy(r) for r in range(schedule.pp)), peaks)
 
 
+@functools.lru_cache(maxsize=4)
+def action_lists(name: str, pp: int, microbatches: int, virtual_stages: int) -> Schedule:
+    """``generate``, remembered: a search plays the same schedule under several layouts' costs, and
+    its lists on 64 ranks hold hundreds of thousands of actions (a pure function of these four)."""
+    return generate(name, pp, microbatches, virtual_stages)
+
+
 def play(
     name: str, pp: int, virtual_stages: int, microbatches: int,
     chunks: Sequence[ChunkCost], flight: float, chunk_bytes: Sequence[float],
@@ -65,9 +73,9 @@ def play(
     short = 2 * pp if name in ("interleaved-1f1b", "zb-h1") else pp
     longer = short + pp
     if pp == 1 or microbatches <= longer:
-        return play_list(generate(name, pp, microbatches, virtual_stages), chunks, flight, chunk_bytes)
-    a = play_list(generate(name, pp, short, virtual_stages), chunks, flight, chunk_bytes)
-    b = play_list(generate(name, pp, longer, virtual_stages), chunks, flight, chunk_bytes)
+        return play_list(action_lists(name, pp, microbatches, virtual_stages), chunks, flight, chunk_bytes)
+    a = play_list(action_lists(name, pp, short, virtual_stages), chunks, flight, chunk_bytes)
+    b = play_list(action_lists(name, pp, longer, virtual_stages), chunks, flight, chunk_bytes)
     scale = (microbatches - short) / (longer - short)
 
     def extend(x: float, y: float) -> float:

@@ -13,6 +13,7 @@ top pick.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from dataclasses import dataclass, field, replace
@@ -22,14 +23,16 @@ from plait.errors import ConfigError
 from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
 from plait.facts.in_flight import in_flight_chunks
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors
-from plait.facts.validity import compression_problems, fit_problems, layout_problems, run_problems, spec_problems
+from plait.facts.validity import (
+    compression_problems, fit_problems, mesh_problems, pipeline_problems, run_problems, spec_problems,
+)
 from plait.layout import Layout
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.costs import boundary_seconds, end_collectives, layer_cost
 from plait.plan.hardware import Hardware
 from plait.plan.memory import other_bytes
 from plait.plan.pipeline import estimate_step
-from plait.plan.simulate import Prediction, Workload, evaluate, flush_costs
+from plait.plan.simulate import FlushCosts, Prediction, Workload, evaluate, flush_costs
 from plait.schedules.split import split_problems
 
 PLAYED = 8  # layouts whose schedules are played exactly after the closed-form pass
@@ -153,6 +156,14 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     # hold both claims.
     works: dict[tuple, dict] = {}
     times_cache: dict[tuple, LayerTimes] = {}
+    flushes: dict[tuple, FlushCosts] = {}
+    states: dict[tuple, tuple[float, float]] = {}
+
+    @functools.cache
+    def schedule_fits(pp: int, m: int, name: str, v: int) -> bool:
+        return not pipeline_problems(spec, Layout(pp=pp, microbatches=m, schedule=name, virtual_stages=v,
+                                                  stage_layers=stage_layers))
+
     found, capacity = Scan(), hw.usable_memory_bytes
     if spec_problems(spec):  # no layout can run it (the caller says why, from run_problems)
         return found
@@ -190,20 +201,34 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         continue
                     if zero == 1 and replicate == 1 and "zero" not in fixed and not refused(replace(staged, zero=2)):
                         continue
+                    # The shared validation in two parts (plait.facts.validity.layout_problems): the
+                    # mesh once here, the schedule and stage split once per schedule for all meshes.
+                    if pp == 1:  # one schedule, which only Layout.validate checks
+                        mesh = replace(staged, schedule=schedules[0][0], virtual_stages=schedules[0][1],
+                                       stage_layers=stage_layers)
+                    else:
+                        mesh = replace(staged, stage_layers=stage_layers)
+                    if mesh_problems(spec, mesh, gpus, workload.global_batch, kernels):
+                        continue
                     # ZeRO-3's gathers depend on its group; a measured host's wrapper overhead on the stage.
                     key = (tp, cp, sp, mbs, (dp, replicate) if zero == 3 else 0,
                            (zero, dp > 1) if hw.host_overhead else None, algorithm)
                     if key not in works:
                         works[key] = {rc: _layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in recomputes}
-                    flush = flush_costs(workload, hw, staged, max(params), tensors)
+                    # Both read only the mesh sizes, the ZeRO stage and its groups (and, for a measured
+                    # host's wrapper overhead, sp); the scan meets each mesh under many micro-batch counts.
+                    mesh_key = (tp, cp, pp, dp, zero, replicate, sp)
+                    if mesh_key not in flushes:
+                        flushes[mesh_key] = flush_costs(workload, hw, staged, max(params), tensors)
+                        states[mesh_key] = tuple(rank_model_states(spec, staged, precision, per_rank, *ends, kernels).total
+                                                 for ends in ((True, pp == 1), (pp == 1, True)))
+                    flush = flushes[mesh_key]
                     other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes, kernels)
-                    first, last = (rank_model_states(spec, staged, precision, per_rank, *ends, kernels).total + other
-                                   for ends in ((True, pp == 1), (pp == 1, True)))
+                    first, last = (held + other for held in states[mesh_key])
                     acts = {rc: activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp,
                                                            algorithm) for rc in recomputes}
                     for name, v, held_first, held_last in schedules:
-                        candidate = replace(staged, schedule=name, virtual_stages=v, stage_layers=stage_layers)
-                        if layout_problems(spec, candidate, gpus, workload.global_batch, kernels):
+                        if pp > 1 and not schedule_fits(pp, m, name, v):
                             continue
                         for rc in recomputes:
                             act = acts[rc] * per_rank / v

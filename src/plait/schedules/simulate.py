@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Mapping, Union
+from typing import Callable, Mapping, NamedTuple, Union
 
-from plait.schedules.actions import RECV_KINDS, SEND_KINDS, Action, Kind, Schedule
+from plait.schedules.actions import COMPUTE_KINDS, RECV_KINDS, SEND_KINDS, Action, Kind, Schedule
 
 CostFn = Callable[[Action], float]
 Cost = Union[CostFn, Mapping[Kind, float], float]
@@ -42,9 +42,8 @@ class ScheduleError(ValueError):
     """An action list that is incomplete, unmatched, out of dependency order or deadlocks."""
 
 
-@dataclass(frozen=True)
-class Span:
-    """When one action ran on its rank."""
+class Span(NamedTuple):
+    """When one action ran on its rank (a tuple: the planner plays hundreds of thousands a search)."""
 
     action: Action
     start: float
@@ -63,7 +62,7 @@ class Timeline:
 
     def busy(self, rank: int) -> float:
         """Time rank ``rank`` spends computing (transfers and waiting are not busy)."""
-        return sum(s.end - s.start for s in self.spans[rank] if s.action.kind.is_compute)
+        return sum(s.end - s.start for s in self.spans[rank] if s.action.kind in COMPUTE_KINDS)
 
     @property
     def bubble_fraction(self) -> float:
@@ -81,10 +80,9 @@ def as_cost_fn(cost: Cost) -> CostFn:
     return lambda action: float(cost)
 
 
-def _channel(action: Action, rank: int) -> tuple[int, int, str]:
-    """The (sender, receiver, what) channel a transfer travels on."""
-    what = "activation" if action.kind in (Kind.SEND_ACTIVATION, Kind.RECV_ACTIVATION) else "grad"
-    return (rank, action.peer, what) if action.kind in SEND_KINDS else (action.peer, rank, what)
+# The message a transfer kind carries: messages travel on channels (sender, receiver, message).
+MESSAGE = {Kind.SEND_ACTIVATION: "activation", Kind.RECV_ACTIVATION: "activation",
+           Kind.SEND_GRAD: "grad", Kind.RECV_GRAD: "grad"}
 
 
 def _sent_as(action: Action) -> tuple[int, int]:
@@ -110,11 +108,12 @@ def simulate(schedule: Schedule, cost: Cost = UNIT_COSTS, p2p_cost: Cost = 0.0) 
     while progressed:
         progressed = False
         for rank, actions in enumerate(lists):
-            while position[rank] < len(actions):
-                action = actions[position[rank]]
-                start = end = clock[rank]
-                if action.kind in RECV_KINDS:
-                    queue = channels.get(_channel(action, rank))
+            at, now, played = position[rank], clock[rank], spans[rank]
+            while at < len(actions):
+                action = actions[at]
+                kind = action.kind
+                if kind in RECV_KINDS:
+                    queue = channels.get((action.peer, rank, MESSAGE[kind]))
                     if not queue:
                         break
                     sent, arrival = queue.popleft()
@@ -123,14 +122,17 @@ def simulate(schedule: Schedule, cost: Cost = UNIT_COSTS, p2p_cost: Cost = 0.0) 
                             f"rank {rank} action {action} receives from rank {action.peer}, whose next "
                             f"message on that channel is {sent}; sends and receives are in different orders"
                         )
-                    end = max(start, arrival)
+                    end = arrival if arrival > now else now
                 else:
-                    end = start + cost_fn(action)
-                    if action.kind in SEND_KINDS:
-                        channels.setdefault(_channel(action, rank), deque()).append((action, end + flight(action)))
-                spans[rank].append(Span(action, start, end))
-                clock[rank] = end
-                position[rank] += 1
+                    end = now + cost_fn(action)
+                    if kind in SEND_KINDS:
+                        channels.setdefault((rank, action.peer, MESSAGE[kind]), deque()).append(
+                            (action, end + flight(action)))
+                played.append(Span(action, now, end))
+                now = end
+                at += 1
+            if at != position[rank]:
+                position[rank], clock[rank] = at, now
                 progressed = True
     blocked = [f"rank {r} at {lists[r][p]}" for r, p in enumerate(position) if p < len(lists[r])]
     if blocked:

@@ -9,6 +9,7 @@ needs at least one block.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 from plait.errors import ConfigError
@@ -25,8 +26,10 @@ def chunk_costs(spec: ModelSpec, counts: Sequence[int], seq_len: int | None = No
     return tuple(costs)
 
 
+@functools.lru_cache(maxsize=64)
 def _balanced_counts(spec: ModelSpec, chunks: int, seq_len: int | None) -> tuple[int, ...]:
-    """Block counts minimising the most expensive chunk, then the spread (sum of squared costs)."""
+    """Block counts minimising the most expensive chunk, then the spread (sum of squared costs);
+    remembered, as a search splits one model the same way for many layouts (a pure function)."""
     layer = layer_flops(spec, spec.seq_len if seq_len is None else seq_len).model
     head = 3 * head_forward_flops(spec, spec.seq_len if seq_len is None else seq_len)
     layers = spec.layers
