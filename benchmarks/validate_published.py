@@ -14,7 +14,7 @@ import statistics
 import sys
 from dataclasses import dataclass, replace
 
-from plait.facts.stack import Kernels
+from plait.facts.stack import STACKS, Kernels
 from plait.models.flops import flops_per_sequence
 from plait.models.spec import ModelSpec, model_spec
 from plait.plan.hardware import hardware
@@ -24,6 +24,8 @@ from plait.plan.simulate import Workload, evaluate
 MEGATRON_2021 = "Narayanan et al. 2021 (arXiv 2104.04473), table 1"
 KORTHIKANTI_2022 = "Korthikanti et al. 2022 (arXiv 2205.05198), tables 3 and 5"
 LLAMA_3 = "Llama 3 Herd of Models (arXiv 2407.21783), table 4"
+TORCHTITAN = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md, table 5"
+MEGATRON_CORE = "Megatron-LM README (github.com/NVIDIA/Megatron-LM, images/model_table.png, July 2024)"
 EAGER = Kernels(dropout=True, flash_attention=False)  # Megatron-LM 2021-22: fused softmax, dropout, no flash
 
 
@@ -39,6 +41,10 @@ class Case:
     micro_batch: int | None = None
     gpu: str = "a100-80gb"
     kernels: Kernels = EAGER
+    hardware_overrides: tuple[tuple[str, float], ...] = ()  # a part that differs from the catalog's
+
+    def hardware(self):
+        return hardware(self.gpu, **dict(self.hardware_overrides))
 
 
 def gpt(layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -94,20 +100,20 @@ def predict(case: Case, hw) -> tuple[float, str]:
 
 
 def fit_efficiency(cases: list[Case]) -> float:
-    """The A100 matmul efficiency minimising the median |error| over ``cases``.
+    """The matmul efficiency of the cases' GPU under their stack minimising the median |error| over them.
 
-    Layouts are chosen once at the catalog's value, then replayed (golden-section search).
+    Layouts are chosen once at the current value, then replayed (golden-section search).
     """
-    base = hardware("a100-80gb")
+    gpu = cases[0].gpu
     layouts = []
     for case in cases:
-        workload = Workload(case.spec, case.batch, "bf16", EAGER)
-        layouts.append((workload, best_layout(workload, base, case.gpus, case.fixed, case.micro_batch).layout))
+        workload = Workload(case.spec, case.batch, "bf16", case.kernels)
+        layouts.append((workload, best_layout(workload, hardware(gpu), case.gpus, case.fixed, case.micro_batch).layout))
 
     def cost(e: float) -> float:
-        hw = replace(base, matmul_efficiency=e)
-        return statistics.median(abs(evaluate(w, hw, c.gpus, l).step_time_s / c.measured_step_s - 1)
-                                 for c, (w, l) in zip(cases, layouts))
+        fitted = [(replace(w, kernels=replace(w.kernels, matmul_efficiency=((gpu, e),))), layout) for w, layout in layouts]
+        return statistics.median(abs(evaluate(w, hardware(gpu), c.gpus, l).step_time_s / c.measured_step_s - 1)
+                                 for c, (w, l) in zip(cases, fitted))
 
     ratio = (5**0.5 - 1) / 2
     lo, hi = 0.4, 1.0
@@ -138,26 +144,128 @@ def llama_3() -> list[Case]:
     return cases
 
 
+def megatron_core_weak_scaling() -> tuple[list[Case], list[Case]]:
+    """The README's weak-scaling table (Megatron-Core r0.8.0 on H100, vocabulary 131,072, 4,096 tokens):
+    every other row fitted on, the rest held out. Step time from the table's per-GPU TFLOP/s with the
+    FLOP count of that release (``megatron_core_flops``). The README states neither the precision (the
+    MFU column is the TFLOP/s over the bf16 dense peak: 408.8 / 989 = 41%), the micro-batch size, the
+    recomputation nor the virtual stages: the planner fills them; sequence parallelism and the
+    distributed optimizer (ZeRO-1) as its listed --tp-comm-overlap and --overlap-param-gather need."""
+    rows = [  # name, heads, hidden, layers, tp, pp, dp, GPUs, batch, TFLOP/s per GPU
+        ("1.7B", 16, 2048, 24, 1, 1, 48, 48, 192, 408.8), ("7.1B", 32, 4096, 30, 2, 1, 48, 96, 192, 465.9),
+        ("16B", 48, 6144, 32, 4, 1, 48, 192, 192, 489.1), ("32B", 56, 7168, 48, 8, 1, 48, 384, 192, 459.6),
+        ("70B", 64, 8192, 84, 8, 2, 48, 768, 384, 419.7), ("119B", 80, 10240, 92, 8, 4, 48, 1536, 768, 420.5),
+        ("177B", 96, 12288, 96, 8, 6, 48, 2304, 1152, 432.8), ("314B", 128, 16384, 96, 8, 8, 48, 3072, 1536, 474.4),
+        ("462B", 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9),
+    ]
+    cases = [megatron_core_case(f"GPT {name} (weak scaling)", heads, hidden, layers, tp, pp, dp, batch, tflops)
+             for name, heads, hidden, layers, tp, pp, dp, _, batch, tflops in rows]
+    return cases[0::2], cases[1::2]
+
+
+def megatron_core_strong_scaling() -> list[Case]:
+    """The README's strong scaling of its 177B model (tp8, pp6) at 1,152 sequences: MFU 47% on 96 GPUs and
+    42% on 4,608 (MFU over the bf16 dense peak, as its table; rounded to a point, so ±1% in the step)."""
+    return [megatron_core_case(f"GPT 177B (strong scaling), {8 * 6 * dp} GPUs", 96, 12288, 96, 8, 6, dp, 1152,
+                               mfu * hardware("h100-sxm").bf16_tflops, note=" (strong scaling text)")
+            for dp, mfu in ((2, 0.47), (96, 0.42))]
+
+
+def megatron_core_case(name: str, heads: int, hidden: int, layers: int, tp: int, pp: int, dp: int, batch: int,
+                       tflops: float, note: str = "") -> Case:
+    spec = ModelSpec("gpt2", layers, hidden, heads, heads, 4 * hidden, 131072, 4096, tie_embeddings=True)
+    step = megatron_core_flops(spec, batch) / (tflops * 1e12 * tp * pp * dp)
+    fixed = {"tp": tp, "pp": pp, "dp": dp, "cp": 1, "zero": 1 if dp > 1 else 0, "sp": tp > 1}
+    return Case(name, MEGATRON_CORE + note, spec, tp * pp * dp, batch, fixed, step, gpu="h100-sxm",
+                kernels=STACKS["megatron-core"])
+
+
+def megatron_core_flops(spec: ModelSpec, batch: int) -> float:
+    """num_floating_point_operations of Megatron-Core r0.8.0 (megatron/training/training.py) for a GPT
+    without grouped queries or gated MLP: 12·B·s·l·h²·((2 + s/h) + f/h + V/(2lh)), attention whole."""
+    b, s, l, h, f, v = batch, spec.seq_len, spec.layers, spec.hidden, spec.ffn_hidden, spec.vocab
+    return 12 * b * s * l * h * h * ((2 + s / h) + f / h + v / (2 * l * h))
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """One model run under several layouts in one publication: the layouts in published order, fastest first."""
+
+    name: str
+    source: str
+    fastest_first: tuple[Case, ...]
+
+
+def ablations() -> list[Ablation]:
+    korthikanti = korthikanti_2022()
+    pairs = [Ablation(f"{full.name.split()[0]}: full recomputation against sp + selective", KORTHIKANTI_2022,
+                      (selective, full)) for full, selective in zip(korthikanti[0:8:2], korthikanti[1:8:2])]
+    return pairs + [torchtitan_schedules()]
+
+
+def torchtitan_schedules() -> Ablation:
+    """torchtitan's table 5 (benchmarks/llama3_h100_202412_torchtitan.md): Llama 3.1 405B on 512 H100
+    (FSDP 8, TP 8, PP 8), local batch 32, global batch 256, full recomputation; 1F1B 100 tokens/s/GPU,
+    interleaved 1F1B 128. Its matmuls ran in float8, so only the order is compared. The H100s were
+    96 GB HBM2e parts at 2.4 TB/s."""
+    spec = model_spec("llama-405b")
+    base = {"tp": 8, "pp": 8, "dp": 8, "cp": 1, "zero": 3, "recompute": "full"}
+    cases = []
+    for schedule, tokens_per_s in (("interleaved-1f1b", 128), ("1f1b", 100)):
+        step = 256 * spec.seq_len / (tokens_per_s * 512)
+        cases.append(Case(f"405B {schedule}", TORCHTITAN, spec, 512, 256, {**base, "schedule": schedule}, step,
+                          gpu="h100-sxm", kernels=STACKS["megatron-core"],
+                          hardware_overrides=(("memory_bytes", 96e9), ("memory_gbps", 2400))))
+    return Ablation("Llama 3.1 405B: interleaved 1F1B against 1F1B", TORCHTITAN, tuple(cases))
+
+
+def print_ablations() -> None:
+    print("\n| ablation | published order (fastest first) | predicted step (s) | pairs in order | source |")
+    print("| --- | --- | --- | ---: | --- |")
+    right = total = 0
+    for ablation in ablations():
+        steps = [predict(case, case.hardware())[0] for case in ablation.fastest_first]
+        pairs = [(i, j) for i in range(len(steps)) for j in range(i + 1, len(steps))]
+        in_order = sum(steps[i] < steps[j] for i, j in pairs)
+        right, total = right + in_order, total + len(pairs)
+        print(f"| {ablation.name} | {' < '.join(c.name for c in ablation.fastest_first)} | "
+              f"{' / '.join(f'{step:.3g}' for step in steps)} | {in_order}/{len(pairs)} | {ablation.source} |")
+    print(f"\nablations: {right} of {total} pairs in the published order ({right / total:.0%}) over "
+          f"{len(ablations())} ablations")
+
+
 def main() -> None:
-    fit, held_out = megatron_2021(), korthikanti_2022() + llama_3()
+    core_fit, core_held = megatron_core_weak_scaling()
+    fits = {"megatron, a100-80gb": megatron_2021(), "megatron-core, h100-sxm": core_fit}
+    held_out = korthikanti_2022() + llama_3() + core_held + megatron_core_strong_scaling()
     if "--fit" in sys.argv:
-        print(f"fitted a100 matmul_efficiency on {MEGATRON_2021}: {fit_efficiency(fit):.3f}")
+        for name, cases in fits.items():
+            print(f"fitted {name} matmul_efficiency on {cases[0].source}: {fit_efficiency(cases):.3f}")
         return
-    print(f"a100-80gb matmul_efficiency = {hardware('a100-80gb').matmul_efficiency} "
-          f"(fitted to the first {len(fit)} rows; h100-sxm uses the same value, not fitted)\n")
-    print("| run | GPUs | layout used | published step (s) | predicted (s) | error | source |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | --- |")
-    errors: dict[str, list[float]] = {"fitted on": [], "held out": []}
-    for group, cases in (("fitted on", fit), ("held out", held_out)):
+    print(f"a100-80gb matmul_efficiency = {hardware('a100-80gb').matmul_efficiency} (fitted on {MEGATRON_2021}); "
+          f"megatron-core on h100-sxm {dict(STACKS['megatron-core'].matmul_efficiency)['h100-sxm']} (fitted on five "
+          f"rows of {MEGATRON_CORE}); the megatron stack on h100-sxm uses the A100 value, not fitted\n")
+    print("| run | GPUs | stack | layout used | published step (s) | predicted (s) | error | source |")
+    print("| --- | ---: | --- | --- | ---: | ---: | ---: | --- |")
+    errors: dict[str, list[float]] = {"fitted on": [], "held out": [], "held out, H100": []}
+    for group, cases in [*(("fitted on", cases) for cases in fits.values()), ("held out", held_out)]:
         for case in cases:
-            step, used = predict(case, hardware(case.gpu))
+            step, used = predict(case, case.hardware())
             error = step / case.measured_step_s - 1
             errors[group].append(abs(error))
-            print(f"| {case.name} | {case.gpus} | {used} | {case.measured_step_s:.3g} | {step:.3g} | {error:+.1%} | {case.source} |")
+            if group == "held out" and case.gpu.startswith("h100"):
+                errors["held out, H100"].append(abs(error))
+            print(f"| {case.name} | {case.gpus} | {stack_of(case)} | {used} | {case.measured_step_s:.3g} | {step:.3g} "
+                  f"| {error:+.1%} | {case.source} |")
     every = errors["fitted on"] + errors["held out"]
     for group, values in errors.items():
         print(f"\n{group}: median |error| {statistics.median(values):.1%} over {len(values)} runs, worst {max(values):.1%}")
-    print(f"all: median |error| {statistics.median(every):.1%} over {len(every)} runs")
+    print(f"all: median |error| {statistics.median(every):.1%} over {len(every)} runs, worst {max(every):.1%}")
+    print_ablations()
+
+
+def stack_of(case: Case) -> str:
+    return next((name for name, kernels in STACKS.items() if kernels == case.kernels), "megatron (eager, dropout)")
 
 
 if __name__ == "__main__":

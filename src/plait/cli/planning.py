@@ -46,7 +46,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     stack = parser.add_argument_group("software stack (default: plait train's own run)")
     stack.add_argument("--stack", choices=tuple(STACKS), default=DEFAULT_STACK,
                        help="plait: plait's own kernels (eager elementwise, all-to-all or ring context parallelism); "
-                            "megatron: fused kernels and ring context parallelism only, as Megatron-LM and torchtitan run")
+                            "megatron: fused kernels and ring context parallelism only, as Megatron-LM and torchtitan run; "
+                            "megatron-core: as megatron with Transformer Engine's tensor-parallel communication inside "
+                            "the matmuls and its own H100 efficiency (docs/VALIDATION.md)")
     stack.add_argument("--attention", choices=("flash", "eager"),
                        help="override the stack: flash keeps no s×s scores; eager (as Megatron-LM 2021) does")
     stack.add_argument("--dropout", action="store_true", help="the model trains with dropout (1-byte masks)")

@@ -30,6 +30,14 @@ class Kernels:
     # its reduce-scatter, goes while the weight gradient is computed, and sp's re-gather of the saved
     # input shard while the input gradient is. plait's DTensor layers issue each on the critical path.
     tp_backward_overlap: bool = True
+    # Transformer Engine's userbuffers (Megatron-Core's --tp-comm-overlap, with sequence parallelism):
+    # every tensor-parallel all-gather and reduce-scatter, forward and backward, runs in pieces inside
+    # the matmul it feeds or drains, so only what exceeds the layer's matmuls is exposed.
+    tp_comm_overlap: bool = False
+    # The fraction of a catalog GPU's dense peak this stack's large matmuls reach, where it was fitted
+    # on published runs of the stack (benchmarks/validate_published.py); other GPUs keep the
+    # catalog's (plait.plan.hardware.Hardware.matmul_efficiency).
+    matmul_efficiency: tuple[tuple[str, float], ...] = ()
     # Whose engine holds the memory: plait's own (what its runs measure: plait.facts.model_state and
     # .activations count it exactly) or a reference stack (the ZeRO paper's and Korthikanti's formulas).
     engine: str = "reference"
@@ -39,6 +47,9 @@ class Kernels:
         return self.engine == "plait"
 
 
+# benchmarks/validate_published.py --fit megatron-core
+MEGATRON_CORE_H100 = 0.525
+
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
     # query kept, no scores), one eager kernel per elementwise op, either context-parallel algorithm.
@@ -46,5 +57,9 @@ STACKS = {
                      tp_backward_overlap=False, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
     "megatron": Kernels(),
+    # Megatron-Core with Transformer Engine (2024 on): as megatron, with the tensor-parallel
+    # communication inside the matmuls; its H100 efficiency fitted on five of the nine weak-scaling runs
+    # of the Megatron-LM README (the other four and the strong-scaling pair held out).
+    "megatron-core": Kernels(tp_comm_overlap=True, matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),)),
 }
 DEFAULT_STACK = "plait"

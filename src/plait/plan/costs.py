@@ -98,6 +98,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     on_path = {"forward": 0.0, "backward": 0.0}
     ring = {"forward": 0.0, "backward": 0.0}
     tp_backward = 0.0  # the backward's own tensor-parallel collectives (not the recomputed forward's)
+    tp_inside = {"forward": 0.0, "backward": 0.0}  # run inside the matmuls (Kernels.tp_comm_overlap)
     for call in layer_collectives(spec, micro_batch, spec.seq_len, layout.tp, layout.sp, layout.cp, layout.recompute,
                                   e, kernels.recompute_whole_forward, layout.cp_algorithm):
         link = group_link(hw, layout, call.group)
@@ -105,14 +106,21 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
             seconds, into = send_seconds(call.tensor_bytes, link), ring
         else:
             seconds, into = COLLECTIVE_SECONDS[call.op](call.tensor_bytes, call.size, link), on_path
+        if call.group == "tp" and kernels.tp_comm_overlap and layout.sp:
+            into = tp_inside
         into["forward"] += call.forward * seconds
         into["backward"] += call.backward * seconds
-        if call.group == "tp" and kernels.tp_backward_overlap:
+        if into is on_path and call.group == "tp" and kernels.tp_backward_overlap:
             rerun = call.forward if layout.recompute == "full" else 0
             tp_backward += (call.backward - rerun) * seconds
     if tp_backward:  # under the column-parallel linears' backward matmuls, only the excess is exposed
         window = column_parallel_share(spec) * times.backward_weight * (2 if layout.sp else 1)
         on_path["backward"] -= tp_backward - exposed_under(tp_backward, window, hw.comm_overlap)
+    if tp_inside["forward"] or tp_inside["backward"]:  # only what exceeds the layer's matmuls is exposed
+        matmuls_forward = times.forward - times.attention
+        on_path["forward"] += exposed_under(tp_inside["forward"], matmuls_forward, hw.comm_overlap)
+        on_path["backward"] += exposed_under(tp_inside["backward"], times.backward + times.recompute
+                                             - hw.attention_backward_ratio * times.attention, hw.comm_overlap)
     recomputed = 0.0 if layout.recompute == "none" else 1.0
     cp_forward = cp_backward = 0.0
     if ring["forward"] or ring["backward"]:

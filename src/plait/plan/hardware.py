@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from plait.errors import ConfigError
+from plait.facts.stack import Kernels
 
 GB = 10**9
 
@@ -195,6 +196,12 @@ def hardware(name: str, **overrides: float | None) -> Hardware:
     if name not in CATALOG:
         raise ConfigError(f"unknown GPU {name!r}; known GPUs: {', '.join(CATALOG)} (or pass --hardware-profile FILE)")
     return apply_overrides(CATALOG[name], **overrides)
+
+
+def stack_hardware(hw: Hardware, kernels: Kernels) -> Hardware:
+    """``hw`` with the matmul efficiency the software stack was fitted to on it, where it was."""
+    fitted = dict(kernels.matmul_efficiency).get(hw.name)
+    return hw if fitted is None else replace(hw, matmul_efficiency=fitted)
 
 
 def apply_overrides(base: Hardware, **overrides: float | None) -> Hardware:

@@ -29,7 +29,7 @@ from plait.facts.validity import (
 from plait.layout import Layout
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.costs import boundary_seconds, end_collectives, layer_cost
-from plait.plan.hardware import Hardware
+from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.memory import other_bytes
 from plait.plan.pipeline import estimate_step
 from plait.plan.simulate import FlushCosts, Prediction, Workload, evaluate, flush_costs
@@ -280,6 +280,7 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
     Every layout ranked passes the one validation ``plait train`` uses (plait.facts.validity).
     """
     fixed = fixed or {}
+    hw = stack_hardware(hw, workload.kernels)
     if gpus > MAX_GPUS:
         raise ConfigError(f"{gpus:,} devices is beyond the {MAX_GPUS:,} the planner searches; plan one pod or "
                           "data-parallel replica group and scale it")

@@ -25,7 +25,7 @@ from plait.plan.comm import (
 )
 from plait.plan.compute import optimizer_seconds
 from plait.plan.costs import boundary_seconds, chunk_costs, wrapper_overhead
-from plait.plan.hardware import Hardware
+from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.memory import RankMemory, other_bytes
 from plait.plan.pipeline import play
 from plait.schedules import split_layers
@@ -192,6 +192,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
     """Predict ``layout`` for ``workload`` on ``gpus`` devices of ``hw``: play its schedule with costs."""
     micro_batch = check_layout(workload, gpus, layout)
     spec, precision = workload.spec, workload.precision
+    hw = stack_hardware(hw, workload.kernels)
     pp, v, m = layout.pp, layout.virtual_stages, layout.microbatches
     counts = tuple(len(r) for r in split_layers(spec, pp, v, layout.stage_layers))
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)

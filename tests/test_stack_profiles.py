@@ -1,0 +1,50 @@
+"""Software-stack profiles: a stack's fitted matmul efficiency applies on the GPU it was fitted on and
+nowhere else, Transformer Engine's tensor-parallel overlap hides what the matmuls can cover, and the
+output names the stack."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from plait.cli import main
+from plait.facts.stack import STACKS
+from plait.layout import Layout
+from plait.models.spec import model_spec
+from plait.plan.costs import layer_cost
+from plait.plan.hardware import hardware, stack_hardware
+
+CORE = STACKS["megatron-core"]
+
+
+def test_a_stack_efficiency_applies_on_the_gpu_it_was_fitted_on_only():
+    fitted = dict(CORE.matmul_efficiency)
+    assert stack_hardware(hardware("h100-sxm"), CORE).matmul_efficiency == fitted["h100-sxm"]
+    assert stack_hardware(hardware("a100-80gb"), CORE) == hardware("a100-80gb")
+    assert stack_hardware(hardware("h100-sxm"), STACKS["megatron"]) == hardware("h100-sxm")
+
+
+@pytest.mark.parametrize("micro_batch", [1, 4])
+def test_tensor_parallel_communication_inside_the_matmuls_exposes_only_their_excess(micro_batch):
+    spec, hw = model_spec("llama-70b"), hardware("h100-sxm")
+    layout = Layout(tp=8, sp=True)
+    inside = layer_cost(spec, hw, layout, micro_batch, "bf16", CORE)
+    on_path = layer_cost(spec, hw, layout, micro_batch, "bf16", replace(CORE, tp_comm_overlap=False))
+    assert inside.comm_forward < on_path.comm_forward
+    assert inside.comm_backward <= on_path.comm_backward
+    # NVLink moves a layer's sequence-parallel gathers faster than the matmuls they feed: nothing exposed.
+    assert inside.comm_forward == 0.0
+
+
+def test_without_sequence_parallelism_transformer_engine_cannot_overlap():
+    spec, hw = model_spec("llama-70b"), hardware("h100-sxm")
+    layout = Layout(tp=8)
+    assert layer_cost(spec, hw, layout, 1, "bf16", CORE) == layer_cost(
+        spec, hw, layout, 1, "bf16", replace(CORE, tp_comm_overlap=False))
+
+
+def test_plan_names_the_stack_it_used(capsys):
+    assert main(["plan", "--model", "gpt2", "--gpus", "8", "--stack", "megatron-core", "--json", "--top", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["stack"] == "megatron-core"
