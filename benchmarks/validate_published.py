@@ -187,6 +187,47 @@ def megatron_core_flops(spec: ModelSpec, batch: int) -> float:
     return 12 * b * s * l * h * h * ((2 + s / h) + f / h + v / (2 * l * h))
 
 
+def torchtitan_runs() -> tuple[list[Case], list[Case]]:
+    """torchtitan's bf16 runs under torch.compile on Grand Teton H100s (96 GB HBM2e, 500 W), 8,192 tokens:
+    Llama 3.1 8B on FSDP (benchmarks/llama3_h100_202412_torchtitan.md, tables 1 and 3, selective
+    checkpointing) and 70B and 8B on FSDP + TP (benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md,
+    bf16 rows with vanilla TP; the 8B with per-op SAC). Its selective checkpointing is per operation (it
+    keeps every other matmul's output), which plait's ``selective`` (the attention core) only
+    approximates. Fitted on the first two, the other two held out."""
+    rows = [  # model, GPUs, dp, tp, local batch, recompute, tokens/s/GPU, source
+        ("llama-8b", 8, 8, 1, 2, "selective", 6667, "llama3_h100_202412_torchtitan.md, table 1"),
+        ("llama-70b", 256, 32, 8, 16, "full", 597.3, "asyncTP_llama3_h100_2025-06_torchtitan.md"),
+        ("llama-8b", 128, 128, 1, 2, "selective", 6514, "llama3_h100_202412_torchtitan.md, table 3"),
+        ("llama-8b", 64, 8, 8, 12, "selective", 4378, "asyncTP_llama3_h100_2025-06_torchtitan.md"),
+    ]
+    cases = [torchtitan_case(model, gpus, dp, tp, local, recompute, tokens_per_s, source, STACKS["pytorch"])
+             for model, gpus, dp, tp, local, recompute, tokens_per_s, source in rows]
+    return cases[:2], cases[2:]
+
+
+def torchtitan_case(model: str, gpus: int, dp: int, tp: int, local: int, recompute: str, tokens_per_s: float,
+                    source: str, kernels: Kernels, label: str = "") -> Case:
+    spec, batch = model_spec(model), dp * local
+    fixed = {"dp": dp, "tp": tp, "pp": 1, "cp": 1, "zero": 3, "sp": tp > 1, "recompute": recompute}
+    name = f"{model} FSDP{dp}" + (f"·TP{tp}" if tp > 1 else "") + label
+    return Case(name, f"torchtitan benchmarks/{source}", spec, gpus, batch, fixed,
+                batch * spec.seq_len / (tokens_per_s * gpus), gpu="h100-96gb", kernels=kernels)
+
+
+def async_tensor_parallel() -> list[Ablation]:
+    """torchtitan's async TP against its vanilla TP (bf16 rows): the same layouts, the tensor-parallel
+    collectives decomposed into the matmuls (``Kernels.tp_comm_overlap``)."""
+    source = "asyncTP_llama3_h100_2025-06_torchtitan.md"
+    overlapped = replace(STACKS["pytorch"], tp_comm_overlap=True)
+    out = []
+    for model, gpus, dp, local, recompute, vanilla, asynchronous in (("llama-70b", 256, 32, 16, "full", 597.3, 652.4),
+                                                                     ("llama-8b", 64, 8, 12, "selective", 4378, 4809.4)):
+        pair = (torchtitan_case(model, gpus, dp, 8, local, recompute, asynchronous, source, overlapped, " async TP"),
+                torchtitan_case(model, gpus, dp, 8, local, recompute, vanilla, source, STACKS["pytorch"]))
+        out.append(Ablation(f"{model}: async TP against vanilla TP", f"torchtitan benchmarks/{source}", pair))
+    return out
+
+
 @dataclass(frozen=True)
 class Ablation:
     """One model run under several layouts in one publication: the layouts in published order, fastest first."""
@@ -200,7 +241,7 @@ def ablations() -> list[Ablation]:
     korthikanti = korthikanti_2022()
     pairs = [Ablation(f"{full.name.split()[0]}: full recomputation against sp + selective", KORTHIKANTI_2022,
                       (selective, full)) for full, selective in zip(korthikanti[0:8:2], korthikanti[1:8:2])]
-    return pairs + [torchtitan_schedules()]
+    return pairs + [torchtitan_schedules()] + async_tensor_parallel()
 
 
 def torchtitan_schedules() -> Ablation:
@@ -220,15 +261,17 @@ def torchtitan_schedules() -> Ablation:
 
 
 def print_ablations() -> None:
-    print("\n| ablation | published order (fastest first) | predicted step (s) | pairs in order | source |")
-    print("| --- | --- | --- | ---: | --- |")
+    print("\n| ablation | published order (fastest first) | published step (s) | predicted step (s) | pairs in order "
+          "| source |")
+    print("| --- | --- | --- | --- | ---: | --- |")
     right = total = 0
     for ablation in ablations():
         steps = [predict(case, case.hardware())[0] for case in ablation.fastest_first]
         pairs = [(i, j) for i in range(len(steps)) for j in range(i + 1, len(steps))]
         in_order = sum(steps[i] < steps[j] for i, j in pairs)
         right, total = right + in_order, total + len(pairs)
-        print(f"| {ablation.name} | {' < '.join(c.name for c in ablation.fastest_first)} | "
+        published = " / ".join(f"{c.measured_step_s:.3g}" for c in ablation.fastest_first)
+        print(f"| {ablation.name} | {' < '.join(c.name for c in ablation.fastest_first)} | {published} | "
               f"{' / '.join(f'{step:.3g}' for step in steps)} | {in_order}/{len(pairs)} | {ablation.source} |")
     print(f"\nablations: {right} of {total} pairs in the published order ({right / total:.0%}) over "
           f"{len(ablations())} ablations")
@@ -236,8 +279,9 @@ def print_ablations() -> None:
 
 def main() -> None:
     core_fit, core_held = megatron_core_weak_scaling()
-    fits = {"megatron, a100-80gb": megatron_2021(), "megatron-core, h100-sxm": core_fit}
-    held_out = korthikanti_2022() + llama_3() + core_held + megatron_core_strong_scaling()
+    titan_fit, titan_held = torchtitan_runs()
+    fits = {"megatron, a100-80gb": megatron_2021(), "megatron-core, h100-sxm": core_fit, "pytorch, h100-96gb": titan_fit}
+    held_out = korthikanti_2022() + llama_3() + core_held + megatron_core_strong_scaling() + titan_held
     if "--fit" in sys.argv:
         for name, cases in fits.items():
             print(f"fitted {name} matmul_efficiency on {cases[0].source}: {fit_efficiency(cases):.3f}")
@@ -253,7 +297,7 @@ def main() -> None:
             step, used = predict(case, case.hardware())
             error = step / case.measured_step_s - 1
             errors[group].append(abs(error))
-            if group == "held out" and case.gpu.startswith("h100"):
+            if group == "held out" and case.gpu.startswith("h100"):  # the SXM and the 96 GB Grand Teton part
                 errors["held out, H100"].append(abs(error))
             print(f"| {case.name} | {case.gpus} | {stack_of(case)} | {used} | {case.measured_step_s:.3g} | {step:.3g} "
                   f"| {error:+.1%} | {case.source} |")

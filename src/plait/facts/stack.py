@@ -49,6 +49,7 @@ class Kernels:
 
 # benchmarks/validate_published.py --fit megatron-core
 MEGATRON_CORE_H100 = 0.525
+PYTORCH_H100_96GB = 0.553
 
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
@@ -61,5 +62,11 @@ STACKS = {
     # communication inside the matmuls; its H100 efficiency fitted on five of the nine weak-scaling runs
     # of the Megatron-LM README (the other four and the strong-scaling pair held out).
     "megatron-core": Kernels(tp_comm_overlap=True, matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),)),
+    # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
+    # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel
+    # collective on the critical path: its async TP is this with tp_comm_overlap); its efficiency fitted
+    # on two of torchtitan's published bf16 runs on Grand Teton H100s (two more held out).
+    "pytorch": Kernels(recompute_whole_forward=False, tp_backward_overlap=False,
+                       matmul_efficiency=(("h100-96gb", PYTORCH_H100_96GB),)),
 }
 DEFAULT_STACK = "plait"

@@ -151,6 +151,11 @@ CATALOG: dict[str, Hardware] = {
     # H100 datasheet (PCIe): BF16 756 TFLOPS dense, FP32 51 TFLOPS, 80 GB HBM2e at 2.0 TB/s;
     # no NVSwitch: peers talk over PCIe Gen5 x16, 64 GB/s per direction; one 400 Gb/s NIC per GPU.
     "h100-pcie": Hardware("h100-pcie", 756, 51, 80 * GB, 2000, 64, 50),
+    # The H100 of Meta's Grand Teton hosts (torchtitan's benchmarks/llama3_h100_202412_torchtitan.md):
+    # 96 GB HBM2e at 2.4 TB/s, 500 W; 8 per host on NVLink, 400 Gb/s RDMA per GPU. Its sustained peak
+    # lies between the NVL's and the SXM's (the same note); the SXM's nominal figures stand here, as
+    # torchtitan's MFU takes them, and a stack's efficiency fitted on this part absorbs the cap.
+    "h100-96gb": Hardware("h100-96gb", 989, 67, 96 * GB, 2400, 450, 50),
     # NVIDIA H100 NVL (H100 datasheet, NVL column): BF16 1,671 TFLOPS with sparsity (835.5 dense),
     # FP32 60 TFLOPS, 94 GB HBM3 at 3.9 TB/s; NVLink bridges join pairs of GPUs only (600 GB/s
     # bidirectional), so groups of more than two talk over PCIe Gen5 x16, 64 GB/s per direction (for a
