@@ -23,7 +23,7 @@ from plait.plan.simulate import Workload, evaluate
 
 MEGATRON_2021 = "Narayanan et al. 2021 (arXiv 2104.04473), table 1"
 KORTHIKANTI_2022 = "Korthikanti et al. 2022 (arXiv 2205.05198), tables 3 and 5"
-LLAMA_3 = "Llama 3 Herd of Models (arXiv 2407.21783), table 4"
+LLAMA_3 = "Llama 3 Herd of Models (arXiv 2407.21783), table 4"  # also on Balaji's SC'24 slide
 TORCHTITAN = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md, table 5"
 MEGATRON_CORE = "Megatron-LM README (github.com/NVIDIA/Megatron-LM, images/model_table.png, July 2024)"
 EAGER = Kernels(dropout=True, flash_attention=False)  # Megatron-LM 2021-22: fused softmax, dropout, no flash
@@ -134,13 +134,17 @@ def fit_efficiency(cases: list[Case]) -> float:
 
 
 def llama_3() -> list[Case]:
-    """405B pre-training on H100: 16M tokens per batch (2048 × 8192); step time from plait's FLOP count."""
+    """405B pre-training on H100: 16M tokens per batch (2048 × 8192, or 128 × 131,072 under cp16); step
+    time from plait's FLOP count."""
     spec = model_spec("llama-405b")
     cases = []
-    for gpus, dp, tflops in ((8192, 64, 430), (16384, 128, 400)):
-        step = 2048 * flops_per_sequence(spec).model / (tflops * 1e12 * gpus)
-        fixed = {"tp": 8, "cp": 1, "pp": 16, "dp": dp}
-        cases.append(Case(f"Llama 3 405B, dp {dp}", LLAMA_3, spec, gpus, 2048, fixed, step, gpu="h100-sxm", kernels=Kernels()))
+    for gpus, dp, cp, tflops in ((8192, 64, 1, 430), (16384, 128, 1, 400), (16384, 8, 16, 380)):
+        run = spec if cp == 1 else replace(spec, seq_len=131072)
+        batch = 2**24 // run.seq_len
+        step = batch * flops_per_sequence(run).model / (tflops * 1e12 * gpus)
+        fixed = {"tp": 8, "cp": cp, "pp": 16, "dp": dp}
+        cases.append(Case(f"Llama 3 405B, dp {dp}" + (f", cp {cp} at 128k" if cp > 1 else ""), LLAMA_3, run, gpus, batch,
+                          fixed, step, gpu="h100-sxm", kernels=Kernels()))
     return cases
 
 
@@ -202,6 +206,10 @@ def torchtitan_runs() -> tuple[list[Case], list[Case]]:
     ]
     cases = [torchtitan_case(model, gpus, dp, tp, local, recompute, tokens_per_s, source, STACKS["pytorch"])
              for model, gpus, dp, tp, local, recompute, tokens_per_s, source in rows]
+    # The same tables' runs without torch.compile: one eager kernel per elementwise op (--unfused).
+    eager = replace(STACKS["pytorch"], fused=False)
+    cases += [torchtitan_case("llama-8b", gpus, gpus, 1, 2, "selective", tokens_per_s, f"llama3_h100_202412_torchtitan.md, "
+                              f"table {table}", eager, " eager") for gpus, tokens_per_s, table in ((8, 5762, 1), (128, 5605, 3))]
     return cases[:2], cases[2:]
 
 
@@ -309,6 +317,8 @@ def main() -> None:
 
 
 def stack_of(case: Case) -> str:
+    if case.kernels == replace(STACKS["pytorch"], fused=False):
+        return "pytorch --unfused"
     return next((name for name, kernels in STACKS.items() if kernels == case.kernels), "megatron (eager, dropout)")
 
 
