@@ -24,6 +24,7 @@ from plait.plan.simulate import Workload, evaluate
 MEGATRON_2021 = "Narayanan et al. 2021 (arXiv 2104.04473), table 1"
 KORTHIKANTI_2022 = "Korthikanti et al. 2022 (arXiv 2205.05198), tables 3 and 5"
 LLAMA_3 = "Llama 3 Herd of Models (arXiv 2407.21783), table 4"  # also on Balaji's SC'24 slide
+BLOOM = "bigscience-workshop/bigscience train/tr11-176B-ml/README.md"
 TORCHTITAN = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md, table 5"
 MEGATRON_CORE = "Megatron-LM README (github.com/NVIDIA/Megatron-LM, images/model_table.png, July 2024)"
 EAGER = Kernels(dropout=True, flash_attention=False)  # Megatron-LM 2021-22: fused softmax, dropout, no flash
@@ -146,6 +147,17 @@ def llama_3() -> list[Case]:
         cases.append(Case(f"Llama 3 405B, dp {dp}" + (f", cp {cp} at 128k" if cp > 1 else ""), LLAMA_3, run, gpus, batch,
                           fixed, step, gpu="h100-sxm", kernels=Kernels()))
     return cases
+
+
+def bloom() -> list[Case]:
+    """BLOOM 176B on Megatron-DeepSpeed: 384 A100 80GB, TP4 PP12 DP8, micro-batch 2, 2,048 sequences of
+    2,048 tokens, full recomputation, dropout 0.1, fused softmax, bf16 with DeepSpeed's own ZeRO stage 1
+    (its BF16_Optimizer); 104.70 s per iteration at iteration 85,376 (bigscience-workshop/bigscience,
+    train/tr11-176B-ml/README.md). DeepSpeed's pipeline engine runs its own 1F1B."""
+    spec = ModelSpec("gpt2", 70, 14336, 112, 112, 4 * 14336, 250880, 2048, tie_embeddings=True)
+    fixed = {"tp": 4, "pp": 12, "dp": 8, "cp": 1, "zero": 1, "dp_replicate": 1, "sp": False, "recompute": "full",
+             "schedule": "1f1b"}
+    return [Case("BLOOM 176B", BLOOM, spec, 384, 2048, fixed, 104.70, micro_batch=2)]
 
 
 def megatron_core_weak_scaling() -> tuple[list[Case], list[Case]]:
@@ -289,7 +301,7 @@ def main() -> None:
     core_fit, core_held = megatron_core_weak_scaling()
     titan_fit, titan_held = torchtitan_runs()
     fits = {"megatron, a100-80gb": megatron_2021(), "megatron-core, h100-sxm": core_fit, "pytorch, h100-96gb": titan_fit}
-    held_out = korthikanti_2022() + llama_3() + core_held + megatron_core_strong_scaling() + titan_held
+    held_out = korthikanti_2022() + bloom() + llama_3() + core_held + megatron_core_strong_scaling() + titan_held
     if "--fit" in sys.argv:
         for name, cases in fits.items():
             print(f"fitted {name} matmul_efficiency on {cases[0].source}: {fit_efficiency(cases):.3f}")
