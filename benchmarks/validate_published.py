@@ -25,6 +25,7 @@ MEGATRON_2021 = "Narayanan et al. 2021 (arXiv 2104.04473), table 1"
 KORTHIKANTI_2022 = "Korthikanti et al. 2022 (arXiv 2205.05198), tables 3 and 5"
 LLAMA_3 = "Llama 3 Herd of Models (arXiv 2407.21783), table 4"  # also on Balaji's SC'24 slide
 BLOOM = "bigscience-workshop/bigscience train/tr11-176B-ml/README.md"
+BLOOM_PREQUEL = "bigscience-workshop/bigscience train/tr11-176B-ml/chronicles-prequel.md"
 TORCHTITAN = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md, table 5"
 MEGATRON_CORE = "Megatron-LM README (github.com/NVIDIA/Megatron-LM, images/model_table.png, July 2024)"
 EAGER = Kernels(dropout=True, flash_attention=False)  # Megatron-LM 2021-22: fused softmax, dropout, no flash
@@ -151,13 +152,54 @@ def llama_3() -> list[Case]:
 
 def bloom() -> list[Case]:
     """BLOOM 176B on Megatron-DeepSpeed: 384 A100 80GB, TP4 PP12 DP8, micro-batch 2, 2,048 sequences of
-    2,048 tokens, full recomputation, dropout 0.1, fused softmax, bf16 with DeepSpeed's own ZeRO stage 1
-    (its BF16_Optimizer); 104.70 s per iteration at iteration 85,376 (bigscience-workshop/bigscience,
-    train/tr11-176B-ml/README.md). DeepSpeed's pipeline engine runs its own 1F1B."""
-    spec = ModelSpec("gpt2", 70, 14336, 112, 112, 4 * 14336, 250880, 2048, tie_embeddings=True)
-    fixed = {"tp": 4, "pp": 12, "dp": 8, "cp": 1, "zero": 1, "dp_replicate": 1, "sp": False, "recompute": "full",
-             "schedule": "1f1b"}
-    return [Case("BLOOM 176B", BLOOM, spec, 384, 2048, fixed, 104.70, micro_batch=2)]
+    2,048 tokens; 104.70 s per iteration at iteration 85,376 (train/tr11-176B-ml/README.md)."""
+    spec = ModelSpec("gpt2", 70, 14336, 112, 112, 4 * 14336, BLOOM_VOCAB, 2048, tie_embeddings=True)
+    return [bloom_case("BLOOM 176B", BLOOM, spec, 8, 4, 12, 2, 2048, 104.70)]
+
+
+# BLOOM's Megatron-DeepSpeed: dropout 0.1, fused softmax without flash attention (EAGER), full recomputation,
+# DeepSpeed's pipeline engine (its own 1F1B), bf16 with its BF16_Optimizer's own ZeRO stage 1 over all dp
+# ranks; the vocabulary padded to 250,880.
+BLOOM_VOCAB = 250880
+
+
+def bloom_case(name: str, source: str, spec: ModelSpec, dp: int, tp: int, pp: int, mbs: int, batch: int,
+               step_s: float) -> Case:
+    fixed = {"tp": tp, "pp": pp, "dp": dp, "cp": 1, "zero": 1 if dp > 1 else 0, "dp_replicate": 1, "sp": False,
+             "recompute": "full", **({"schedule": "1f1b"} if pp > 1 else {})}
+    return Case(name, source, spec, dp * tp * pp, batch, fixed, step_s, micro_batch=mbs)
+
+
+def bloom_layout_search() -> list[Ablation]:
+    """The BLOOM prequel's search for a 3D layout on 48 nodes of 8 A100 80GB (chronicles-prequel.md): one
+    181B model (hidden 14,336, 72 layers, 64 heads), seconds per iteration at iteration 2, each table
+    one ablation. "tweaking TP" lists dp8·tp4·pp12 at micro-batch 2 twice (110.48 s and 113.54 s, the
+    difference unstated); the first is kept."""
+    spec = ModelSpec("gpt2", 72, 14336, 64, 64, 4 * 14336, BLOOM_VOCAB, 2048, tie_embeddings=True)
+    tables = [  # (title, rows of DP, TP, PP, MBS, GBS, seconds per iteration)
+        ("48 node contenders", [
+            (4, 8, 12, 1, 2048, 143.31), (4, 8, 12, 2, 2048, 134.02), (4, 8, 12, 4, 2048, 123.69),
+            (4, 8, 12, 8, 2048, 129.26), (8, 8, 6, 1, 2048, 139.82), (8, 8, 6, 2, 2048, 131.02),
+            (8, 8, 6, 4, 2048, 121.48)]),
+        ("GBS variations", [
+            (8, 8, 6, 4, 1568, 113.01), (8, 8, 6, 4, 2048, 114.11), (8, 8, 6, 6, 2016, 123.57),
+            (4, 8, 12, 4, 1568, 92.75), (4, 8, 12, 4, 2048, 117.07), (4, 8, 12, 2, 1568, 99.93),
+            (4, 8, 12, 2, 2048, 128.82)]),
+        ("some more configs with lower PP", [
+            (6, 8, 8, 4, 2016, 113.16), (12, 8, 4, 2, 2016, 125.52), (12, 8, 4, 4, 2016, 114.81),
+            (24, 8, 2, 1, 2016, 145.45), (24, 8, 2, 2, 2016, 136.13)]),
+        ("tweaking TP", [
+            (8, 4, 12, 4, 2048, 111.89), (8, 4, 12, 2, 2048, 110.48), (16, 4, 6, 4, 2048, 117.11),
+            (16, 4, 6, 2, 2048, 111.71), (16, 2, 12, 2, 2048, 112.50), (8, 2, 24, 1, 2048, 119.53),
+            (8, 2, 24, 2, 2048, 122.75), (4, 4, 24, 1, 2048, 130.60)]),
+    ]
+    out = []
+    for title, rows in tables:
+        cases = sorted((bloom_case(f"dp{dp}·tp{tp}·pp{pp} mbs {mbs} gbs {gbs}", f"{BLOOM_PREQUEL}, '{title}'", spec,
+                                   dp, tp, pp, mbs, gbs, seconds)
+                        for dp, tp, pp, mbs, gbs, seconds in rows), key=lambda case: case.measured_step_s / case.batch)
+        out.append(Ablation(f"BLOOM 181B prototype: {title}", f"{BLOOM_PREQUEL}, '{title}'", tuple(cases)))
+    return out
 
 
 def megatron_core_weak_scaling() -> tuple[list[Case], list[Case]]:
@@ -189,9 +231,10 @@ def megatron_core_strong_scaling() -> list[Case]:
 
 def megatron_core_case(name: str, heads: int, hidden: int, layers: int, tp: int, pp: int, dp: int, batch: int,
                        tflops: float, note: str = "") -> Case:
-    spec = ModelSpec("gpt2", layers, hidden, heads, heads, 4 * hidden, 131072, 4096, tie_embeddings=True)
+    # Untied embeddings: 12·l·h² plus two 131,072 × h matrices gives the table's sizes (1.7B, 7.1B, 16B, ...).
+    spec = ModelSpec("gpt2", layers, hidden, heads, heads, 4 * hidden, 131072, 4096, tie_embeddings=False)
     step = megatron_core_flops(spec, batch) / (tflops * 1e12 * tp * pp * dp)
-    fixed = {"tp": tp, "pp": pp, "dp": dp, "cp": 1, "zero": 1 if dp > 1 else 0, "sp": tp > 1}
+    fixed = {"tp": tp, "pp": pp, "dp": dp, "cp": 1, "zero": 1 if dp > 1 else 0, "dp_replicate": 1, "sp": tp > 1}
     return Case(name, MEGATRON_CORE + note, spec, tp * pp * dp, batch, fixed, step, gpu="h100-sxm",
                 kernels=STACKS["megatron-core"])
 
@@ -261,7 +304,7 @@ def ablations() -> list[Ablation]:
     korthikanti = korthikanti_2022()
     pairs = [Ablation(f"{full.name.split()[0]}: full recomputation against sp + selective", KORTHIKANTI_2022,
                       (selective, full)) for full, selective in zip(korthikanti[0:8:2], korthikanti[1:8:2])]
-    return pairs + [torchtitan_schedules()] + async_tensor_parallel()
+    return pairs + [torchtitan_schedules()] + async_tensor_parallel() + bloom_layout_search()
 
 
 def torchtitan_schedules() -> Ablation:
@@ -281,14 +324,17 @@ def torchtitan_schedules() -> Ablation:
 
 
 def print_ablations() -> None:
+    """Each ablation's layouts by time per sequence (its tables vary the global batch), published and
+    predicted, and the pairs the planner orders as published."""
     print("\n| ablation | published order (fastest first) | published step (s) | predicted step (s) | pairs in order "
           "| source |")
     print("| --- | --- | --- | --- | ---: | --- |")
     right = total = 0
     for ablation in ablations():
         steps = [predict(case, case.hardware())[0] for case in ablation.fastest_first]
+        per_sequence = [step / case.batch for step, case in zip(steps, ablation.fastest_first)]
         pairs = [(i, j) for i in range(len(steps)) for j in range(i + 1, len(steps))]
-        in_order = sum(steps[i] < steps[j] for i, j in pairs)
+        in_order = sum(per_sequence[i] < per_sequence[j] for i, j in pairs)
         right, total = right + in_order, total + len(pairs)
         published = " / ".join(f"{c.measured_step_s:.3g}" for c in ablation.fastest_first)
         print(f"| {ablation.name} | {' < '.join(c.name for c in ablation.fastest_first)} | {published} | "

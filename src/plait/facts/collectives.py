@@ -1,8 +1,10 @@
-"""Bytes each collective of tensor, sequence and context parallelism moves, on paper.
+"""Bytes each collective of tensor, sequence and context parallelism moves, on paper, and what
+crosses between pipeline stages.
 
-One home for the engine's tests and the planner: ``layer_collectives`` lists one layer's calls and
-``embedding_collectives`` / ``head_collectives`` those of the model's two ends, which the planner
-times (plait.plan.costs) and tests measure in a real step, requiring equality. ``batch`` sequences
+One home for the engine's tests and the planner: ``layer_collectives`` lists one layer's calls,
+``embedding_collectives`` / ``head_collectives`` those of the model's two ends and
+``stage_boundary_bytes`` one pipeline transfer, which the planner times (plait.plan.costs) and tests
+measure in a real step, requiring equality. ``batch`` sequences
 of ``seq`` tokens go through the model on each rank.
 """
 
@@ -10,8 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plait.facts.activations import kv_heads_per_rank
+from plait.facts.activations import ACTIVATION_BYTES, kv_heads_per_rank
 from plait.facts.model_state import padded_vocab
+from plait.facts.stack import Kernels
+from plait.layout import Layout
 from plait.models.flops import layer_parameter_count, norm_parameter_count
 from plait.models.spec import ModelSpec
 
@@ -167,3 +171,13 @@ def _local_layer_parameters(spec: ModelSpec, tp: int) -> int:
     attention = 2 * h * h // tp + 2 * h * kv_local + (h // tp + 2 * kv_local + h if bias else 0)
     mlp = (3 if spec.gated_mlp else 2) * h * f // tp + (f // tp + h if bias else 0)
     return attention + mlp + 2 * norm_parameter_count(spec)
+
+
+def stage_boundary_bytes(spec: ModelSpec, layout: Layout, micro_batch: int, precision: str, kernels: Kernels) -> int:
+    """Bytes of one micro-batch's hidden states, or of their gradient, sent from one pipeline stage to
+    the next: this rank's cp shard of the sequence (a tp shard of that under sp) at the whole hidden
+    width. plait's engine sends them in fp32 whatever the precision (the residual stream autocast
+    keeps); a reference stack in the activations' precision."""
+    element = FP32 if kernels.plait_engine else ACTIVATION_BYTES[precision]
+    tokens = spec.seq_len // layout.cp // (layout.tp if layout.sp else 1)
+    return micro_batch * tokens * spec.hidden * element

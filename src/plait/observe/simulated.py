@@ -13,7 +13,7 @@ from plait.facts.model_state import rank_parameters, rank_tensors
 from plait.layout import Layout
 from plait.observe.trace import timeline_events
 from plait.plan.costs import boundary_seconds, chunk_costs
-from plait.plan.hardware import Hardware
+from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.pipeline import action_costs
 from plait.plan.simulate import Workload, check_layout, flush_costs
 from plait.schedules import Timeline, generate, simulate, split_layers
@@ -22,10 +22,10 @@ from plait.schedules import Timeline, generate, simulate, split_layers
 def simulated_timeline(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Timeline:
     """The schedule's full action lists played with this layout's per-action costs."""
     micro_batch = check_layout(workload, gpus, layout)
-    spec, precision = workload.spec, workload.precision
+    spec, precision, hw = workload.spec, workload.precision, stack_hardware(hw, workload.kernels)
     counts = tuple(len(r) for r in split_layers(spec, layout.pp, layout.virtual_stages, layout.stage_layers))
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
-    flight = boundary_seconds(spec, hw, layout, micro_batch, precision)
+    flight = boundary_seconds(spec, hw, layout, micro_batch, precision, workload.kernels)
     schedule = generate(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
     return simulate(schedule, action_costs(chunks), lambda a: flight)
 
@@ -33,7 +33,7 @@ def simulated_timeline(workload: Workload, hw: Hardware, gpus: int, layout: Layo
 def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> dict:
     """Chrome trace events (microseconds) of one simulated step of ``layout``."""
     micro_batch = check_layout(workload, gpus, layout)
-    spec, precision = workload.spec, workload.precision
+    spec, precision, hw = workload.spec, workload.precision, stack_hardware(hw, workload.kernels)
     pp, v = layout.pp, layout.virtual_stages
     counts = tuple(len(r) for r in split_layers(spec, pp, v, layout.stage_layers))
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from plait.facts.activations import ACTIVATION_BYTES
-from plait.facts.collectives import embedding_collectives, head_collectives, layer_collectives
+from plait.facts.collectives import embedding_collectives, head_collectives, layer_collectives, stage_boundary_bytes
 from plait.facts.model_state import communicated_bytes, zero_group
 from plait.facts.stack import Kernels
 from plait.layout import Layout
@@ -229,9 +229,10 @@ def chunk_costs(
     return tuple(out)
 
 
-def boundary_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str) -> float:
+def boundary_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str,
+                     kernels: Kernels) -> float:
     """Flight time of one activation (or its gradient) between adjacent pipeline stages."""
     if layout.pp == 1:
         return 0.0
-    nbytes = micro_batch * spec.seq_len // layout.cp * spec.hidden * ACTIVATION_BYTES[precision]
-    return send_seconds(nbytes / (layout.tp if layout.sp else 1), group_link(hw, layout, "pp"))
+    nbytes = stage_boundary_bytes(spec, layout, micro_batch, precision, kernels)
+    return send_seconds(nbytes, group_link(hw, layout, "pp"))

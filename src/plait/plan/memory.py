@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plait.facts.activations import ACTIVATION_BYTES
+from plait.facts.collectives import stage_boundary_bytes
 from plait.facts.model_state import communicated_bytes, rank_parameters
 from plait.facts.stack import Kernels
 from plait.layout import Layout
@@ -44,9 +44,8 @@ def other_bytes(
     low-rank factors, some tens of times smaller, are left out).
     """
     extra = reserved
-    e = ACTIVATION_BYTES[precision]
-    if layout.pp > 1:
-        extra += 2 * micro_batch * spec.seq_len // layout.cp * spec.hidden * e / (layout.tp if layout.sp else 1)
+    if layout.pp > 1:  # one send and one receive buffer
+        extra += 2 * stage_boundary_bytes(spec, layout, micro_batch, precision, kernels)
     if layout.zero == 3:
         grads, params = communicated_bytes(layout, precision, kernels)
         extra += layer_parameter_count(spec) / layout.tp * (2 * params + grads)

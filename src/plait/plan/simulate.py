@@ -196,7 +196,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
     pp, v, m = layout.pp, layout.virtual_stages, layout.microbatches
     counts = tuple(len(r) for r in split_layers(spec, pp, v, layout.stage_layers))
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
-    flight = boundary_seconds(spec, hw, layout, micro_batch, precision)
+    flight = boundary_seconds(spec, hw, layout, micro_batch, precision, workload.kernels)
     played = play(layout.schedule, pp, v, m, chunks, flight, chunk_activation_bytes(workload, layout, micro_batch, counts))
     tails, memories = [], []
     for rank in range(pp):
