@@ -1,5 +1,7 @@
 """Memory model against the ZeRO paper's accounting and Korthikanti et al.'s activation formulas."""
 
+from dataclasses import replace
+
 import pytest
 
 from plait.facts.activations import activation_bytes_per_layer
@@ -74,12 +76,16 @@ def test_grouped_query_attention_saves_only_the_smaller_keys_and_values():
     assert saved == pytest.approx(2 * 2 * s * b * (4096 - 8 * 128) / t)
 
 
-def test_swiglu_saves_four_ffn_wide_tensors_where_gelu_saves_two():
+def test_swiglu_saves_three_ffn_wide_tensors_fused_and_four_unfused_where_gelu_saves_two():
+    """Fused (Megatron-LM's bias_swiglu, Transformer Engine): the gate-and-up output, from which backward
+    recomputes silu, and the product; unfused: gate, up, silu(gate) and the product."""
     gelu = ModelSpec("gpt2", 2, 1024, 16, 16, 4096, 1000, 1024, tie_embeddings=True)
     swiglu = ModelSpec("llama", 2, 1024, 16, 16, 4096, 1000, 1024, tie_embeddings=True)
-    s, b = 1024, 1
-    # Same attention (no dropout, flash), so the whole difference is the MLP's 2 extra ffn-wide tensors.
-    assert activation_bytes_per_layer(swiglu, b, kernels=REFERENCE) - activation_bytes_per_layer(gelu, b, kernels=REFERENCE) == pytest.approx(2 * 2 * s * b * 4096)
+    s, b, f = 1024, 1, 4096
+    # Same attention (no dropout, flash), so the whole difference is the MLP's extra ffn-wide tensors.
+    for kernels, extra in ((REFERENCE, 1), (replace(REFERENCE, fused=False), 2)):
+        difference = activation_bytes_per_layer(swiglu, b, kernels=kernels) - activation_bytes_per_layer(gelu, b, kernels=kernels)
+        assert difference == pytest.approx(extra * 2 * s * b * f)
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "naive"])

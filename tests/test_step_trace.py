@@ -9,10 +9,13 @@ import statistics
 
 import pytest
 
-from plait.facts.collectives import collective_bytes_per_layer, outside_layer_collective_bytes, stage_boundary_bytes
+from plait.facts.collectives import (
+    collective_bytes_per_layer, outside_layer_collective_bytes, stage_boundary_bytes,
+    tied_embedding_bytes,
+)
+from plait.facts.model_state import rank_parameters
 from plait.facts.stack import STACKS
 from plait.layout import Layout
-from plait.facts.model_state import rank_parameters
 from plait.models.spec import model_spec
 from plait.observe.time_split import split_step
 from plait.train.launch import print_summary
@@ -170,16 +173,18 @@ def test_tensor_collectives_of_a_whole_step_carry_the_analytic_bytes(pool, tmp_p
 @pytest.mark.parametrize("name", ["pp2", "dp2·tp2·pp2"])
 def test_pipeline_transfers_carry_the_stage_boundary_bytes(runs, name):
     """Per step, every pipeline rank sends one boundary tensor per micro-batch (activations forward on
-    the first stage, gradients backward on the last) and receives one: plait.facts.collectives's
-    stage_boundary_bytes, which the planner times."""
-    layout = Layout(**LAYOUTS[name])
+    the first stage, gradients backward on the last) and receives one, then the two end stages swap
+    their tied embedding's gradient: plait.facts.collectives's stage_boundary_bytes and
+    tied_embedding_bytes, which the planner times."""
+    spec, layout = model_spec("tiny", seq_len=64), Layout(**LAYOUTS[name])
     micro_batch = 8 // layout.dp // layout.microbatches
-    boundary = stage_boundary_bytes(model_spec("tiny", seq_len=64), layout, micro_batch, "fp32", STACKS["plait"])
+    boundary = stage_boundary_bytes(spec, layout, micro_batch, "fp32", STACKS["plait"])
+    expected = [boundary] * layout.microbatches + [tied_embedding_bytes(spec, layout)]
     for rank in runs[name][0]:
         for record in rank["steps"]:
             for op in ("send", "recv"):
                 moved = [t["bytes"] for t in record["transfers"] if t["group"] == "pp" and t["op"] == op]
-                assert moved == [boundary] * layout.microbatches, (op, moved)
+                assert moved == expected, (op, moved)
 
 
 def test_profile_steps_writes_a_torch_profiler_trace_per_rank_and_step(pool, tmp_path):

@@ -181,3 +181,12 @@ def stage_boundary_bytes(spec: ModelSpec, layout: Layout, micro_batch: int, prec
     element = FP32 if kernels.plait_engine else ACTIVATION_BYTES[precision]
     tokens = spec.seq_len // layout.cp // (layout.tp if layout.sp else 1)
     return micro_batch * tokens * spec.hidden * element
+
+
+def tied_embedding_bytes(spec: ModelSpec, layout: Layout) -> int:
+    """Bytes the first and the last pipeline stage each send the other after backward when the embedding
+    and the head share one weight (GPT-2): the fp32 gradient of its copy, this tensor-parallel rank's
+    rows (plait.parallel.gradients sums the two). None without stages or without tied weights."""
+    if layout.pp == 1 or not spec.tie_embeddings:
+        return 0
+    return padded_vocab(spec.vocab, layout.tp) // layout.tp * spec.hidden * FP32

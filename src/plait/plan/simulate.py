@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
 from plait.facts.buckets import BUCKET_CAP_BYTES, bucket_bytes
+from plait.facts.collectives import tied_embedding_bytes
 from plait.facts.model_state import (
     communicated_bytes, powersgd_elements, rank_model_states, rank_parameters, rank_tensor_shapes, rank_tensors,
     reduced_gradient_elements, zero_group,
@@ -21,7 +22,8 @@ from plait.layout import Layout
 from plait.models.flops import flops_per_sequence, layer_parameter_count
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
-    all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, reduce_scatter_seconds, strided_link,
+    all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, reduce_scatter_seconds, send_seconds,
+    strided_link,
 )
 from plait.plan.compute import optimizer_seconds
 from plait.plan.costs import boundary_seconds, chunk_costs, wrapper_overhead
@@ -170,6 +172,9 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     else:  # reduce-scatter over the ZeRO group; replica groups (hybrid sharding) average the shard
         reduce = reduce_scatter_seconds(grads, shards, link)
         reduce += all_reduce_seconds(grads / shards, replicas // shards, strided_link(hw, replicas // shards, shards * stride))
+    tied = tied_embedding_bytes(workload.spec, layout)
+    if tied:  # the first and last stages swap their tied embedding's gradient after backward
+        after += send_seconds(tied, group_link(hw, layout, "pp"))
     # Buckets hold the gradients as computed, before any compression.
     bucketed = params * communicated_bytes(replace(layout, grad_compression="none"), precision, kernels)[0]
     bucket = bucket_bytes(bucketed) if kernels.plait_engine else BUCKET_BYTES  # plait's rule; DDP's default
