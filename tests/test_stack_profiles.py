@@ -13,7 +13,7 @@ from plait.cli import main
 from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.spec import model_spec
-from plait.plan.costs import layer_cost
+from plait.plan.costs import chunk_costs, layer_cost
 from plait.plan.hardware import hardware, stack_hardware
 
 CORE = STACKS["megatron-core"]
@@ -48,3 +48,17 @@ def test_without_sequence_parallelism_transformer_engine_cannot_overlap():
 def test_plan_names_the_stack_it_used(capsys):
     assert main(["plan", "--model", "gpt2", "--gpus", "8", "--stack", "megatron-core", "--json", "--top", "1"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["stack"] == "megatron-core"
+
+
+def test_a_pipeline_engine_cost_is_paid_once_per_action_on_every_chunk():
+    """DeepSpeed's engine (megatron-deepspeed): each forward and each backward of a micro-batch on a
+    chunk costs ``pipeline_action_s`` more; without stages there is no engine to pay."""
+    engine = STACKS["megatron-deepspeed"]
+    free = replace(engine, pipeline_action_s=0.0)
+    spec, hw = model_spec("gpt2-large"), hardware("a100-80gb")
+    layout = Layout(pp=4, microbatches=8)
+    paid, unpaid = (chunk_costs(spec, hw, layout, 1, "bf16", k, (9, 9, 9, 9)) for k in (engine, free))
+    for with_engine, without in zip(paid, unpaid):
+        assert with_engine.forward - without.forward == pytest.approx(engine.pipeline_action_s)
+        assert with_engine.backward - without.backward == pytest.approx(engine.pipeline_action_s)
+    assert chunk_costs(spec, hw, Layout(), 1, "bf16", engine, (36,)) == chunk_costs(spec, hw, Layout(), 1, "bf16", free, (36,))

@@ -38,6 +38,11 @@ class Kernels:
     # on published runs of the stack (benchmarks/validate_published.py); other GPUs keep the
     # catalog's (plait.plan.hardware.Hardware.matmul_efficiency).
     matmul_efficiency: tuple[tuple[str, float], ...] = ()
+    # Seconds a stack's pipeline engine spends on each forward and each backward of a micro-batch on a
+    # chunk beyond its kernels: DeepSpeed's pipeline engine interprets every micro-batch's instructions
+    # in Python and sends activations as broadcasts in two-rank groups; 0 where the schedule runs in
+    # kernels the host queues ahead (Megatron-LM, torchtitan, plait).
+    pipeline_action_s: float = 0.0
     # Whose engine holds the memory: plait's own (what its runs measure: plait.facts.model_state and
     # .activations count it exactly) or a reference stack (the ZeRO paper's and Korthikanti's formulas).
     engine: str = "reference"
@@ -50,6 +55,7 @@ class Kernels:
 # benchmarks/validate_published.py --fit megatron-core
 MEGATRON_CORE_H100 = 0.526
 PYTORCH_H100_96GB = 0.553
+DEEPSPEED_PIPELINE_ACTION_S = 0.0741
 
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
@@ -62,6 +68,10 @@ STACKS = {
     # communication inside the matmuls; its H100 efficiency fitted on five of the nine weak-scaling runs
     # of the Megatron-LM README (the other four and the strong-scaling pair held out).
     "megatron-core": Kernels(tp_comm_overlap=True, matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),)),
+    # Megatron-DeepSpeed (BLOOM, 2022): Megatron-LM's fused softmax without flash attention, dropout, and
+    # DeepSpeed's pipeline engine, whose cost per micro-batch was fitted on BLOOM's own layout search
+    # (benchmarks/validate_published.py: the '48 node contenders' table, the other three held out).
+    "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, pipeline_action_s=DEEPSPEED_PIPELINE_ACTION_S),
     # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
     # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel
     # collective on the critical path: its async TP is this with tp_comm_overlap); its efficiency fitted

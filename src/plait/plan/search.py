@@ -236,9 +236,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                             if peak <= capacity:
                                 break
                         work, fill_zb, backward, first_gather = works[key][rc]
-                        mean = (layers * work + head_work + embedding_work + first_gather) / pp
-                        first_stage = per_rank * work + embedding_work + first_gather
-                        last_stage = (layers - (pp - 1) * per_rank) * work + head_work
+                        engine = 2 * v * kernels.pipeline_action_s if pp > 1 else 0.0  # (plan.costs.chunk_costs)
+                        mean = (layers * work + head_work + embedding_work + first_gather) / pp + engine
+                        first_stage = per_rank * work + embedding_work + first_gather + engine
+                        last_stage = (layers - (pp - 1) * per_rank) * work + head_work + engine
                         slowest = first_stage + head_work if pp == 1 else max(first_stage, last_stage)
                         fill = fill_zb * layers / pp if name == "zb-h1" else mean / v
                         step = estimate_step(name, pp, v, m, mean, slowest, fill, flight)
