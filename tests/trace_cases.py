@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -27,11 +28,12 @@ def traced_run(config: RunConfig, run_dir: str) -> tuple[list[dict] | None, dict
 
 
 def _delaying_hook(delay_s: float):
-    """A DDP communication hook: rank 1 issues the bucket's all-reduce ``delay_s`` late, so on rank 0
-    that collective completes ``delay_s`` later than it would."""
+    """A DDP communication hook: on every other step rank 1 issues the bucket's all-reduce ``delay_s``
+    late, so on rank 0 that collective completes ``delay_s`` later than it would."""
+    calls = itertools.count()
 
     def hook(state, bucket):
-        if dist.get_rank() == 1:
+        if dist.get_rank() == 1 and next(calls) % 2:
             time.sleep(delay_s)
         work = dist.all_reduce(bucket.buffer(), async_op=True)
         return work.get_future().then(lambda future: future.value()[0] / dist.get_world_size())
@@ -41,7 +43,8 @@ def _delaying_hook(delay_s: float):
 
 def ddp_steps_with_delay(delay_s: float, steps: int) -> list[dict]:
     """Train a small DDP model for ``steps`` traced steps, its one gradient bucket's all-reduce issued
-    ``delay_s`` late by rank 1 (0: plain); returns this rank's traced steps."""
+    ``delay_s`` late by rank 1 on every other step (the odd ones, counting the untraced warm-up as
+    step 0); returns this rank's traced steps."""
     topology = build_topology(Layout(dp=dist.get_world_size()), torch.device("cpu"))
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256)))
