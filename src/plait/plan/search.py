@@ -169,6 +169,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     # hybrid sharding (same gathers, a reduce-scatter instead of an all-reduce, less memory). Tests
     # hold both claims.
     works: dict[tuple, dict] = {}
+    acts: dict[tuple, float] = {}
     times_cache: dict[tuple, LayerTimes] = {}
     flushes: dict[tuple, FlushCosts] = {}
     states: dict[tuple, tuple[float, float]] = {}
@@ -212,9 +213,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 times = {rc: times_cache[tp, cp, sp, mbs, rc] for rc in recomputes}
                 for zero, replicate in _zero_options(fixed, hw, base):
                     staged = replace(base, zero=zero, dp_replicate=replicate)
-                    if refused(staged):
+                    if compression != "none" and refused(staged):
                         continue
-                    if zero == 1 and replicate == 1 and "zero" not in fixed and not refused(replace(staged, zero=2)):
+                    if zero == 1 and replicate == 1 and "zero" not in fixed and (
+                            compression == "none" or not refused(replace(staged, zero=2))):
                         continue
                     # The shared validation in two parts (plait.facts.validity.layout_problems): the
                     # mesh once here, the schedule and stage split once per schedule for all meshes.
@@ -222,7 +224,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         mesh = replace(staged, schedule=schedules[0][0], virtual_stages=schedules[0][1],
                                        stage_layers=stage_layers)
                     else:
-                        mesh = replace(staged, stage_layers=stage_layers)
+                        mesh = replace(staged, stage_layers=stage_layers) if stage_layers else staged
                     if mesh_problems(spec, mesh, gpus, workload.global_batch, kernels):
                         continue
                     # ZeRO-3's gathers depend on its group; a measured host's wrapper overhead on the stage.
@@ -240,25 +242,40 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     flush = flushes[mesh_key]
                     other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes, kernels)
                     first, last = (held + other for held in states[mesh_key])
-                    acts = {rc: activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp,
-                                                           algorithm) for rc in recomputes}
+                    # Per recomputation: one layer's activations on a stage, and the stage's work per
+                    # micro-batch (less the pipeline engine's, which grows with v) with its flush.
+                    per_rc = {}
+                    for rc in recomputes:
+                        act_key = (tp, sp, cp, rc, mbs, zero, pp, algorithm)
+                        if act_key not in acts:
+                            acts[act_key] = activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels,
+                                                                       zero, pp, algorithm) * per_rank
+                        work, fill_zb, backward, first_gather = works[key][rc]
+                        per_rc[rc] = (acts[act_key], (layers * work + head_work + embedding_work + first_gather) / pp,
+                                      per_rank * work + embedding_work + first_gather,
+                                      (layers - (pp - 1) * per_rank) * work + head_work, fill_zb * layers / pp,
+                                      flush.exposed(per_rank * backward) + flush.optimizer)
                     for name, v, held_first, held_last in schedules:
                         if pp > 1 and not schedule_fits(pp, m, name, v):
                             continue
+                        head_held = head_act * (held_last // v or 1)
                         for rc in recomputes:
-                            act = acts[rc] * per_rank / v
-                            peak = max(first + held_first * act, last + held_last * act + head_act * max(1, held_last // v))
+                            act = per_rc[rc][0] / v
+                            peak = first + held_first * act
+                            peak_last = last + held_last * act + head_held
+                            if peak_last > peak:
+                                peak = peak_last
                             if peak <= capacity:
                                 break
-                        work, fill_zb, backward, first_gather = works[key][rc]
+                        _, mean, first_stage, last_stage, fill_zb, flushed = per_rc[rc]
                         engine = 2 * v * kernels.pipeline_action_s if pp > 1 else 0.0  # (plan.costs.chunk_costs)
-                        mean = (layers * work + head_work + embedding_work + first_gather) / pp + engine
-                        first_stage = per_rank * work + embedding_work + first_gather + engine
-                        last_stage = (layers - (pp - 1) * per_rank) * work + head_work + engine
-                        slowest = first_stage + head_work if pp == 1 else max(first_stage, last_stage)
-                        fill = fill_zb * layers / pp if name == "zb-h1" else mean / v
-                        step = estimate_step(name, pp, v, m, mean, slowest, fill, flight)
-                        step += flush.exposed(per_rank * backward) + flush.optimizer
+                        mean += engine
+                        if pp == 1:
+                            slowest = first_stage + engine + head_work
+                        else:
+                            slowest = (first_stage if first_stage > last_stage else last_stage) + engine
+                        fill = fill_zb if name == "zb-h1" else mean / v
+                        step = estimate_step(name, pp, v, m, mean, slowest, fill, flight) + flushed
                         found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate),
                                      step, peak, capacity, keep, level)
     return found
