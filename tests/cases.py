@@ -25,10 +25,16 @@ def block_classes(config: RunConfig) -> list[str]:
 
 
 def train_outcome(config: RunConfig) -> dict:
-    """Per-step losses, this rank's measured model-state bytes and, on the first dp, cp and tp rank of
-    each pipeline stage, the stage's full final weights (rank 0's are the whole model's without pp)."""
+    """Per-step losses, this rank's measured model-state bytes, on the first dp, cp and tp rank of
+    each pipeline stage the stage's full final weights (rank 0's are the whole model's without pp),
+    and on rank 0 every rank's traced volumes of the last step (``traced_volumes``)."""
+    from dataclasses import replace
+
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    # The tracer takes the first step after warm-up, which also carries DDP's one-off broadcast of its
+    # rebuilt bucket order, and then every ``trace_every``-th: the last step is a steady one.
+    config = replace(config, train=replace(config.train, trace_every=max(1, config.train.steps - 2)))
     topology = build_topology(config.layout, torch.device("cpu"))
     result = train(config, topology)
     weights = get_model_state_dict(result.model, options=StateDictOptions(full_state_dict=True))
@@ -37,7 +43,37 @@ def train_outcome(config: RunConfig) -> dict:
         "model_state_bytes": dict(result.model_state_bytes),
         "weights": {name: value.detach().clone() for name, value in weights.items()}
         if not any(topology.coordinate(dim) for dim in ("dp", "cp", "tp")) else None,
+        "volumes": traced_volumes(result.traces),
     }
+
+
+def traced_volumes(traces: list[dict] | None) -> dict[int, dict[str, dict[str, int]]] | None:
+    """{rank: {group: {op: bytes}}} of the last traced step, summed over its transfers (rank 0 holds
+    every rank's traces; None elsewhere)."""
+    if traces is None:
+        return None
+    volumes = {}
+    for rank in traces:
+        summed: dict[str, dict[str, int]] = {}
+        for transfer in rank["steps"][-1]["transfers"]:
+            ops = summed.setdefault(transfer["group"], {})
+            ops[transfer["op"]] = ops.get(transfer["op"], 0) + transfer["bytes"]
+        volumes[rank["rank"]] = summed
+    return volumes
+
+
+def assert_traced_volumes_are_the_facts(config: RunConfig, volumes: dict[int, dict[str, dict[str, int]]]) -> None:
+    """Every rank's traced bytes per group and op equal plait.facts.step_volumes, the volumes the
+    planner times (ranks ordered on the mesh as pp, dp, cp, tp)."""
+    from plait.facts.step_volumes import step_volumes
+
+    layout = config.layout
+    assert sorted(volumes) == list(range(layout.world_size))
+    for rank, measured in volumes.items():
+        pp_rank, dp_rank = rank // (layout.dp * layout.cp * layout.tp), rank // (layout.cp * layout.tp) % layout.dp
+        expected = step_volumes(config.model, layout, config.train.global_batch, config.train.precision, pp_rank,
+                                dp_rank)
+        assert measured == {group: dict(ops) for group, ops in expected.items()}, f"rank {rank}"
 
 
 def collectives_per_microbatch(config: RunConfig) -> list[dict[str, int]]:

@@ -55,8 +55,9 @@ def run_toy_schedule(name: str, m: int, v: int) -> dict:
     }
 
 
-def pipeline_losses(configs: list) -> list[list[float]]:
-    """Per-step losses of each config, all on one mesh (their layouts differ only in schedule and m).
+def pipeline_losses(configs: list) -> list[tuple[list[float], dict | None]]:
+    """Per-step losses of each config, all on one mesh (their layouts differ only in schedule and m),
+    with every rank's traced volumes of its last step on rank 0 (tests.cases.traced_volumes).
 
     Building the mesh once for many runs keeps the parity matrix fast on a 2-core machine.
     """
@@ -64,6 +65,12 @@ def pipeline_losses(configs: list) -> list[list[float]]:
 
     from plait.topology import build_topology
     from plait.train.loop import train
+    from tests.cases import traced_volumes
 
     topology = build_topology(configs[0].layout, torch.device("cpu"))
-    return [train(config, replace(topology, layout=config.layout)).losses for config in configs]
+    out = []
+    for config in configs:
+        config = replace(config, train=replace(config.train, trace_every=max(1, config.train.steps - 2)))
+        result = train(config, replace(topology, layout=config.layout))
+        out.append((result.losses, traced_volumes(result.traces)))
+    return out

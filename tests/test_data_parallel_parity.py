@@ -11,7 +11,7 @@ import torch
 
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
-from tests.cases import run_config, train_outcome
+from tests.cases import assert_traced_volumes_are_the_facts, run_config, train_outcome
 from tests.zero_accounting import held_model_state_bytes, zero_paper_bytes
 
 RELATIVE_TOLERANCE = 1e-5
@@ -70,6 +70,8 @@ def test_matches_single_process(outcomes, model, dp, stage, microbatches):
     for rank in ranks:
         assert_same_losses(reference["losses"], rank["losses"])
     assert_same_weights(reference["weights"], ranks[0]["weights"])
+    config = run_config(model, dp=dp, zero=stage, microbatches=microbatches)
+    assert_traced_volumes_are_the_facts(config, ranks[0]["volumes"])
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -12,7 +12,7 @@ import pytest
 from plait.config import RunConfig, TrainSpec, validate_run
 from plait.layout import Layout
 from plait.models.spec import model_spec
-from tests.cases import train_losses
+from tests.cases import assert_traced_volumes_are_the_facts, train_losses, train_outcome
 from tests.pipeline_cases import pipeline_losses
 
 RELATIVE_TOLERANCE = 1e-5
@@ -49,7 +49,7 @@ def pipelined(pool):
                        for n, v, m in cases]
             per_rank = pool.run(pipeline_losses, pp, configs)
             for index, case in enumerate(cases):
-                runs[(pp, model, *case)] = [losses[index] for losses in per_rank]
+                runs[(pp, model, *case)] = configs[index], [run[index] for run in per_rank]
     return runs
 
 
@@ -60,10 +60,12 @@ def test_pipeline_matches_single_process(single_process, pipelined, model, name,
     reference = single_process[(model, layers_for(pp, v))]
     assert reference[-1] < reference[0], "the reference run should learn"
     for m in (pp, 2 * pp, 4 * pp):
-        for rank, losses in enumerate(pipelined[(pp, model, name, v, m)]):
+        config, ranks = pipelined[(pp, model, name, v, m)]
+        for rank, (losses, _) in enumerate(ranks):
             assert len(losses) == len(reference)
             for step, (want, got) in enumerate(zip(reference, losses)):
                 assert abs(want - got) <= RELATIVE_TOLERANCE * abs(want), f"m={m} rank {rank} step {step}: {want} vs {got}"
+        assert_traced_volumes_are_the_facts(config, ranks[0][1])
 
 
 @pytest.mark.parametrize("model", list(FAMILIES))
@@ -71,6 +73,8 @@ def test_pipeline_with_data_parallel_matches_single_process(pool, single_process
     """dp × pp: gradients averaged over replicas after the pipeline step (tied weights summed first)."""
     reference = single_process[(model, 4)]
     config = small_config(model, 4, dp=2, pp=2, schedule="zb-h1", microbatches=4)
-    for rank, losses in enumerate(pool.run(train_losses, 4, config)):
-        for step, (want, got) in enumerate(zip(reference, losses)):
+    outcomes = pool.run(train_outcome, 4, config)
+    for rank, outcome in enumerate(outcomes):
+        for step, (want, got) in enumerate(zip(reference, outcome["losses"])):
             assert abs(want - got) <= RELATIVE_TOLERANCE * abs(want), f"rank {rank} step {step}: {want} vs {got}"
+    assert_traced_volumes_are_the_facts(config, outcomes[0]["volumes"])

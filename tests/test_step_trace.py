@@ -106,6 +106,9 @@ def test_explain_sets_every_layouts_measured_time_beside_the_planners(runs, name
         if LAYOUTS[name].get(group, 1) > 1:  # the planner predicts a cost for every group the layout has
             assert rows[quantity][0] > 0, quantity
     assert f"bottleneck: {bottleneck(summary['time_split'])}" in explanation.report()
+    volumes = [(predicted, measured) for quantity, predicted, measured, unit in explanation.rows()
+               if quantity.endswith("bytes per step (rank 0)")]
+    assert volumes and all(predicted == measured for predicted, measured in volumes), volumes
 
 
 def test_closing_lines_give_compute_exposed_communication_and_bubble(runs, capsys):
@@ -201,7 +204,7 @@ def test_pipeline_transfers_carry_the_stage_boundary_bytes(runs, name):
     spec, layout = model_spec("tiny", seq_len=64), Layout(**LAYOUTS[name])
     micro_batch = 8 // layout.dp // layout.microbatches
     boundary = stage_boundary_bytes(spec, layout, micro_batch, "fp32", STACKS["plait"])
-    expected = [boundary] * layout.microbatches + [tied_embedding_bytes(spec, layout)]
+    expected = [boundary] * layout.microbatches + [tied_embedding_bytes(spec, layout, STACKS["plait"])]
     for rank in runs[name][0]:
         for record in rank["steps"]:
             for op in ("send", "recv"):

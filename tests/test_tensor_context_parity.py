@@ -9,7 +9,9 @@ import pytest
 
 from plait.config import DEFAULT_LAYOUT
 from plait.layout import Layout
-from tests.cases import block_classes, layout_world_size, run_config, train_losses
+from tests.cases import (
+    assert_traced_volumes_are_the_facts, block_classes, layout_world_size, run_config, train_losses, train_outcome,
+)
 from tests.test_data_parallel_parity import assert_same_losses
 
 LAYOUTS = [
@@ -53,8 +55,11 @@ def single_process(pool):
 def test_layout_matches_single_process(pool, single_process, model, layout):
     reference = single_process[model]
     assert reference[-1] < reference[0], "the reference run should learn"
-    for losses in pool.run(train_losses, layout_world_size(layout), run_config(model, **layout)):
-        assert_same_losses(reference, losses)
+    config = run_config(model, **layout)
+    outcomes = pool.run(train_outcome, layout_world_size(layout), config)
+    for outcome in outcomes:
+        assert_same_losses(reference, outcome["losses"])
+    assert_traced_volumes_are_the_facts(config, outcomes[0]["volumes"])
 
 
 def test_padded_vocabulary_and_replicated_kv_heads_with_biases_train_as_single_process(pool):

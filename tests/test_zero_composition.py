@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from plait.facts.model_state import pipeline_share, plait_model_states
-from tests.cases import layout_world_size, run_config, train_outcome
+from tests.cases import assert_traced_volumes_are_the_facts, layout_world_size, run_config, train_outcome
 from tests.test_data_parallel_parity import assert_same_losses, assert_same_weights
 
 LAYOUTS = [
@@ -61,6 +61,7 @@ def test_zero_composes_and_matches_single_process(pool, single_process, model, l
     for rank, outcome in enumerate(outcomes):
         assert outcome["model_state_bytes"] == expected_model_states(config, rank), \
             f"rank {rank}: {outcome['model_state_bytes']} vs {expected_model_states(config, rank)}"
+    assert_traced_volumes_are_the_facts(config, outcomes[0]["volumes"])
 
 
 BF16_TOLERANCE = 0.02  # tests/test_training.py: bf16 stays within 2% of fp32

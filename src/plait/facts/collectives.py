@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plait.facts.activations import ACTIVATION_BYTES, kv_heads_per_rank
-from plait.facts.model_state import padded_vocab
+from plait.facts.model_state import owned_rows, padded_vocab
 from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.flops import layer_parameter_count, norm_parameter_count
@@ -149,16 +149,23 @@ def collective_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 
 
     for call in layer_collectives(spec, batch, seq, tp, sp, cp, recompute, cp_algorithm=cp_algorithm):
         add(call.op, (call.forward + call.backward) * call.handed_bytes)
-    if tp > 1 and sp:
-        # the norms' replicated weights (and biases) saw only a sequence shard: their gradients are summed
-        add("all_reduce", 2 * norm_parameter_count(spec) * FP32)
-    if tp > 1 and spec.kv_heads % tp:
-        # kv-heads replicated over tp: the whole wk and wv gradients (and biases) are summed over tp
-        add("all_reduce", 2 * spec.kv_dim * (spec.hidden + (1 if spec.has_bias else 0)) * FP32)
+    add("all_reduce", replicated_layer_gradient_elements(spec, tp, sp) * FP32)
     if cp > 1:
         # gradients averaged over cp: this rank's share of the layer's parameters
         add("all_reduce", _local_layer_parameters(spec, tp) * FP32)
     return volumes
+
+
+def replicated_layer_gradient_elements(spec: ModelSpec, tp: int, sp: bool) -> int:
+    """Gradient elements of one block that the tp ranks sum because they hold the weights whole: the
+    norms (and biases) under sp, which saw only a sequence shard, and kv-heads fewer than tp (whole
+    wk and wv, and biases)."""
+    elements = 0
+    if tp > 1 and sp:
+        elements += 2 * norm_parameter_count(spec)
+    if tp > 1 and spec.kv_heads % tp:
+        elements += 2 * spec.kv_dim * (spec.hidden + (1 if spec.has_bias else 0))
+    return elements
 
 
 def _local_layer_parameters(spec: ModelSpec, tp: int) -> int:
@@ -183,10 +190,15 @@ def stage_boundary_bytes(spec: ModelSpec, layout: Layout, micro_batch: int, prec
     return micro_batch * tokens * spec.hidden * element
 
 
-def tied_embedding_bytes(spec: ModelSpec, layout: Layout) -> int:
+def tied_embedding_bytes(spec: ModelSpec, layout: Layout, kernels: Kernels, dp_rank: int = 0) -> int:
     """Bytes the first and the last pipeline stage each send the other after backward when the embedding
     and the head share one weight (GPT-2): the fp32 gradient of its copy, this tensor-parallel rank's
-    rows (plait.parallel.gradients sums the two). None without stages or without tied weights."""
+    rows (plait.parallel.gradients sums the two); in plait's engine from ZeRO 2 on only the rows this
+    data-parallel rank owns, as the stage has reduce-scattered them first (Megatron-LM all-reduces the
+    whole). None without stages or without tied weights."""
     if layout.pp == 1 or not spec.tie_embeddings:
         return 0
-    return padded_vocab(spec.vocab, layout.tp) // layout.tp * spec.hidden * FP32
+    rows = padded_vocab(spec.vocab, layout.tp) // layout.tp
+    if kernels.plait_engine and layout.zero >= 2:
+        rows = owned_rows(rows, dp_rank % layout.dp_shard, layout.dp_shard)
+    return rows * spec.hidden * FP32

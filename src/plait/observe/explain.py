@@ -16,13 +16,14 @@ from pathlib import Path
 
 from plait.errors import ConfigError
 from plait.facts.stack import STACKS
+from plait.facts.step_volumes import step_volumes
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
 from plait.observe.bottleneck import bottleneck
 from plait.observe.run_files import SUMMARY_FILE
 from plait.observe.simulated import simulated_timeline
 from plait.observe.timeline import draw_timelines
-from plait.observe.trace import TRACE_FILE, timeline_from_trace
+from plait.observe.trace import TRACE_FILE, timeline_from_trace, traced_step_volumes
 from plait.plan.hardware import Hardware, catalog_name_of, hardware
 from plait.plan.search import search
 from plait.plan.simulate import Prediction, Workload, evaluate
@@ -56,6 +57,7 @@ class Explanation:
             measured = max((rank[measured_kind] for rank in held if rank), default=None)
             rows.append((f"{measured_kind} per rank (most)", p.memory_breakdown[predicted_kind], measured, "bytes"))
         rows += self.time_rows()
+        rows += self.volume_rows()
         measured_peak = s.get("peak_memory_bytes") if s.get("device") == "cuda" else None  # a CPU's RSS is not it
         rows.append(("peak memory per rank", p.peak_memory_bytes, measured_peak, "bytes"))
         rows.append(("MFU", p.mfu if s.get("device") == "cuda" else None, s.get("mfu"), "fraction"))
@@ -81,6 +83,18 @@ class Explanation:
             ("exposed communication share", (predicted["exposed_dp_comm_s"] + predicted["critical_path_comm_s"])
              / self.prediction.step_time_s, self.summary["comm_fraction"], "fraction"),
         ]
+
+    def volume_rows(self) -> list[tuple[str, float | None, float | None, str]]:
+        """Bytes rank 0 handed each group's collectives and transfers in its last traced step, beside
+        the shared facts the planner times (plait.facts.step_volumes); none without trace.json."""
+        trace = self.run_dir / TRACE_FILE
+        if not trace.exists():
+            return []
+        measured = traced_step_volumes(json.loads(trace.read_text()), rank=0)
+        predicted = step_volumes(self.workload.spec, self.layout, self.workload.global_batch, self.workload.precision)
+        keys = sorted({(g, op) for g, ops in predicted.items() for op in ops} | set(measured))
+        return [(f"{group} {op} bytes per step (rank 0)", predicted.get(group, {}).get(op, 0),
+                 measured.get((group, op), 0), "bytes") for group, op in keys]
 
     def planner_choice(self) -> str | None:
         """What the planner would run on as many ranks of the same hardware, beside this layout."""

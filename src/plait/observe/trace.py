@@ -3,7 +3,7 @@
 Pure Python: the planner writes simulated steps in this format; a run's trace.json
 (``plait.observe.rank_trace``) carries the same arguments on its pipeline actions. Every event carries its action
 in ``args``, so ``timeline_from_trace`` reads a measured step back for ``plait explain`` to draw
-beside the simulated one.
+beside the simulated one, and ``traced_step_volumes`` a rank's bytes per group and op.
 """
 
 from __future__ import annotations
@@ -48,3 +48,16 @@ def timeline_from_trace(trace: dict) -> Timeline:
         start = (event["ts"] - origin) / 1e6
         ranks.setdefault(args.get("pp_rank", event["tid"]), []).append(Span(action, start, start + event["dur"] / 1e6))
     return Timeline(tuple(tuple(sorted(ranks[r], key=lambda s: s.start)) for r in sorted(ranks)))
+
+
+def traced_step_volumes(trace: dict, rank: int) -> dict[tuple[str, str], int]:
+    """{(group, op): bytes} that ``rank`` handed its collectives and transfers in the last step a run's
+    trace.json holds."""
+    issued = [e for e in trace["traceEvents"] if e.get("cat") == "collective" and e["ph"] == "b" and e["pid"] == rank]
+    last = max((e["args"]["step"] for e in issued), default=None)
+    volumes: dict[tuple[str, str], int] = {}
+    for event in issued:
+        if event["args"]["step"] == last:
+            key = (event["args"]["group"], event["args"]["op"])
+            volumes[key] = volumes.get(key, 0) + event["args"]["bytes"]
+    return volumes

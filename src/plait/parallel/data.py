@@ -50,9 +50,11 @@ def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "
         return model  # DDP cannot hold tensor-parallel (DTensor) weights: plait's GradientAllReduce averages them
     # Gradients as views of DDP's buckets: the rank holds one copy of the gradients, not two. The
     # buckets are plait's size (plait.facts.buckets), so a model under DDP's 25 MiB overlaps too.
+    # The model's buffers (RoPE's tables) are constants every rank computes alike: DDP's default
+    # broadcast of them before every forward would move them each step for nothing.
     bucket_mb = default_bucket_bytes(list(model.parameters())) / 2**20
     return DistributedDataParallel(model, process_group=topology.group("dp"), gradient_as_bucket_view=True,
-                                   bucket_cap_mb=bucket_mb)
+                                   bucket_cap_mb=bucket_mb, broadcast_buffers=False)
 
 
 @torch.no_grad()

@@ -63,11 +63,15 @@ class Scan:
     scored: int = 0
     fitting: int = 0
     best: list = field(default_factory=list)  # heap of (-step, fields) for the fastest fitting layouts
+    # The fastest fitting layout at each complexity (plait.plan.search.complexity),
+    # so that a simpler layout within the planner's error of the fastest is always played and ranked.
+    simplest: dict = field(default_factory=dict)  # complexity -> (step, fields)
     smallest: tuple = (math.inf, None)  # (peak bytes, fields)
     fastest: tuple = (math.inf, None, 0.0)  # (step, fields, peak bytes) over all layouts
 
-    def record(self, fields: tuple, step: float, peak: float, capacity: float, keep: int) -> None:
-        """Count one scored layout and keep it if it is among the ``keep`` fastest that fit."""
+    def record(self, fields: tuple, step: float, peak: float, capacity: float, keep: int, level: int) -> None:
+        """Count one scored layout and keep it if it is among the ``keep`` fastest that fit, or is the
+        fastest that fits at its complexity ``level``."""
         self.scored += 1
         if peak < self.smallest[0]:
             self.smallest = (peak, fields)
@@ -75,13 +79,23 @@ class Scan:
             self.fastest = (step, fields, peak)
         if peak <= capacity:
             self.fitting += 1
+            if step < self.simplest.get(level, (math.inf,))[0]:
+                self.simplest[level] = (step, fields)
             if len(self.best) < keep:
                 heapq.heappush(self.best, (-step, fields))
             elif -self.best[0][0] > step:
                 heapq.heapreplace(self.best, (-step, fields))
 
     def layouts(self, stage_layers: tuple[int, ...] | None = None) -> list[Layout]:
+        """The fastest fitting layouts, fastest first."""
         return [scanned_layout(fields, stage_layers) for _, fields in sorted(self.best, reverse=True)]
+
+    def simpler_layouts(self, stage_layers: tuple[int, ...] | None = None) -> list[Layout]:
+        """The fastest fitting layout of each complexity below the fastest one's, simplest first."""
+        if not self.simplest:
+            return []
+        fastest = min(self.simplest, key=lambda c: self.simplest[c][0])
+        return [scanned_layout(fields, stage_layers) for c, (_, fields) in sorted(self.simplest.items()) if c < fastest]
 
 
 @dataclass
@@ -155,6 +169,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     # hybrid sharding (same gathers, a reduce-scatter instead of an all-reduce, less memory). Tests
     # hold both claims.
     works: dict[tuple, dict] = {}
+    acts: dict[tuple, float] = {}
     times_cache: dict[tuple, LayerTimes] = {}
     flushes: dict[tuple, FlushCosts] = {}
     states: dict[tuple, tuple[float, float]] = {}
@@ -168,6 +183,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     if spec_problems(spec):  # no layout can run it (the caller says why, from run_problems)
         return found
     for tp, cp, pp, dp, algorithm in _meshes(workload, gpus, fixed):
+        level = complexity(dp, tp, cp, pp, hw.gpus_per_node)
         per_rank = math.ceil(layers / pp)
         params = (rank_parameters(spec, per_rank, True, pp == 1, tp, pp), rank_parameters(spec, per_rank, pp == 1, True, tp, pp))
         tensors = max(rank_tensors(spec, per_rank, True, pp == 1, pp), rank_tensors(spec, per_rank, pp == 1, True, pp))
@@ -197,9 +213,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 times = {rc: times_cache[tp, cp, sp, mbs, rc] for rc in recomputes}
                 for zero, replicate in _zero_options(fixed, hw, base):
                     staged = replace(base, zero=zero, dp_replicate=replicate)
-                    if refused(staged):
+                    if compression != "none" and refused(staged):
                         continue
-                    if zero == 1 and replicate == 1 and "zero" not in fixed and not refused(replace(staged, zero=2)):
+                    if zero == 1 and replicate == 1 and "zero" not in fixed and (
+                            compression == "none" or not refused(replace(staged, zero=2))):
                         continue
                     # The shared validation in two parts (plait.facts.validity.layout_problems): the
                     # mesh once here, the schedule and stage split once per schedule for all meshes.
@@ -207,7 +224,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         mesh = replace(staged, schedule=schedules[0][0], virtual_stages=schedules[0][1],
                                        stage_layers=stage_layers)
                     else:
-                        mesh = replace(staged, stage_layers=stage_layers)
+                        mesh = replace(staged, stage_layers=stage_layers) if stage_layers else staged
                     if mesh_problems(spec, mesh, gpus, workload.global_batch, kernels):
                         continue
                     # ZeRO-3's gathers depend on its group; a measured host's wrapper overhead on the stage.
@@ -225,27 +242,42 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     flush = flushes[mesh_key]
                     other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes, kernels)
                     first, last = (held + other for held in states[mesh_key])
-                    acts = {rc: activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp,
-                                                           algorithm) for rc in recomputes}
+                    # Per recomputation: one layer's activations on a stage, and the stage's work per
+                    # micro-batch (less the pipeline engine's, which grows with v) with its flush.
+                    per_rc = {}
+                    for rc in recomputes:
+                        act_key = (tp, sp, cp, rc, mbs, zero, pp, algorithm)
+                        if act_key not in acts:
+                            acts[act_key] = activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels,
+                                                                       zero, pp, algorithm) * per_rank
+                        work, fill_zb, backward, first_gather = works[key][rc]
+                        per_rc[rc] = (acts[act_key], (layers * work + head_work + embedding_work + first_gather) / pp,
+                                      per_rank * work + embedding_work + first_gather,
+                                      (layers - (pp - 1) * per_rank) * work + head_work, fill_zb * layers / pp,
+                                      flush.exposed(per_rank * backward) + flush.optimizer)
                     for name, v, held_first, held_last in schedules:
                         if pp > 1 and not schedule_fits(pp, m, name, v):
                             continue
+                        head_held = head_act * (held_last // v or 1)
                         for rc in recomputes:
-                            act = acts[rc] * per_rank / v
-                            peak = max(first + held_first * act, last + held_last * act + head_act * max(1, held_last // v))
+                            act = per_rc[rc][0] / v
+                            peak = first + held_first * act
+                            peak_last = last + held_last * act + head_held
+                            if peak_last > peak:
+                                peak = peak_last
                             if peak <= capacity:
                                 break
-                        work, fill_zb, backward, first_gather = works[key][rc]
+                        _, mean, first_stage, last_stage, fill_zb, flushed = per_rc[rc]
                         engine = 2 * v * kernels.pipeline_action_s if pp > 1 else 0.0  # (plan.costs.chunk_costs)
-                        mean = (layers * work + head_work + embedding_work + first_gather) / pp + engine
-                        first_stage = per_rank * work + embedding_work + first_gather + engine
-                        last_stage = (layers - (pp - 1) * per_rank) * work + head_work + engine
-                        slowest = first_stage + head_work if pp == 1 else max(first_stage, last_stage)
-                        fill = fill_zb * layers / pp if name == "zb-h1" else mean / v
-                        step = estimate_step(name, pp, v, m, mean, slowest, fill, flight)
-                        step += flush.exposed(per_rank * backward) + flush.optimizer
+                        mean += engine
+                        if pp == 1:
+                            slowest = first_stage + engine + head_work
+                        else:
+                            slowest = (first_stage if first_stage > last_stage else last_stage) + engine
+                        fill = fill_zb if name == "zb-h1" else mean / v
+                        step = estimate_step(name, pp, v, m, mean, slowest, fill, flight) + flushed
                         found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate),
-                                     step, peak, capacity, keep)
+                                     step, peak, capacity, keep, level)
     return found
 
 
@@ -298,24 +330,37 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
             break
     if not ranked:
         raise NothingFits(_does_not_fit(workload, hw, gpus, found))
-    ranked = rank(ranked, tie_break)
+    if tie_break == "simplicity":  # the simpler contenders the fastest few left out
+        played = {p.layout for p in ranked}
+        for layout in found.simpler_layouts(fixed.get("stage_layers")):
+            prediction = evaluate(workload, hw, gpus, layout) if layout not in played else None
+            if prediction and prediction.fits:
+                ranked.append(prediction)
+    ranked = rank(ranked, hw.gpus_per_node, tie_break)
     return SearchResult(ranked[:top], found.scored, found.fitting, explain(ranked, found, hw, tie_break))
 
 
-def parallel_dimensions(layout: Layout) -> int:
-    """How many of dp, tp, cp and pp a layout spreads over (more is harder to run and debug)."""
-    return sum(getattr(layout, name) > 1 for name in ("dp", "tp", "cp", "pp"))
+def complexity(dp: int, tp: int, cp: int, pp: int, gpus_per_node: int) -> int:
+    """How many of dp, tp, cp and pp a layout spreads over, and one more when tensor parallelism
+    leaves the node's NVLink: each is harder to run and debug, and each is a cost the planner can
+    get wrong."""
+    return (dp > 1) + (tp > 1) + (cp > 1) + (pp > 1) + (tp > gpus_per_node)
 
 
-def rank(predictions: list[Prediction], tie_break: str = "simplicity") -> list[Prediction]:
+def layout_complexity(layout: Layout, gpus_per_node: int) -> int:
+    return complexity(layout.dp, layout.tp, layout.cp, layout.pp, gpus_per_node)
+
+
+def rank(predictions: list[Prediction], gpus_per_node: int, tie_break: str = "simplicity") -> list[Prediction]:
     """Fastest first; with ``simplicity``, the layouts predicted within the planner's own error of the
-    fastest count as tied and come first by fewer parallel dimensions, then by time."""
+    fastest count as tied and come first by complexity (``complexity``), then by time: a layout
+    spread over more dimensions must win by more than the planner's error to be recommended."""
     by_time = sorted(predictions, key=lambda p: p.step_time_s)
     if tie_break != "simplicity":
         return by_time
     limit = by_time[0].step_time_s * (1 + PLANNER_ERROR)
     tied = [p for p in by_time if p.step_time_s <= limit]
-    return sorted(tied, key=lambda p: (parallel_dimensions(p.layout), p.step_time_s)) + by_time[len(tied):]
+    return sorted(tied, key=lambda p: (layout_complexity(p.layout, gpus_per_node), p.step_time_s)) + by_time[len(tied):]
 
 
 def _nothing_valid(workload: Workload, gpus: int, fixed: dict) -> str:
@@ -374,7 +419,7 @@ def explain(ranked: list[Prediction], found: Scan, hw: Hardware, tie_break: str 
     if fastest is not best:
         line += (f"; the fastest, {fastest.layout.describe()}, is predicted {best.step_time_s / fastest.step_time_s - 1:.1%} "
                  f"ahead, within the planner's error of {PLANNER_ERROR:.1%}, so the layout with fewer parallel "
-                 "dimensions comes first")
+                 "dimensions (tensor parallelism across nodes counting as one more) comes first")
     if len(ranked) > 1:
         runner = ranked[1]
         o = runner.time_breakdown
