@@ -83,19 +83,38 @@ def test_trace_has_a_track_per_rank_and_collectives_with_group_op_and_bytes(runs
     assert (run_dir / "timeline.png").stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("name", LAYOUTS)
-def test_explain_sets_every_layouts_measured_time_beside_the_planners(runs, name, tmp_path):
-    """plait explain on dp-, tp-, cp-only, pipelined and 3-D runs: the measured step and each group's
-    exposed communication beside the planner's prediction of the same run, and the bottleneck."""
+def calibrated_cpu_profile():
+    """A profile as ``plait calibrate`` writes one for a CPU: host overheads per family and per parallel
+    wrapper, kernel scales, an optimizer fit, a host that does not run ahead of its kernels."""
     from dataclasses import replace
 
+    from plait.plan.hardware import HostOverhead, KernelScale, hardware
+
+    wrappers = {f"{family}/{style}": HostOverhead(2e-4, 3e-4, 0.0, 0.0, 1e-3)
+                for family in ("gpt2", "llama") for style in ("tp", "sp", "cp", "zero0", "zero1", "zero2", "zero3")}
+    return replace(hardware("a100-80gb"), name="calibrated-cpu", host_runs_ahead=False, comm_overlap=0.0,
+                   host_overhead={"gpt2": HostOverhead(4e-4, 6e-4, 1e-3, 2e-3), **wrappers},
+                   layer_kernel_scale={"gpt2": KernelScale(1.2, 1.1)}, optimizer_parameter_s=1e-8,
+                   optimizer_tensor_s=5e-5)
+
+
+@pytest.mark.parametrize("profile", ["catalog GPU, no profile", "calibrated profile"])
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_explain_sets_every_layouts_measured_time_beside_the_planners(runs, name, profile):
+    """plait explain on dp-, tp-, cp-only, pipelined and 3-D runs, predicted on a catalog GPU (no
+    calibration) and on a calibrated profile: the measured step and each group's exposed
+    communication beside the planner's prediction of the same run, the bottleneck, and the bytes of
+    each group's collectives equal on both sides."""
     from plait.observe.bottleneck import bottleneck
     from plait.observe.explain import explain
-    from plait.plan.hardware import hardware
 
     run_dir = runs[name][3]
     summary = json.loads((run_dir / "summary.json").read_text())
-    explanation = explain(run_dir, profile=replace(hardware("a100-80gb"), name="test-profile"))
+    if profile == "calibrated profile":
+        explanation = explain(run_dir, profile=calibrated_cpu_profile())
+        assert explanation.prediction.step_time_s > explain(run_dir, gpu="a100-80gb").prediction.step_time_s
+    else:
+        explanation = explain(run_dir, gpu="a100-80gb")
     rows = {quantity: (predicted, measured) for quantity, predicted, measured, _ in explanation.rows()}
     assert rows["step time"][1] == summary["step_time_s"] and rows["step time"][0] > 0
     exposed = summary["time_split"]["exposed_comm_by_group_s"]

@@ -73,7 +73,7 @@ class TrainSpec:
     log_every: int = 10
     eval_every: int = 0
     tensorboard: bool = False
-    trace_every: int = 20  # a traced step costs 13-22% more on 2 loaded cores (benchmarks/tracing_overhead.py)
+    trace_every: int = 20  # a traced step costs 10-30% more on 2 cores (benchmarks/tracing_overhead.py)
     profile_steps: str = ""  # "A:B": torch.profiler traces of steps A to B on every rank
     stall_timeout: float = 120.0  # seconds without progress before the watchdog names the stalled rank; 0: off
 

@@ -21,6 +21,8 @@ When these reductions run, and what is still averaged after backward: ``plait.pa
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -30,6 +32,12 @@ from torch.nn.parallel import DistributedDataParallel
 from plait.parallel.compression import compressed_policy
 from plait.parallel.gradient_buckets import default_bucket_bytes
 from plait.topology import Topology
+
+# Newer torch names DDP's per-forward buffer broadcast ``forward_sync_buffers`` and deprecates the old
+# ``broadcast_buffers``; older torch (GPU users may run one) knows only the old name.
+NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
+                  if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+                  else {"broadcast_buffers": False})
 
 
 def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "fp32") -> nn.Module:
@@ -54,7 +62,7 @@ def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "
     # broadcast of them before every forward would move them each step for nothing.
     bucket_mb = default_bucket_bytes(list(model.parameters())) / 2**20
     return DistributedDataParallel(model, process_group=topology.group("dp"), gradient_as_bucket_view=True,
-                                   bucket_cap_mb=bucket_mb, broadcast_buffers=False)
+                                   bucket_cap_mb=bucket_mb, **NO_BUFFER_SYNC)
 
 
 @torch.no_grad()
