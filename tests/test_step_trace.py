@@ -237,3 +237,21 @@ def test_profile_steps_writes_a_torch_profiler_trace_per_rank_and_step(pool, tmp
     assert files == ["rank0_step1.json", "rank0_step2.json", "rank1_step1.json", "rank1_step2.json"]
     events = json.loads((tmp_path / "profile" / "rank1_step2.json").read_text())["traceEvents"]
     assert any(event.get("name") == "c10d::allreduce_" for event in events)
+
+
+@pytest.mark.parametrize("seq_len, global_batch, named", [
+    (16, 2, "exposed dp all_reduce is"),  # tiny on one short sequence per rank: the all-reduce dominates
+    (1024, 16, "compute is"),  # the same weights on 8 × 1,024 tokens per rank: 36× the FLOPs per sequence
+], ids=["light", "heavy"])
+def test_explain_names_the_light_runs_all_reduce_and_the_heavy_runs_compute(pool, tmp_path, seq_len, global_batch,
+                                                                             named):
+    """The lesson on real dp2 runs: plait explain's bottleneck sentence names the exposed gradient
+    all-reduce of a light run ("the model is too light for this link") and calls a heavy run of the
+    same model compute-bound."""
+    from plait.observe.explain import explain
+
+    config = run_config("tiny", steps=5, global_batch=global_batch, seq_len=seq_len, dp=2)
+    pool.run(traced_run, 2, config, str(tmp_path))
+    report = explain(tmp_path, gpu="a100-80gb").report()
+    sentence = next(line for line in report.splitlines() if line.startswith("bottleneck: "))
+    assert sentence.startswith(f"bottleneck: {named}"), sentence
