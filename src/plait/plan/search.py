@@ -38,7 +38,7 @@ from plait.schedules.split import split_problems
 PLAYED = 8  # layouts whose schedules are played exactly after the closed-form pass
 # The planner's own step-time error: its median |error| on the published runs held out of every
 # fit (docs/VALIDATION.md). Layouts predicted closer than this cannot be told apart by it.
-PLANNER_ERROR = 0.063
+PLANNER_ERROR = 0.061
 MAX_GPUS = 2**20  # no cluster is larger; it keeps every search (and its error message) to seconds
 
 
@@ -250,11 +250,11 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         if act_key not in acts:
                             acts[act_key] = activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels,
                                                                        zero, pp, algorithm) * per_rank
-                        work, fill_zb, backward, first_gather = works[key][rc]
+                        work, fill_zb, forward, backward, first_gather = works[key][rc]
                         per_rc[rc] = (acts[act_key], (layers * work + head_work + embedding_work + first_gather) / pp,
                                       per_rank * work + embedding_work + first_gather,
                                       (layers - (pp - 1) * per_rank) * work + head_work, fill_zb * layers / pp,
-                                      flush.exposed(per_rank * backward) + flush.optimizer)
+                                      flush.exposed(per_rank * backward, per_rank * forward) + flush.optimizer)
                     for name, v, held_first, held_last in schedules:
                         if pp > 1 and not schedule_fits(pp, m, name, v):
                             continue
@@ -298,12 +298,13 @@ def refused(layout: Layout) -> bool:
 
 
 def _layer_work(layout: Layout, workload: Workload, hw: Hardware, mbs: int, times: dict) -> tuple[float, ...]:
-    """(forward + backward + recompute + exposed comm, zb-h1's F + I − W, backward, ZeRO-3's
+    """(forward + backward + recompute + exposed comm, zb-h1's F + I − W, forward, backward, ZeRO-3's
     unhidden first gather) of one layer."""
     lc = layer_cost(workload.spec, hw, layout, mbs, workload.precision, workload.kernels, times[layout.recompute])
     t = lc.times
     work = t.forward + t.backward + t.recompute + lc.comm_forward + lc.comm_backward
-    return work, t.forward + t.backward_input - t.backward_weight, t.backward + lc.comm_backward, lc.first_gather
+    return (work, t.forward + t.backward_input - t.backward_weight, t.forward + lc.comm_forward,
+            t.backward + lc.comm_backward, lc.first_gather)
 
 
 def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = None,

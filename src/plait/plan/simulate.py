@@ -111,11 +111,15 @@ class FlushCosts:
     optimizer: float
     overlap: float = 1.0
     after: float = 0.0  # reduction that waits for the end of backward (no hook runs it inside)
+    first_gather: float | None = None  # the gather's first bucket when it overlaps the next forward
 
-    def exposed(self, window: float) -> float:
-        """Communication left exposed when the reduction overlaps ``window`` seconds of backward."""
+    def exposed(self, window: float, forward: float = 0.0) -> float:
+        """Communication left exposed when the reduction overlaps ``window`` seconds of backward and an
+        overlapped parameter gather the ``forward`` seconds of the next step's first forward."""
         reduce = self.last_bucket + exposed_under(self.reduce - self.last_bucket, window, self.overlap)
-        return reduce + self.after + self.gather + self.scalars
+        gather = self.gather if self.first_gather is None else \
+            self.first_gather + exposed_under(self.gather - self.first_gather, forward, self.overlap)
+        return reduce + self.after + gather + self.scalars
 
 
 def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float) -> tuple[float, float]:
@@ -183,6 +187,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     # parameters once per step, before its first forward (plait.parallel.stage_sharding).
     once = layout.zero in (1, 2) or (layout.zero == 3 and layout.pp > 1)
     gather = all_gather_seconds(params * p_bytes, shards, link) if once else 0.0
+    first_gather = gather * min(1.0, bucket / bucketed) if kernels.param_gather_overlap and bucketed else None
     # The logged loss is averaged over the replicas; a tensor-parallel gradient norm sums over tp
     # (ZeRO-2/3's sum over dp is left out: one latency, and it keeps ZeRO-2 dominating ZeRO-1).
     scalars = all_reduce_seconds(4, replicas, replica_link)
@@ -190,7 +195,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
         scalars += all_reduce_seconds(4, layout.tp, group_link(hw, layout, "tp"))
     local = params / shards if layout.zero >= 1 else params
     optimizer = optimizer_seconds(hw, local, tensors, precision) + wrapper_overhead(hw, workload.spec, layout).step
-    return FlushCosts(reduce, last_bucket, gather, scalars, optimizer, hw.comm_overlap, after)
+    return FlushCosts(reduce, last_bucket, gather, scalars, optimizer, hw.comm_overlap, after, first_gather)
 
 
 def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Prediction:
@@ -210,7 +215,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         first, last = 0 in mine, pp * v - 1 in mine
         params = rank_parameters(spec, layers, first, last, layout.tp, pp)
         flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp))
-        tails.append((flush.exposed(sum(chunks[c].backward for c in mine)), flush.optimizer))
+        tails.append((flush.exposed(sum(chunks[c].backward for c in mine), sum(chunks[c].forward for c in mine)), flush.optimizer))
         memories.append(stage_memory(workload, hw, layout, micro_batch, layers, first, last, played.peak_activations[rank]))
     step = played.step_time + max(comm + opt for comm, opt in tails)
     busiest = max(range(pp), key=lambda r: played.busy[r])
