@@ -19,11 +19,14 @@ def peak_activation_bytes(actions: Iterable[Action], chunk_bytes: Mapping[int, f
     schedules the weight-gradient backward (which still reads the layer inputs), frees them.
     """
     held = peak = 0.0
+    forward, freeing = Kind.FORWARD, (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)
     for action in actions:
-        if action.kind is Kind.FORWARD:
+        kind = action.kind
+        if kind is forward:
             held += chunk_bytes[action.chunk]
-            peak = max(peak, held)
-        elif action.kind in (Kind.BACKWARD, Kind.BACKWARD_WEIGHT):
+            if held > peak:
+                peak = held
+        elif kind in freeing:
             held -= chunk_bytes[action.chunk]
     return peak
 

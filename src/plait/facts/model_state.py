@@ -148,6 +148,16 @@ def pipeline_share(spec: ModelSpec, layout: Layout, pp_rank: int) -> tuple[int, 
     return sum(len(split[c]) for c in mine), 0 in mine, chunks - 1 in mine
 
 
+def sharded_elements(counts: Counter, rank: int, ranks: int) -> tuple[int, int, int]:
+    """Elements of tensors of these shapes (``rank_tensor_shape_counts``): all of them, the rows
+    ``rank`` of ``ranks`` owns (torch.chunk's split, ZeRO 1-2), and one rank's FSDP2 shard padded to
+    the largest rank's rows (ZeRO 3)."""
+    whole = sum(n * rows * cols for (rows, cols), n in counts.items())
+    owned = sum(n * owned_rows(rows, rank, ranks) * cols for (rows, cols), n in counts.items())
+    padded = sum(n * -(-rows // ranks) * cols for (rows, cols), n in counts.items())
+    return whole, owned, padded
+
+
 def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: int, first: bool, last: bool,
                        dp_rank: int = 0) -> ModelStates:
     """Bytes of parameters, gradients and optimizer state one rank holds in plait, at their largest.
@@ -167,9 +177,8 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     zero, dp, dp_rank = layout.zero, layout.dp_shard, dp_rank % layout.dp_shard
     half = precision == "bf16" and zero in (1, 2) and layout.pp == 1
     weight_bytes = BF16 if half else FP32
-    whole = sum(n * rows * cols for (rows, cols), n in counts.items())
-    owned = sum(n * owned_rows(rows, dp_rank, dp) * cols for (rows, cols), n in counts.items()) if zero >= 1 else whole
-    padded = sum(n * -(-rows // dp) * cols for (rows, cols), n in counts.items())
+    whole, owned, padded = sharded_elements(counts, dp_rank, dp)
+    owned = owned if zero >= 1 else whole
     params = padded * FP32 if zero == 3 else whole * weight_bytes
     grads = padded * FP32 if zero == 3 else (owned if zero == 2 else whole) * weight_bytes
     if layout.pp > 1 and zero >= 2:

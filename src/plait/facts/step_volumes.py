@@ -19,7 +19,7 @@ from plait.facts.collectives import (
     FP32, embedding_collectives, head_collectives, layer_collectives, replicated_layer_gradient_elements,
     stage_boundary_bytes, tied_embedding_bytes,
 )
-from plait.facts.model_state import communicated_bytes, owned_rows, pipeline_share, rank_tensor_shape_counts
+from plait.facts.model_state import communicated_bytes, pipeline_share, rank_tensor_shape_counts, sharded_elements
 from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.flops import norm_parameter_count
@@ -94,17 +94,16 @@ def _data_parallel(spec: ModelSpec, layout: Layout, layers: int, first: bool, la
     """ZeRO 0 all-reduces every gradient over dp; ZeRO 1 all-reduces them and gathers the updated
     rows each rank owns; ZeRO 2 reduce-scatters them and gathers the rows; ZeRO 3 (FSDP2) gathers
     every parameter in each micro-batch's forward and again in its backward (once a step on a
-    pipeline stage, which keeps them for the schedule) and reduce-scatters the accumulated gradients. Under hybrid sharding ZeRO's collectives run in
-    the replica group (``dp_shard``) and the shards' gradients are all-reduced across replicas
-    (``dp_replicate``; ZeRO 1 all-reduces over all of dp as before). Then cp averages the gradients
-    this rank keeps (all of them below ZeRO 2, its shard from it)."""
+    pipeline stage, which keeps them for the schedule) and reduce-scatters the accumulated
+    gradients. Under hybrid sharding ZeRO's collectives run in the replica group (``dp_shard``) and
+    the shards' gradients are all-reduced across replicas (``dp_replicate``; ZeRO 1 all-reduces over
+    all of dp as before). Then cp averages the gradients this rank keeps (all of them below ZeRO 2,
+    its shard from it)."""
     counts = rank_tensor_shape_counts(spec, layers, first, last, layout.tp, layout.pp)
     grad_bytes, param_bytes = communicated_bytes(layout, precision, STACKS["plait"])
     shard_group = "dp_shard" if layout.dp_replicate > 1 else "dp"
-    ranks, rank = layout.dp_shard, dp_rank % layout.dp_shard
-    whole = sum(n * rows * cols for (rows, cols), n in counts.items())
-    owned = sum(n * owned_rows(rows, rank, ranks) * cols for (rows, cols), n in counts.items())
-    padded = sum(n * -(-rows // ranks) * cols for (rows, cols), n in counts.items())
+    ranks = layout.dp_shard
+    whole, owned, padded = sharded_elements(counts, dp_rank % ranks, ranks)
     zero = layout.zero
     if zero <= 1:
         add("dp", "all_reduce", whole * grad_bytes)

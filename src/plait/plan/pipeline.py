@@ -57,10 +57,12 @@ def play_list(schedule: Schedule, chunks: Sequence[ChunkCost], flight: float, ch
     return Played(timeline.step_time, tuple(timeline.busy(r) for r in range(schedule.pp)), peaks)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=16)
 def action_lists(name: str, pp: int, microbatches: int, virtual_stages: int) -> Schedule:
     """``generate``, remembered: a search plays the same schedule under several layouts' costs, and
-    its lists on 64 ranks hold hundreds of thousands of actions (a pure function of these four)."""
+    its lists on 64 ranks hold hundreds of thousands of actions (a pure function of these four). A
+    search plays about ten layouts, two lists each, several sharing a schedule: sixteen lists of a
+    few MB each keep those."""
     return generate(name, pp, microbatches, virtual_stages)
 
 

@@ -242,7 +242,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     flush = flushes[mesh_key]
                     other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes, kernels)
                     first, last = (held + other for held in states[mesh_key])
-                    # Per recomputation: one layer's activations on a stage, and the stage's work per
+                    # Per recomputation: a stage's activations per micro-batch, and its work per
                     # micro-batch (less the pipeline engine's, which grows with v) with its flush.
                     per_rc = {}
                     for rc in recomputes:

@@ -104,16 +104,18 @@ def simulate(schedule: Schedule, cost: Cost = UNIT_COSTS, p2p_cost: Cost = 0.0) 
     clock = [0.0] * len(lists)
     spans: list[list[Span]] = [[] for _ in lists]
     channels: dict[tuple[int, int, str], deque[tuple[Action, float]]] = {}
+    receives, sends, message, span = RECV_KINDS, SEND_KINDS, MESSAGE, Span  # locals: the loop runs per action
     progressed = True
     while progressed:
         progressed = False
         for rank, actions in enumerate(lists):
             at, now, played = position[rank], clock[rank], spans[rank]
-            while at < len(actions):
+            length, record = len(actions), played.append
+            while at < length:
                 action = actions[at]
                 kind = action.kind
-                if kind in RECV_KINDS:
-                    queue = channels.get((action.peer, rank, MESSAGE[kind]))
+                if kind in receives:
+                    queue = channels.get((action.peer, rank, message[kind]))
                     if not queue:
                         break
                     sent, arrival = queue.popleft()
@@ -125,10 +127,10 @@ def simulate(schedule: Schedule, cost: Cost = UNIT_COSTS, p2p_cost: Cost = 0.0) 
                     end = arrival if arrival > now else now
                 else:
                     end = now + cost_fn(action)
-                    if kind in SEND_KINDS:
-                        channels.setdefault((rank, action.peer, MESSAGE[kind]), deque()).append(
+                    if kind in sends:
+                        channels.setdefault((rank, action.peer, message[kind]), deque()).append(
                             (action, end + flight(action)))
-                played.append(Span(action, now, end))
+                record(span(action, now, end))
                 now = end
                 at += 1
             if at != position[rank]:

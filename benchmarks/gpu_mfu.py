@@ -1,0 +1,56 @@
+"""Single-GPU MFU of ``llama-1b`` in bf16 against the catalog's peak, beside the planner's prediction.
+
+Trains the model on one CUDA device with ``plait train`` (NCCL, one rank, every layout dimension 1)
+and sets what the run measured beside ``plait explain``'s prediction of the same run on the device's
+catalog entry: step time, tokens per second and MFU (model FLOPs per second over the catalog's dense
+bf16 peak). Needs a GPU; on a machine without one it says so and exits.
+
+    python benchmarks/gpu_mfu.py [--model llama-1b] [--steps 30] [--global-batch 8] [--microbatches 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from plait.observe.explain import explain
+
+SHOWN = ("step time", "tokens per second", "MFU", "peak memory per rank")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-1b")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--global-batch", type=int, default=8)
+    parser.add_argument("--microbatches", type=int, default=8)  # micro-batch 1: 8k tokens fit 80 GB
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_mfu: no CUDA device here; run it on a machine with a GPU", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        subprocess.run([sys.executable, "-m", "plait", "train", "--model", args.model, "--dp", "1", "--tp", "1",
+                        "--pp", "1", "--cp", "1", "--precision", "bf16", "--steps", str(args.steps),
+                        "--global-batch", str(args.global_batch), "--microbatches", str(args.microbatches),
+                        "--run-dir", str(run_dir)], check=True)
+        explanation = explain(run_dir)
+        print(f"{args.model} on {explanation.summary['device_name']} (catalog {explanation.hardware.name}, "
+              f"{explanation.hardware.bf16_tflops:.0f} dense bf16 TFLOP/s), global batch {args.global_batch} "
+              f"in {args.microbatches} micro-batches, median of {args.steps} steps")
+        print("| quantity | predicted | measured |\n| --- | ---: | ---: |")
+        for quantity, predicted, measured, unit in explanation.rows():
+            if quantity in SHOWN:
+                fmt = (lambda x: "—" if x is None else f"{x:.1%}") if unit == "fraction" else \
+                    (lambda x: "—" if x is None else f"{x:,.4g}")
+                print(f"| {quantity} | {fmt(predicted)} | {fmt(measured)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
