@@ -239,18 +239,22 @@ def test_profile_steps_writes_a_torch_profiler_trace_per_rank_and_step(pool, tmp
     assert any(event.get("name") == "c10d::allreduce_" for event in events)
 
 
-@pytest.mark.parametrize("seq_len, global_batch, named", [
-    (16, 2, "exposed dp all_reduce is"),  # tiny on one short sequence per rank: the all-reduce dominates
-    (1024, 16, "compute is"),  # the same weights on 8 × 1,024 tokens per rank: 36× the FLOPs per sequence
+@pytest.mark.parametrize("shape, global_batch, named", [
+    # benchmarks/data_parallel_scaling.py's light model: 14.4M parameters, two sequences of 4 tokens
+    ({"layers": 2, "hidden": 768, "heads": 12, "kv_heads": 12, "seq_len": 4}, 2, "exposed dp all_reduce is"),
+    ({"seq_len": 1024}, 16, "compute is"),  # tiny on 8 × 1,024 tokens per rank: 36× its FLOPs per sequence
 ], ids=["light", "heavy"])
-def test_explain_names_the_light_runs_all_reduce_and_the_heavy_runs_compute(pool, tmp_path, seq_len, global_batch,
+def test_explain_names_the_light_runs_all_reduce_and_the_heavy_runs_compute(pool, tmp_path, shape, global_batch,
                                                                              named):
     """The lesson on real dp2 runs: plait explain's bottleneck sentence names the exposed gradient
-    all-reduce of a light run ("the model is too light for this link") and calls a heavy run of the
-    same model compute-bound."""
+    all-reduce of a light run ("the model is too light for this link") and calls a heavy run
+    compute-bound."""
+    from dataclasses import replace
+
     from plait.observe.explain import explain
 
-    config = run_config("tiny", steps=5, global_batch=global_batch, seq_len=seq_len, dp=2)
+    config = run_config("tiny", steps=5, global_batch=global_batch, dp=2)
+    config = replace(config, model=model_spec("tiny", **shape))
     pool.run(traced_run, 2, config, str(tmp_path))
     report = explain(tmp_path, gpu="a100-80gb").report()
     sentence = next(line for line in report.splitlines() if line.startswith("bottleneck: "))

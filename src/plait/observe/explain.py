@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields
+from functools import cached_property
 from pathlib import Path
 
 from plait.errors import ConfigError
@@ -84,13 +85,18 @@ class Explanation:
              / self.prediction.step_time_s, self.summary["comm_fraction"], "fraction"),
         ]
 
+    @cached_property
+    def _traced_volumes(self) -> dict[tuple[str, str], int] | None:
+        """Rank 0's bytes per group and op in its last traced step (trace.json read once), or None."""
+        trace = self.run_dir / TRACE_FILE
+        return traced_step_volumes(json.loads(trace.read_text()), rank=0) if trace.exists() else None
+
     def volume_rows(self) -> list[tuple[str, float | None, float | None, str]]:
         """Bytes rank 0 handed each group's collectives and transfers in its last traced step, beside
         the shared facts the planner times (plait.facts.step_volumes); none without trace.json."""
-        trace = self.run_dir / TRACE_FILE
-        if not trace.exists():
+        measured = self._traced_volumes
+        if measured is None:
             return []
-        measured = traced_step_volumes(json.loads(trace.read_text()), rank=0)
         predicted = step_volumes(self.workload.spec, self.layout, self.workload.global_batch, self.workload.precision)
         keys = sorted({(g, op) for g, ops in predicted.items() for op in ops} | set(measured))
         return [(f"{group} {op} bytes per step (rank 0)", predicted.get(group, {}).get(op, 0),
