@@ -28,13 +28,9 @@ def train_outcome(config: RunConfig) -> dict:
     """Per-step losses, this rank's measured model-state bytes, on the first dp, cp and tp rank of
     each pipeline stage the stage's full final weights (rank 0's are the whole model's without pp),
     and on rank 0 every rank's traced volumes of the last step (``traced_volumes``)."""
-    from dataclasses import replace
-
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    # The tracer takes the first step after warm-up, which also carries DDP's one-off broadcast of its
-    # rebuilt bucket order, and then every ``trace_every``-th: the last step is a steady one.
-    config = replace(config, train=replace(config.train, trace_every=max(1, config.train.steps - 2)))
+    config = tracing_the_last_step(config)
     topology = build_topology(config.layout, torch.device("cpu"))
     result = train(config, topology)
     weights = get_model_state_dict(result.model, options=StateDictOptions(full_state_dict=True))
@@ -45,6 +41,14 @@ def train_outcome(config: RunConfig) -> dict:
         if not any(topology.coordinate(dim) for dim in ("dp", "cp", "tp")) else None,
         "volumes": traced_volumes(result.traces),
     }
+
+
+def tracing_the_last_step(config: RunConfig) -> RunConfig:
+    """``config`` tracing its last step too: the tracer takes the first step after warm-up, which also
+    carries DDP's one-off broadcast of its rebuilt bucket order, then every ``trace_every``-th."""
+    from dataclasses import replace
+
+    return replace(config, train=replace(config.train, trace_every=max(1, config.train.steps - 2)))
 
 
 def traced_volumes(traces: list[dict] | None) -> dict[int, dict[str, dict[str, int]]] | None:

@@ -65,12 +65,12 @@ def pipeline_losses(configs: list) -> list[tuple[list[float], dict | None]]:
 
     from plait.topology import build_topology
     from plait.train.loop import train
-    from tests.cases import traced_volumes
+    from tests.cases import traced_volumes, tracing_the_last_step
 
     topology = build_topology(configs[0].layout, torch.device("cpu"))
     out = []
     for config in configs:
-        config = replace(config, train=replace(config.train, trace_every=max(1, config.train.steps - 2)))
+        config = tracing_the_last_step(config)
         result = train(config, replace(topology, layout=config.layout))
         out.append((result.losses, traced_volumes(result.traces)))
     return out
