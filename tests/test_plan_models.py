@@ -11,7 +11,7 @@ from plait.models.spec import model_spec
 from plait.plan.comm import Link, all_reduce_seconds, group_link, reduce_scatter_seconds
 from plait.plan.compute import Gemm, gemm_seconds, layer_shape
 from plait.plan.costs import layer_cost
-from plait.plan.hardware import CATALOG, catalog_name_of, hardware
+from plait.plan.hardware import CATALOG, catalog_name_of, hardware, stack_hardware
 from plait.plan.search import best_layout, scan, scanned_layout
 from plait.plan.simulate import Workload
 
@@ -78,6 +78,22 @@ def test_the_dominance_rules_the_search_relies_on():
         assert two[twin] <= step + 1e-12
         compared += 1
     assert compared >= 3
+
+
+@pytest.mark.parametrize("model,gpu,gpus,batch", [("gpt3-175b", "a100-80gb", 256, 512),
+                                                   ("llama-70b", "h100-sxm", 128, 256), ("llama-8b", "h100-sxm", 64, 64)])
+def test_the_floor_on_step_time_keeps_what_scoring_every_layout_keeps(model, gpu, gpus, batch):
+    """The search skips a mesh's schedules when their floor cannot be kept; it must keep the same
+    fastest layouts, the same fastest of each complexity and the same fastest overall."""
+    workload = Workload(model_spec(model), batch)
+    hw = stack_hardware(hardware(gpu), workload.kernels)
+    every = scan(workload, hw, gpus, {}, None, keep=16, bound=False)
+    bounded = scan(workload, hw, gpus, {}, None, keep=16)
+    assert bounded.bounded > every.scored / 10
+    assert bounded.scored + bounded.bounded == every.scored
+    assert sorted(bounded.best) == sorted(every.best)
+    assert bounded.simplest == every.simplest
+    assert bounded.fastest == every.fastest
 
 
 def test_the_search_keeps_every_fixed_choice_of_the_layout():

@@ -42,3 +42,22 @@ def test_pp_larger_than_layers_is_rejected():
 def test_layers_not_divisible_into_chunks_is_rejected():
     with pytest.raises(ConfigError, match="cannot be divided into pp × virtual-stages = 6 chunks"):
         split_layers(replace(PRESETS["tiny"], layers=5), 2, 3)
+
+
+def _compositions(total: int, parts: int):
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(1, total - parts + 2):
+        for rest in _compositions(total - first, parts - 1):
+            yield (first, *rest)
+
+
+@pytest.mark.parametrize("model,layers", [("gpt2", 9), ("gpt2", 11), ("tiny", 7), ("llama-1b", 10)])
+def test_the_split_is_the_best_of_every_possible_split(model, layers):
+    """Against brute force over every composition: least costly worst chunk, then least spread."""
+    spec = replace(PRESETS[model], layers=layers)
+    for chunks in range(1, 6):
+        costs = {counts: chunk_costs(spec, counts) for counts in _compositions(layers, chunks)}
+        best = min(costs, key=lambda c: (max(costs[c]), sum(x * x for x in costs[c]), c))
+        assert tuple(len(r) for r in split_layers(spec, chunks)) == best

@@ -7,28 +7,27 @@ planner's search uses on thousands of layouts, and tests hold it equal to the co
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Sequence
 
-from plait.schedules.actions import Action, Kind
+import numpy as np
+
+from plait.schedules.actions import Kind
+from plait.schedules.simulate import KIND_INDEX
 
 
-def peak_activation_bytes(actions: Iterable[Action], chunk_bytes: Mapping[int, float]) -> float:
-    """Most activation bytes a rank holds at once while it plays its action list.
+def peak_activation_bytes(kinds: np.ndarray, chunks: np.ndarray, chunk_bytes: Sequence[float]) -> float:
+    """Most activation bytes a rank holds at once while it plays its action list, given as each
+    action's kind row (``plait.schedules.simulate.KIND_INDEX``) and chunk.
 
     A forward of chunk c stores ``chunk_bytes[c]``; the full backward, or in zero-bubble
     schedules the weight-gradient backward (which still reads the layer inputs), frees them.
     """
-    held = peak = 0.0
-    forward, freeing = Kind.FORWARD, (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)
-    for action in actions:
-        kind = action.kind
-        if kind is forward:
-            held += chunk_bytes[action.chunk]
-            if held > peak:
-                peak = held
-        elif kind in freeing:
-            held -= chunk_bytes[action.chunk]
-    return peak
+    if not len(kinds):
+        return 0.0
+    held = np.zeros((len(KIND_INDEX), len(chunk_bytes)))
+    held[KIND_INDEX[Kind.FORWARD]] = chunk_bytes
+    held[KIND_INDEX[Kind.BACKWARD]] = held[KIND_INDEX[Kind.BACKWARD_WEIGHT]] = np.negative(chunk_bytes)
+    return max(0.0, float(np.cumsum(held[kinds, chunks]).max()))
 
 
 def in_flight_chunks(name: str, pp: int, virtual_stages: int, microbatches: int, rank: int) -> int:

@@ -15,9 +15,12 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
+
 from plait.facts.in_flight import peak_activation_bytes
 from plait.plan.costs import ChunkCost
-from plait.schedules import Action, Kind, Schedule, generate, simulate
+from plait.schedules import Action, Kind, Schedule, generate
+from plait.schedules.simulate import KIND_INDEX, Compiled, compile_schedule, play_compiled
 
 
 @dataclass(frozen=True)
@@ -33,37 +36,39 @@ class Played:
         return 1.0 - sum(self.busy) / (len(self.busy) * self.step_time) if self.step_time else 0.0
 
 
+def cost_table(chunks: Sequence[ChunkCost]) -> np.ndarray:
+    """Seconds of each compute kind (a row of ``KIND_INDEX``) on each chunk; transfers are free on
+    the sender (flight time apart)."""
+    table = np.zeros((len(KIND_INDEX), len(chunks)))
+    for kind, field in ((Kind.FORWARD, "forward"), (Kind.BACKWARD, "backward"),
+                        (Kind.BACKWARD_INPUT, "backward_input"), (Kind.BACKWARD_WEIGHT, "backward_weight")):
+        table[KIND_INDEX[kind]] = [getattr(c, field) for c in chunks]
+    return table
+
+
 def action_costs(chunks: Sequence[ChunkCost]) -> Callable[[Action], float]:
-    """Seconds of one action: compute by kind, transfers free on the sender (flight time apart).
-    A table by kind, then chunk: the search plays lists of hundreds of thousands of actions."""
-    table = {
-        Kind.FORWARD: [c.forward for c in chunks], Kind.BACKWARD: [c.backward for c in chunks],
-        Kind.BACKWARD_INPUT: [c.backward_input for c in chunks], Kind.BACKWARD_WEIGHT: [c.backward_weight for c in chunks],
-    }
-
-    def cost(action: Action) -> float:
-        by_chunk = table.get(action.kind)
-        return by_chunk[action.chunk] if by_chunk is not None else 0.0
-
-    return cost
+    """Seconds of one action (``cost_table`` as a function, for ``simulate``)."""
+    table = cost_table(chunks).tolist()
+    return lambda action: table[KIND_INDEX[action.kind]][action.chunk]
 
 
-def play_list(schedule: Schedule, chunks: Sequence[ChunkCost], flight: float, chunk_bytes: Sequence[float]) -> Played:
-    timeline = simulate(schedule, action_costs(chunks), lambda a: flight)
-    peaks = tuple(
-        peak_activation_bytes(schedule.actions[r], {c: chunk_bytes[c] for c in schedule.chunks_of(r)})
-        for r in range(schedule.pp)
-    )
-    return Played(timeline.step_time, tuple(timeline.busy(r) for r in range(schedule.pp)), peaks)
+def play_list(schedule: Schedule | Compiled, chunks: Sequence[ChunkCost], flight: float, chunk_bytes: Sequence[float]) -> Played:
+    """Step time, busy time and peak activations of the whole lists played with these costs."""
+    compiled = schedule if isinstance(schedule, Compiled) else compile_schedule(schedule)
+    table = cost_table(chunks)
+    ends = play_compiled(compiled, compiled.costs(table), [flight] * compiled.count)
+    busy = tuple(float(table[k, c].sum()) for k, c in zip(compiled.kinds, compiled.chunks))
+    peaks = tuple(peak_activation_bytes(k, c, chunk_bytes) for k, c in zip(compiled.kinds, compiled.chunks))
+    return Played(max(e[-1] for e in ends if e), busy, peaks)
 
 
 @functools.lru_cache(maxsize=16)
-def action_lists(name: str, pp: int, microbatches: int, virtual_stages: int) -> Schedule:
-    """``generate``, remembered: a search plays the same schedule under several layouts' costs, and
-    its lists on 64 ranks hold hundreds of thousands of actions (a pure function of these four). A
-    search plays about ten layouts, two lists each, several sharing a schedule: sixteen lists of a
-    few MB each keep those."""
-    return generate(name, pp, microbatches, virtual_stages)
+def action_lists(name: str, pp: int, microbatches: int, virtual_stages: int) -> Compiled:
+    """``generate``, compiled and remembered: a search plays the same schedule under several
+    layouts' costs, and its lists on 64 ranks hold hundreds of thousands of actions (a pure
+    function of these four). A search plays about ten layouts, two lists each, several sharing a
+    schedule: sixteen lists of a few MB each keep those."""
+    return compile_schedule(generate(name, pp, microbatches, virtual_stages))
 
 
 def play(

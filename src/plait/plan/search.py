@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from plait.errors import ConfigError
-from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
+from plait.facts.activations import activation_bytes_per_layer, autocast_copies_weights, head_activation_bytes
 from plait.facts.in_flight import in_flight_chunks
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors
 from plait.facts.validity import (
@@ -62,12 +62,18 @@ class Scan:
 
     scored: int = 0
     fitting: int = 0
+    bounded: int = 0  # layouts left unscored: a floor on their step time could not be kept
     best: list = field(default_factory=list)  # heap of (-step, fields) for the fastest fitting layouts
     # The fastest fitting layout at each complexity (plait.plan.search.complexity),
     # so that a simpler layout within the planner's error of the fastest is always played and ranked.
     simplest: dict = field(default_factory=dict)  # complexity -> (step, fields)
     smallest: tuple = (math.inf, None)  # (peak bytes, fields)
     fastest: tuple = (math.inf, None, 0.0)  # (step, fields, peak bytes) over all layouts
+
+    def bar(self, level: int, keep: int) -> float:
+        """The step time a layout at complexity ``level`` must beat to be kept (or to be the fastest)."""
+        slowest_kept = -self.best[0][0] if len(self.best) >= keep else math.inf
+        return max(slowest_kept, self.simplest.get(level, (math.inf,))[0])
 
     def record(self, fields: tuple, step: float, peak: float, capacity: float, keep: int, level: int) -> None:
         """Count one scored layout and keep it if it is among the ``keep`` fastest that fit, or is the
@@ -102,8 +108,9 @@ class Scan:
 class SearchResult:
     ranked: list[Prediction]
     scored: int
-    fitting: int
+    fitting: int  # of the scored
     reason: str
+    bounded: int = 0  # layouts searched but not scored: a floor on their step time could not be kept
 
 
 def divisors(n: int) -> list[int]:
@@ -156,8 +163,13 @@ def _schedules(pp: int, m: int, layers: int, fixed: dict) -> list[tuple[str, int
     return [(n, v) for n, v in out if fixed.get("virtual_stages", v) == v]
 
 
-def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: int | None, keep: int) -> Scan:
-    """Score every valid layout in closed form; keep the ``keep`` fastest that fit."""
+def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: int | None, keep: int,
+         bound: bool = True) -> Scan:
+    """Score every valid layout in closed form; keep the ``keep`` fastest that fit.
+
+    With ``bound``, a mesh and micro-batch count whose floor (its slowest stage's work for every
+    micro-batch, plus the flush) cannot be kept has its schedules counted, not scored: the same
+    layouts are kept either way (test), in half the time on large searches."""
     spec, precision, kernels, layers = workload.spec, workload.precision, workload.kernels, workload.spec.layers
     stage_layers = fixed.get("stage_layers")
     recomputes = _options(fixed, "recompute", ("none", "selective", "full"))
@@ -179,6 +191,21 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
         return not pipeline_problems(spec, Layout(pp=pp, microbatches=m, schedule=name, virtual_stages=v,
                                                   stage_layers=stage_layers))
 
+    @functools.cache
+    def schedule_list(pp: int, m: int) -> list[tuple[str, int, int, int]]:
+        """(schedule, v, chunks the first rank holds, chunks the last holds) of those that can run."""
+        return [(n, v, in_flight_chunks(n, pp, v, m, 0), in_flight_chunks(n, pp, v, m, pp - 1))
+                for n, v in _schedules(pp, m, layers, fixed) if pp == 1 or schedule_fits(pp, m, n, v)]
+
+    @functools.cache
+    def end_times(tp: int, cp: int, sp: bool, mbs: int) -> tuple[float, float, float]:
+        """(head's work, embedding's work, head's activation bytes) per micro-batch: the tp and cp
+        groups' links depend only on their sizes (tp innermost, cp next)."""
+        layout = Layout(tp=tp, cp=cp, sp=sp)
+        head, ends = head_times(spec, hw, precision, mbs, tp, cp), end_collectives(spec, hw, layout, mbs, precision)
+        return (head.forward + head.backward + ends.head_forward + ends.head_backward,
+                ends.embedding_forward + ends.embedding_backward, head_activation_bytes(spec, mbs, tp, sp, cp, precision))
+
     found, capacity = Scan(), hw.usable_memory_bytes
     if spec_problems(spec):  # no layout can run it (the caller says why, from run_problems)
         return found
@@ -192,8 +219,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
             mbs = per_replica // m
             if micro_batch and mbs != micro_batch:
                 continue
-            schedules = [(n, v, in_flight_chunks(n, pp, v, m, 0), in_flight_chunks(n, pp, v, m, pp - 1))
-                         for n, v in _schedules(pp, m, layers, fixed)]
+            schedules = schedule_list(pp, m)
             for sp in _options(fixed, "sp", (True, False) if tp > 1 else (False,)):
                 base = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m, grad_compression=compression,
                               cp_algorithm=algorithm)
@@ -202,33 +228,29 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 if tp > 1 and not sp and "sp" not in fixed and not fit_problems(spec, replace(base, sp=True), kernels):
                     continue
                 flight = boundary_seconds(spec, hw, base, mbs, precision, kernels)
-                head = head_times(spec, hw, precision, mbs, tp, cp)
-                ends = end_collectives(spec, hw, base, mbs, precision)
-                head_work = head.forward + head.backward + ends.head_forward + ends.head_backward
-                embedding_work = ends.embedding_forward + ends.embedding_backward
-                head_act = head_activation_bytes(spec, mbs, tp, sp, cp, precision)
+                head_work, embedding_work, head_act = end_times(tp, cp, sp, mbs)
                 for rc in recomputes:
                     if (tp, cp, sp, mbs, rc) not in times_cache:
                         times_cache[tp, cp, sp, mbs, rc] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels)
                 times = {rc: times_cache[tp, cp, sp, mbs, rc] for rc in recomputes}
                 for zero, replicate in _zero_options(fixed, hw, base):
-                    staged = replace(base, zero=zero, dp_replicate=replicate)
-                    if compression != "none" and refused(staged):
+                    if zero == 1 and replicate == 1 and "zero" not in fixed and compression == "none":
                         continue
-                    if zero == 1 and replicate == 1 and "zero" not in fixed and (
-                            compression == "none" or not refused(replace(staged, zero=2))):
+                    # With one schedule (pp 1) only Layout.validate checks it: the mesh carries it.
+                    schedule, v = schedules[0][:2] if pp == 1 else ("1f1b", 1)
+                    staged = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m, grad_compression=compression,
+                                    cp_algorithm=algorithm, zero=zero, dp_replicate=replicate, schedule=schedule,
+                                    virtual_stages=v, stage_layers=stage_layers)
+                    if compression != "none" and (refused(staged) or zero == 1 and replicate == 1 and "zero" not in fixed
+                                                  and not refused(replace(staged, zero=2))):
                         continue
                     # The shared validation in two parts (plait.facts.validity.layout_problems): the
                     # mesh once here, the schedule and stage split once per schedule for all meshes.
-                    if pp == 1:  # one schedule, which only Layout.validate checks
-                        mesh = replace(staged, schedule=schedules[0][0], virtual_stages=schedules[0][1],
-                                       stage_layers=stage_layers)
-                    else:
-                        mesh = replace(staged, stage_layers=stage_layers) if stage_layers else staged
-                    if mesh_problems(spec, mesh, gpus, workload.global_batch, kernels):
+                    if mesh_problems(spec, staged, gpus, workload.global_batch, kernels):
                         continue
-                    # ZeRO-3's gathers depend on its group; a measured host's wrapper overhead on the stage.
-                    key = (tp, cp, sp, mbs, (dp, replicate) if zero == 3 else 0,
+                    # ZeRO-3's per-layer gathers (without stages) depend on its group; a measured host's
+                    # wrapper overhead on the stage.
+                    key = (tp, cp, sp, mbs, (dp, replicate) if zero == 3 and pp == 1 else 0,
                            (zero, dp > 1) if hw.host_overhead else None, algorithm)
                     if key not in works:
                         works[key] = {rc: _layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in recomputes}
@@ -245,19 +267,26 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # Per recomputation: a stage's activations per micro-batch, and its work per
                     # micro-batch (less the pipeline engine's, which grows with v) with its flush.
                     per_rc = {}
+                    # What the activations read of the ZeRO stage and the stages (plait's engine only).
+                    weights = (autocast_copies_weights(precision, zero, pp), zero == 3) if kernels.plait_engine else None
                     for rc in recomputes:
-                        act_key = (tp, sp, cp, rc, mbs, zero, pp, algorithm)
+                        act_key = (tp, sp, cp, rc, mbs, weights, algorithm)
                         if act_key not in acts:
                             acts[act_key] = activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels,
-                                                                       zero, pp, algorithm) * per_rank
+                                                                       zero, pp, algorithm)
                         work, fill_zb, forward, backward, first_gather = works[key][rc]
-                        per_rc[rc] = (acts[act_key], (layers * work + head_work + embedding_work + first_gather) / pp,
+                        per_rc[rc] = (acts[act_key] * per_rank, (layers * work + head_work + embedding_work + first_gather) / pp,
                                       per_rank * work + embedding_work + first_gather,
                                       (layers - (pp - 1) * per_rank) * work + head_work, fill_zb * layers / pp,
                                       flush.exposed(per_rank * backward, per_rank * forward) + flush.optimizer)
+                    # No schedule beats the slowest stage's work for every micro-batch plus the flush; when
+                    # that floor cannot enter the kept layouts, none of these schedules can.
+                    floor = min(m * (max(r[2], r[3]) if pp > 1 else r[2] + head_work) + min(0.0, (pp - 1) * r[4]) + r[5]
+                                for r in per_rc.values())
+                    if bound and floor >= found.bar(level, keep):
+                        found.bounded += len(schedules)
+                        continue
                     for name, v, held_first, held_last in schedules:
-                        if pp > 1 and not schedule_fits(pp, m, name, v):
-                            continue
                         head_held = head_act * (held_last // v or 1)
                         for rc in recomputes:
                             act = per_rc[rc][0] / v
@@ -338,7 +367,7 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
             if prediction and prediction.fits:
                 ranked.append(prediction)
     ranked = rank(ranked, hw.gpus_per_node, tie_break)
-    return SearchResult(ranked[:top], found.scored, found.fitting, explain(ranked, found, hw, tie_break))
+    return SearchResult(ranked[:top], found.scored, found.fitting, explain(ranked, found, hw, tie_break), found.bounded)
 
 
 def complexity(dp: int, tp: int, cp: int, pp: int, gpus_per_node: int) -> int:

@@ -19,9 +19,10 @@ planner (its own costs)::
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, NamedTuple, Union
+
+import numpy as np
 
 from plait.schedules.actions import COMPUTE_KINDS, RECV_KINDS, SEND_KINDS, Action, Kind, Schedule
 
@@ -83,12 +84,111 @@ def as_cost_fn(cost: Cost) -> CostFn:
 # The message a transfer kind carries: messages travel on channels (sender, receiver, message).
 MESSAGE = {Kind.SEND_ACTIVATION: "activation", Kind.RECV_ACTIVATION: "activation",
            Kind.SEND_GRAD: "grad", Kind.RECV_GRAD: "grad"}
+# Each kind's row in a cost table (``Compiled.kinds``); the compute kinds come first.
+KIND_INDEX = {kind: i for i, kind in enumerate(sorted(Kind, key=lambda k: k not in COMPUTE_KINDS))}
+COMPUTE = -1  # ``Compiled.messages`` of an action that neither sends nor receives
 
 
 def _sent_as(action: Action) -> tuple[int, int]:
     """The (chunk, micro-batch) a receive expects its sender to have named."""
     step = -1 if action.kind is Kind.RECV_ACTIVATION else 1
     return action.chunk + step, action.microbatch
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A schedule's lists as numbers, matched once: per rank, each action's row in a cost table
+    (``KIND_INDEX``) and chunk, and its message: a receive's message number n ≥ 0, a send's as
+    −2 − n, ``COMPUTE`` otherwise. A search plays the same lists under many layouts' costs."""
+
+    kinds: tuple[np.ndarray, ...]
+    chunks: tuple[np.ndarray, ...]
+    messages: tuple[tuple[int, ...], ...]
+    count: int  # messages
+    unreceived: str | None  # the first send nothing receives, if any
+
+    def costs(self, table: np.ndarray) -> list[list[float]]:
+        """Each action's seconds from ``table[kind row, chunk]``."""
+        return [table[k, c].tolist() for k, c in zip(self.kinds, self.chunks)]
+
+
+def compile_schedule(schedule: Schedule) -> Compiled:
+    """Number every message: on each channel the n-th receive takes the n-th send, so matching is
+    a property of the lists alone. Raises ScheduleError if a receive expects another message."""
+    sends: dict[tuple[int, int, str], list[tuple[int, int]]] = {}
+    for rank, actions in enumerate(schedule.actions):
+        for at, action in enumerate(actions):
+            if action.kind in SEND_KINDS:
+                sends.setdefault((rank, action.peer, MESSAGE[action.kind]), []).append((rank, at))
+    number = {}  # (rank, position) of a send -> its message number
+    for queue in sends.values():
+        for place in queue:
+            number[place] = len(number)
+    never = len(number)  # the message a receive nothing sends waits for (the play finds it waiting forever)
+    taken: dict[tuple[int, int, str], int] = {}
+    messages = []
+    for rank, actions in enumerate(schedule.actions):
+        mine = []
+        for at, action in enumerate(actions):
+            kind = action.kind
+            if kind in RECV_KINDS:
+                channel = (action.peer, rank, MESSAGE[kind])
+                queue, n = sends.get(channel, ()), taken.get(channel, 0)
+                taken[channel] = n + 1
+                if n >= len(queue):
+                    mine.append(never)
+                    continue
+                sender, position = queue[n]
+                sent = schedule.actions[sender][position]
+                if (sent.chunk, sent.microbatch) != _sent_as(action):
+                    raise ScheduleError(
+                        f"rank {rank} action {action} receives from rank {action.peer}, whose next "
+                        f"message on that channel is {sent}; sends and receives are in different orders"
+                    )
+                mine.append(number[sender, position])
+            elif kind in SEND_KINDS:
+                mine.append(-2 - number[rank, at])
+            else:
+                mine.append(COMPUTE)
+        messages.append(tuple(mine))
+    left = [queue[taken.get(channel, 0)] for channel, queue in sends.items() if taken.get(channel, 0) < len(queue)]
+    unreceived = f"rank {left[0][0]} action {schedule.actions[left[0][0]][left[0][1]]}" if left else None
+    kinds = tuple(np.fromiter((KIND_INDEX[a.kind] for a in actions), np.intp, len(actions)) for actions in schedule.actions)
+    chunks = tuple(np.fromiter((a.chunk for a in actions), np.intp, len(actions)) for actions in schedule.actions)
+    return Compiled(kinds, chunks, tuple(messages), never + 1, unreceived)
+
+
+def play_compiled(compiled: Compiled, costs: list[list[float]], flights: list[float]) -> list[list[float]]:
+    """Each action's end time on each rank under the blocking rules (a rank's action starts when its
+    previous one ends); ``costs[rank][i]`` times action i, ``flights[n]`` message n's flight.
+    A rank that waits forever stops short of its list's end."""
+    messages = compiled.messages
+    arrival: list[float | None] = [None] * compiled.count
+    ends: list[list[float]] = [[] for _ in messages]
+    progressed = True
+    while progressed:
+        progressed = False
+        for rank, mine in enumerate(messages):
+            done, cost = ends[rank], costs[rank]
+            at = start = len(done)
+            now = done[-1] if done else 0.0
+            length, record = len(mine), done.append
+            while at < length:
+                message = mine[at]
+                if message >= 0:  # a receive: ends when its message has arrived
+                    arrived = arrival[message]
+                    if arrived is None:
+                        break
+                    if arrived > now:
+                        now = arrived
+                else:
+                    now += cost[at]
+                    if message != COMPUTE:  # a send: its message arrives one flight after it ends
+                        arrival[-2 - message] = now + flights[-2 - message]
+                record(now)
+                at += 1
+            progressed = progressed or at != start
+    return ends
 
 
 def simulate(schedule: Schedule, cost: Cost = UNIT_COSTS, p2p_cost: Cost = 0.0) -> Timeline:
@@ -98,53 +198,22 @@ def simulate(schedule: Schedule, cost: Cost = UNIT_COSTS, p2p_cost: Cost = 0.0) 
     a message sent by action ``a`` arrives ``p2p_cost(a)`` after the send ends.
     Raises ScheduleError naming the ranks and actions if the lists do not match or deadlock.
     """
+    compiled = compile_schedule(schedule)
     cost_fn, flight = as_cost_fn(cost), as_cost_fn(p2p_cost)
     lists = schedule.actions
-    position = [0] * len(lists)
-    clock = [0.0] * len(lists)
-    spans: list[list[Span]] = [[] for _ in lists]
-    channels: dict[tuple[int, int, str], deque[tuple[Action, float]]] = {}
-    receives, sends, message, span = RECV_KINDS, SEND_KINDS, MESSAGE, Span  # locals: the loop runs per action
-    progressed = True
-    while progressed:
-        progressed = False
-        for rank, actions in enumerate(lists):
-            at, now, played = position[rank], clock[rank], spans[rank]
-            length, record = len(actions), played.append
-            while at < length:
-                action = actions[at]
-                kind = action.kind
-                if kind in receives:
-                    queue = channels.get((action.peer, rank, message[kind]))
-                    if not queue:
-                        break
-                    sent, arrival = queue.popleft()
-                    if (sent.chunk, sent.microbatch) != _sent_as(action):
-                        raise ScheduleError(
-                            f"rank {rank} action {action} receives from rank {action.peer}, whose next "
-                            f"message on that channel is {sent}; sends and receives are in different orders"
-                        )
-                    end = arrival if arrival > now else now
-                else:
-                    end = now + cost_fn(action)
-                    if kind in sends:
-                        channels.setdefault((rank, action.peer, message[kind]), deque()).append(
-                            (action, end + flight(action)))
-                record(span(action, now, end))
-                now = end
-                at += 1
-            if at != position[rank]:
-                position[rank], clock[rank] = at, now
-                progressed = True
-    blocked = [f"rank {r} at {lists[r][p]}" for r, p in enumerate(position) if p < len(lists[r])]
+    flights = [0.0] * compiled.count
+    for actions, messages in zip(lists, compiled.messages):
+        for action, message in zip(actions, messages):
+            if message < COMPUTE:
+                flights[-2 - message] = flight(action)
+    ends = play_compiled(compiled, [[cost_fn(a) for a in actions] for actions in lists], flights)
+    blocked = [f"rank {r} at {lists[r][len(e)]}" for r, e in enumerate(ends) if len(e) < len(lists[r])]
     if blocked:
         raise ScheduleError(f"schedule {schedule.name!r} deadlocks: {', '.join(blocked)} wait(s) forever")
-    unreceived = [f"rank {key[0]} action {q[0][0]}" for key, q in channels.items() if q]
-    if unreceived:
-        raise ScheduleError(f"schedule {schedule.name!r}: {unreceived[0]} is never received")
-    return Timeline(tuple(tuple(s) for s in spans))
-
-
+    if compiled.unreceived:
+        raise ScheduleError(f"schedule {schedule.name!r}: {compiled.unreceived} is never received")
+    return Timeline(tuple(tuple(Span(a, start, end) for a, start, end in zip(actions, [0.0, *rank_ends], rank_ends))
+                          for actions, rank_ends in zip(lists, ends)))
 def theoretical_bubble(schedule: Schedule) -> float:
     """The schedule's bubble fraction from its lists alone, with ``UNIT_COSTS`` and free transfers."""
     return simulate(schedule).bubble_fraction

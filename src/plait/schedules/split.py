@@ -28,27 +28,24 @@ def chunk_costs(spec: ModelSpec, counts: Sequence[int], seq_len: int | None = No
 
 @functools.lru_cache(maxsize=64)
 def _balanced_counts(spec: ModelSpec, chunks: int, seq_len: int | None) -> tuple[int, ...]:
-    """Block counts minimising the most expensive chunk, then the spread (sum of squared costs);
-    remembered, as a search splits one model the same way for many layouts (a pure function)."""
+    """Block counts minimising the most expensive chunk, then the spread (sum of squared costs),
+    then ascending. Every block costs the same and only the last chunk adds the head, so for each
+    size of the last chunk the others are best as even as they can be, smaller first; the answer
+    is the best over the last chunk's sizes (remembered: a search splits one model many times)."""
     layer = layer_flops(spec, spec.seq_len if seq_len is None else seq_len).model
     head = 3 * head_forward_flops(spec, spec.seq_len if seq_len is None else seq_len)
     layers = spec.layers
-    # best[k][n]: (max cost, sum of squares, counts) splitting the first n blocks into k chunks.
-    best: list[dict[int, tuple[int, int, tuple[int, ...]]]] = [{0: (0, 0, ())}]
-    for k in range(1, chunks + 1):
-        row: dict[int, tuple[int, int, tuple[int, ...]]] = {}
-        for n in range(k, layers - (chunks - k) + 1):
-            options = []
-            for prev, (worst, squares, counts) in best[k - 1].items():
-                size = n - prev
-                if size < 1:
-                    continue
-                cost = size * layer + (head if k == chunks else 0)
-                options.append((max(worst, cost), squares + cost * cost, counts + (size,)))
-            if options:
-                row[n] = min(options)
-        best.append(row)
-    return best[chunks][layers][2]
+    if chunks == 1:
+        return (layers,)
+    best = None
+    for last in range(1, layers - chunks + 2):
+        size, larger = divmod(layers - last, chunks - 1)
+        counts = (size,) * (chunks - 1 - larger) + (size + 1,) * larger + (last,)
+        costs = [n * layer for n in counts[:-1]] + [last * layer + head]
+        option = (max(costs), sum(c * c for c in costs), counts)
+        if best is None or option < best:
+            best = option
+    return best[2]
 
 
 def split_problems(spec: ModelSpec, pp: int, virtual_stages: int = 1,
