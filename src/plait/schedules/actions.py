@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 
 class Kind(Enum):
@@ -53,9 +54,9 @@ SEND_KINDS = frozenset({Kind.SEND_ACTIVATION, Kind.SEND_GRAD})
 RECV_KINDS = frozenset({Kind.RECV_ACTIVATION, Kind.RECV_GRAD})
 
 
-@dataclass(frozen=True)
-class Action:
-    """One step of one rank: ``kind`` on stage ``chunk`` for ``microbatch`` (peer for transfers)."""
+class Action(NamedTuple):
+    """One step of one rank: ``kind`` on stage ``chunk`` for ``microbatch`` (peer for transfers).
+    A tuple: a search generates hundreds of thousands a schedule."""
 
     kind: Kind
     chunk: int

@@ -101,20 +101,23 @@ GENERATORS: dict[str, Callable[[int, int, int, int], list[Action]]] = {
 def with_transfers(compute: list[Action], rank: int, pp: int, num_chunks: int) -> tuple[Action, ...]:
     """Insert each receive just before its consumer and each send just after its producer."""
     out: list[Action] = []
+    add, last = out.append, num_chunks - 1
     for action in compute:
-        c, mb = action.chunk, action.microbatch
-        before = after = None
-        if action.kind is F:
+        kind, c, mb = action.kind, action.chunk, action.microbatch
+        if kind is F:
             if c > 0 and (c - 1) % pp != rank:
-                before = Action(Kind.RECV_ACTIVATION, c, mb, (c - 1) % pp)
-            if c < num_chunks - 1 and (c + 1) % pp != rank:
-                after = Action(Kind.SEND_ACTIVATION, c, mb, (c + 1) % pp)
-        elif action.kind in (B, I):
-            if c < num_chunks - 1 and (c + 1) % pp != rank:
-                before = Action(Kind.RECV_GRAD, c, mb, (c + 1) % pp)
+                add(Action(Kind.RECV_ACTIVATION, c, mb, (c - 1) % pp))
+            add(action)
+            if c < last and (c + 1) % pp != rank:
+                add(Action(Kind.SEND_ACTIVATION, c, mb, (c + 1) % pp))
+        elif kind is B or kind is I:
+            if c < last and (c + 1) % pp != rank:
+                add(Action(Kind.RECV_GRAD, c, mb, (c + 1) % pp))
+            add(action)
             if c > 0 and (c - 1) % pp != rank:
-                after = Action(Kind.SEND_GRAD, c, mb, (c - 1) % pp)
-        out += [a for a in (before, action, after) if a is not None]
+                add(Action(Kind.SEND_GRAD, c, mb, (c - 1) % pp))
+        else:
+            add(action)
     return tuple(out)
 
 

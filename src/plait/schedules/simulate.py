@@ -112,50 +112,71 @@ class Compiled:
         return [table[k, c].tolist() for k, c in zip(self.kinds, self.chunks)]
 
 
+def _ordinals(channels: np.ndarray) -> np.ndarray:
+    """Each entry's place among the entries of its channel, in list order (``channels`` in list order)."""
+    order = np.argsort(channels, kind="stable")
+    grouped = channels[order]
+    starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
+    ordinal = np.empty(len(channels), np.intp)
+    ordinal[order] = np.arange(len(channels)) - np.repeat(starts, np.diff(np.r_[starts, len(channels)]))
+    return ordinal
+
+
 def compile_schedule(schedule: Schedule) -> Compiled:
     """Number every message: on each channel the n-th receive takes the n-th send, so matching is
     a property of the lists alone. Raises ScheduleError if a receive expects another message."""
-    sends: dict[tuple[int, int, str], list[tuple[int, int]]] = {}
-    for rank, actions in enumerate(schedule.actions):
-        for at, action in enumerate(actions):
-            if action.kind in SEND_KINDS:
-                sends.setdefault((rank, action.peer, MESSAGE[action.kind]), []).append((rank, at))
-    number = {}  # (rank, position) of a send -> its message number
-    for queue in sends.values():
-        for place in queue:
-            number[place] = len(number)
-    never = len(number)  # the message a receive nothing sends waits for (the play finds it waiting forever)
-    taken: dict[tuple[int, int, str], int] = {}
-    messages = []
-    for rank, actions in enumerate(schedule.actions):
-        mine = []
-        for at, action in enumerate(actions):
-            kind = action.kind
-            if kind in RECV_KINDS:
-                channel = (action.peer, rank, MESSAGE[kind])
-                queue, n = sends.get(channel, ()), taken.get(channel, 0)
-                taken[channel] = n + 1
-                if n >= len(queue):
-                    mine.append(never)
-                    continue
-                sender, position = queue[n]
-                sent = schedule.actions[sender][position]
-                if (sent.chunk, sent.microbatch) != _sent_as(action):
-                    raise ScheduleError(
-                        f"rank {rank} action {action} receives from rank {action.peer}, whose next "
-                        f"message on that channel is {sent}; sends and receives are in different orders"
-                    )
-                mine.append(number[sender, position])
-            elif kind in SEND_KINDS:
-                mine.append(-2 - number[rank, at])
-            else:
-                mine.append(COMPUTE)
-        messages.append(tuple(mine))
-    left = [queue[taken.get(channel, 0)] for channel, queue in sends.items() if taken.get(channel, 0) < len(queue)]
-    unreceived = f"rank {left[0][0]} action {schedule.actions[left[0][0]][left[0][1]]}" if left else None
-    kinds = tuple(np.fromiter((KIND_INDEX[a.kind] for a in actions), np.intp, len(actions)) for actions in schedule.actions)
-    chunks = tuple(np.fromiter((a.chunk for a in actions), np.intp, len(actions)) for actions in schedule.actions)
-    return Compiled(kinds, chunks, tuple(messages), never + 1, unreceived)
+    lists, pp = schedule.actions, len(schedule.actions)
+    columns = [tuple(zip(*actions)) if actions else ((), (), (), ()) for actions in lists]
+    kinds = tuple(np.fromiter(map(KIND_INDEX.__getitem__, c[0]), np.intp, len(c[0])) for c in columns)
+    chunks = tuple(np.array(c[1], np.intp) for c in columns)
+    every = np.concatenate(kinds)
+    rank = np.repeat(np.arange(pp), [len(k) for k in kinds])
+    position = np.concatenate([np.arange(len(k)) for k in kinds])
+    chunk = np.concatenate(chunks)
+    micro = np.concatenate([np.array(c[2], np.intp) for c in columns])
+    peer = np.concatenate([np.array([-1 if p is None else p for p in c[3]], np.intp) for c in columns])
+    grad = np.isin(every, [KIND_INDEX[Kind.SEND_GRAD], KIND_INDEX[Kind.RECV_GRAD]])
+    send = np.flatnonzero(np.isin(every, [KIND_INDEX[k] for k in SEND_KINDS]))
+    recv = np.flatnonzero(np.isin(every, [KIND_INDEX[k] for k in RECV_KINDS]))
+    # A channel is (sender, receiver, activation or gradient); a send's number is its place in
+    # channel order, so message n is the n-th entry of the sends sorted by (channel, place).
+    send_channel = (rank[send] * pp + peer[send]) * 2 + grad[send]
+    recv_channel = (peer[recv] * pp + rank[recv]) * 2 + grad[recv]
+    span = len(send) + len(recv) + 1
+    send_key = send_channel * span + _ordinals(send_channel)
+    number = np.argsort(send_key, kind="stable")
+    sorted_keys = send_key[number]
+    message = np.empty(len(send), np.intp)
+    message[number] = np.arange(len(send))
+    recv_key = recv_channel * span + _ordinals(recv_channel)
+    found = np.searchsorted(sorted_keys, recv_key)
+    matched = found < len(send)
+    matched[matched] = sorted_keys[found[matched]] == recv_key[matched]
+    never = len(send)  # the message a receive nothing sends waits for (the play finds it waiting forever)
+    taken = np.where(matched, found, never)
+    sent = send[number[np.minimum(found, max(len(send) - 1, 0))]] if len(send) else found
+    expected_chunk = chunk[recv] + np.where(grad[recv], 1, -1)
+    wrong = matched & ((chunk[sent] != expected_chunk) | (micro[sent] != micro[recv]))
+    if wrong.any():
+        first = np.flatnonzero(wrong)[0]
+        receiver, at, sender = rank[recv[first]], position[recv[first]], sent[first]
+        action = lists[receiver][at]
+        raise ScheduleError(
+            f"rank {receiver} action {action} receives from rank {action.peer}, whose next message on that "
+            f"channel is {lists[rank[sender]][position[sender]]}; sends and receives are in different orders")
+    codes = np.full(len(every), COMPUTE, np.intp)
+    codes[send] = -2 - message
+    codes[recv] = taken
+    received = np.zeros(len(send), bool)
+    received[taken[matched]] = True
+    left = send[number[~received]] if len(send) else send
+    unreceived = None
+    if len(left):
+        first = left.min()
+        unreceived = f"rank {rank[first]} action {lists[rank[first]][position[first]]}"
+    bounds = np.cumsum([0] + [len(k) for k in kinds])
+    messages = tuple(tuple(codes[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:]))
+    return Compiled(kinds, chunks, messages, never + 1, unreceived)
 
 
 def play_compiled(compiled: Compiled, costs: list[list[float]], flights: list[float]) -> list[list[float]]:
