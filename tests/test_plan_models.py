@@ -12,8 +12,8 @@ from plait.plan.comm import Link, all_reduce_seconds, group_link, reduce_scatter
 from plait.plan.compute import Gemm, gemm_seconds, layer_shape
 from plait.plan.costs import layer_cost
 from plait.plan.hardware import CATALOG, catalog_name_of, hardware, stack_hardware
-from plait.plan.search import best_layout, scan, scanned_layout
-from plait.plan.simulate import Workload
+from plait.plan.search import SCANNED, best_layout, scan, scanned_layout
+from plait.plan.simulate import Workload, evaluate
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama-8b"])
@@ -94,6 +94,31 @@ def test_the_floor_on_step_time_keeps_what_scoring_every_layout_keeps(model, gpu
     assert sorted(bounded.best) == sorted(every.best)
     assert bounded.simplest == every.simplest
     assert bounded.fastest == every.fastest
+
+
+@pytest.mark.parametrize("model,batch,gpu,stack,layout", [
+    ("llama-405b", 2048, "h100-sxm", "megatron", Layout(dp=128, tp=8, pp=16, sp=True, zero=3, schedule="interleaved-1f1b",
+                                                       virtual_stages=2, microbatches=16)),
+    ("llama-405b", 2048, "h100-sxm", "megatron", Layout(dp=64, tp=8, pp=16, sp=True, zero=1, microbatches=32)),
+    ("llama-405b", 2048, "h100-sxm", "megatron", Layout(dp=64, tp=8, pp=16, sp=True, zero=1, schedule="zb-h1", microbatches=32)),
+    ("gpt3-175b", 1536, "a100-80gb", "megatron", Layout(dp=16, tp=8, pp=8, sp=True, zero=1, schedule="interleaved-1f1b",
+                                                       virtual_stages=3, microbatches=96, recompute="selective")),
+    ("llama-70b", 512, "h100-sxm", "plait", Layout(dp=8, tp=4, pp=4, sp=True, zero=2, schedule="interleaved-1f1b",
+                                                   virtual_stages=5, microbatches=16)),
+    ("llama-8b", 64, "h100-sxm", "plait", Layout(dp=8, zero=3, microbatches=8, recompute="selective")),
+])
+def test_the_search_scores_a_layout_as_the_play_predicts_it(model, batch, gpu, stack, layout):
+    """The closed form the search ranks by cuts the stages as the play does (with interleaving the
+    end ranks of Llama 3 405B hold 7 layers, not ⌈126 / 16⌉ = 8, and a middle rank holds the most):
+    same peak memory, and the step within 3%."""
+    workload = Workload(model_spec(model), batch, "bf16", STACKS[stack])
+    hw = stack_hardware(hardware(gpu), workload.kernels)
+    found = scan(workload, hw, layout.world_size, {f: getattr(layout, f) for f in SCANNED}, None, keep=1)
+    step, _, peak = found.fastest
+    played = evaluate(workload, hw, layout.world_size, layout)
+    assert found.scored == 1
+    assert peak == pytest.approx(played.peak_memory_bytes, rel=1e-3)
+    assert step == pytest.approx(played.step_time_s, rel=0.03)
 
 
 def test_the_search_keeps_every_fixed_choice_of_the_layout():

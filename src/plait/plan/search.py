@@ -33,12 +33,12 @@ from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.memory import other_bytes
 from plait.plan.pipeline import estimate_step
 from plait.plan.simulate import FlushCosts, Prediction, Workload, evaluate, flush_costs
-from plait.schedules.split import split_problems
+from plait.schedules.split import split_layers, split_problems
 
 PLAYED = 8  # layouts whose schedules are played exactly after the closed-form pass
 # The planner's own step-time error: its median |error| on the published runs held out of every
 # fit (docs/VALIDATION.md). Layouts predicted closer than this cannot be told apart by it.
-PLANNER_ERROR = 0.061
+PLANNER_ERROR = 0.057
 MAX_GPUS = 2**20  # no cluster is larger; it keeps every search (and its error message) to seconds
 
 
@@ -193,9 +193,22 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
 
     @functools.cache
     def schedule_list(pp: int, m: int) -> list[tuple[str, int, int, int]]:
-        """(schedule, v, chunks the first rank holds, chunks the last holds) of those that can run."""
-        return [(n, v, in_flight_chunks(n, pp, v, m, 0), in_flight_chunks(n, pp, v, m, pp - 1))
+        """(schedule, v, chunks the first, the second and the last rank hold, and the layers of the
+        first, the fullest middle and the last rank) of those that can run. Every schedule holds the
+        most on the first rank and less or as much on each later one, so the second rank bounds the
+        middle ones."""
+        return [(n, v, *(in_flight_chunks(n, pp, v, m, r) for r in (0, min(1, pp - 1), pp - 1)), *rank_layers(pp, v))
                 for n, v in _schedules(pp, m, layers, fixed) if pp == 1 or schedule_fits(pp, m, n, v)]
+
+    @functools.cache
+    def rank_layers(pp: int, v: int) -> tuple[int, int, int]:
+        """Layers of the first rank, of the fullest rank between, and of the last, as the stage split
+        the play uses cuts them (with interleaving the ends often hold fewer than ⌈layers / pp⌉)."""
+        if pp == 1:
+            return layers, 0, layers
+        counts = [len(r) for r in split_layers(spec, pp, v, stage_layers)]
+        held = [sum(counts[r::pp]) for r in range(pp)]
+        return held[0], max(held[1:-1], default=0), held[-1]
 
     @functools.cache
     def end_times(tp: int, cp: int, sp: bool, mbs: int) -> tuple[float, float, float]:
@@ -259,11 +272,15 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     mesh_key = (tp, cp, pp, dp, zero, replicate, sp)
                     if mesh_key not in flushes:
                         flushes[mesh_key] = flush_costs(workload, hw, staged, max(params), tensors)
-                        states[mesh_key] = tuple(rank_model_states(spec, staged, precision, per_rank, *ends, kernels).total
-                                                 for ends in ((True, pp == 1), (pp == 1, True)))
+                        # The first, a middle and the last rank's model states at ⌈layers / pp⌉ layers,
+                        # and what one layer fewer saves.
+                        full, fewer = ([rank_model_states(spec, staged, precision, n, *ends, kernels).total
+                                        for ends in ((True, pp == 1), (pp == 1, pp == 1), (pp == 1, True))]
+                                       for n in (per_rank, per_rank - 1))
+                        states[mesh_key] = (*full, full[1] - fewer[1])
                     flush = flushes[mesh_key]
                     other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes, kernels)
-                    first, last = (held + other for held in states[mesh_key])
+                    first_full, middle_full, last_full, layer_states = states[mesh_key]
                     # Per recomputation: a stage's activations per micro-batch, and its work per
                     # micro-batch (less the pipeline engine's, which grows with v) with its flush.
                     per_rc = {}
@@ -275,34 +292,46 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                             acts[act_key] = activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels,
                                                                        zero, pp, algorithm)
                         work, fill_zb, forward, backward, first_gather = works[key][rc]
-                        per_rc[rc] = (acts[act_key] * per_rank, (layers * work + head_work + embedding_work + first_gather) / pp,
-                                      per_rank * work + embedding_work + first_gather,
-                                      (layers - (pp - 1) * per_rank) * work + head_work, fill_zb * layers / pp,
+                        per_rc[rc] = (acts[act_key], (layers * work + head_work + embedding_work + first_gather) / pp,
+                                      work, embedding_work + first_gather, fill_zb * layers / pp,
                                       flush.exposed(per_rank * backward, per_rank * forward) + flush.optimizer)
-                    # No schedule beats the slowest stage's work for every micro-batch plus the flush; when
-                    # that floor cannot enter the kept layouts, none of these schedules can.
-                    floor = min(m * (max(r[2], r[3]) if pp > 1 else r[2] + head_work) + min(0.0, (pp - 1) * r[4]) + r[5]
-                                for r in per_rc.values())
+                    # No schedule beats the slowest rank's work for every micro-batch plus the flush, and
+                    # some rank holds ⌈layers / pp⌉ layers or more; when that floor cannot enter the kept
+                    # layouts, none of these schedules can.
+                    floor = min(m * (max(per_rank * r[2], r[1]) if pp > 1 else layers * r[2] + r[3] + head_work)
+                                + min(0.0, (pp - 1) * r[4]) + r[5] for r in per_rc.values())
                     if bound and floor >= found.bar(level, keep):
                         found.bounded += len(schedules)
                         continue
-                    for name, v, held_first, held_last in schedules:
+                    for name, v, held_first, held_second, held_last, first_layers, middle_layers, last_layers in schedules:
+                        first = first_full - (per_rank - first_layers) * layer_states + other
+                        middle = middle_full - (per_rank - middle_layers) * layer_states + other
+                        last = last_full - (per_rank - last_layers) * layer_states + other
                         head_held = head_act * (held_last // v or 1)
                         for rc in recomputes:
                             act = per_rc[rc][0] / v
-                            peak = first + held_first * act
-                            peak_last = last + held_last * act + head_held
+                            peak = first + held_first * first_layers * act
+                            peak_last = last + held_last * last_layers * act + head_held
                             if peak_last > peak:
                                 peak = peak_last
+                            if middle_layers:
+                                peak_middle = middle + held_second * middle_layers * act
+                                if peak_middle > peak:
+                                    peak = peak_middle
                             if peak <= capacity:
                                 break
-                        _, mean, first_stage, last_stage, fill_zb, flushed = per_rc[rc]
+                        _, mean, work, embedding_extra, fill_zb, flushed = per_rc[rc]
                         engine = 2 * v * kernels.pipeline_action_s if pp > 1 else 0.0  # (plan.costs.chunk_costs)
                         mean += engine
+                        first_stage = first_layers * work + embedding_extra
                         if pp == 1:
                             slowest = first_stage + engine + head_work
                         else:
-                            slowest = (first_stage if first_stage > last_stage else last_stage) + engine
+                            last_stage = last_layers * work + head_work
+                            slowest = first_stage if first_stage > last_stage else last_stage
+                            if middle_layers * work > slowest:
+                                slowest = middle_layers * work
+                            slowest += engine
                         fill = fill_zb if name == "zb-h1" else mean / v
                         step = estimate_step(name, pp, v, m, mean, slowest, fill, flight) + flushed
                         found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate),

@@ -40,9 +40,10 @@ def _balanced_counts(spec: ModelSpec, chunks: int, seq_len: int | None) -> tuple
     best = None
     for last in range(1, layers - chunks + 2):
         size, larger = divmod(layers - last, chunks - 1)
-        counts = (size,) * (chunks - 1 - larger) + (size + 1,) * larger + (last,)
-        costs = [n * layer for n in counts[:-1]] + [last * layer + head]
-        option = (max(costs), sum(c * c for c in costs), counts)
+        end = last * layer + head
+        option = (max((size + (larger > 0)) * layer, end),
+                  (chunks - 1 - larger) * (size * layer) ** 2 + larger * ((size + 1) * layer) ** 2 + end * end,
+                  (size,) * (chunks - 1 - larger) + (size + 1,) * larger + (last,))
         if best is None or option < best:
             best = option
     return best[2]
