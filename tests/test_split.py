@@ -61,3 +61,21 @@ def test_the_split_is_the_best_of_every_possible_split(model, layers):
         costs = {counts: chunk_costs(spec, counts) for counts in _compositions(layers, chunks)}
         best = min(costs, key=lambda c: (max(costs[c]), sum(x * x for x in costs[c]), c))
         assert tuple(len(r) for r in split_layers(spec, chunks)) == best
+
+
+def test_layers_that_do_not_divide_into_the_chunks_leave_the_ends_short():
+    """Llama 3.1 405B's 126 layers over pp 8 × v 2 (torchtitan's interleaved run): 16 chunks of at
+    least 7, the first and last ones no larger than any between, as Megatron and torchtitan place
+    the remainder; the shared validation accepts the layout."""
+    from plait.facts.validity import layout_problems
+    from plait.layout import Layout
+
+    spec = PRESETS["llama-405b"]
+    counts = [len(r) for r in split_layers(spec, 8, 2)]
+    assert len(counts) == 16 and sum(counts) == 126
+    middle = counts[1:-1]
+    assert max(middle) - min(middle) <= 1
+    assert counts[0] <= min(middle) and counts[-1] <= min(middle)
+    layout = Layout(dp=8, tp=8, pp=8, sp=True, zero=3, schedule="interleaved-1f1b", virtual_stages=2,
+                    microbatches=32, recompute="full")
+    assert layout_problems(spec, layout, 512, 256) == []

@@ -33,7 +33,8 @@ class Played:
 
     @property
     def bubble_fraction(self) -> float:
-        return 1.0 - sum(self.busy) / (len(self.busy) * self.step_time) if self.step_time else 0.0
+        # (clamped: without stages busy equals the step time, and rounding can leave it a hair over)
+        return max(0.0, 1.0 - sum(self.busy) / (len(self.busy) * self.step_time)) if self.step_time else 0.0
 
 
 def cost_table(chunks: Sequence[ChunkCost]) -> np.ndarray:
