@@ -24,32 +24,42 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class SavedBytes:
-    """Bytes of the distinct storages saved for backward inside ``module``'s forward."""
+    """Bytes of the distinct storages saved for backward inside each of ``modules``' forwards
+    (``totals``, in order; ``total`` the first's). One saved-tensor hook serves them all: hooks
+    nest, and only the innermost one packs."""
 
-    def __init__(self, model: nn.Module, module: nn.Module):
+    def __init__(self, model: nn.Module, *modules: nn.Module):
         self.weights = {_local(p).untyped_storage().data_ptr() for p in model.parameters()}
-        self.module = module
-        self.seen: dict[int, torch.UntypedStorage] = {}
-        self.total = 0
-        self.inside = False
+        self.modules = modules
+        self.seen: list[dict[int, torch.UntypedStorage]] = [{} for _ in modules]
+        self.totals = [0] * len(modules)
+        self.inside: int | None = None
+
+    @property
+    def total(self) -> int:
+        return self.totals[0]
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = _local(tensor).untyped_storage()
-        pointer = storage.data_ptr()
-        if self.inside and pointer not in self.weights and pointer not in self.seen:
-            self.seen[pointer] = storage
+        if self.inside is not None:
+            storage = _local(tensor).untyped_storage()
+            pointer = storage.data_ptr()
+            if pointer not in self.weights:
+                self.seen[self.inside].setdefault(pointer, storage)
         return tensor
 
-    def _enter(self, *args) -> None:
-        self.inside = True
+    def _enter(self, index: int) -> None:
+        self.inside = index
 
-    def _leave(self, *args) -> None:
-        self.inside = False
-        self.total = sum(storage.nbytes() for storage in self.seen.values())
+    def _leave(self, index: int) -> None:
+        self.inside = None
+        self.totals[index] = sum(storage.nbytes() for storage in self.seen[index].values())
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[SavedBytes]:
-        handles = [self.module.register_forward_pre_hook(self._enter), self.module.register_forward_hook(self._leave)]
+        handles = []
+        for index, module in enumerate(self.modules):
+            handles.append(module.register_forward_pre_hook(lambda *args, i=index: self._enter(i)))
+            handles.append(module.register_forward_hook(lambda *args, i=index: self._leave(i)))
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor):
                 yield self

@@ -57,8 +57,8 @@ def layer_costs(config: RunConfig) -> dict:
     }
 
 
-def saved_activation_bytes(config: RunConfig) -> int:
-    """Bytes the first block keeps for backward in one forward and backward, under the run's precision,
+def saved_activation_bytes(config: RunConfig) -> list[int]:
+    """Bytes each block keeps for backward in one forward and backward, under the run's precision,
     on the model as a stage of ``config``'s layout holds it: tensor and context parallelism, then
     (without pp) data parallelism and ZeRO, whose bf16 stages 1 and 2 hold bf16 weights."""
     from plait.parallel.data import apply_data_parallel
@@ -72,12 +72,12 @@ def saved_activation_bytes(config: RunConfig) -> int:
     tokens = torch.randint(0, config.model.vocab, (config.train.global_batch // config.layout.dp, config.model.seq_len),
                            generator=generator)
     inputs, targets, positions = context_shard(tokens, tokens.roll(-1, dims=1), topology)
-    saved = SavedBytes(model, inner.layers["0"])
+    saved = SavedBytes(model, *inner.layers.values())
     with saved.recording(), autocast(config, CPU):
         logits = model(inputs, positions)
         with vocab_parallel_loss(topology):
             F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()).backward()
-    return saved.total
+    return saved.totals
 
 
 def held_model_state(config: RunConfig) -> dict:

@@ -77,6 +77,8 @@ BAD_INPUTS = {
     "kv-heads do not divide heads": (["--model", "tiny-llama", "--kv-heads", "3"], "kv-heads must divide"),
     "sequence parallel without tp": (["--sp"], "needs --tp 2"),
     "virtual stages without interleaving": (["--virtual-stages", "2"], "only applies to the interleaved"),
+    "recompute layers without full recomputation": (["--recompute-layers", "2"], "pass --recompute full with it"),
+    "recompute layers of zero": (["--recompute", "full", "--recompute-layers", "0"], "recompute-layers must be a positive"),
     "unknown flag": (["--dpp", "2"], "unrecognized arguments"),
     "unknown precision": (["--precision", "fp8"], "invalid choice"),
     "overwriting a finished run": (["--run-dir", "{finished_run}"], "already holds a run"),

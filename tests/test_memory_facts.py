@@ -3,7 +3,7 @@
 For every layout of the parity matrix (tests/test_data_parallel_parity.py, test_tensor_context_parity.py,
 test_pipeline_parity.py, test_zero.py), both families, fp32 and bf16: every rank's measured
 parameters, gradients and optimizer state equal ``facts.model_state.rank_model_states``, the bytes
-the first block keeps for backward equal ``facts.activations.activation_bytes_per_layer`` for plait's
+every block keeps for backward equal ``facts.activations.activation_bytes_per_layer`` for plait's
 stack, and the planner's per-rank memory (``plan.simulate``) is built from those same figures.
 """
 
@@ -15,6 +15,7 @@ import pytest
 
 from plait.facts.activations import activation_bytes_per_layer, autocast_copies_weights, saved_bytes_per_layer
 from plait.facts.model_state import pipeline_share, rank_model_states
+from plait.facts.recompute import block_recompute, chunk_recompute
 from plait.facts.stack import STACKS
 from plait.plan.hardware import hardware
 from plait.plan.simulate import Workload, chunk_activation_bytes, stage_memory
@@ -91,7 +92,7 @@ ACTIVATION_CASES = [(model, precision, layout) for model in MODELS for precision
 
 @pytest.fixture(scope="module")
 def saved(pool):
-    """Bytes the first block keeps on rank 0, one run per case."""
+    """Bytes each block keeps on every rank, one run per case."""
     return {index: pool.run(saved_activation_bytes, layout_world_size(layout), run_config(model, precision=precision, **layout))
             for index, (model, precision, layout) in enumerate(ACTIVATION_CASES)}
 
@@ -105,7 +106,21 @@ def test_every_rank_keeps_the_shared_activation_fact(saved, index):
     micro_batch = config.train.global_batch // (lay.dp * lay.microbatches)
     fact = activation_bytes_per_layer(config.model, micro_batch, lay.tp, lay.sp, lay.cp, lay.recompute, precision,
                                       STACKS["plait"], lay.zero, lay.pp, lay.cp_algorithm)
-    assert saved[index] == [fact] * len(saved[index])
+    assert saved[index] == [[fact] * len(blocks) for blocks in saved[index]]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_under_recompute_layers_the_first_blocks_of_a_chunk_keep_only_their_inputs(pool, model):
+    """--recompute full --recompute-layers 2 on a 4-block model: the first two blocks keep what full
+    recomputation keeps, the last two what no recomputation keeps, measured block by block."""
+    config = run_config(model, precision="fp32", recompute="full", recompute_layers=2)
+    lay = config.layout
+    modes = block_recompute(config.model, lay)
+    assert modes == ("full", "full", "none", "none")
+    micro_batch = config.train.global_batch // (lay.dp * lay.microbatches)
+    facts = [activation_bytes_per_layer(config.model, micro_batch, lay.tp, lay.sp, lay.cp, mode, "fp32", STACKS["plait"],
+                                        lay.zero, lay.pp, lay.cp_algorithm) for mode in modes]
+    assert pool.run(saved_activation_bytes, 1, config)[0] == facts
 
 
 def test_bf16_autocast_keeps_bf16_copies_of_the_weights_only_over_fp32_weights():
@@ -125,12 +140,16 @@ def test_the_planner_predicts_plaits_own_figures(model, precision, layout):
     workload = Workload(spec, config.train.global_batch, precision, STACKS["plait"])
     micro_batch = config.train.global_batch // (lay.dp * lay.microbatches)
     counts = tuple(len(r) for r in split_layers(spec, lay.pp, lay.virtual_stages, lay.stage_layers))
-    per_layer = sum(saved_bytes_per_layer(spec, micro_batch, spec.seq_len, lay.tp, lay.sp, lay.cp, lay.recompute,
-                                          precision, autocast_copies_weights(precision, lay.zero, lay.pp),
-                                          lay.zero == 3, lay.cp_algorithm).values())
+
+    def per_layer(mode: str) -> int:
+        return sum(saved_bytes_per_layer(spec, micro_batch, spec.seq_len, lay.tp, lay.sp, lay.cp, mode, precision,
+                                         autocast_copies_weights(precision, lay.zero, lay.pp), lay.zero == 3,
+                                         lay.cp_algorithm).values())
+
+    layers = [sum(n * per_layer(mode) for mode, n in chunk_recompute(lay, blocks)) for blocks in counts]
     chunks = chunk_activation_bytes(workload, lay, micro_batch, counts)
-    assert chunks[:-1] == [n * per_layer for n in counts[:-1]]
-    assert chunks[-1] >= counts[-1] * per_layer
+    assert chunks[:-1] == layers[:-1]
+    assert chunks[-1] >= layers[-1]
     for rank in range(lay.pp):
         layers, first, last = pipeline_share(spec, lay, rank)
         memory = stage_memory(workload, hardware("a100-80gb"), lay, micro_batch, layers, first, last, 0.0)

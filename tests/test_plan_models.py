@@ -90,7 +90,7 @@ def test_the_floor_on_step_time_keeps_what_scoring_every_layout_keeps(model, gpu
     every = scan(workload, hw, gpus, {}, None, keep=16, bound=False)
     bounded = scan(workload, hw, gpus, {}, None, keep=16)
     assert bounded.bounded > every.scored / 10
-    assert bounded.scored + bounded.bounded == every.scored
+    assert bounded.scored + bounded.bounded <= every.scored  # a schedule skipped stands for one layout or two
     assert sorted(bounded.best) == sorted(every.best)
     assert bounded.simplest == every.simplest
     assert bounded.fastest == every.fastest
@@ -106,6 +106,9 @@ def test_the_floor_on_step_time_keeps_what_scoring_every_layout_keeps(model, gpu
     ("llama-70b", 512, "h100-sxm", "plait", Layout(dp=8, tp=4, pp=4, sp=True, zero=2, schedule="interleaved-1f1b",
                                                    virtual_stages=5, microbatches=16)),
     ("llama-8b", 64, "h100-sxm", "plait", Layout(dp=8, zero=3, microbatches=8, recompute="selective")),
+    ("llama-70b", 64, "h100-sxm", "megatron", Layout(dp=64, zero=3, recompute="full", recompute_layers=63)),
+    ("llama-405b", 2048, "h100-sxm", "megatron", Layout(dp=64, tp=8, pp=16, sp=True, zero=1, microbatches=32,
+                                                       recompute="full", recompute_layers=3)),
 ])
 def test_the_search_scores_a_layout_as_the_play_predicts_it(model, batch, gpu, stack, layout):
     """The closed form the search ranks by cuts the stages as the play does (with interleaving the
@@ -119,6 +122,22 @@ def test_the_search_scores_a_layout_as_the_play_predicts_it(model, batch, gpu, s
     assert found.scored == 1
     assert peak == pytest.approx(played.peak_memory_bytes, rel=1e-3)
     assert step == pytest.approx(played.step_time_s, rel=0.03)
+
+
+def test_the_search_recomputes_the_fewest_blocks_that_fit():
+    """llama-70b on 64 H100 as plain FSDP at 8k tokens: keeping every block's activations needs far
+    more than 80 GB, recomputing every block fits with room to spare. The search recomputes the
+    first N blocks, where N − 1 would not fit, and that is faster than recomputing all 80."""
+    workload = Workload(model_spec("llama-70b"), 64, "bf16", STACKS["megatron"])
+    hw = hardware("h100-sxm")
+    sizes = {"dp": 64, "tp": 1, "cp": 1, "pp": 1}
+    picked = best_layout(workload, hw, 64, sizes)
+    layout = picked.layout
+    assert layout.recompute == "full" and 1 < layout.recompute_layers < 80
+    assert picked.fits and not evaluate(workload, hw, 64, replace(layout, recompute_layers=layout.recompute_layers - 1)).fits
+    every = evaluate(workload, hw, 64, replace(layout, recompute_layers=None))
+    assert every.fits and picked.step_time_s < every.step_time_s
+    assert picked.peak_memory_bytes > every.peak_memory_bytes
 
 
 def test_the_search_keeps_every_fixed_choice_of_the_layout():

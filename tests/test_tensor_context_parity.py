@@ -8,6 +8,7 @@ from dataclasses import fields, replace
 import pytest
 
 from plait.config import DEFAULT_LAYOUT
+from plait.facts.recompute import block_recompute
 from plait.layout import Layout
 from tests.cases import (
     assert_traced_volumes_are_the_facts, block_classes, layout_world_size, run_config, train_losses, train_outcome,
@@ -38,6 +39,8 @@ LAYOUTS = [
     {"pp": 2, "tp": 2, "schedule": "interleaved-1f1b", "virtual_stages": 2, "microbatches": 2},
     {"pp": 2, "cp": 2, "schedule": "gpipe", "microbatches": 2},
     {"pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 2, "recompute": "full"},
+    # only the first block of each stage's two recomputes (its collectives rerun, the other's do not)
+    {"pp": 2, "tp": 2, "sp": True, "schedule": "1f1b", "microbatches": 2, "recompute": "full", "recompute_layers": 1},
     {"pp": 2, "dp": 2, "zero": 1, "schedule": "zb-h1", "microbatches": 2},  # Megatron's distributed optimizer
     # plait train's default, a 3-D layout (dp2·tp2·pp2)
     {f.name: getattr(DEFAULT_LAYOUT, f.name) for f in fields(Layout) if getattr(DEFAULT_LAYOUT, f.name) != f.default},
@@ -119,8 +122,9 @@ def test_zero3_over_tensor_parallel_shards_each_ranks_state_over_dp(pool):
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
 def test_recomputation_on_one_process_changes_no_bit(pool, single_process, model):
-    for mode in ("selective", "full"):
-        assert pool.run(train_losses, 1, run_config(model, recompute=mode))[0] == single_process[model], mode
+    for mode, blocks in (("selective", None), ("full", None), ("full", 2)):
+        config = run_config(model, recompute=mode, recompute_layers=blocks)
+        assert pool.run(train_losses, 1, config)[0] == single_process[model], (mode, blocks)
 
 
 def test_pipeline_stages_recompute_their_blocks(pool):
@@ -128,6 +132,16 @@ def test_pipeline_stages_recompute_their_blocks(pool):
     config = run_config("tiny", steps=1, pp=2, schedule="1f1b", microbatches=2, recompute="full")
     for classes in pool.run(block_classes, 2, config):
         assert classes and all(name == "RecomputedBlock" for name in classes), classes
+
+
+def test_recompute_layers_wraps_the_first_blocks_of_each_chunk(pool):
+    """pp2 with two blocks a stage and --recompute-layers 1: the first block of each stage
+    recomputes and the second keeps its activations, as plait.facts.recompute says."""
+    config = run_config("tiny", steps=1, pp=2, schedule="1f1b", microbatches=2, recompute="full", recompute_layers=1)
+    modes = block_recompute(config.model, config.layout)
+    expected = [["RecomputedBlock" if mode == "full" else "Block" for mode in modes[rank * 2:rank * 2 + 2]]
+                for rank in range(2)]
+    assert pool.run(block_classes, 2, config) == expected == [["RecomputedBlock", "Block"]] * 2
 
 
 def test_zero1_under_pipeline_shards_each_stages_optimizer_state_over_dp(pool):

@@ -4,7 +4,7 @@ A config file has up to three tables, each optional:
 
     [model]   name = "tiny-llama", and any ModelSpec field (layers, hidden, heads, ...)
     [layout]  dp, tp, cp, pp, sp, zero, schedule, virtual_stages, microbatches, recompute,
-              cp_algorithm and grad_compression
+              recompute_layers, cp_algorithm and grad_compression
     [train]   steps, global_batch, seed, precision, lr, ... (the TrainSpec fields)
 
 Flags override the file; the file overrides the defaults.
@@ -160,6 +160,9 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
                        help="transformer blocks per pipeline chunk, first to last (default: balanced by FLOPs)")
     group.add_argument("--microbatches", type=int, help="micro-batches per data-parallel rank and step")
     group.add_argument("--recompute", choices=RECOMPUTE)
+    group.add_argument("--recompute-layers", type=int, metavar="N",
+                       help="with --recompute full: only the first N blocks of each pipeline chunk recompute, the "
+                            "rest keep their activations (default: every block)")
     group.add_argument("--grad-compression", choices=GRAD_COMPRESSIONS,
                        help="data-parallel gradient reduction: none (default), bf16 on the wire, or powersgd "
                             "(rank-8 factors with error feedback, lossy; ZeRO 0-1 without tp or pp)")
@@ -259,7 +262,8 @@ def _set_flags(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
 
 
 # The type of each field whose default is None (the others take their default's type).
-OPTIONAL_TYPES = {"data": str, "tokenizer": str, "init_from": str, "run_dir": str, "stage_layers": tuple}
+OPTIONAL_TYPES = {"data": str, "tokenizer": str, "init_from": str, "run_dir": str, "stage_layers": tuple,
+                  "recompute_layers": int}
 
 
 def _typed(cls, values: dict):

@@ -46,6 +46,9 @@ class Layout:
     microbatches: int = 1
     stage_layers: tuple[int, ...] | None = None  # blocks per pipeline chunk; None: balanced by FLOPs
     recompute: str = "none"
+    # With recompute "full": only the first N blocks of each pipeline chunk rerun their forward in
+    # backward and the others keep everything (Megatron-LM's block method); None: every block.
+    recompute_layers: int | None = None
     grad_compression: str = "none"
     cp_algorithm: str = "all-to-all"
     # Hybrid sharding (HSDP): the dp ranks as dp_replicate groups of dp/dp_replicate neighbours;
@@ -82,7 +85,8 @@ class Layout:
         if self.microbatches > 1:
             extras.append(f"m={self.microbatches}")
         if self.recompute != "none":
-            extras.append(f"recompute={self.recompute}")
+            partial = f":{self.recompute_layers}" if self.recompute_layers is not None else ""
+            extras.append(f"recompute={self.recompute}{partial}")
         if self.grad_compression != "none":
             extras.append(f"grads {self.grad_compression}")
         if self.cp > 1 and self.cp_algorithm == "ring":
@@ -107,6 +111,12 @@ class Layout:
             raise ConfigError(f"unknown pipeline schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
         if self.recompute not in RECOMPUTE:
             raise ConfigError(f"unknown recompute mode {self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
+        if self.recompute_layers is not None:
+            if not isinstance(self.recompute_layers, int) or isinstance(self.recompute_layers, bool) or self.recompute_layers < 1:
+                raise ConfigError(f"recompute-layers must be a positive integer, got {self.recompute_layers!r}")
+            if self.recompute != "full":
+                raise ConfigError(f"--recompute-layers {self.recompute_layers} picks the blocks that recompute fully; "
+                                  "pass --recompute full with it, or drop --recompute-layers")
         if self.grad_compression not in GRAD_COMPRESSIONS:
             raise ConfigError(f"unknown gradient compression {self.grad_compression!r}; "
                               f"use one of {', '.join(GRAD_COMPRESSIONS)}")

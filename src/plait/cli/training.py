@@ -118,6 +118,8 @@ def layout_flags(layout: Layout) -> list[str]:
         elif name == "stage_layers":
             if value is not None:
                 flags += [flag, ",".join(map(str, value))]
+        elif value is None:  # a default that only a value can name (recompute_layers: every block)
+            continue
         else:
             flags += [flag, str(value)]
     return flags

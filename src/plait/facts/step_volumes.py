@@ -20,6 +20,7 @@ from plait.facts.collectives import (
     stage_boundary_bytes, tied_embedding_bytes,
 )
 from plait.facts.model_state import communicated_bytes, pipeline_share, rank_tensor_shape_counts, sharded_elements
+from plait.facts.recompute import rank_recompute
 from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.flops import norm_parameter_count
@@ -43,7 +44,7 @@ def step_volumes(spec: ModelSpec, layout: Layout, global_batch: int, precision: 
 
     layers, first, last = pipeline_share(spec, layout, pp_rank)
     micro_batch = global_batch // layout.dp // layout.microbatches
-    _inside_the_model(spec, layout, micro_batch, layers, first, last, add)
+    _inside_the_model(spec, layout, micro_batch, pp_rank, layers, first, last, add)
     _pipeline(spec, layout, micro_batch, pp_rank, dp_rank, first, last, precision, add)
     _data_parallel(spec, layout, layers, first, last, precision, dp_rank, add)
     add("dp", "all_reduce", SCALAR)  # the logged loss, averaged over dp
@@ -51,13 +52,14 @@ def step_volumes(spec: ModelSpec, layout: Layout, global_batch: int, precision: 
     return volumes
 
 
-def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, layers: int, first: bool, last: bool,
-                      add) -> None:
-    """The layers' and ends' tensor- and context-parallel calls of every micro-batch, and the sums of
-    replicated weights' gradients over tp (a sequence shard's norms, kv-heads fewer than tp)."""
+def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, layers: int, first: bool,
+                      last: bool, add) -> None:
+    """The layers' and ends' tensor- and context-parallel calls of every micro-batch (each block's
+    by its own recomputation), and the sums of replicated weights' gradients over tp (a sequence
+    shard's norms, kv-heads fewer than tp)."""
     tp, sp, cp, seq = layout.tp, layout.sp, layout.cp, spec.seq_len
-    calls = [(call, layers) for call in layer_collectives(spec, micro_batch, seq, tp, sp, cp, layout.recompute,
-                                                             cp_algorithm=layout.cp_algorithm)]
+    calls = [(call, blocks) for mode, blocks in rank_recompute(spec, layout, pp_rank).items()
+             for call in layer_collectives(spec, micro_batch, seq, tp, sp, cp, mode, cp_algorithm=layout.cp_algorithm)]
     calls += [(call, 1) for call in (embedding_collectives(spec, micro_batch, seq, tp, sp, cp) if first else ())]
     calls += [(call, 1) for call in (head_collectives(spec, micro_batch, seq, tp, sp, cp) if last else ())]
     for call, count in calls:

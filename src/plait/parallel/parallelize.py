@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from plait.facts.recompute import block_recompute
 from plait.models.transformer import Transformer
 from plait.parallel.compression import compress_gradients
 from plait.parallel.context import apply_context_parallel
@@ -49,7 +50,7 @@ def apply_within_stage(model: Transformer, topology: Topology) -> Transformer:
     """Tensor and context parallelism, then recomputation: what a pipeline stage keeps of them."""
     model = apply_tensor_parallel(model, topology)
     model = apply_context_parallel(model, topology)
-    return apply_recompute(model, topology.layout.recompute)
+    return apply_recompute(model, block_recompute(model.spec, topology.layout))
 
 
 def parallelize(model: Transformer, topology: Topology, precision: str, lr: float, weight_decay: float) -> Parallelized:

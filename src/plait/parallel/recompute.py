@@ -4,6 +4,8 @@
   Llama); its whole forward runs again in backward (Chen et al. 2016; Megatron-LM's "full").
 - ``selective``: only the attention core (softmax(q kᵀ) v) runs again; it keeps q, k and v
   instead of its output and softmax statistics (Korthikanti et al. 2022, §4).
+- ``full`` with ``--recompute-layers N``: only the first N blocks of each pipeline chunk
+  (plait.facts.recompute says which).
 
 ``torch.utils.checkpoint`` (non-reentrant) does the work. The module's class is swapped for a
 subclass whose forward runs the original under it, as FSDP2's ``fully_shard`` swaps classes: no
@@ -32,18 +34,21 @@ class Recomputed:
         return checkpoint(super().forward, *args, use_reentrant=False, **kwargs)
 
 
-def recomputed_modules(model: Transformer, mode: str) -> list[nn.Module]:
-    """The modules whose forward ``mode`` reruns in backward, one per block."""
-    if mode == "full":
-        return list(model.layers.values())
-    if mode == "selective":
-        return [block.attention.core for block in model.layers.values()]
-    return []
+def recomputed_modules(model: Transformer, modes: tuple[str, ...]) -> list[nn.Module]:
+    """The modules whose forward reruns in backward: each block's own mode (``modes``, first block
+    to last, from plait.facts.recompute.block_recompute) names the block or its attention core."""
+    out = []
+    for mode, block in zip(modes, model.layers.values(), strict=True):
+        if mode == "full":
+            out.append(block)
+        elif mode == "selective":
+            out.append(block.attention.core)
+    return out
 
 
-def apply_recompute(model: Transformer, mode: str) -> Transformer:
-    """Recompute each block (``full``) or each attention core (``selective``) in backward."""
-    for module in recomputed_modules(model, mode):
+def apply_recompute(model: Transformer, modes: tuple[str, ...]) -> Transformer:
+    """Recompute each block (``full``) or its attention core (``selective``) in backward, block by block."""
+    for module in recomputed_modules(model, modes):
         if not isinstance(module, Recomputed):
             module.__class__ = recomputed_class(type(module))
     return model

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from plait.facts.activations import ACTIVATION_BYTES
 from plait.facts.collectives import embedding_collectives, head_collectives, layer_collectives, stage_boundary_bytes
 from plait.facts.model_state import communicated_bytes, zero_group
+from plait.facts.recompute import chunk_recompute
 from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.flops import layer_parameter_count
@@ -205,21 +206,27 @@ def chunk_costs(
     kernels: Kernels,
     counts: tuple[int, ...],
 ) -> tuple[ChunkCost, ...]:
-    """Costs of every stage chunk holding ``counts[c]`` layers; chunk 0 embeds, the last one has the head."""
-    layer = layer_cost(spec, hw, layout, micro_batch, precision, kernels)
-    t = layer.times
+    """Costs of every stage chunk holding ``counts[c]`` layers; chunk 0 embeds, the last one has the head.
+    Each chunk's blocks are costed by their own recomputation (plait.facts.recompute)."""
+    layers = {mode: layer_cost(spec, hw, replace(layout, recompute=mode, recompute_layers=None), micro_batch,
+                               precision, kernels) for mode in {m for n in counts for m, _ in chunk_recompute(layout, n)}}
+    first_gather = next(iter(layers.values())).first_gather
     ends = end_collectives(spec, hw, layout, micro_batch, precision)
     head = head_times(spec, hw, precision, micro_batch, layout.tp, layout.cp)
     out = []
-    for c, n in enumerate(counts):
-        forward = n * (t.forward + layer.comm_forward)
-        backward_input = n * (t.backward_input + t.recompute + layer.comm_backward)
-        backward_weight = n * t.backward_weight
-        comm = n * (layer.comm_forward + layer.comm_backward)
+    for c, blocks in enumerate(counts):
+        forward = backward_input = backward_weight = comm = 0.0
+        for mode, n in chunk_recompute(layout, blocks):
+            layer = layers[mode]
+            t = layer.times
+            forward += n * (t.forward + layer.comm_forward)
+            backward_input += n * (t.backward_input + t.recompute + layer.comm_backward)
+            backward_weight += n * t.backward_weight
+            comm += n * (layer.comm_forward + layer.comm_backward)
         if c == 0:
-            forward += ends.embedding_forward + layer.first_gather
+            forward += ends.embedding_forward + first_gather
             backward_input += ends.embedding_backward
-            comm += ends.embedding_forward + ends.embedding_backward + layer.first_gather
+            comm += ends.embedding_forward + ends.embedding_backward + first_gather
         if len(counts) > 1:  # the pipeline engine's own cost of running each action
             forward += kernels.pipeline_action_s
             backward_input += kernels.pipeline_action_s

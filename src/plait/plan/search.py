@@ -49,11 +49,13 @@ class NothingFits(ConfigError):
 # The fields a scanned layout is recorded by, in the order of its tuple; by name, as Layout has
 # fields the search leaves at their defaults.
 SCANNED = ("dp", "tp", "cp", "pp", "sp", "zero", "schedule", "virtual_stages", "microbatches", "recompute",
-           "grad_compression", "cp_algorithm", "dp_replicate")
+           "grad_compression", "cp_algorithm", "dp_replicate", "recompute_layers")
 
 
 def scanned_layout(fields: tuple, stage_layers: tuple[int, ...] | None = None) -> Layout:
-    return Layout(**dict(zip(SCANNED, fields)), stage_layers=stage_layers)
+    """The layout a scanned tuple records (recompute_layers 0 there: every block, so that tuples sort)."""
+    values = dict(zip(SCANNED, fields))
+    return Layout(**values | {"recompute_layers": values.get("recompute_layers") or None}, stage_layers=stage_layers)
 
 
 @dataclass
@@ -173,6 +175,14 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     spec, precision, kernels, layers = workload.spec, workload.precision, workload.kernels, workload.spec.layers
     stage_layers = fixed.get("stage_layers")
     recomputes = _options(fixed, "recompute", ("none", "selective", "full"))
+    # Full recomputation of only the first N blocks of each chunk: as pinned, or, with neither
+    # recomputation flag pinned, the fewest N that fit wherever only full recomputation fits.
+    pinned_blocks = fixed.get("recompute_layers")
+    if pinned_blocks is not None:
+        recomputes = tuple(rc for rc in recomputes if rc == "full")
+    partial = pinned_blocks is not None or "recompute" not in fixed
+    costed = recomputes + ("none", "full") if partial else recomputes
+    costed = tuple(dict.fromkeys(costed))
     # Gradient compression is modelled when pinned, never searched: PowerSGD changes the training.
     compression = fixed.get("grad_compression", "none")
     # Dominated choices, skipped unless asked for or unless the dominating one is refused: without
@@ -242,10 +252,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     continue
                 flight = boundary_seconds(spec, hw, base, mbs, precision, kernels)
                 head_work, embedding_work, head_act = end_times(tp, cp, sp, mbs)
-                for rc in recomputes:
+                for rc in costed:
                     if (tp, cp, sp, mbs, rc) not in times_cache:
                         times_cache[tp, cp, sp, mbs, rc] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels)
-                times = {rc: times_cache[tp, cp, sp, mbs, rc] for rc in recomputes}
+                times = {rc: times_cache[tp, cp, sp, mbs, rc] for rc in costed}
                 for zero, replicate in _zero_options(fixed, hw, base):
                     if zero == 1 and replicate == 1 and "zero" not in fixed and compression == "none":
                         continue
@@ -266,7 +276,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     key = (tp, cp, sp, mbs, (dp, replicate) if zero == 3 and pp == 1 else 0,
                            (zero, dp > 1) if hw.host_overhead else None, algorithm)
                     if key not in works:
-                        works[key] = {rc: _layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in recomputes}
+                        works[key] = {rc: _layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in costed}
                     # Both read only the mesh sizes, the ZeRO stage and its groups (and, for a measured
                     # host's wrapper overhead, sp); the scan meets each mesh under many micro-batch counts.
                     mesh_key = (tp, cp, pp, dp, zero, replicate, sp)
@@ -286,7 +296,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     per_rc = {}
                     # What the activations read of the ZeRO stage and the stages (plait's engine only).
                     weights = (autocast_copies_weights(precision, zero, pp), zero == 3) if kernels.plait_engine else None
-                    for rc in recomputes:
+                    for rc in costed:
                         act_key = (tp, sp, cp, rc, mbs, weights, algorithm)
                         if act_key not in acts:
                             acts[act_key] = activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels,
@@ -298,11 +308,14 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # No schedule beats the slowest rank's work for every micro-batch plus the flush, and
                     # some rank holds ⌈layers / pp⌉ layers or more; when that floor cannot enter the kept
                     # layouts, none of these schedules can.
-                    floor = min(m * (max(per_rank * r[2], r[1]) if pp > 1 else layers * r[2] + r[3] + head_work)
-                                + min(0.0, (pp - 1) * r[4]) + r[5] for r in per_rc.values())
-                    if bound and floor >= found.bar(level, keep):
+                    floors = {rc: m * (max(per_rank * r[2], r[1]) if pp > 1 else layers * r[2] + r[3] + head_work)
+                              + min(0.0, (pp - 1) * r[4]) + r[5] for rc, r in per_rc.items()}
+                    bar = found.bar(level, keep) if bound else math.inf
+                    if min(floors.values()) >= bar:
                         found.bounded += len(schedules)
                         continue
+                    # Recomputing some blocks is never faster than recomputing none.
+                    some = partial and floors["none"] < bar
                     for name, v, held_first, held_second, held_last, first_layers, middle_layers, last_layers in schedules:
                         first = first_full - (per_rank - first_layers) * layer_states + other
                         middle = middle_full - (per_rank - middle_layers) * layer_states + other
@@ -320,23 +333,56 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                     peak = peak_middle
                             if peak <= capacity:
                                 break
-                        _, mean, work, embedding_extra, fill_zb, flushed = per_rc[rc]
-                        engine = 2 * v * kernels.pipeline_action_s if pp > 1 else 0.0  # (plan.costs.chunk_costs)
-                        mean += engine
-                        first_stage = first_layers * work + embedding_extra
-                        if pp == 1:
-                            slowest = first_stage + engine + head_work
-                        else:
-                            last_stage = last_layers * work + head_work
-                            slowest = first_stage if first_stage > last_stage else last_stage
-                            if middle_layers * work > slowest:
-                                slowest = middle_layers * work
-                            slowest += engine
-                        fill = fill_zb if name == "zb-h1" else mean / v
-                        step = estimate_step(name, pp, v, m, mean, slowest, fill, flight) + flushed
-                        found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate),
-                                     step, peak, capacity, keep, level)
+                        candidates = [] if pinned_blocks is not None else [(rc, per_rc[rc], peak, None)]
+                        if some and rc == "full" and (pinned_blocks or peak <= capacity):
+                            # (held chunks, layers, bytes besides the activations) of the first, middle and last ranks
+                            ranks = ((held_first, first_layers, first), (held_second, middle_layers, middle),
+                                     (held_last, last_layers, last + head_held))
+                            blocks = pinned_blocks or _fewest_recomputed(ranks, v, per_rc["none"][0], per_rc["full"][0], capacity)
+                            if pinned_blocks or blocks is not None and blocks * v < min(n for _, n, _ in ranks if n):
+                                candidates.append(_partial(ranks, v, per_rc, blocks, per_rank))
+                        for rc, (_, mean, work, embedding_extra, fill_zb, flushed), peak, blocks in candidates:
+                            engine = 2 * v * kernels.pipeline_action_s if pp > 1 else 0.0  # (plan.costs.chunk_costs)
+                            mean += engine
+                            first_stage = first_layers * work + embedding_extra
+                            if pp == 1:
+                                slowest = first_stage + engine + head_work
+                            else:
+                                last_stage = last_layers * work + head_work
+                                slowest = first_stage if first_stage > last_stage else last_stage
+                                if middle_layers * work > slowest:
+                                    slowest = middle_layers * work
+                                slowest += engine
+                            fill = fill_zb if name == "zb-h1" else mean / v
+                            step = estimate_step(name, pp, v, m, mean, slowest, fill, flight) + flushed
+                            found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate, blocks or 0),
+                                         step, peak, capacity, keep, level)
     return found
+
+
+def _fewest_recomputed(ranks: tuple, v: int, kept: float, recomputed: float, capacity: float) -> int | None:
+    """The fewest blocks per chunk whose full recomputation brings every rank within ``capacity``:
+    a rank holding ``held`` chunks of L/v blocks keeps held·(N·recomputed + (L/v − N)·kept) bytes of
+    activations (``kept``, ``recomputed``: one block's without and with it). None if nothing is saved."""
+    if kept <= recomputed:
+        return None
+    blocks = 1
+    for held, layers, besides in ranks:
+        if layers:
+            over = besides + held * layers / v * kept - capacity
+            blocks = max(blocks, math.ceil(over / (held * (kept - recomputed))))
+    return blocks
+
+
+def _partial(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank: int) -> tuple:
+    """(``full``, the per-layer figures of a chunk recomputing its first ``blocks`` blocks, its peak,
+    ``blocks``): time a blend of none and full by the share of a rank's blocks recomputed."""
+    kept, recomputed = per_rc["none"], per_rc["full"]
+    share = min(1.0, blocks * v / per_rank)
+    blend = tuple(share * r + (1 - share) * k for k, r in zip(kept, recomputed))
+    peak = max(besides + held * (min(blocks, layers / v) * recomputed[0] + max(0.0, layers / v - blocks) * kept[0])
+               for held, layers, besides in ranks if layers)
+    return "full", blend, peak, blocks
 
 
 def _zero_options(fixed: dict, hw: Hardware, base: Layout) -> list[tuple[int, int]]:

@@ -7,11 +7,13 @@ optimizer step follow the pipeline flush, with the overlap rules of plait.plan.c
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
 from plait.facts.buckets import BUCKET_CAP_BYTES, bucket_bytes
 from plait.facts.collectives import tied_embedding_bytes
+from plait.facts.recompute import block_recompute, chunk_recompute
 from plait.facts.model_state import (
     communicated_bytes, powersgd_elements, rank_model_states, rank_parameters, rank_tensor_shapes, rank_tensors,
     reduced_gradient_elements, zero_group,
@@ -19,7 +21,7 @@ from plait.facts.model_state import (
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.facts.validity import check_run
 from plait.layout import Layout
-from plait.models.flops import flops_per_sequence, layer_parameter_count
+from plait.models.flops import flops_per_sequence, layer_flops, layer_parameter_count
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, reduce_scatter_seconds, send_seconds,
@@ -89,14 +91,17 @@ def stage_memory(workload: Workload, hw: Hardware, layout: Layout, micro_batch: 
 
 
 def chunk_activation_bytes(workload: Workload, layout: Layout, micro_batch: int, counts: tuple[int, ...]) -> list[float]:
-    """Activation bytes one forward of each chunk stores (the last chunk adds the head's)."""
+    """Activation bytes one forward of each chunk stores (the last chunk adds the head's), each block
+    by its own recomputation (plait.facts.recompute)."""
     spec, precision = workload.spec, workload.precision
-    per_layer = activation_bytes_per_layer(
-        spec, micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, precision, workload.kernels,
-        layout.zero, layout.pp, layout.cp_algorithm,
-    )
+
+    def per_layer(mode: str) -> float:
+        return activation_bytes_per_layer(spec, micro_batch, layout.tp, layout.sp, layout.cp, mode, precision,
+                                          workload.kernels, layout.zero, layout.pp, layout.cp_algorithm)
+
     head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision)
-    return [n * per_layer + (head if c == len(counts) - 1 else 0.0) for c, n in enumerate(counts)]
+    return [sum(n * per_layer(mode) for mode, n in chunk_recompute(layout, blocks)) + (head if c == len(counts) - 1 else 0.0)
+            for c, blocks in enumerate(counts)]
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,13 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     return FlushCosts(reduce, last_bucket, gather, scalars, optimizer, hw.comm_overlap, after, first_gather)
 
 
+def hardware_flops(spec: ModelSpec, layout: Layout) -> float:
+    """FLOPs one sequence costs with each block's recomputation (plait.facts.recompute)."""
+    modes = Counter(block_recompute(spec, layout))
+    return flops_per_sequence(spec).hardware + sum(n * layer_flops(spec, spec.seq_len, mode).recompute
+                                                   for mode, n in modes.items())
+
+
 def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Prediction:
     """Predict ``layout`` for ``workload`` on ``gpus`` devices of ``hw``: play its schedule with costs."""
     micro_batch = check_layout(workload, gpus, layout)
@@ -220,9 +232,8 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
     step = played.step_time + max(comm + opt for comm, opt in tails)
     busiest = max(range(pp), key=lambda r: played.busy[r])
     comm_inside = m * sum(chunks[c].comm for c in range(busiest, pp * v, pp))
-    flops = flops_per_sequence(spec, recompute=layout.recompute)
-    model_tflops = workload.global_batch * flops.model / step / gpus / 1e12
-    hardware_tflops = workload.global_batch * flops.hardware / step / gpus / 1e12
+    model_tflops = workload.global_batch * flops_per_sequence(spec).model / step / gpus / 1e12
+    hardware_tflops = workload.global_batch * hardware_flops(spec, layout) / step / gpus / 1e12
     peak = max(memories, key=lambda mem: mem.total)
     return Prediction(
         layout=layout, micro_batch_size=micro_batch, step_time_s=step,
