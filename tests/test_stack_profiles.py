@@ -82,3 +82,23 @@ def test_an_overlapped_parameter_gather_hides_under_the_next_forward_but_its_fir
     assert overlapped.exposed(0.6, forward=0.3) == pytest.approx(after.exposed(0.6) - after.gather + overlapped.first_gather)
     short = 0.5 * (overlapped.gather - overlapped.first_gather)
     assert overlapped.exposed(0.6, forward=short) > overlapped.exposed(0.6, forward=0.3)
+
+
+def test_under_interleaving_a_chunks_overlapped_gather_hides_under_the_forwards_before_it():
+    """With v chunks a rank, Megatron's warm-up runs min(p, m) micro-batches through a chunk before the
+    next, so each later chunk's parameters have that many forwards to arrive in: the window is
+    (1 + (v − 1)·min(p, m))/v of one micro-batch's forward, and one chunk a rank keeps it whole.
+    On GPT 314B (tp8·pp8, v=7, 32 micro-batches) the part of the gather the plain window left
+    exposed hides, a third of what the rank waits for after backward (the rest is its reduction)."""
+    from plait.models.spec import ModelSpec
+    from plait.plan.simulate import Workload, evaluate, gather_window
+
+    assert gather_window(0.7, 1, 8, 32) == 0.7
+    assert gather_window(0.7, 7, 8, 32) == pytest.approx(0.7 * (1 + 6 * 8) / 7)
+    assert gather_window(0.7, 7, 8, 4) == pytest.approx(0.7 * (1 + 6 * 4) / 7)
+    spec = ModelSpec("gpt2", 96, 16384, 128, 128, 4 * 16384, 131072, 4096, tie_embeddings=False)
+    workload, hw = Workload(spec, 1536, "bf16", CORE), hardware("h100-sxm")
+    layout = Layout(dp=48, tp=8, pp=8, sp=True, zero=1, schedule="interleaved-1f1b", virtual_stages=7, microbatches=32)
+    one_chunk = replace(layout, schedule="1f1b", virtual_stages=1)
+    interleaved, plain = (evaluate(workload, hw, 3072, lay).time_breakdown["exposed_dp_comm_s"] for lay in (layout, one_chunk))
+    assert interleaved < 0.8 * plain

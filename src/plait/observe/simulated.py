@@ -15,7 +15,7 @@ from plait.observe.trace import timeline_events
 from plait.plan.costs import boundary_seconds, chunk_costs
 from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.pipeline import action_costs
-from plait.plan.simulate import Workload, check_layout, flush_costs
+from plait.plan.simulate import Workload, check_layout, flush_costs, gather_window
 from plait.schedules import Timeline, generate, simulate, split_layers
 
 
@@ -44,7 +44,8 @@ def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout)
         layers, first, last = sum(counts[c] for c in mine), 0 in mine, pp * v - 1 in mine
         params = rank_parameters(spec, layers, first, last, layout.tp, pp)
         flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp))
-        exposed = flush.exposed(sum(chunks[c].backward for c in mine), sum(chunks[c].forward for c in mine))
+        exposed = flush.exposed(sum(chunks[c].backward for c in mine),
+                                gather_window(sum(chunks[c].forward for c in mine), v, pp, layout.microbatches))
         start = timeline.step_time
         for name, seconds in (("gradient sync (exposed)", exposed), ("optimizer", flush.optimizer)):
             events.append({"name": name, "cat": "flush", "ph": "X", "pid": 0, "tid": rank, "ts": start * 1e6, "dur": seconds * 1e6})

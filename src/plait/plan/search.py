@@ -32,13 +32,13 @@ from plait.plan.costs import boundary_seconds, end_collectives, layer_cost
 from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.memory import other_bytes
 from plait.plan.pipeline import estimate_step
-from plait.plan.simulate import FlushCosts, Prediction, Workload, evaluate, flush_costs
+from plait.plan.simulate import FlushCosts, Prediction, Workload, evaluate, flush_costs, gather_window
 from plait.schedules.split import split_layers, split_problems
 
 PLAYED = 8  # layouts whose schedules are played exactly after the closed-form pass
 # The planner's own step-time error: its median |error| on the published runs held out of every
 # fit (docs/VALIDATION.md). Layouts predicted closer than this cannot be told apart by it.
-PLANNER_ERROR = 0.057
+PLANNER_ERROR = 0.058
 MAX_GPUS = 2**20  # no cluster is larger; it keeps every search (and its error message) to seconds
 
 
@@ -304,12 +304,17 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         work, fill_zb, forward, backward, first_gather = works[key][rc]
                         per_rc[rc] = (acts[act_key], (layers * work + head_work + embedding_work + first_gather) / pp,
                                       work, embedding_work + first_gather, fill_zb * layers / pp,
-                                      flush.exposed(per_rank * backward, per_rank * forward) + flush.optimizer)
+                                      flush.exposed(per_rank * backward, per_rank * forward) + flush.optimizer,
+                                      backward, forward)
                     # No schedule beats the slowest rank's work for every micro-batch plus the flush, and
                     # some rank holds ⌈layers / pp⌉ layers or more; when that floor cannot enter the kept
                     # layouts, none of these schedules can.
+                    # (an overlapped parameter gather hides more under interleaving: its floor has it all hidden)
+                    gathered = flush.first_gather is not None and pp > 1
                     floors = {rc: m * (max(per_rank * r[2], r[1]) if pp > 1 else layers * r[2] + r[3] + head_work)
-                              + min(0.0, (pp - 1) * r[4]) + r[5] for rc, r in per_rc.items()}
+                              + min(0.0, (pp - 1) * r[4])
+                              + (flush.exposed(per_rank * r[6], math.inf) + flush.optimizer if gathered else r[5])
+                              for rc, r in per_rc.items()}
                     bar = found.bar(level, keep) if bound else math.inf
                     if min(floors.values()) >= bar:
                         found.bounded += len(schedules)
@@ -341,7 +346,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                             blocks = pinned_blocks or _fewest_recomputed(ranks, v, per_rc["none"][0], per_rc["full"][0], capacity)
                             if pinned_blocks or blocks is not None and blocks * v < min(n for _, n, _ in ranks if n):
                                 candidates.append(_partial(ranks, v, per_rc, blocks, per_rank))
-                        for rc, (_, mean, work, embedding_extra, fill_zb, flushed), peak, blocks in candidates:
+                        for rc, (_, mean, work, embedding_extra, fill_zb, flushed, backward, forward), peak, blocks in candidates:
+                            if gathered and v > 1:
+                                flushed = flush.exposed(per_rank * backward, gather_window(per_rank * forward, v, pp, m)) + flush.optimizer
                             engine = 2 * v * kernels.pipeline_action_s if pp > 1 else 0.0  # (plan.costs.chunk_costs)
                             mean += engine
                             first_stage = first_layers * work + embedding_extra

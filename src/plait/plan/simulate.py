@@ -127,6 +127,16 @@ class FlushCosts:
         return reduce + self.after + gather + self.scalars
 
 
+def gather_window(forward: float, virtual_stages: int, pp: int, microbatches: int) -> float:
+    """Seconds of forward compute a parameter gather overlapped with the next step can hide under,
+    given ``forward``, one micro-batch's forward over the rank's chunks. Without interleaving, that
+    forward, layer by layer. With v chunks a rank, each chunk's gather but the first is first needed
+    after min(p, m) forwards of the chunk before it (Megatron-LM's warm-up order, which runs p
+    micro-batches through a chunk before the next), so the window is (1 + (v − 1)·min(p, m))/v of it."""
+    v = virtual_stages
+    return forward * (1 + (v - 1) * min(pp, microbatches)) / v
+
+
 def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float) -> tuple[float, float]:
     """(in backward, after backward) seconds of plait's data- and context-parallel reduction of
     ``grads`` bytes (plait.parallel.gradients): over dp, an all-reduce below ZeRO-2 and a
@@ -227,7 +237,8 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         first, last = 0 in mine, pp * v - 1 in mine
         params = rank_parameters(spec, layers, first, last, layout.tp, pp)
         flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp))
-        tails.append((flush.exposed(sum(chunks[c].backward for c in mine), sum(chunks[c].forward for c in mine)), flush.optimizer))
+        forward = gather_window(sum(chunks[c].forward for c in mine), v, pp, m)
+        tails.append((flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer))
         memories.append(stage_memory(workload, hw, layout, micro_batch, layers, first, last, played.peak_activations[rank]))
     step = played.step_time + max(comm + opt for comm, opt in tails)
     busiest = max(range(pp), key=lambda r: played.busy[r])
