@@ -147,6 +147,8 @@ BAD_COMMANDS = {
     "export of a run with no checkpoint": (["export", "{finished_run}", "--to", "hf"], "holds no complete checkpoint"),
     "plan of an unknown preset": (["plan", "--model", "gpt5"], "unknown model preset 'gpt5'"),
     "plan on no GPUs": (["plan", "--model", "tiny", "--gpus", "0"], "--gpus must be a positive integer"),
+    "plan of recompute layers under selective recomputation": (
+        ["plan", "--model", "tiny", "--recompute", "selective", "--recompute-layers", "2"], "pass --recompute full with it"),
     "plan on an unknown GPU": (["plan", "--model", "tiny", "--gpu", "h900"], "unknown GPU 'h900'"),
     "plan with a missing profile": (["plan", "--model", "tiny", "--hardware-profile", "/no/profile.json"],
                                     "cannot read hardware profile"),

@@ -178,8 +178,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     # Full recomputation of only the first N blocks of each chunk: as pinned, or, with neither
     # recomputation flag pinned, the fewest N that fit wherever only full recomputation fits.
     pinned_blocks = fixed.get("recompute_layers")
-    if pinned_blocks is not None:
-        recomputes = tuple(rc for rc in recomputes if rc == "full")
+    if pinned_blocks is not None and fixed.get("recompute") != "full":  # as train: it names full recomputation's blocks
+        return Scan()
     partial = pinned_blocks is not None or "recompute" not in fixed
     costed = recomputes + ("none", "full") if partial else recomputes
     costed = tuple(dict.fromkeys(costed))

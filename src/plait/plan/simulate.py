@@ -254,7 +254,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         time_breakdown={
             "compute_s": played.busy[busiest] - comm_inside,
             "critical_path_comm_s": comm_inside,
-            "bubble_s": played.step_time - played.busy[busiest],
+            "bubble_s": max(0.0, played.step_time - played.busy[busiest]),  # (rounding leaves a hair without stages)
             "exposed_dp_comm_s": tails[busiest][0],
             "optimizer_s": tails[busiest][1],
         },
