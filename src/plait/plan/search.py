@@ -284,10 +284,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         flushes[mesh_key] = flush_costs(workload, hw, staged, max(params), tensors)
                         # The first, a middle and the last rank's model states at ⌈layers / pp⌉ layers,
                         # and what one layer fewer saves.
-                        full, fewer = ([rank_model_states(spec, staged, precision, n, *ends, kernels).total
-                                        for ends in ((True, pp == 1), (pp == 1, pp == 1), (pp == 1, True))]
-                                       for n in (per_rank, per_rank - 1))
-                        states[mesh_key] = (*full, full[1] - fewer[1])
+                        full = [rank_model_states(spec, staged, precision, per_rank, *ends, kernels).total
+                                for ends in ((True, pp == 1), (pp == 1, pp == 1), (pp == 1, True))]
+                        fewer = rank_model_states(spec, staged, precision, per_rank - 1, pp == 1, pp == 1, kernels).total
+                        states[mesh_key] = (*full, full[1] - fewer)
                     flush = flushes[mesh_key]
                     other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes, kernels)
                     first_full, middle_full, last_full, layer_states = states[mesh_key]

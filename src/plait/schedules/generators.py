@@ -55,17 +55,18 @@ def _interleaved(p: int, m: int, v: int, rank: int) -> list[Action]:
     (k // pv)·p + k % p, so groups of p micro-batches sweep through the rank's chunks in turn.
     """
     total = m * v
-
-    def chunk_mb(k: int, backward: bool) -> tuple[int, int]:
+    # The k-th forward's (chunk, micro-batch), and the k-th backward's (chunks in reverse).
+    forwards, backwards = [], []
+    for k in range(total):
         group, within = divmod(k, p * v)
-        local = within // p
-        return (v - 1 - local if backward else local) * p + rank, group * p + within % p
-
+        local, mb = within // p, group * p + within % p
+        forwards.append(Action(F, local * p + rank, mb))
+        backwards.append(Action(B, (v - 1 - local) * p + rank, mb))
     warmup = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
-    order = [Action(F, *chunk_mb(k, False)) for k in range(warmup)]
+    order = forwards[:warmup]
     for k in range(total - warmup):
-        order += [Action(F, *chunk_mb(warmup + k, False)), Action(B, *chunk_mb(k, True))]
-    return order + [Action(B, *chunk_mb(k, True)) for k in range(total - warmup, total)]
+        order += [forwards[warmup + k], backwards[k]]
+    return order + backwards[total - warmup:]
 
 
 def _zb_h1(p: int, m: int, v: int, rank: int) -> list[Action]:
