@@ -81,18 +81,9 @@ def as_cost_fn(cost: Cost) -> CostFn:
     return lambda action: float(cost)
 
 
-# The message a transfer kind carries: messages travel on channels (sender, receiver, message).
-MESSAGE = {Kind.SEND_ACTIVATION: "activation", Kind.RECV_ACTIVATION: "activation",
-           Kind.SEND_GRAD: "grad", Kind.RECV_GRAD: "grad"}
 # Each kind's row in a cost table (``Compiled.kinds``); the compute kinds come first.
 KIND_INDEX = {kind: i for i, kind in enumerate(sorted(Kind, key=lambda k: k not in COMPUTE_KINDS))}
 COMPUTE = -1  # ``Compiled.messages`` of an action that neither sends nor receives
-
-
-def _sent_as(action: Action) -> tuple[int, int]:
-    """The (chunk, micro-batch) a receive expects its sender to have named."""
-    step = -1 if action.kind is Kind.RECV_ACTIVATION else 1
-    return action.chunk + step, action.microbatch
 
 
 @dataclass(frozen=True)
@@ -138,8 +129,9 @@ def compile_schedule(schedule: Schedule) -> Compiled:
     grad = np.isin(every, [KIND_INDEX[Kind.SEND_GRAD], KIND_INDEX[Kind.RECV_GRAD]])
     send = np.flatnonzero(np.isin(every, [KIND_INDEX[k] for k in SEND_KINDS]))
     recv = np.flatnonzero(np.isin(every, [KIND_INDEX[k] for k in RECV_KINDS]))
-    # A channel is (sender, receiver, activation or gradient); a send's number is its place in
-    # channel order, so message n is the n-th entry of the sends sorted by (channel, place).
+    # A channel is (sender, receiver, activation or gradient): messages travel on channels. A send's
+    # number is its place in channel order, so message n is the n-th send sorted by (channel, place);
+    # a receive expects its sender's chunk (one before for an activation, one after for a gradient).
     send_channel = (rank[send] * pp + peer[send]) * 2 + grad[send]
     recv_channel = (peer[recv] * pp + rank[recv]) * 2 + grad[recv]
     span = len(send) + len(recv) + 1
