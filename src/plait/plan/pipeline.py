@@ -1,6 +1,7 @@
 """The schedule simulator (plait.schedules) wrapped for the planner: exact play and quick estimates.
 
-``play`` runs the schedule's real action lists through ``plait.schedules.simulate``. Past the
+``play`` runs the schedule's real action lists through the player of ``plait.schedules.simulate``
+(compiled once, ``play_compiled``; the generated lists are deadlock-free by test). Past the
 warm-up every micro-batch adds the same pattern of actions to every rank, so step time and peak
 activation bytes are affine in the micro-batch count m; for long schedules ``play`` plays two
 short ones (p and 2p micro-batches; 2p and 3p for interleaved and zb-h1) and extends the line. Tests hold this equal to playing the
