@@ -79,6 +79,8 @@ BAD_INPUTS = {
     "virtual stages without interleaving": (["--virtual-stages", "2"], "only applies to the interleaved"),
     "recompute layers without full recomputation": (["--recompute-layers", "2"], "pass --recompute full with it"),
     "recompute layers of zero": (["--recompute", "full", "--recompute-layers", "0"], "recompute-layers must be a positive"),
+    "per-operation recomputation under zb-h1": (["--pp", "2", "--schedule", "zb-h1", "--microbatches", "4", "--recompute",
+                                                 "op"], "zb-h1's split backward replays it twice"),
     "unknown flag": (["--dpp", "2"], "unrecognized arguments"),
     "unknown precision": (["--precision", "fp8"], "invalid choice"),
     "overwriting a finished run": (["--run-dir", "{finished_run}"], "already holds a run"),
@@ -149,6 +151,8 @@ BAD_COMMANDS = {
     "plan on no GPUs": (["plan", "--model", "tiny", "--gpus", "0"], "--gpus must be a positive integer"),
     "plan of recompute layers under selective recomputation": (
         ["plan", "--model", "tiny", "--recompute", "selective", "--recompute-layers", "2"], "pass --recompute full with it"),
+    "simulate of per-operation recomputation on Megatron-LM": (
+        ["simulate", "--model", "tiny", "--stack", "megatron", "--recompute", "op"], "no per-operation checkpointing"),
     "plan on an unknown GPU": (["plan", "--model", "tiny", "--gpu", "h900"], "unknown GPU 'h900'"),
     "plan with a missing profile": (["plan", "--model", "tiny", "--hardware-profile", "/no/profile.json"],
                                     "cannot read hardware profile"),

@@ -35,7 +35,7 @@ def test_closed_choices_are_listed_and_version_answers(capsys):
         main(["train", "--help"])
     shown = capsys.readouterr().out
     for listed in ("--zero {0,1,2,3}", "--schedule {naive,gpipe,1f1b,interleaved-1f1b,zb-h1}",
-                   "--recompute {none,selective,full}", "--precision {fp32,bf16}"):
+                   "--recompute {none,selective,op,full}", "--precision {fp32,bf16}"):
         assert listed in shown
     assert "dp2·tp2·pp2" in shown  # the default 3-D layout is named
     with pytest.raises(SystemExit) as exit_info:

@@ -32,7 +32,11 @@ DATA_PARALLEL = [{"dp": dp, "zero": stage} for dp in (2, 4) for stage in (0, 1, 
 DATA_PARALLEL += [{"dp": 2, "microbatches": 2}, {"dp": 4, "zero": 2, "microbatches": 2}]
 # tests/test_ring_attention.py: ring context parallelism keeps k, v with their kv-heads.
 RING = [{"cp": 2, "cp_algorithm": "ring"}, {"cp": 4, "tp": 2, "cp_algorithm": "ring"}]
-MATRIX = [{}, *DATA_PARALLEL, *TENSOR_CONTEXT_LAYOUTS, *RING]
+# Per-operation checkpointing under each precision's weights: autocast over fp32 (ZeRO 0), bf16 weights
+# (ZeRO 1) and FSDP2's bf16 gathers (ZeRO-3); with sp's reduce-scatters and the head exchange kept.
+OP_RECOMPUTE = [{"recompute": "op"}, {"dp": 2, "zero": 1, "recompute": "op"}, {"dp": 2, "zero": 3, "recompute": "op"},
+                {"tp": 2, "sp": True, "recompute": "op"}, {"cp": 2, "recompute": "op"}]
+MATRIX = [{}, *DATA_PARALLEL, *TENSOR_CONTEXT_LAYOUTS, *RING, *OP_RECOMPUTE]
 # test_pipeline_parity.py: pp 2 and 4, one chunk or two a rank, on its narrow models.
 PIPELINES = sorted({(pp, v) for pp in (2, 4) for _, v in SCHEDULES})
 MODEL_STATE_FIELDS = ("dp", "tp", "cp", "pp", "virtual_stages", "stage_layers", "zero")

@@ -43,31 +43,52 @@ def test_small_presets_build_and_run_on_cpu():
         assert torch.isfinite(logits).all()
 
 
+# The CPU attention kernel has no formula registered; give it PyTorch's own SDPA formulas.
+CPU_ATTENTION = {
+    aten._scaled_dot_product_flash_attention_for_cpu: sdpa_flop.__wrapped__,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: sdpa_backward_flop.__wrapped__,
+}
+
+
+def counted_flops(spec, model: torch.nn.Module, batch: int) -> tuple[int, int]:
+    """(forward, backward) FLOPs torch's counter sees in one step of ``model`` on ``batch`` sequences."""
+    inputs = torch.randint(0, spec.vocab, (batch, spec.seq_len), generator=torch.Generator().manual_seed(0))
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as forward_counter:
+        logits = model(inputs)
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as backward_counter:
+        F.cross_entropy(logits.flatten(0, 1), inputs.flatten()).backward()
+    return forward_counter.get_total_flops(), backward_counter.get_total_flops()
+
+
 @pytest.mark.parametrize("name", ["tiny", "tiny-llama"])
 def test_flops_match_torch_flop_counter(name):
     spec = model_spec(name, seq_len=32)
-    model = Transformer(spec)
-    batch = 3
-    inputs = torch.randint(0, spec.vocab, (batch, spec.seq_len))
-    # The CPU attention kernel has no formula registered; give it PyTorch's own SDPA formulas.
-    cpu_attention = {
-        aten._scaled_dot_product_flash_attention_for_cpu: sdpa_flop.__wrapped__,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward: sdpa_backward_flop.__wrapped__,
-    }
-    with FlopCounterMode(display=False, custom_mapping=cpu_attention) as forward_counter:
-        logits = model(inputs)
-    with FlopCounterMode(display=False, custom_mapping=cpu_attention) as backward_counter:
-        F.cross_entropy(logits.flatten(0, 1), inputs.flatten()).backward()
+    forward, backward = counted_flops(spec, Transformer(spec), batch=3)
     expected = flops_per_sequence(spec)
-    assert forward_counter.get_total_flops() == batch * expected.forward
-    assert backward_counter.get_total_flops() == batch * expected.backward
+    assert forward == 3 * expected.forward
+    assert backward == 3 * expected.backward
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama"])
+@pytest.mark.parametrize("recompute", ["selective", "op", "full"])
+def test_recompute_flops_are_what_the_recomputed_backward_runs_again(name, recompute):
+    """The backward of a recomputing model runs the plain backward's FLOPs plus exactly the
+    recomputation flops_per_sequence names: the attention core, every second matmul, or the forward."""
+    from plait.parallel.recompute import apply_recompute
+
+    spec = model_spec(name, seq_len=32)
+    model = apply_recompute(Transformer(spec), (recompute,) * spec.layers)
+    forward, backward = counted_flops(spec, model, batch=3)
+    expected = flops_per_sequence(spec, recompute=recompute)
+    assert forward == 3 * expected.forward
+    assert backward == 3 * (expected.backward + expected.recompute)
 
 
 def test_recompute_flops_add_forward_work():
     spec = PRESETS["gpt2"]
-    none, selective, full = (flops_per_sequence(spec, recompute=r) for r in ("none", "selective", "full"))
+    none, selective, op, full = (flops_per_sequence(spec, recompute=r) for r in ("none", "selective", "op", "full"))
     assert none.recompute == 0
-    assert 0 < selective.recompute < full.recompute < full.forward
+    assert 0 < selective.recompute < full.recompute and 0 < op.recompute < full.recompute < full.forward
     assert none.model == full.model and full.hardware > none.hardware
 
 

@@ -32,6 +32,12 @@ LAYOUTS = [
     {"tp": 2, "cp": 2, "cp_algorithm": "ring"},
     {"cp": 2, "cp_algorithm": "ring", "recompute": "selective"},
     {"tp": 2, "sp": True, "cp": 2},
+    # Per-operation checkpointing: sp's reduce-scatters and the head exchange kept, not sent again
+    {"recompute": "op"},
+    {"tp": 2, "recompute": "op"},
+    {"tp": 2, "sp": True, "recompute": "op"},
+    {"cp": 2, "recompute": "op"},
+    {"cp": 2, "cp_algorithm": "ring", "recompute": "op"},
 ]
 
 
@@ -83,8 +89,8 @@ def test_sequence_parallel_divides_the_norm_region_by_tp(measured, model, tp):
 @pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
 @pytest.mark.parametrize("layout", [{}, {"tp": 2}, {"cp": 2}], ids=["single", "tp2", "cp2"])
 def test_recomputation_keeps_less_and_full_keeps_only_the_block_input(measured, model, layout):
-    """Saved bytes fall from none to selective to full, and full keeps one residual stream a layer."""
+    """Saved bytes fall from none to selective to op to full, and full keeps one residual stream a layer."""
     saved = {mode: measured[model, LAYOUTS.index({**layout, "recompute": mode} if mode != "none" else layout)]["saved"]
-             for mode in ("none", "selective", "full")}
-    assert saved["none"] > saved["selective"] > saved["full"]
+             for mode in ("none", "selective", "op", "full")}
+    assert saved["none"] > saved["selective"] > saved["op"] > saved["full"]
     assert saved["full"] == BATCH * SEQ // layout.get("cp", 1) * model_spec(model).hidden * 4

@@ -33,10 +33,15 @@ LAYOUTS = [
     {"cp": 2, "recompute": "selective"},  # the recomputed core exchanges heads again
     {"pp": 2, "schedule": "zb-h1", "microbatches": 4, "recompute": "full"},  # recomputed for I, then for W
     {"pp": 2, "schedule": "1f1b", "microbatches": 4, "recompute": "selective"},
+    # per-operation checkpointing: kept matmul, attention, reduce-scatter and all-to-all results
+    {"tp": 2, "sp": True, "dp": 2, "zero": 3, "recompute": "op"},
+    {"cp": 2, "recompute": "op"},
+    {"cp": 2, "cp_algorithm": "ring", "recompute": "op"},  # the ring reruns whole, K/V sent again
     # Pipeline stages cut from the tensor- or context-parallel model
     {"pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 4},
     {"pp": 2, "tp": 2, "sp": True, "schedule": "zb-h1", "microbatches": 4},
     {"pp": 2, "tp": 2, "schedule": "interleaved-1f1b", "virtual_stages": 2, "microbatches": 2},
+    {"pp": 2, "tp": 2, "schedule": "interleaved-1f1b", "virtual_stages": 2, "microbatches": 2, "recompute": "op"},
     {"pp": 2, "cp": 2, "schedule": "gpipe", "microbatches": 2},
     {"pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 2, "recompute": "full"},
     # only the first block of each stage's two recomputes (its collectives rerun, the other's do not)
@@ -122,7 +127,7 @@ def test_zero3_over_tensor_parallel_shards_each_ranks_state_over_dp(pool):
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
 def test_recomputation_on_one_process_changes_no_bit(pool, single_process, model):
-    for mode, blocks in (("selective", None), ("full", None), ("full", 2)):
+    for mode, blocks in (("selective", None), ("op", None), ("full", None), ("full", 2)):
         config = run_config(model, recompute=mode, recompute_layers=blocks)
         assert pool.run(train_losses, 1, config)[0] == single_process[model], (mode, blocks)
 

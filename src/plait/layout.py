@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from plait.errors import ConfigError
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "bf16")
 # How the data-parallel gradient reduction travels (plait.parallel.compression): as computed, cast

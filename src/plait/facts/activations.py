@@ -16,17 +16,13 @@ score matrices.
 from __future__ import annotations
 
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
+from plait.models.flops import kept_linears, kv_heads_per_rank, linear_shapes
 from plait.models.spec import ModelSpec
 
 ACTIVATION_BYTES = {"bf16": 2, "fp32": 4}
 MASK_BYTES = 1
 FP32 = 4
 BF16 = 2
-
-
-def kv_heads_per_rank(spec: ModelSpec, tp: int) -> int:
-    """Key/value heads on one tensor-parallel rank: sharded, or replicated when tp exceeds them."""
-    return max(spec.kv_heads // tp, 1)
 
 
 def activation_bytes_per_layer(
@@ -57,7 +53,9 @@ def activation_bytes_per_layer(
 
 def korthikanti_bytes_per_layer(spec: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False, cp: int = 1,
                                 recompute: str = "none", precision: str = "bf16", kernels: Kernels = Kernels()) -> float:
-    """Korthikanti et al.'s activation bytes of one layer, one micro-batch, one rank, on fused kernels."""
+    """Korthikanti et al.'s activation bytes of one layer, one micro-batch, one rank, on fused kernels;
+    under ``op`` what torchtitan's per-operation policy keeps (``op_recompute_bytes``: its ring
+    context parallelism dispatches the attention kernel, which is kept, and exchanges no heads)."""
     e = ACTIVATION_BYTES[precision]
     s = spec.seq_len // cp
     tokens = s * micro_batch
@@ -67,6 +65,9 @@ def korthikanti_bytes_per_layer(spec: ModelSpec, micro_batch: int, tp: int = 1, 
     replicated_split = tp if sp else 1
     if recompute == "full":
         return tokens * h * e / replicated_split
+    if recompute == "op":
+        return sum(op_recompute_bytes(spec, tokens, tp, sp, cp, e, tokens * h * e // replicated_split,
+                                      kernel_attention=True, cp_exchanges=False).values())
     replicated = tokens * h * 4 * e  # the two norm inputs, the QKV input and the MLP input
     if kernels.dropout:
         replicated += 2 * tokens * h * MASK_BYTES
@@ -112,6 +113,26 @@ def layer_weight_elements(spec: ModelSpec, tp: int) -> int:
     kv = spec.kv_dim // tp if spec.kv_heads % tp == 0 else spec.head_dim
     mlp = (3 if spec.gated_mlp else 2) * h * f // tp
     return 2 * h * h // tp + 2 * kv * h + mlp
+
+
+def op_recompute_bytes(spec: ModelSpec, tokens: int, tp: int, sp: bool, cp: int, e: int, input_bytes: int,
+                       kernel_attention: bool, cp_exchanges: bool) -> dict[str, int]:
+    """What ``--recompute op`` keeps of one layer (plait.parallel.recompute's policy, torchtitan's):
+    the block's input; the outputs of the matmuls it keeps (plait.models.flops.kept_linears),
+    each its rank's width; the attention kernel's output and fp32 log-sum-exp when attention is one
+    kernel (``kernel_attention``; plait's ring runs many, all recomputed); the head exchange's four
+    all-to-all results (q, k and v expanded to the query heads, and the output) under all-to-all
+    context parallelism; and sequence parallelism's two reduce-scatter results."""
+    shapes = linear_shapes(spec, tp)
+    stream = tokens * spec.hidden // tp  # one rank's share of a hidden-width tensor
+    heads = spec.heads // tp
+    return {
+        "block_input": input_bytes,
+        "kept_matmuls": tokens * sum(shapes[name][1] for name in kept_linears(spec)) * e,
+        "attention": stream * e + heads * tokens * FP32 if kernel_attention else 0,
+        "exchanges": 4 * stream * e if cp > 1 and cp_exchanges else 0,
+        "reduce_scatters": 2 * stream * e if tp > 1 and sp else 0,
+    }
 
 
 def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,
@@ -161,8 +182,12 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     s, b, h, f = seq // cp, batch, spec.hidden, spec.ffn_hidden
     heads = spec.heads // tp
     sbh = s * b * h
+    block_input = (sbh // tp if sp else sbh) * stream
     if recompute == "full":
-        return {"block_input": (sbh // tp if sp else sbh) * stream}
+        return {"block_input": block_input}
+    if recompute == "op":
+        return op_recompute_bytes(spec, s * b, tp, sp, cp, e, block_input, kernel_attention=cp == 1 or cp_algorithm != "ring",
+                                  cp_exchanges=cp_algorithm != "ring")
     if spec.family == "gpt2":
         norms = 2 * (sbh + 2 * s * b)
     else:

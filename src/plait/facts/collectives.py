@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plait.facts.activations import ACTIVATION_BYTES, kv_heads_per_rank
+from plait.facts.activations import ACTIVATION_BYTES
 from plait.facts.model_state import owned_rows, padded_vocab
 from plait.facts.stack import Kernels
 from plait.layout import Layout
-from plait.models.flops import layer_parameter_count, norm_parameter_count
+from plait.models.flops import kv_heads_per_rank, layer_parameter_count, norm_parameter_count
 from plait.models.spec import ModelSpec
 
 FP32 = 4
@@ -59,24 +59,27 @@ def layer_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bo
     all-reduce or reduce-scatter, under ``selective`` the exchange of q, k and v (the output's comes
     after the attention kernel's last saved tensor; the ring's K/V all go round before its outputs are
     saved, so both modes send them again). ``recompute_whole_forward`` (Megatron-LM) reissues all of them.
+    ``op`` keeps the reduce-scatters' and all-to-alls' results (plait.facts.activations.op_recompute_bytes)
+    and reissues the rest as ``full`` does: sp's two all-gathers, or wo's all-reduce, and the ring.
     """
     stream = batch * (seq // cp) * spec.hidden * element_bytes  # the residual stream this rank holds, whole over tp
     full = recompute == "full"
+    rerun = recompute in ("full", "op")  # the block's forward runs again, kept results aside
     out = []
     if tp > 1:
         closing = 1 if recompute_whole_forward else 0  # the MLP's closing collective, rerun or not
         if sp:
-            out.append(Collective("all_gather", "tp", tp, stream, 2, 2 + 2 * full))
+            out.append(Collective("all_gather", "tp", tp, stream, 2, 2 + 2 * rerun))
             out.append(Collective("reduce_scatter", "tp", tp, stream, 2, 2 + full * (1 + closing)))
         else:
-            out.append(Collective("all_reduce", "tp", tp, stream, 2, 2 + full * (1 + closing)))
+            out.append(Collective("all_reduce", "tp", tp, stream, 2, 2 + rerun * (1 + closing)))
     if cp > 1 and cp_algorithm == "ring":
         kv_elements = 2 * batch * (seq // cp) * kv_heads_per_rank(spec, tp) * spec.head_dim
         again = 0 if recompute == "none" else cp - 1
         out.append(Collective("send", "cp", cp, kv_elements * element_bytes, cp - 1, cp - 1 + again))
         out.append(Collective("send", "cp", cp, kv_elements * FP32, 0, cp))
     elif cp > 1:
-        again = {"none": 0, "selective": 3, "full": 4}[recompute]
+        again = {"none": 0, "selective": 3, "op": 0, "full": 4}[recompute]
         out.append(Collective("all_to_all", "cp", cp, stream // tp, 4, 4 + again))
     return tuple(out)
 

@@ -5,6 +5,10 @@ bytes, collectives) and the planner (memory and time per chunk). Under ``--recom
 the first N blocks of each pipeline chunk recompute fully and the others keep everything, as
 Megatron-LM's block method does per chunk: the chunk's inputs are what any schedule keeps
 longest, and a chunk of n blocks then holds N block inputs and n − N blocks' full activations.
+
+Under ``--recompute op`` (torchtitan's per-operation selective checkpointing) every block keeps the
+outputs of every second weight matmul its forward runs, the first among them
+(``plait.models.flops.kept_linears``), and recomputes the others in backward.
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@ class Kernels:
     # tensor backward needs, so the block's closing collective is not issued again (plait);
     # Megatron-LM reruns the whole forward, collectives and all.
     recompute_whole_forward: bool = True
+    # Per-operation selective checkpointing (``--recompute op``, torchtitan's default: torch's
+    # selective checkpoint keeps every second matmul's output and the attention kernel's); Megatron-LM
+    # recomputes the attention core or whole blocks only.
+    per_op_checkpointing: bool = False
     # Megatron-LM runs a column-parallel linear's backward tensor-parallel collective asynchronously
     # (LinearWithGradAccumulationAndAsyncCommunication): the input gradient's all-reduce, or under sp
     # its reduce-scatter, goes while the weight gradient is computed, and sp's re-gather of the saved
@@ -66,7 +70,7 @@ STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
     # query kept, no scores), one eager kernel per elementwise op, either context-parallel algorithm.
     "plait": Kernels(fused=False, cp_algorithms=("all-to-all", "ring"), recompute_whole_forward=False,
-                     tp_backward_overlap=False, engine="plait"),
+                     per_op_checkpointing=True, tp_backward_overlap=False, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
     "megatron": Kernels(),
     # Megatron-Core with Transformer Engine (2024 on): as megatron, with the tensor-parallel
@@ -82,7 +86,7 @@ STACKS = {
     # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel
     # collective on the critical path: its async TP is this with tp_comm_overlap); its efficiency fitted
     # on two of torchtitan's published bf16 runs on Grand Teton H100s (two more held out).
-    "pytorch": Kernels(recompute_whole_forward=False, tp_backward_overlap=False,
+    "pytorch": Kernels(recompute_whole_forward=False, per_op_checkpointing=True, tp_backward_overlap=False,
                        matmul_efficiency=(("h100-96gb", PYTORCH_H100_96GB),)),
 }
 DEFAULT_STACK = "plait"

@@ -65,6 +65,8 @@ def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank
     for call, count in calls:
         count *= layout.microbatches
         add(call.group, call.op, count * (call.forward + call.backward) * call.handed_bytes)
+        if call.op == "send":  # each ring hop receives its like from the rank before
+            add(call.group, "recv", count * (call.forward + call.backward) * call.handed_bytes)
     replicated = layers * replicated_layer_gradient_elements(spec, tp, sp)
     if last and tp > 1 and sp:
         replicated += norm_parameter_count(spec)  # the final norm's

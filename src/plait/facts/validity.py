@@ -63,12 +63,33 @@ def fit_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["pla
     return problems
 
 
+def recompute_problems(layout: Layout, kernels: Kernels) -> list[str]:
+    """Per-operation checkpointing on a stack that has none."""
+    if layout.recompute == "op" and not kernels.per_op_checkpointing:
+        return ["this software stack has no per-operation checkpointing (Megatron-LM recomputes the attention "
+                "core or whole blocks); pass --recompute selective or full"]
+    return []
+
+
+def recomputes_once_per_backward(schedule: str, recompute: str) -> bool:
+    """Whether ``schedule``'s backward can run under ``recompute``: torch's per-operation checkpoint
+    replays a block once, and zb-h1 splits each backward in two (input gradients, then weights),
+    replaying the block's forward for each."""
+    return not (recompute == "op" and schedule == "zb-h1")
+
+
 def pipeline_problems(spec: ModelSpec, layout: Layout) -> list[str]:
-    """The schedule and the stage split, when the layout has pipeline stages."""
+    """The schedule, the stage split and the schedule's backward under the recomputation, when the
+    layout has pipeline stages."""
     if layout.pp == 1:
         return []
-    return (_raised(lambda: validate_schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages))
-            + split_problems(spec, layout.pp, layout.virtual_stages, layout.stage_layers))
+    problems = (_raised(lambda: validate_schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages))
+                + split_problems(spec, layout.pp, layout.virtual_stages, layout.stage_layers))
+    if not recomputes_once_per_backward(layout.schedule, layout.recompute):
+        problems.append("--recompute op replays each block's forward once, and zb-h1's split backward replays it "
+                        "twice (input gradients, then weight gradients); pass --recompute full or selective, or "
+                        "another --schedule")
+    return problems
 
 
 # Sequences per step: 500 times the largest published runs' (about 2,000), yet small enough that
@@ -135,8 +156,8 @@ def layout_problems(spec: ModelSpec, layout: Layout, world_size: int | None = No
     problems = _raised(layout.validate)
     if problems:  # the checks below read the fields as positive integers
         return problems
-    return (compression_problems(layout) + fit_problems(spec, layout, kernels) + pipeline_problems(spec, layout)
-            + size_problems(layout, world_size, global_batch))
+    return (compression_problems(layout) + recompute_problems(layout, kernels) + fit_problems(spec, layout, kernels)
+            + pipeline_problems(spec, layout) + size_problems(layout, world_size, global_batch))
 
 
 def mesh_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None, global_batch: int | None = None,
@@ -145,8 +166,8 @@ def mesh_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None
     problems = _raised(layout.validate)
     if problems:
         return problems
-    return compression_problems(layout) + fit_problems(spec, layout, kernels) + size_problems(layout, world_size,
-                                                                                             global_batch)
+    return (compression_problems(layout) + recompute_problems(layout, kernels) + fit_problems(spec, layout, kernels)
+            + size_problems(layout, world_size, global_batch))
 
 
 def size_problems(layout: Layout, world_size: int | None, global_batch: int | None) -> list[str]:

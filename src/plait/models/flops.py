@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from plait.models.spec import ModelSpec
 
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = ("none", "selective", "op", "full")
 
 
 def norm_parameter_count(spec: ModelSpec) -> int:
@@ -93,6 +93,41 @@ class FlopCount:
         return self.forward + self.backward + self.recompute
 
 
+def kv_heads_per_rank(spec: ModelSpec, tp: int) -> int:
+    """Key/value heads on one tensor-parallel rank: sharded, or replicated when tp exceeds them."""
+    return max(spec.kv_heads // tp, 1)
+
+
+def block_linears(spec: ModelSpec) -> tuple[str, ...]:
+    """A block's weight matmuls in the order its forward runs them (plait.models.transformer)."""
+    return ("wq", "wk", "wv", "wo", "w1") + (("w3",) if spec.gated_mlp else ()) + ("w2",)
+
+
+def kept_linears(spec: ModelSpec) -> tuple[str, ...]:
+    """The matmuls whose outputs ``--recompute op`` keeps (plait.parallel.recompute's policy,
+    torchtitan's): the 1st, 3rd, ... of the block."""
+    return block_linears(spec)[::2]
+
+
+def recomputed_linears(spec: ModelSpec) -> tuple[str, ...]:
+    """The matmuls ``--recompute op`` runs again in backward: the 2nd, 4th, ... of the block, but
+    for a closing w2 (GELU's sixth): its output feeds only the residual add, which keeps nothing,
+    and torch's replay stops at the last tensor backward needs."""
+    return tuple(name for name in block_linears(spec)[1::2] if name != "w2")
+
+
+def linear_shapes(spec: ModelSpec, tp: int = 1) -> dict[str, tuple[int, int]]:
+    """(input, output) width of each of a block's weight matmuls on one tensor-parallel rank: the
+    column-parallel ones split their output, the row-parallel ones (wo, w2) their input, and their
+    output is a whole-width partial sum until reduced."""
+    h, f = spec.hidden, spec.ffn_hidden
+    kv = kv_heads_per_rank(spec, tp) * spec.head_dim
+    shapes = {"wq": (h, h // tp), "wk": (h, kv), "wv": (h, kv), "wo": (h // tp, h), "w1": (h, f // tp), "w2": (f // tp, h)}
+    if spec.gated_mlp:
+        shapes["w3"] = (h, f // tp)
+    return shapes
+
+
 def layer_matmul_forward_flops(spec: ModelSpec, seq_len: int) -> int:
     """Forward FLOPs of one block's weight matmuls for one sequence."""
     attention = 2 * spec.hidden * spec.hidden + 2 * spec.hidden * spec.kv_dim
@@ -110,15 +145,20 @@ def head_forward_flops(spec: ModelSpec, seq_len: int) -> int:
     return 2 * seq_len * spec.hidden * spec.vocab
 
 
-def layer_flops(spec: ModelSpec, seq_len: int, recompute: str = "none") -> FlopCount:
-    """FLOPs of one transformer block for one sequence."""
+def layer_flops(spec: ModelSpec, seq_len: int, recompute: str = "none", whole_forward: bool = False) -> FlopCount:
+    """FLOPs of one transformer block for one sequence. ``full`` recomputation reruns the forward
+    but for the closing w2, whose output no backward needs (torch's checkpoint stops at the last
+    tensor backward needs), unless the stack reruns the ``whole_forward`` (Megatron-LM)."""
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
     matmul = layer_matmul_forward_flops(spec, seq_len)
     core = attention_core_forward_flops(spec, seq_len)
     forward = matmul + core
     backward = 2 * matmul + core * 5 // 2
-    extra = {"none": 0, "selective": core, "full": forward}[recompute]
+    shapes = linear_shapes(spec)
+    rerun = 2 * seq_len * sum(shapes[name][0] * shapes[name][1] for name in recomputed_linears(spec))
+    closing = 0 if whole_forward else 2 * seq_len * shapes["w2"][0] * shapes["w2"][1]
+    extra = {"none": 0, "selective": core, "op": rerun, "full": forward - closing}[recompute]
     return FlopCount(forward, backward, extra)
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from plait.facts.activations import ACTIVATION_BYTES, kv_heads_per_rank
+from plait.facts.activations import ACTIVATION_BYTES
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
+from plait.models.flops import kv_heads_per_rank, linear_shapes, recomputed_linears
 from plait.models.spec import ModelSpec
 from plait.plan.hardware import Hardware, HostOverhead, KernelScale
 
@@ -116,6 +117,7 @@ def layer_times(
     sp: bool = False,
     recompute: str = "none",
     kernels: Kernels = STACKS[DEFAULT_STACK],
+    cp_algorithm: str = "all-to-all",
 ) -> LayerTimes:
     """Predicted compute time of one transformer layer on one rank (no communication)."""
     shape = layer_shape(spec, micro_batch, tp, cp, sp, precision, kernels)
@@ -135,7 +137,17 @@ def layer_times(
     backward_input = with_host(hw, scale.backward * (grad_input + hw.attention_backward_ratio * attention + 2 * elementwise),
                                host.layer_backward)
     attention *= scale.forward
-    extra = {"none": 0.0, "selective": attention, "full": forward}[recompute]
+    extra = {"none": 0.0, "selective": attention}.get(recompute)
+    tokens = micro_batch * spec.seq_len // cp
+    shapes = linear_shapes(spec, tp)
+    if recompute == "full":  # the forward, but for a closing w2 no backward needs (plait.models.flops.layer_flops)
+        closing = 0.0 if kernels.recompute_whole_forward else gemm_seconds(hw, precision, Gemm(tokens, *shapes["w2"][::-1]))
+        extra = forward - scale.forward * closing
+    elif recompute == "op":  # the unkept matmuls and every elementwise kernel run again
+        rerun = sum(gemm_seconds(hw, precision, Gemm(tokens, *shapes[name][::-1])) for name in recomputed_linears(spec))
+        extra = with_host(hw, scale.forward * (rerun + elementwise), host.layer_forward)
+        if kernels.plait_engine and cp > 1 and cp_algorithm == "ring":  # plait's ring is no one kernel to keep
+            extra += attention
     return LayerTimes(forward, backward_input, grad_weight, extra, attention)
 
 

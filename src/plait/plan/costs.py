@@ -87,7 +87,8 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     ``times`` may pass in this layout's plait.plan.compute.layer_times when already known.
     """
     if times is None:
-        times = layer_times(spec, hw, precision, micro_batch, layout.tp, layout.cp, layout.sp, layout.recompute, kernels)
+        times = layer_times(spec, hw, precision, micro_batch, layout.tp, layout.cp, layout.sp, layout.recompute, kernels,
+                            layout.cp_algorithm)
     wrappers = wrapper_overhead(hw, spec, layout)
     if wrappers.layer_forward or wrappers.layer_backward:
         times = replace(times, forward=times.forward + wrappers.layer_forward,
@@ -112,8 +113,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         into["forward"] += call.forward * seconds
         into["backward"] += call.backward * seconds
         if into is on_path and call.group == "tp" and kernels.tp_backward_overlap:
-            rerun = call.forward if layout.recompute == "full" else 0
-            tp_backward += (call.backward - rerun) * seconds
+            tp_backward += call.forward * seconds  # the backward's own: the forward's, mirrored
     if tp_backward:  # under the column-parallel linears' backward matmuls, only the excess is exposed
         window = column_parallel_share(spec) * times.backward_weight * (2 if layout.sp else 1)
         on_path["backward"] -= tp_backward - exposed_under(tp_backward, window, hw.comm_overlap)

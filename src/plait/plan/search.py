@@ -24,9 +24,10 @@ from plait.facts.activations import activation_bytes_per_layer, autocast_copies_
 from plait.facts.in_flight import in_flight_chunks
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors
 from plait.facts.validity import (
-    compression_problems, fit_problems, mesh_problems, pipeline_problems, run_problems, spec_problems,
+    compression_problems, fit_problems, mesh_problems, pipeline_problems, recompute_problems, recomputes_once_per_backward,
+    run_problems, spec_problems,
 )
-from plait.layout import Layout
+from plait.layout import RECOMPUTE, Layout
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.costs import boundary_seconds, end_collectives, layer_cost
 from plait.plan.hardware import Hardware, stack_hardware
@@ -174,7 +175,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     layouts are kept either way (test), in half the time on large searches."""
     spec, precision, kernels, layers = workload.spec, workload.precision, workload.kernels, workload.spec.layers
     stage_layers = fixed.get("stage_layers")
-    recomputes = _options(fixed, "recompute", ("none", "selective", "full"))
+    recomputes = tuple(rc for rc in _options(fixed, "recompute", RECOMPUTE)
+                       if not recompute_problems(Layout(recompute=rc), kernels))
     # Full recomputation of only the first N blocks of each chunk: as pinned, or, with neither
     # recomputation flag pinned, the fewest N that fit wherever only full recomputation fits.
     pinned_blocks = fixed.get("recompute_layers")
@@ -230,7 +232,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 ends.embedding_forward + ends.embedding_backward, head_activation_bytes(spec, mbs, tp, sp, cp, precision))
 
     found, capacity = Scan(), hw.usable_memory_bytes
-    if spec_problems(spec):  # no layout can run it (the caller says why, from run_problems)
+    if spec_problems(spec) or not recomputes:  # no layout can run it (the caller says why, from run_problems)
         return found
     for tp, cp, pp, dp, algorithm in _meshes(workload, gpus, fixed):
         level = complexity(dp, tp, cp, pp, hw.gpus_per_node)
@@ -253,9 +255,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 flight = boundary_seconds(spec, hw, base, mbs, precision, kernels)
                 head_work, embedding_work, head_act = end_times(tp, cp, sp, mbs)
                 for rc in costed:
-                    if (tp, cp, sp, mbs, rc) not in times_cache:
-                        times_cache[tp, cp, sp, mbs, rc] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels)
-                times = {rc: times_cache[tp, cp, sp, mbs, rc] for rc in costed}
+                    if (tp, cp, sp, mbs, rc, algorithm) not in times_cache:
+                        times_cache[tp, cp, sp, mbs, rc, algorithm] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc,
+                                                                                  kernels, algorithm)
+                times = {rc: times_cache[tp, cp, sp, mbs, rc, algorithm] for rc in costed}
                 for zero, replicate in _zero_options(fixed, hw, base):
                     if zero == 1 and replicate == 1 and "zero" not in fixed and compression == "none":
                         continue
@@ -315,6 +318,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                               + min(0.0, (pp - 1) * r[4])
                               + (flush.exposed(per_rank * r[6], math.inf) + flush.optimizer if gathered else r[5])
                               for rc, r in per_rc.items()}
+                    # Each schedule takes the fastest recomputation that fits (zb-h1 one it can replay twice).
+                    order = sorted(recomputes, key=lambda rc: per_rc[rc][2])
+                    order_zb = [rc for rc in order if recomputes_once_per_backward("zb-h1", rc)]
                     bar = found.bar(level, keep) if bound else math.inf
                     if min(floors.values()) >= bar:
                         found.bounded += len(schedules)
@@ -326,7 +332,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         middle = middle_full - (per_rank - middle_layers) * layer_states + other
                         last = last_full - (per_rank - last_layers) * layer_states + other
                         head_held = head_act * (held_last // v or 1)
-                        for rc in recomputes:
+                        tried = order_zb if name == "zb-h1" else order
+                        if not tried:
+                            continue
+                        for rc in tried:
                             act = per_rc[rc][0] / v
                             peak = first + held_first * first_layers * act
                             peak_last = last + held_last * last_layers * act + head_held
@@ -339,7 +348,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                             if peak <= capacity:
                                 break
                         candidates = [] if pinned_blocks is not None else [(rc, per_rc[rc], peak, None)]
-                        if some and rc == "full" and (pinned_blocks or peak <= capacity):
+                        if some and rc in ("op", "full") and (pinned_blocks or peak <= capacity):
                             # (held chunks, layers, bytes besides the activations) of the first, middle and last ranks
                             ranks = ((held_first, first_layers, first), (held_second, middle_layers, middle),
                                      (held_last, last_layers, last + head_held))

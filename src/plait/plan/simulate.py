@@ -213,11 +213,11 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     return FlushCosts(reduce, last_bucket, gather, scalars, optimizer, hw.comm_overlap, after, first_gather)
 
 
-def hardware_flops(spec: ModelSpec, layout: Layout) -> float:
-    """FLOPs one sequence costs with each block's recomputation (plait.facts.recompute)."""
+def hardware_flops(spec: ModelSpec, layout: Layout, kernels: Kernels) -> float:
+    """FLOPs one sequence costs with each block's recomputation (plait.facts.recompute) on ``kernels``' stack."""
     modes = Counter(block_recompute(spec, layout))
-    return flops_per_sequence(spec).hardware + sum(n * layer_flops(spec, spec.seq_len, mode).recompute
-                                                   for mode, n in modes.items())
+    return flops_per_sequence(spec).hardware + sum(
+        n * layer_flops(spec, spec.seq_len, mode, kernels.recompute_whole_forward).recompute for mode, n in modes.items())
 
 
 def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Prediction:
@@ -244,7 +244,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
     busiest = max(range(pp), key=lambda r: played.busy[r])
     comm_inside = m * sum(chunks[c].comm for c in range(busiest, pp * v, pp))
     model_tflops = workload.global_batch * flops_per_sequence(spec).model / step / gpus / 1e12
-    hardware_tflops = workload.global_batch * hardware_flops(spec, layout) / step / gpus / 1e12
+    hardware_tflops = workload.global_batch * hardware_flops(spec, layout, workload.kernels) / step / gpus / 1e12
     peak = max(memories, key=lambda mem: mem.total)
     return Prediction(
         layout=layout, micro_batch_size=micro_batch, step_time_s=step,
