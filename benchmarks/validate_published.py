@@ -259,19 +259,18 @@ def torchtitan_runs() -> tuple[list[Case], list[Case]]:
     Llama 3.1 8B on FSDP (benchmarks/llama3_h100_202412_torchtitan.md, tables 1 and 3, selective
     checkpointing) and 70B and 8B on FSDP + TP (benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md,
     bf16 rows with vanilla TP; the 8B with per-op SAC). Its selective checkpointing is per operation (it
-    keeps every other matmul's output), which plait's ``selective`` (the attention core) only
-    approximates. Fitted on the first two, the other two held out."""
+    keeps every other matmul's output): plait's ``op``. Fitted on the first two, the other two held out."""
     rows = [  # model, GPUs, dp, tp, local batch, recompute, tokens/s/GPU, source
-        ("llama-8b", 8, 8, 1, 2, "selective", 6667, "llama3_h100_202412_torchtitan.md, table 1"),
+        ("llama-8b", 8, 8, 1, 2, "op", 6667, "llama3_h100_202412_torchtitan.md, table 1"),
         ("llama-70b", 256, 32, 8, 16, "full", 597.3, "asyncTP_llama3_h100_2025-06_torchtitan.md"),
-        ("llama-8b", 128, 128, 1, 2, "selective", 6514, "llama3_h100_202412_torchtitan.md, table 3"),
-        ("llama-8b", 64, 8, 8, 12, "selective", 4378, "asyncTP_llama3_h100_2025-06_torchtitan.md"),
+        ("llama-8b", 128, 128, 1, 2, "op", 6514, "llama3_h100_202412_torchtitan.md, table 3"),
+        ("llama-8b", 64, 8, 8, 12, "op", 4378, "asyncTP_llama3_h100_2025-06_torchtitan.md"),
     ]
     cases = [torchtitan_case(model, gpus, dp, tp, local, recompute, tokens_per_s, source, STACKS["pytorch"])
              for model, gpus, dp, tp, local, recompute, tokens_per_s, source in rows]
     # The same tables' runs without torch.compile: one eager kernel per elementwise op (--unfused).
     eager = replace(STACKS["pytorch"], fused=False)
-    cases += [torchtitan_case("llama-8b", gpus, gpus, 1, 2, "selective", tokens_per_s, f"llama3_h100_202412_torchtitan.md, "
+    cases += [torchtitan_case("llama-8b", gpus, gpus, 1, 2, "op", tokens_per_s, f"llama3_h100_202412_torchtitan.md, "
                               f"table {table}", eager, " eager") for gpus, tokens_per_s, table in ((8, 5762, 1), (128, 5605, 3))]
     return cases[:2], cases[2:]
 
@@ -292,7 +291,7 @@ def async_tensor_parallel() -> list[Ablation]:
     overlapped = replace(STACKS["pytorch"], tp_comm_overlap=True)
     out = []
     for model, gpus, dp, local, recompute, vanilla, asynchronous in (("llama-70b", 256, 32, 16, "full", 597.3, 652.4),
-                                                                     ("llama-8b", 64, 8, 12, "selective", 4378, 4809.4)):
+                                                                     ("llama-8b", 64, 8, 12, "op", 4378, 4809.4)):
         pair = (torchtitan_case(model, gpus, dp, 8, local, recompute, asynchronous, source, overlapped, " async TP"),
                 torchtitan_case(model, gpus, dp, 8, local, recompute, vanilla, source, STACKS["pytorch"]))
         out.append(Ablation(f"{model}: async TP against vanilla TP", f"torchtitan benchmarks/{source}", pair))

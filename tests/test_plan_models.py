@@ -109,6 +109,8 @@ def test_the_floor_on_step_time_keeps_what_scoring_every_layout_keeps(model, gpu
     ("llama-70b", 64, "h100-sxm", "megatron", Layout(dp=64, zero=3, recompute="full", recompute_layers=63)),
     ("llama-405b", 2048, "h100-sxm", "megatron", Layout(dp=64, tp=8, pp=16, sp=True, zero=1, microbatches=32,
                                                        recompute="full", recompute_layers=3)),
+    ("llama-8b", 256, "h100-96gb", "pytorch", Layout(dp=128, zero=3, recompute="op")),
+    ("llama-70b", 512, "h100-sxm", "plait", Layout(dp=8, tp=4, pp=4, sp=True, zero=2, microbatches=16, recompute="op")),
 ])
 def test_the_search_scores_a_layout_as_the_play_predicts_it(model, batch, gpu, stack, layout):
     """The closed form the search ranks by cuts the stages as the play does (with interleaving the

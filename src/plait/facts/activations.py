@@ -98,6 +98,12 @@ def head_activation_bytes(spec: ModelSpec, micro_batch: int, tp: int, sp: bool, 
     return 2 * tokens * spec.hidden * e / (tp if sp else 1) + tokens * spec.vocab * 4 / tp
 
 
+def loss_backward_bytes(spec: ModelSpec, micro_batch: int, tp: int, cp: int, kernels: Kernels) -> float:
+    """What the last stage's loss backward holds for a moment beside its activations: ``kernels``'
+    fp32 copies of the logits' width (``Kernels.loss_backward_copies``), one micro-batch's."""
+    return kernels.loss_backward_copies * spec.seq_len // cp * micro_batch * spec.vocab * FP32 / tp
+
+
 def autocast_copies_weights(precision: str, zero: int = 0, pp: int = 1) -> bool:
     """Whether bf16 runs as autocast over fp32 weights, which keeps a bf16 copy of each layer weight
     per micro-batch: ZeRO 0, and every pipeline stage (whose weights stay fp32). Otherwise (ZeRO 1

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from plait.errors import ConfigError
-from plait.facts.activations import activation_bytes_per_layer, autocast_copies_weights, head_activation_bytes
+from plait.facts.activations import (
+    activation_bytes_per_layer, autocast_copies_weights, head_activation_bytes, loss_backward_bytes,
+)
 from plait.facts.in_flight import in_flight_chunks
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors
 from plait.facts.validity import (
@@ -39,7 +41,7 @@ from plait.schedules.split import split_layers, split_problems
 PLAYED = 8  # layouts whose schedules are played exactly after the closed-form pass
 # The planner's own step-time error: its median |error| on the published runs held out of every
 # fit (docs/VALIDATION.md). Layouts predicted closer than this cannot be told apart by it.
-PLANNER_ERROR = 0.058
+PLANNER_ERROR = 0.061
 MAX_GPUS = 2**20  # no cluster is larger; it keeps every search (and its error message) to seconds
 
 
@@ -223,13 +225,14 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
         return held[0], max(held[1:-1], default=0), held[-1]
 
     @functools.cache
-    def end_times(tp: int, cp: int, sp: bool, mbs: int) -> tuple[float, float, float]:
-        """(head's work, embedding's work, head's activation bytes) per micro-batch: the tp and cp
-        groups' links depend only on their sizes (tp innermost, cp next)."""
+    def end_times(tp: int, cp: int, sp: bool, mbs: int) -> tuple[float, float, float, float]:
+        """(head's work, embedding's work, head's activation bytes, its loss backward's passing bytes)
+        per micro-batch: the tp and cp groups' links depend only on their sizes (tp innermost, cp next)."""
         layout = Layout(tp=tp, cp=cp, sp=sp)
         head, ends = head_times(spec, hw, precision, mbs, tp, cp), end_collectives(spec, hw, layout, mbs, precision)
         return (head.forward + head.backward + ends.head_forward + ends.head_backward,
-                ends.embedding_forward + ends.embedding_backward, head_activation_bytes(spec, mbs, tp, sp, cp, precision))
+                ends.embedding_forward + ends.embedding_backward, head_activation_bytes(spec, mbs, tp, sp, cp, precision),
+                loss_backward_bytes(spec, mbs, tp, cp, kernels))
 
     found, capacity = Scan(), hw.usable_memory_bytes
     if spec_problems(spec) or not recomputes:  # no layout can run it (the caller says why, from run_problems)
@@ -253,7 +256,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 if tp > 1 and not sp and "sp" not in fixed and not fit_problems(spec, replace(base, sp=True), kernels):
                     continue
                 flight = boundary_seconds(spec, hw, base, mbs, precision, kernels)
-                head_work, embedding_work, head_act = end_times(tp, cp, sp, mbs)
+                head_work, embedding_work, head_act, loss_backward = end_times(tp, cp, sp, mbs)
                 for rc in costed:
                     if (tp, cp, sp, mbs, rc, algorithm) not in times_cache:
                         times_cache[tp, cp, sp, mbs, rc, algorithm] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc,
@@ -330,7 +333,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     for name, v, held_first, held_second, held_last, first_layers, middle_layers, last_layers in schedules:
                         first = first_full - (per_rank - first_layers) * layer_states + other
                         middle = middle_full - (per_rank - middle_layers) * layer_states + other
-                        last = last_full - (per_rank - last_layers) * layer_states + other
+                        last = last_full - (per_rank - last_layers) * layer_states + other + loss_backward
                         head_held = head_act * (held_last // v or 1)
                         tried = order_zb if name == "zb-h1" else order
                         if not tried:

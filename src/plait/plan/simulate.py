@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
+from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes, loss_backward_bytes
 from plait.facts.buckets import BUCKET_CAP_BYTES, bucket_bytes
 from plait.facts.collectives import tied_embedding_bytes
 from plait.facts.recompute import block_recompute, chunk_recompute
@@ -87,6 +87,8 @@ def stage_memory(workload: Workload, hw: Hardware, layout: Layout, micro_batch: 
     spec, precision = workload.spec, workload.precision
     states = rank_model_states(spec, layout, precision, layers, first, last, workload.kernels)
     other = other_bytes(spec, layout, micro_batch, precision, hw.reserved_bytes, workload.kernels)
+    if last:
+        other += loss_backward_bytes(spec, micro_batch, layout.tp, layout.cp, workload.kernels)
     return RankMemory(states.params, states.grads, states.optimizer, activations, other)
 
 
