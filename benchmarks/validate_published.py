@@ -168,6 +168,11 @@ def bloom() -> list[Case]:
 # DeepSpeed's pipeline engine (its own 1F1B), bf16 with its BF16_Optimizer's own ZeRO stage 1 over all dp
 # ranks; the vocabulary padded to 250,880.
 BLOOM_VOCAB = 250880
+# Jean Zay's A100 80GB nodes (train/tr11-176B-ml/README.md, "Hardware"): 8 GPUs on NVLink, "4 OmniPath
+# links" of 100 Gb/s to the other nodes, 400 Gb/s a node = 6.25 GB/s a GPU, a quarter of a DGX A100's
+# (the team's all-reduce benchmark on 4 of these nodes read 15 to 42 Gb/s of algorithm bandwidth a rank:
+# experiments/bandwidth/README.md).
+JEAN_ZAY_A100 = (("inter_node_gbps", 6.25),)
 
 
 def bloom_case(name: str, source: str, spec: ModelSpec, dp: int, tp: int, pp: int, mbs: int, batch: int,
@@ -175,7 +180,7 @@ def bloom_case(name: str, source: str, spec: ModelSpec, dp: int, tp: int, pp: in
     fixed = {"tp": tp, "pp": pp, "dp": dp, "cp": 1, "zero": 1 if dp > 1 else 0, "dp_replicate": 1, "sp": False,
              "recompute": "full", **({"schedule": "1f1b"} if pp > 1 else {})}
     return Case(name, source, spec, dp * tp * pp, batch, fixed, step_s, micro_batch=mbs,
-                kernels=STACKS["megatron-deepspeed"])
+                kernels=STACKS["megatron-deepspeed"], hardware_overrides=JEAN_ZAY_A100)
 
 
 def bloom_layout_search() -> list[Ablation]:

@@ -52,6 +52,10 @@ class Kernels:
     # in Python and sends activations as broadcasts in two-rank groups; 0 where the schedule runs in
     # kernels the host queues ahead (Megatron-LM, torchtitan, plait).
     pipeline_action_s: float = 0.0
+    # DeepSpeed's pipeline engine reduces the data-parallel gradients in a ReduceGrads instruction after
+    # the schedule's last backward (deepspeed/runtime/pipe/schedule.py), so none of it hides under
+    # backward; elsewhere hooks reduce buckets as backward produces them.
+    reduce_after_schedule: bool = False
     # fp32 vocabulary-wide tensors the loss's backward allocates beside the log-probabilities it keeps,
     # one micro-batch's, on the last stage: torch's cross entropy (plait, torchtitan) two at once (nll's
     # gradient and log-softmax's); Megatron-LM's vocab-parallel cross entropy writes the gradient into
@@ -69,7 +73,7 @@ class Kernels:
 # benchmarks/validate_published.py --fit megatron-core
 MEGATRON_CORE_H100 = 0.488
 PYTORCH_H100_96GB = 0.587
-DEEPSPEED_PIPELINE_ACTION_S = 0.0741
+DEEPSPEED_PIPELINE_ACTION_S = 0.0284
 
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
@@ -86,7 +90,8 @@ STACKS = {
     # Megatron-DeepSpeed (BLOOM, 2022): Megatron-LM's fused softmax without flash attention, dropout, and
     # DeepSpeed's pipeline engine, whose cost per micro-batch was fitted on BLOOM's own layout search
     # (benchmarks/validate_published.py: the '48 node contenders' table, the other three held out).
-    "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, pipeline_action_s=DEEPSPEED_PIPELINE_ACTION_S),
+    "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, pipeline_action_s=DEEPSPEED_PIPELINE_ACTION_S,
+                                  reduce_after_schedule=True),
     # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
     # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel
     # collective on the critical path: its async TP is this with tp_comm_overlap); its efficiency fitted

@@ -193,6 +193,8 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     else:  # reduce-scatter over the ZeRO group; replica groups (hybrid sharding) average the shard
         reduce = reduce_scatter_seconds(grads, shards, link)
         reduce += all_reduce_seconds(grads / shards, replicas // shards, strided_link(hw, replicas // shards, shards * stride))
+    if kernels.reduce_after_schedule and layout.pp > 1:
+        reduce, after = 0.0, after + reduce
     tied = tied_embedding_bytes(workload.spec, layout, kernels)
     if tied:  # the first and last stages swap their tied embedding's gradient after backward
         after += send_seconds(tied, group_link(hw, layout, "pp"))
