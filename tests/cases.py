@@ -104,15 +104,17 @@ def layout_world_size(layout: dict) -> int:
 
 
 def run_config(
-    model: str = "tiny", steps: int = 10, global_batch: int = 8, seq_len: int = 64, precision: str = "fp32", **layout,
+    model: str = "tiny", steps: int = 10, global_batch: int = 8, seq_len: int = 64, precision: str = "fp32",
+    parallel_block: bool = False, **layout,
 ) -> RunConfig:
-    """A small validated config: ``layout`` holds Layout fields (dp=2, microbatches=2, ...)."""
+    """A small validated config: ``layout`` holds Layout fields (dp=2, microbatches=2, ...);
+    ``parallel_block`` runs the preset's attention and MLP side by side."""
     from plait.config import TrainSpec, validate_run
     from plait.layout import Layout
     from plait.models.spec import model_spec
 
     config = RunConfig(
-        model=model_spec(model, seq_len=seq_len),
+        model=model_spec(model, seq_len=seq_len, parallel_block=parallel_block),
         layout=Layout(**layout),
         train=TrainSpec(steps=steps, global_batch=global_batch, warmup_steps=2, precision=precision,
                         final_checkpoint=False),  # tests that resume ask for their checkpoints

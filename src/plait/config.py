@@ -133,6 +133,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--family", choices=FAMILIES)
     for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab", "seq-len"):
         group.add_argument(f"--{name}", type=int)
+    group.add_argument("--parallel-block", action=argparse.BooleanOptionalAction, default=None,
+                       help="attention and MLP side by side on one norm's output (GPT-J, PaLM, Falcon)")
+    group.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction, default=None,
+                       help="the output projection reuses the token embedding")
 
 
 def _layer_counts(text: str) -> tuple[int, ...]:

@@ -41,6 +41,10 @@ def train_help() -> dict[str, str]:
         "--ffn-hidden": "MLP hidden size (default: the preset's; without one 4·hidden for gpt2, 8/3·hidden rounded up "
                         "to 256 for llama)",
         "--vocab": f"vocabulary size {PRESET}", "--seq-len": f"tokens per sequence {PRESET}",
+        "--parallel-block": "attention and MLP side by side on one norm's output, x + attention(norm(x)) + "
+                            "mlp(norm(x)), as GPT-J, PaLM and Falcon (default: the preset's; without one, off)",
+        "--tie-embeddings": "the output projection reuses the token embedding (default: the preset's; without one, "
+                            "on for gpt2, off for llama)",
         "--dp": f"data-parallel ranks {_layout_default('dp')}",
         "--tp": f"tensor-parallel ranks {_layout_default('tp')}",
         "--cp": f"context-parallel ranks {_layout_default('cp')}",

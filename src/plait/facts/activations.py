@@ -16,7 +16,7 @@ score matrices.
 from __future__ import annotations
 
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
-from plait.models.flops import kept_linears, kv_heads_per_rank, linear_shapes
+from plait.models.flops import block_norms, kept_linears, kv_heads_per_rank, linear_shapes
 from plait.models.spec import ModelSpec
 
 ACTIVATION_BYTES = {"bf16": 2, "fp32": 4}
@@ -68,7 +68,8 @@ def korthikanti_bytes_per_layer(spec: ModelSpec, micro_batch: int, tp: int = 1, 
     if recompute == "op":
         return sum(op_recompute_bytes(spec, tokens, tp, sp, cp, e, tokens * h * e // replicated_split,
                                       kernel_attention=True, cp_exchanges=False).values())
-    replicated = tokens * h * 4 * e  # the two norm inputs, the QKV input and the MLP input
+    # The norm inputs, the QKV input and the MLP input: four, or two where one norm feeds both side by side.
+    replicated = tokens * h * 2 * block_norms(spec) * e
     if kernels.dropout:
         replicated += 2 * tokens * h * MASK_BYTES
     kv = kv_heads_per_rank(spec, tp) * spec.head_dim
@@ -150,13 +151,14 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     Korthikanti et al. 2022 count sbh(10 + 24/t + 5as/ht) bytes (half precision, dropout, attention
     scores kept); here, without dropout, with a fused attention kernel that keeps one softmax
     statistic per query instead of the scores:
-    - norms (replicated over tp; divided by tp under sp), always fp32 (autocast runs them in fp32
+    - norms (one per block with ``parallel_block``, else two; replicated over tp; divided by tp under sp), always fp32 (autocast runs them in fp32
       on the fp32 residual stream): LayerNorm keeps its input, mean and rstd; RMSNorm its input,
       the normalised input and rstd;
     - linear inputs: the norms' outputs that wq/wk/wv and w1(/w3) read, whole on every rank even
       under sp (DTensor keeps the all-gathered copy; Megatron keeps the shard and gathers again).
-      fp32: one per norm. bf16: autocast casts the input once per linear, so one bf16 copy per
-      linear that reads it (3 for attention, 1 or 2 for the MLP);
+      fp32: one per norm (a parallel block's one norm feeds both, but under sp attention and MLP
+      each gather their own copy). bf16: autocast casts the input once per linear, so one bf16 copy
+      per linear that reads it (3 for attention, 1 or 2 for the MLP);
     - attention (sharded over tp), in the activation precision: q, k, v (grouped-query k, v
       expanded to the query heads, save under ring context parallelism, which keeps their kv-heads),
       the output, a copy of the output re-laid for wo when the kernel returns it head-major (Llama,
@@ -194,17 +196,16 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     if recompute == "op":
         return op_recompute_bytes(spec, s * b, tp, sp, cp, e, block_input, kernel_attention=cp == 1 or cp_algorithm != "ring",
                                   cp_exchanges=cp_algorithm != "ring")
-    if spec.family == "gpt2":
-        norms = 2 * (sbh + 2 * s * b)
-    else:
-        norms = 2 * (2 * sbh + s * b)
+    norms = block_norms(spec) * ((sbh + 2 * s * b) if spec.family == "gpt2" else (2 * sbh + s * b))
     relaid = (spec.family == "llama" or cp > 1) and heads > 1
     kv = s * b * kv_heads_per_rank(spec, tp) * spec.head_dim  # one of k, v with its kv-heads
     kept_kv = kv if cp > 1 and cp_algorithm == "ring" else sbh // tp  # the kernel's k, v: expanded or not
     attention = ((2 + relaid) * sbh // tp + 2 * kept_kv) * e + heads * s * b * FP32
     if recompute == "selective":
         attention = (2 * sbh // tp + 2 * kv) * e  # q, k, v kept for the recomputation, and wo's input
-    readers = 3 + (2 if spec.gated_mlp else 1) if autocast else 2
+    # fp32 or bf16 weights: one per norm output, or, side by side, the one both read (each module's
+    # own all-gathered copy under sp)
+    readers = 3 + (2 if spec.gated_mlp else 1) if autocast else (2 if sp else block_norms(spec))
     return {
         "norms": (norms // tp if sp else norms) * (FP32 if spec.family == "llama" else stream),
         "linear_inputs": readers * sbh * e,

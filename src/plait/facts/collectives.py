@@ -16,7 +16,7 @@ from plait.facts.activations import ACTIVATION_BYTES
 from plait.facts.model_state import owned_rows, padded_vocab
 from plait.facts.stack import Kernels
 from plait.layout import Layout
-from plait.models.flops import kv_heads_per_rank, layer_parameter_count, norm_parameter_count
+from plait.models.flops import block_norms, kv_heads_per_rank, layer_parameter_count, norm_parameter_count
 from plait.models.spec import ModelSpec
 
 FP32 = 4
@@ -165,7 +165,7 @@ def replicated_layer_gradient_elements(spec: ModelSpec, tp: int, sp: bool) -> in
     wk and wv, and biases)."""
     elements = 0
     if tp > 1 and sp:
-        elements += 2 * norm_parameter_count(spec)
+        elements += block_norms(spec) * norm_parameter_count(spec)
     if tp > 1 and spec.kv_heads % tp:
         elements += 2 * spec.kv_dim * (spec.hidden + (1 if spec.has_bias else 0))
     return elements
@@ -180,7 +180,7 @@ def _local_layer_parameters(spec: ModelSpec, tp: int) -> int:
     bias = spec.has_bias
     attention = 2 * h * h // tp + 2 * h * kv_local + (h // tp + 2 * kv_local + h if bias else 0)
     mlp = (3 if spec.gated_mlp else 2) * h * f // tp + (f // tp + h if bias else 0)
-    return attention + mlp + 2 * norm_parameter_count(spec)
+    return attention + mlp + block_norms(spec) * norm_parameter_count(spec)
 
 
 def stage_boundary_bytes(spec: ModelSpec, layout: Layout, micro_batch: int, precision: str, kernels: Kernels) -> int:

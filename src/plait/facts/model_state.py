@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.flops import (
-    embedding_tensor_count, head_tensor_count, layer_parameter_count, layer_tensor_count, norm_parameter_count,
+    block_norms, embedding_tensor_count, head_tensor_count, layer_parameter_count, layer_tensor_count, norm_parameter_count,
 )
 from plait.models.spec import ModelSpec
 
@@ -62,7 +62,7 @@ def rank_parameters(spec: ModelSpec, layers: int, first: bool, last: bool, tp: i
     replicated. With tied embeddings and pp > 1 the last stage keeps its own copy of the
     embedding matrix for the head, as Megatron-LM does.
     """
-    norms = 2 * norm_parameter_count(spec)
+    norms = block_norms(spec) * norm_parameter_count(spec)
     count = layers * ((layer_parameter_count(spec) - norms) / tp + norms)
     if first:
         count += spec.vocab * spec.hidden / tp + (spec.seq_len * spec.hidden if spec.learned_positions else 0)
@@ -113,7 +113,8 @@ def _block_and_end_shapes(spec: ModelSpec, first: bool, last: bool, tp: int) -> 
     h, f = spec.hidden, spec.ffn_hidden
     kv = spec.kv_dim // tp if spec.kv_heads % tp == 0 else spec.kv_dim
     norm = [(h, 1)] * (2 if spec.family == "gpt2" else 1)
-    block = [*norm, (h // tp, h), (kv, h), (kv, h), (h, h // tp), *norm, (f // tp, h), (h, f // tp)]
+    block = [*norm, (h // tp, h), (kv, h), (kv, h), (h, h // tp), *(norm if block_norms(spec) == 2 else []),
+             (f // tp, h), (h, f // tp)]
     if spec.has_bias:
         block += [(h // tp, 1), (kv, 1), (kv, 1), (h, 1), (f // tp, 1), (h, 1)]
     if spec.gated_mlp:

@@ -25,6 +25,9 @@ GPT2_VOCABS = (50257, 50304)  # GPT-2's own vocabulary, and nanoGPT's padding of
 
 def hf_config(spec: ModelSpec) -> dict:
     """The ``config.json`` of the Hugging Face model that computes what ``spec`` computes."""
+    if spec.parallel_block:
+        raise ConfigError("Hugging Face's GPT-2 and Llama run attention and MLP one after the other, and this model runs "
+                          "them side by side (--parallel-block); it cannot be exported to them")
     if spec.family == "gpt2":
         if spec.kv_heads != spec.heads:
             raise ConfigError(f"Hugging Face's GPT-2 has no grouped-query attention, and this model has {spec.kv_heads} "

@@ -33,9 +33,14 @@ def mlp_parameter_count(spec: ModelSpec) -> int:
     return 2 * spec.hidden * spec.ffn_hidden + biases
 
 
+def block_norms(spec: ModelSpec) -> int:
+    """Norms of one block: one before attention and one before the MLP, or one they share."""
+    return 1 if spec.parallel_block else 2
+
+
 def layer_parameter_count(spec: ModelSpec) -> int:
-    """Parameters of one transformer block (two norms, attention, MLP)."""
-    return 2 * norm_parameter_count(spec) + attention_parameter_count(spec) + mlp_parameter_count(spec)
+    """Parameters of one transformer block (its norms, attention, MLP)."""
+    return block_norms(spec) * norm_parameter_count(spec) + attention_parameter_count(spec) + mlp_parameter_count(spec)
 
 
 def embedding_parameter_count(spec: ModelSpec) -> int:
@@ -54,7 +59,7 @@ def layer_tensor_count(spec: ModelSpec) -> int:
     bias = 1 if spec.has_bias else 0
     attention = 4 * (1 + bias)  # q, k, v, o
     mlp = (3 if spec.gated_mlp else 2) + 2 * bias  # w1, w2 (and w3); biases on w1 and w2
-    return 2 * norm_tensor_count(spec) + attention + mlp
+    return block_norms(spec) * norm_tensor_count(spec) + attention + mlp
 
 
 def norm_tensor_count(spec: ModelSpec) -> int:

@@ -18,7 +18,9 @@ class ModelSpec:
 
     The family fixes the block's ingredients: ``gpt2`` is LayerNorm, GELU MLP, learned positions
     and biases on every linear layer; ``llama`` is RMSNorm, SwiGLU MLP, rotary positions, no biases.
-    ``kv_heads`` below ``heads`` gives grouped-query attention.
+    ``kv_heads`` below ``heads`` gives grouped-query attention (one: multi-query). ``parallel_block``
+    runs attention and MLP side by side on one norm's output, x + attention(norm(x)) + mlp(norm(x)),
+    as GPT-J, PaLM and Falcon do, instead of one after the other.
     """
 
     family: str
@@ -32,6 +34,7 @@ class ModelSpec:
     tie_embeddings: bool
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    parallel_block: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -61,6 +64,9 @@ class ModelSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model {name} must be a positive integer, got {value!r}")
+        for name in ("tie_embeddings", "parallel_block"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"model {name} must be true or false, got {getattr(self, name)!r}")
         if self.hidden % self.heads:
             raise ConfigError(
                 f"hidden size {self.hidden} is not divisible by {self.heads} heads; "

@@ -104,14 +104,20 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """Attention then MLP, each on its own norm of the residual stream; or, with the spec's
+    ``parallel_block``, both on one norm of the block's input, their outputs added together."""
+
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.attention_norm = make_norm(spec)
         self.attention = Attention(spec)
-        self.mlp_norm = make_norm(spec)
+        self.mlp_norm = None if spec.parallel_block else make_norm(spec)
         self.mlp = MLP(spec)
 
     def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        if self.mlp_norm is None:
+            normed = self.attention_norm(x)
+            return x + self.attention(normed, rotary) + self.mlp(normed)
         x = x + self.attention(self.attention_norm(x), rotary)
         return x + self.mlp(self.mlp_norm(x))
 

@@ -80,7 +80,8 @@ def block_plan(spec: ModelSpec, tp: int, sp: bool) -> dict:
         plan["mlp.w3"] = ColwiseParallel()
     if sp:
         plan["attention_norm"] = SequenceParallel()
-        plan["mlp_norm"] = SequenceParallel()
+        if not spec.parallel_block:
+            plan["mlp_norm"] = SequenceParallel()
     return plan
 
 

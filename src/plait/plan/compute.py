@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from plait.facts.activations import ACTIVATION_BYTES
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
-from plait.models.flops import kv_heads_per_rank, linear_shapes, recomputed_linears
+from plait.models.flops import block_norms, kv_heads_per_rank, linear_shapes, recomputed_linears
 from plait.models.spec import ModelSpec
 from plait.plan.hardware import Hardware, HostOverhead, KernelScale
 
@@ -80,7 +80,7 @@ def layer_shape(spec: ModelSpec, micro_batch: int, tp: int, cp: int, sp: bool, p
     # product 5, and plait's rotary (pairs times cos and sin, sum, difference, stack) ~17 over Q
     # and K, against 2, 3 and 2 when fused.
     norm_passes = 6 if spec.family == "llama" and not kernels.fused else 2
-    hidden_passes = 2 * norm_passes + 6 + (6 if kernels.dropout else 0)
+    hidden_passes = block_norms(spec) * norm_passes + 6 + (6 if kernels.dropout else 0)
     hidden_bytes = hidden_passes * tokens * h * e / (tp if sp else 1)
     mlp_passes = (3 if kernels.fused else 5) if spec.gated_mlp else 2
     mlp_bytes = mlp_passes * tokens * f / tp * e
