@@ -181,6 +181,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                        if not recompute_problems(Layout(recompute=rc), kernels))
     # Full recomputation of only the first N blocks of each chunk: as pinned, or, with neither
     # recomputation flag pinned, the fewest N that fit wherever only full recomputation fits.
+    zb_refuses = {rc for rc in recomputes if not recomputes_once_per_backward("zb-h1", rc)}
     pinned_blocks = fixed.get("recompute_layers")
     if pinned_blocks is not None and fixed.get("recompute") != "full":  # as train: it names full recomputation's blocks
         return Scan()
@@ -257,11 +258,13 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     continue
                 flight = boundary_seconds(spec, hw, base, mbs, precision, kernels)
                 head_work, embedding_work, head_act, loss_backward = end_times(tp, cp, sp, mbs)
+                times = {}
                 for rc in costed:
-                    if (tp, cp, sp, mbs, rc, algorithm) not in times_cache:
-                        times_cache[tp, cp, sp, mbs, rc, algorithm] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc,
-                                                                                  kernels, algorithm)
-                times = {rc: times_cache[tp, cp, sp, mbs, rc, algorithm] for rc in costed}
+                    # (the algorithm changes a layer's compute only where op recomputation reruns plait's ring)
+                    time_key = (tp, cp, sp, mbs, rc, algorithm if rc == "op" and cp > 1 else None)
+                    if time_key not in times_cache:
+                        times_cache[time_key] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels, algorithm)
+                    times[rc] = times_cache[time_key]
                 for zero, replicate in _zero_options(fixed, hw, base):
                     if zero == 1 and replicate == 1 and "zero" not in fixed and compression == "none":
                         continue
@@ -323,7 +326,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                               for rc, r in per_rc.items()}
                     # Each schedule takes the fastest recomputation that fits (zb-h1 one it can replay twice).
                     order = sorted(recomputes, key=lambda rc: per_rc[rc][2])
-                    order_zb = [rc for rc in order if recomputes_once_per_backward("zb-h1", rc)]
+                    order_zb = [rc for rc in order if rc not in zb_refuses] if zb_refuses else order
                     bar = found.bar(level, keep) if bound else math.inf
                     if min(floors.values()) >= bar:
                         found.bounded += len(schedules)
