@@ -122,6 +122,12 @@ def layer_weight_elements(spec: ModelSpec, tp: int) -> int:
     return 2 * h * h // tp + 2 * kv * h + mlp
 
 
+def op_keeps_attention(kernels: Kernels, cp: int, cp_algorithm: str) -> bool:
+    """Whether ``--recompute op`` keeps the attention's output: where attention is one kernel, which
+    the policy keeps; plait's ring runs many (a block per ring step), which the replay runs again."""
+    return not (kernels.plait_engine and cp > 1 and cp_algorithm == "ring")
+
+
 def op_recompute_bytes(spec: ModelSpec, tokens: int, tp: int, sp: bool, cp: int, e: int, input_bytes: int,
                        kernel_attention: bool, cp_exchanges: bool) -> dict[str, int]:
     """What ``--recompute op`` keeps of one layer (plait.parallel.recompute's policy, torchtitan's):
@@ -151,9 +157,9 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     Korthikanti et al. 2022 count sbh(10 + 24/t + 5as/ht) bytes (half precision, dropout, attention
     scores kept); here, without dropout, with a fused attention kernel that keeps one softmax
     statistic per query instead of the scores:
-    - norms (one per block with ``parallel_block``, else two; replicated over tp; divided by tp under sp), always fp32 (autocast runs them in fp32
-      on the fp32 residual stream): LayerNorm keeps its input, mean and rstd; RMSNorm its input,
-      the normalised input and rstd;
+    - norms (two a block, one with ``parallel_block``; replicated over tp; divided by tp under sp),
+      always fp32 (autocast runs them in fp32 on the fp32 residual stream): LayerNorm keeps its
+      input, mean and rstd; RMSNorm its input, the normalised input and rstd;
     - linear inputs: the norms' outputs that wq/wk/wv and w1(/w3) read, whole on every rank even
       under sp (DTensor keeps the all-gathered copy; Megatron keeps the shard and gathers again).
       fp32: one per norm (a parallel block's one norm feeds both, but under sp attention and MLP
@@ -194,7 +200,8 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     if recompute == "full":
         return {"block_input": block_input}
     if recompute == "op":
-        return op_recompute_bytes(spec, s * b, tp, sp, cp, e, block_input, kernel_attention=cp == 1 or cp_algorithm != "ring",
+        return op_recompute_bytes(spec, s * b, tp, sp, cp, e, block_input,
+                                  kernel_attention=op_keeps_attention(STACKS["plait"], cp, cp_algorithm),
                                   cp_exchanges=cp_algorithm != "ring")
     norms = block_norms(spec) * ((sbh + 2 * s * b) if spec.family == "gpt2" else (2 * sbh + s * b))
     relaid = (spec.family == "llama" or cp > 1) and heads > 1

@@ -6,8 +6,9 @@
   instead of its output and softmax statistics (Korthikanti et al. 2022, §4).
 - ``op``: per-operation selective checkpointing, torchtitan's default: each block runs under
   ``torch.utils.checkpoint`` with a policy that keeps the outputs of every second weight matmul
-  (the first, third, ... of the block, plait.facts.recompute.KEPT_MATMULS) and of the attention
-  kernel, and recomputes everything else (norms, activations, rotary, casts, the other matmuls).
+  (the first, third, ... of the block: plait.models.flops.kept_linears names them for the facts
+  and the planner), of the attention kernel, and of sp's reduce-scatters and cp's all-to-alls,
+  and recomputes everything else (norms, activations, rotary, casts, the other matmuls).
 - ``full`` with ``--recompute-layers N``: only the first N blocks of each pipeline chunk
   (plait.facts.recompute says which).
 
@@ -82,9 +83,10 @@ class OpRecomputed:
         return checkpoint(super().forward, *args, use_reentrant=False, context_fn=selective_contexts, **kwargs)
 
 
-def recomputed_modules(model: Transformer, modes: tuple[str, ...]) -> list[nn.Module]:
-    """The modules whose forward reruns in backward: each block's own mode (``modes``, first block
-    to last, from plait.facts.recompute.block_recompute) names the block or its attention core."""
+def recomputed_modules(model: Transformer, modes: tuple[str, ...]) -> list[tuple[nn.Module, str]]:
+    """(module, mode) of each module whose forward reruns in backward: each block's own mode
+    (``modes``, first block to last, from plait.facts.recompute.block_recompute) names the block
+    (``full``, ``op``) or its attention core (``selective``)."""
     out = []
     for mode, block in zip(modes, model.layers.values(), strict=True):
         if mode in ("full", "op"):

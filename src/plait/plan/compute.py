@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from plait.facts.activations import ACTIVATION_BYTES
+from plait.facts.activations import ACTIVATION_BYTES, op_keeps_attention
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.models.flops import block_norms, kv_heads_per_rank, linear_shapes, recomputed_linears
 from plait.models.spec import ModelSpec
@@ -146,7 +146,7 @@ def layer_times(
     elif recompute == "op":  # the unkept matmuls and every elementwise kernel run again
         rerun = sum(gemm_seconds(hw, precision, Gemm(tokens, *shapes[name][::-1])) for name in recomputed_linears(spec))
         extra = with_host(hw, scale.forward * (rerun + elementwise), host.layer_forward)
-        if kernels.plait_engine and cp > 1 and cp_algorithm == "ring":  # plait's ring is no one kernel to keep
+        if not op_keeps_attention(kernels, cp, cp_algorithm):
             extra += attention
     return LayerTimes(forward, backward_input, grad_weight, extra, attention)
 

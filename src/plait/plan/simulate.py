@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes, loss_backward_bytes
+from plait.facts.activations import (
+    activation_bytes_per_layer, head_activation_bytes, loss_backward_bytes, op_keeps_attention,
+)
 from plait.facts.buckets import BUCKET_CAP_BYTES, bucket_bytes
 from plait.facts.collectives import tied_embedding_bytes
 from plait.facts.recompute import block_recompute, chunk_recompute
@@ -21,7 +23,7 @@ from plait.facts.model_state import (
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.facts.validity import check_run
 from plait.layout import Layout
-from plait.models.flops import flops_per_sequence, layer_flops, layer_parameter_count
+from plait.models.flops import attention_core_forward_flops, flops_per_sequence, layer_flops, layer_parameter_count
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, reduce_scatter_seconds, send_seconds,
@@ -218,10 +220,15 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
 
 
 def hardware_flops(spec: ModelSpec, layout: Layout, kernels: Kernels) -> float:
-    """FLOPs one sequence costs with each block's recomputation (plait.facts.recompute) on ``kernels``' stack."""
-    modes = Counter(block_recompute(spec, layout))
-    return flops_per_sequence(spec).hardware + sum(
-        n * layer_flops(spec, spec.seq_len, mode, kernels.recompute_whole_forward).recompute for mode, n in modes.items())
+    """FLOPs one sequence costs with each block's recomputation (plait.facts.recompute) on ``kernels``'
+    stack; under ``op`` plait's ring attention runs again (plait.facts.activations.op_keeps_attention)."""
+    def rerun(mode: str) -> int:
+        flops = layer_flops(spec, spec.seq_len, mode, kernels.recompute_whole_forward).recompute
+        if mode == "op" and not op_keeps_attention(kernels, layout.cp, layout.cp_algorithm):
+            flops += attention_core_forward_flops(spec, spec.seq_len)
+        return flops
+
+    return flops_per_sequence(spec).hardware + sum(n * rerun(mode) for mode, n in Counter(block_recompute(spec, layout)).items())
 
 
 def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Prediction:
