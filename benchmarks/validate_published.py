@@ -107,9 +107,9 @@ def fit_efficiency(cases: list[Case]) -> float:
     return fit_stack_figure(cases, lambda kernels, e: replace(kernels, matmul_efficiency=((gpu, e),)), 0.4, 1.0)
 
 
-def fit_pipeline_action(cases: list[Case]) -> float:
-    """The seconds per pipeline action of the cases' stack minimising the median |error| over them."""
-    return fit_stack_figure(cases, lambda kernels, s: replace(kernels, pipeline_action_s=s), 0.0, 0.2)
+def fit_layer_host(cases: list[Case]) -> float:
+    """The host seconds per layer forward and backward of the cases' stack minimising the median |error| over them."""
+    return fit_stack_figure(cases, lambda kernels, s: replace(kernels, layer_host_s=s), 0.0, 0.05)
 
 
 def fit_stack_figure(cases: list[Case], setting, lo: float, hi: float) -> float:
@@ -348,7 +348,7 @@ def print_ablations() -> None:
     print("\n| ablation | published order (fastest first) | published step (s) | predicted step (s) | pairs in order "
           "| source |")
     print("| --- | --- | --- | --- | ---: | --- |")
-    fitted_on = bloom_layout_search()[0].name  # megatron-deepspeed's pipeline_action_s came from it
+    fitted_on = bloom_layout_search()[0].name  # megatron-deepspeed's layer_host_s came from it
     right = total = held_right = held_total = apart_right = apart_total = 0
     for ablation in ablations():
         steps = [predict(case, case.hardware())[0] for case in ablation.fastest_first]
@@ -381,8 +381,8 @@ def main() -> None:
         for name, cases in fits.items():
             print(f"fitted {name} matmul_efficiency on {cases[0].source}: {fit_efficiency(cases):.3f}")
         contenders = bloom_layout_search()[0]
-        print(f"fitted megatron-deepspeed pipeline_action_s on {contenders.source}: "
-              f"{fit_pipeline_action(list(contenders.fastest_first)):.4f}")
+        print(f"fitted megatron-deepspeed layer_host_s on {contenders.source}: "
+              f"{fit_layer_host(list(contenders.fastest_first)):.4f}")
         return
     print(f"a100-80gb matmul_efficiency = {hardware('a100-80gb').matmul_efficiency} (fitted on {MEGATRON_2021}); "
           f"megatron-core on h100-sxm {dict(STACKS['megatron-core'].matmul_efficiency)['h100-sxm']} (fitted on five "

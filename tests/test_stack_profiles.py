@@ -50,18 +50,21 @@ def test_plan_names_the_stack_it_used(capsys):
     assert json.loads(capsys.readouterr().out)[0]["stack"] == "megatron-core"
 
 
-def test_a_pipeline_engine_cost_is_paid_once_per_action_on_every_chunk():
-    """DeepSpeed's engine (megatron-deepspeed): each forward and each backward of a micro-batch on a
-    chunk costs ``pipeline_action_s`` more; without stages there is no engine to pay."""
-    engine = STACKS["megatron-deepspeed"]
-    free = replace(engine, pipeline_action_s=0.0)
+def test_a_host_that_cannot_run_ahead_adds_its_time_to_every_layer():
+    """BLOOM's Megatron-DeepSpeed (synchronous kernel launches): each layer's forward and backward on
+    a chunk cost ``layer_host_s`` more, so a chunk of n layers pays n times it, with or without stages,
+    and a full recomputation pays it again for the rerun forward."""
+    blocking = STACKS["megatron-deepspeed"]
+    ahead = replace(blocking, layer_host_s=0.0)
     spec, hw = model_spec("gpt2-large"), hardware("a100-80gb")
-    layout = Layout(pp=4, microbatches=8)
-    paid, unpaid = (chunk_costs(spec, hw, layout, 1, "bf16", k, (9, 9, 9, 9)) for k in (engine, free))
-    for with_engine, without in zip(paid, unpaid):
-        assert with_engine.forward - without.forward == pytest.approx(engine.pipeline_action_s)
-        assert with_engine.backward - without.backward == pytest.approx(engine.pipeline_action_s)
-    assert chunk_costs(spec, hw, Layout(), 1, "bf16", engine, (36,)) == chunk_costs(spec, hw, Layout(), 1, "bf16", free, (36,))
+    for layout, counts in ((Layout(pp=4, microbatches=8), (9, 9, 9, 9)), (Layout(), (36,))):
+        paid, unpaid = (chunk_costs(spec, hw, layout, 1, "bf16", k, counts) for k in (blocking, ahead))
+        for with_host, without, n in zip(paid, unpaid, counts):
+            assert with_host.forward - without.forward == pytest.approx(n * blocking.layer_host_s)
+            assert with_host.backward - without.backward == pytest.approx(n * blocking.layer_host_s)
+    full = Layout(recompute="full")
+    paid, unpaid = (chunk_costs(spec, hw, full, 1, "bf16", k, (36,))[0] for k in (blocking, ahead))
+    assert paid.backward - unpaid.backward == pytest.approx(2 * 36 * blocking.layer_host_s)
 
 
 def test_an_overlapped_parameter_gather_hides_under_the_next_forward_but_its_first_bucket():

@@ -47,11 +47,12 @@ class Kernels:
     # on published runs of the stack (benchmarks/validate_published.py); other GPUs keep the
     # catalog's (plait.plan.hardware.Hardware.matmul_efficiency).
     matmul_efficiency: tuple[tuple[str, float], ...] = ()
-    # Seconds a stack's pipeline engine spends on each forward and each backward of a micro-batch on a
-    # chunk beyond its kernels: DeepSpeed's pipeline engine interprets every micro-batch's instructions
-    # in Python and sends activations as broadcasts in two-rank groups; 0 where the schedule runs in
-    # kernels the host queues ahead (Megatron-LM, torchtitan, plait).
-    pipeline_action_s: float = 0.0
+    # Seconds the host adds to each layer's forward and to its backward beyond the kernels, where it
+    # cannot run ahead of them: BLOOM's Megatron-DeepSpeed ran with CUDA_LAUNCH_BLOCKING=1 (its
+    # train/tr11-176B-ml/README.md, against a hang on its cluster), so every kernel waited for the
+    # host's Python and launch; 0 where the host queues kernels ahead (Megatron-LM, torchtitan, plait
+    # on a GPU, whose measured hosts calibrate describes instead).
+    layer_host_s: float = 0.0
     # DeepSpeed's pipeline engine reduces the data-parallel gradients in a ReduceGrads instruction after
     # the schedule's last backward (deepspeed/runtime/pipe/schedule.py), so none of it hides under
     # backward; elsewhere hooks reduce buckets as backward produces them.
@@ -73,7 +74,7 @@ class Kernels:
 # benchmarks/validate_published.py --fit megatron-core
 MEGATRON_CORE_H100 = 0.488
 PYTORCH_H100_96GB = 0.587
-DEEPSPEED_PIPELINE_ACTION_S = 0.0284
+DEEPSPEED_LAYER_HOST_S = 0.0029
 
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
@@ -90,7 +91,7 @@ STACKS = {
     # Megatron-DeepSpeed (BLOOM, 2022): Megatron-LM's fused softmax without flash attention, dropout, and
     # DeepSpeed's pipeline engine, whose cost per micro-batch was fitted on BLOOM's own layout search
     # (benchmarks/validate_published.py: the '48 node contenders' table, the other three held out).
-    "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, pipeline_action_s=DEEPSPEED_PIPELINE_ACTION_S,
+    "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
                                   reduce_after_schedule=True),
     # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
     # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel

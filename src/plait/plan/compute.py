@@ -130,12 +130,13 @@ def layer_times(
     elementwise = (shape.elementwise_bytes / memory_rate + shape.activation_bytes / activation_rate
                    + ELEMENTWISE_KERNELS * hw.kernel_overhead_s)
     host, scale = host_overhead(hw, spec), hw.layer_kernel_scale.get(spec.family, UNSCALED)
-    forward = with_host(hw, scale.forward * (weights + attention + elementwise), host.layer_forward)
+    # (a stack whose host cannot run ahead adds its own time to each layer's forward and backward)
+    forward = with_host(hw, scale.forward * (weights + attention + elementwise), host.layer_forward) + kernels.layer_host_s
     # Backward: dX = dY·Wᵀ is an (m×n)·(n×k) product, dW = Xᵀ·dY a (k×m)·(m×n) one.
     grad_input = sum(gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n, g.batch)) for g in shape.weights)
     grad_weight = scale.backward * sum(gemm_seconds(hw, precision, Gemm(g.k, g.n, g.m, g.batch)) for g in shape.weights)
     backward_input = with_host(hw, scale.backward * (grad_input + hw.attention_backward_ratio * attention + 2 * elementwise),
-                               host.layer_backward)
+                               host.layer_backward) + kernels.layer_host_s
     attention *= scale.forward
     extra = {"none": 0.0, "selective": attention}.get(recompute)
     tokens = micro_batch * spec.seq_len // cp

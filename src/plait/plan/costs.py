@@ -227,9 +227,6 @@ def chunk_costs(
             forward += ends.embedding_forward + first_gather
             backward_input += ends.embedding_backward
             comm += ends.embedding_forward + ends.embedding_backward + first_gather
-        if len(counts) > 1:  # the pipeline engine's own cost of running each action
-            forward += kernels.pipeline_action_s
-            backward_input += kernels.pipeline_action_s
         if c == len(counts) - 1:
             forward += head.forward + ends.head_forward
             backward_input += head.backward_input + ends.head_backward

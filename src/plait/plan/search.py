@@ -41,7 +41,7 @@ from plait.schedules.split import split_layers, split_problems
 PLAYED = 8  # layouts whose schedules are played exactly after the closed-form pass
 # The planner's own step-time error: its median |error| on the published runs held out of every
 # fit (docs/VALIDATION.md). Layouts predicted closer than this cannot be told apart by it.
-PLANNER_ERROR = 0.061
+PLANNER_ERROR = 0.060
 MAX_GPUS = 2**20  # no cluster is larger; it keeps every search (and its error message) to seconds
 
 
@@ -364,17 +364,14 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         for rc, (_, mean, work, embedding_extra, fill_zb, flushed, backward, forward), peak, blocks in candidates:
                             if gathered and v > 1:
                                 flushed = flush.exposed(per_rank * backward, gather_window(per_rank * forward, v, pp, m)) + flush.optimizer
-                            engine = 2 * v * kernels.pipeline_action_s if pp > 1 else 0.0  # (plan.costs.chunk_costs)
-                            mean += engine
                             first_stage = first_layers * work + embedding_extra
                             if pp == 1:
-                                slowest = first_stage + engine + head_work
+                                slowest = first_stage + head_work
                             else:
                                 last_stage = last_layers * work + head_work
                                 slowest = first_stage if first_stage > last_stage else last_stage
                                 if middle_layers * work > slowest:
                                     slowest = middle_layers * work
-                                slowest += engine
                             fill = fill_zb if name == "zb-h1" else mean / v
                             step = estimate_step(name, pp, v, m, mean, slowest, fill, flight) + flushed
                             found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate, blocks or 0),
