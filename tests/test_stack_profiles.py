@@ -105,3 +105,22 @@ def test_under_interleaving_a_chunks_overlapped_gather_hides_under_the_forwards_
     one_chunk = replace(layout, schedule="1f1b", virtual_stages=1)
     interleaved, plain = (evaluate(workload, hw, 3072, lay).time_breakdown["exposed_dp_comm_s"] for lay in (layout, one_chunk))
     assert interleaved < 0.8 * plain
+
+
+def test_deepspeeds_pipeline_engine_reduces_gradients_after_its_schedule():
+    """DeepSpeed's ReduceGrads instruction follows the schedule's last backward: with stages its
+    whole gradient all-reduce waits after backward, where a stack reducing buckets from hooks hides
+    all but the last bucket under it; without stages DeepSpeed's engine reduces from hooks too."""
+    from plait.plan.simulate import Workload, flush_costs
+
+    spec, hw = model_spec("gpt2-xl"), hardware("a100-80gb")
+    hooked = replace(STACKS["megatron-deepspeed"], reduce_after_schedule=False)
+    for layout in (Layout(dp=8, pp=4, microbatches=8), Layout(dp=8)):
+        params = spec.layers * 12 * spec.hidden**2 / layout.pp
+        after = flush_costs(Workload(spec, 64, "bf16", STACKS["megatron-deepspeed"]), hw, layout, params, 100)
+        during = flush_costs(Workload(spec, 64, "bf16", hooked), hw, layout, params, 100)
+        if layout.pp > 1:
+            assert after.reduce == 0 and after.after == pytest.approx(during.reduce + during.after)
+            assert after.exposed(10.0) > during.exposed(10.0)
+        else:
+            assert after == during
