@@ -151,6 +151,9 @@ BAD_COMMANDS = {
     "plan on no GPUs": (["plan", "--model", "tiny", "--gpus", "0"], "--gpus must be a positive integer"),
     "plan of recompute layers under selective recomputation": (
         ["plan", "--model", "tiny", "--recompute", "selective", "--recompute-layers", "2"], "pass --recompute full with it"),
+    "simulate of a schedule Megatron-LM does not run": (
+        ["simulate", "--model", "tiny", "--stack", "megatron", "--pp", "2", "--schedule", "zb-h1", "--microbatches", "4"],
+        "has no zb-h1 schedule"),
     "simulate of per-operation recomputation on Megatron-LM": (
         ["simulate", "--model", "tiny", "--stack", "megatron", "--recompute", "op"], "no per-operation checkpointing"),
     "plan on an unknown GPU": (["plan", "--model", "tiny", "--gpu", "h900"], "unknown GPU 'h900'"),

@@ -100,7 +100,7 @@ def test_the_floor_on_step_time_keeps_what_scoring_every_layout_keeps(model, gpu
     ("llama-405b", 2048, "h100-sxm", "megatron", Layout(dp=128, tp=8, pp=16, sp=True, zero=3, schedule="interleaved-1f1b",
                                                        virtual_stages=2, microbatches=16)),
     ("llama-405b", 2048, "h100-sxm", "megatron", Layout(dp=64, tp=8, pp=16, sp=True, zero=1, microbatches=32)),
-    ("llama-405b", 2048, "h100-sxm", "megatron", Layout(dp=64, tp=8, pp=16, sp=True, zero=1, schedule="zb-h1", microbatches=32)),
+    ("llama-405b", 2048, "h100-sxm", "plait", Layout(dp=64, tp=8, pp=16, sp=True, zero=1, schedule="zb-h1", microbatches=32)),
     ("gpt3-175b", 1536, "a100-80gb", "megatron", Layout(dp=16, tp=8, pp=8, sp=True, zero=1, schedule="interleaved-1f1b",
                                                        virtual_stages=3, microbatches=96, recompute="selective")),
     ("llama-70b", 512, "h100-sxm", "plait", Layout(dp=8, tp=4, pp=4, sp=True, zero=2, schedule="interleaved-1f1b",

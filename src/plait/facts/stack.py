@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plait.layout import SCHEDULES
+
 
 @dataclass(frozen=True)
 class Kernels:
@@ -25,6 +27,10 @@ class Kernels:
     # tensor backward needs, so the block's closing collective is not issued again (plait);
     # Megatron-LM reruns the whole forward, collectives and all.
     recompute_whole_forward: bool = True
+    # The pipeline schedules the stack runs: Megatron-LM and Megatron-Core 1F1B and interleaved 1F1B,
+    # DeepSpeed's pipeline engine its 1F1B (TrainSchedule), torch.distributed.pipelining (plait,
+    # torchtitan) GPipe, 1F1B, interleaved and zero-bubble.
+    schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
     # Per-operation selective checkpointing (``--recompute op``, torchtitan's default: torch's
     # selective checkpoint keeps every second matmul's output and the attention kernel's); Megatron-LM
     # recomputes the attention core or whole blocks only.
@@ -79,7 +85,7 @@ DEEPSPEED_LAYER_HOST_S = 0.0029
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
     # query kept, no scores), one eager kernel per elementwise op, either context-parallel algorithm.
-    "plait": Kernels(fused=False, cp_algorithms=("all-to-all", "ring"), recompute_whole_forward=False,
+    "plait": Kernels(fused=False, cp_algorithms=("all-to-all", "ring"), recompute_whole_forward=False, schedules=SCHEDULES,
                      per_op_checkpointing=True, tp_backward_overlap=False, loss_backward_copies=2, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
     "megatron": Kernels(),
@@ -91,13 +97,14 @@ STACKS = {
     # Megatron-DeepSpeed (BLOOM, 2022): Megatron-LM's fused softmax without flash attention, dropout, and
     # DeepSpeed's pipeline engine, whose cost per micro-batch was fitted on BLOOM's own layout search
     # (benchmarks/validate_published.py: the '48 node contenders' table, the other three held out).
-    "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
+    "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S, schedules=("1f1b",),
                                   reduce_after_schedule=True),
     # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
     # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel
     # collective on the critical path: its async TP is this with tp_comm_overlap); its efficiency fitted
     # on two of torchtitan's published bf16 runs on Grand Teton H100s (two more held out).
     "pytorch": Kernels(recompute_whole_forward=False, per_op_checkpointing=True, tp_backward_overlap=False, loss_backward_copies=2,
+                       schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
                        matmul_efficiency=(("h100-96gb", PYTORCH_H100_96GB),)),
 }
 DEFAULT_STACK = "plait"

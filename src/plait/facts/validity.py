@@ -78,13 +78,16 @@ def recomputes_once_per_backward(schedule: str, recompute: str) -> bool:
     return not (recompute == "op" and schedule == "zb-h1")
 
 
-def pipeline_problems(spec: ModelSpec, layout: Layout) -> list[str]:
-    """The schedule, the stage split and the schedule's backward under the recomputation, when the
-    layout has pipeline stages."""
+def pipeline_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["plait"]) -> list[str]:
+    """The schedule (one the stack runs), the stage split and the schedule's backward under the
+    recomputation, when the layout has pipeline stages."""
     if layout.pp == 1:
         return []
     problems = (_raised(lambda: validate_schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages))
                 + split_problems(spec, layout.pp, layout.virtual_stages, layout.stage_layers))
+    if layout.schedule not in kernels.schedules:
+        problems.append(f"this software stack has no {layout.schedule} schedule; pass --schedule "
+                        f"{' or '.join(kernels.schedules)}")
     if not recomputes_once_per_backward(layout.schedule, layout.recompute):
         problems.append("--recompute op replays each block's forward once, and zb-h1's split backward replays it "
                         "twice (input gradients, then weight gradients); pass --recompute full or selective, or "
@@ -157,7 +160,7 @@ def layout_problems(spec: ModelSpec, layout: Layout, world_size: int | None = No
     if problems:  # the checks below read the fields as positive integers
         return problems
     return (compression_problems(layout) + recompute_problems(layout, kernels) + fit_problems(spec, layout, kernels)
-            + pipeline_problems(spec, layout) + size_problems(layout, world_size, global_batch))
+            + pipeline_problems(spec, layout, kernels) + size_problems(layout, world_size, global_batch))
 
 
 def mesh_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None, global_batch: int | None = None,

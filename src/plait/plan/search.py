@@ -204,7 +204,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     @functools.cache
     def schedule_fits(pp: int, m: int, name: str, v: int) -> bool:
         return not pipeline_problems(spec, Layout(pp=pp, microbatches=m, schedule=name, virtual_stages=v,
-                                                  stage_layers=stage_layers))
+                                                  stage_layers=stage_layers), kernels)
 
     @functools.cache
     def schedule_list(pp: int, m: int) -> list[tuple[str, int, int, int]]:
@@ -426,8 +426,10 @@ def _layer_work(layout: Layout, workload: Workload, hw: Hardware, mbs: int, time
     lc = layer_cost(workload.spec, hw, layout, mbs, workload.precision, workload.kernels, times[layout.recompute])
     t = lc.times
     work = t.forward + t.backward + t.recompute + lc.comm_forward + lc.comm_backward
-    return (work, t.forward + t.backward_input - t.backward_weight, t.forward + lc.comm_forward,
-            t.backward + lc.comm_backward, lc.first_gather)
+    # zb-h1's F + I − W as the play's chunks count them (plan.costs.chunk_costs): F with its
+    # collectives, I with the recomputation and the backward's collectives.
+    forward, backward_input = t.forward + lc.comm_forward, t.backward_input + t.recompute + lc.comm_backward
+    return (work, forward + backward_input - t.backward_weight, forward, t.backward + lc.comm_backward, lc.first_gather)
 
 
 def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = None,
