@@ -56,7 +56,8 @@ def train_help() -> dict[str, str]:
         "--schedule": f"pipeline schedule {_layout_default('schedule')}",
         "--virtual-stages": f"pipeline chunks per rank, for interleaved-1f1b {_layout_default('virtual_stages')}",
         "--microbatches": f"micro-batches per data-parallel rank and step {_layout_default('microbatches')}",
-        "--recompute": f"recompute in backward: the attention core, each operation but every second matmul (op) or each whole block {_layout_default('recompute')}",
+        "--recompute": "recompute in backward: the attention core, each operation but every second matmul (op) "
+                       f"or each whole block {_layout_default('recompute')}",
         "--cp-algorithm": "context parallelism: all-to-all exchanges heads (cp must divide heads/tp), ring passes K/V "
                           f"blocks round the cp ranks (seq-len a multiple of 2·cp) {_layout_default('cp_algorithm')}",
         "--precision": "bf16 autocast over fp32 master weights, or fp32 (default: bf16 on GPUs, fp32 on CPUs)",

@@ -116,10 +116,7 @@ def autocast_copies_weights(precision: str, zero: int = 0, pp: int = 1) -> bool:
 def layer_weight_elements(spec: ModelSpec, tp: int) -> int:
     """Elements of the weight matrices one tensor-parallel rank of a layer multiplies by: its shards,
     and under kv-heads fewer than tp the rows of its own kv-head of the replicated wk and wv."""
-    h, f = spec.hidden, spec.ffn_hidden
-    kv = spec.kv_dim // tp if spec.kv_heads % tp == 0 else spec.head_dim
-    mlp = (3 if spec.gated_mlp else 2) * h * f // tp
-    return 2 * h * h // tp + 2 * kv * h + mlp
+    return sum(inputs * outputs for inputs, outputs in linear_shapes(spec, tp).values())
 
 
 def op_keeps_attention(kernels: Kernels, cp: int, cp_algorithm: str) -> bool:

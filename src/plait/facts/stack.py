@@ -77,7 +77,7 @@ class Kernels:
         return self.engine == "plait"
 
 
-# benchmarks/validate_published.py --fit megatron-core
+# benchmarks/validate_published.py --fit
 MEGATRON_CORE_H100 = 0.488
 PYTORCH_H100_96GB = 0.587
 DEEPSPEED_LAYER_HOST_S = 0.0029
@@ -85,8 +85,9 @@ DEEPSPEED_LAYER_HOST_S = 0.0029
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
     # query kept, no scores), one eager kernel per elementwise op, either context-parallel algorithm.
-    "plait": Kernels(fused=False, cp_algorithms=("all-to-all", "ring"), recompute_whole_forward=False, schedules=SCHEDULES,
-                     per_op_checkpointing=True, tp_backward_overlap=False, loss_backward_copies=2, engine="plait"),
+    "plait": Kernels(fused=False, cp_algorithms=("all-to-all", "ring"), recompute_whole_forward=False,
+                     schedules=SCHEDULES, per_op_checkpointing=True, tp_backward_overlap=False,
+                     loss_backward_copies=2, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
     "megatron": Kernels(),
     # Megatron-Core with Transformer Engine (2024 on): as megatron, with the tensor-parallel
@@ -94,17 +95,18 @@ STACKS = {
     # of the Megatron-LM README (the other four and the strong-scaling pair held out).
     "megatron-core": Kernels(tp_comm_overlap=True, param_gather_overlap=True,
                              matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),)),
-    # Megatron-DeepSpeed (BLOOM, 2022): Megatron-LM's fused softmax without flash attention, dropout, and
-    # DeepSpeed's pipeline engine, whose cost per micro-batch was fitted on BLOOM's own layout search
+    # Megatron-DeepSpeed (BLOOM, 2022): Megatron-LM's fused softmax without flash attention, dropout,
+    # DeepSpeed's 1F1B pipeline engine reducing gradients after its schedule, and a host launching
+    # kernels synchronously, whose cost per layer was fitted on BLOOM's own layout search
     # (benchmarks/validate_published.py: the '48 node contenders' table, the other three held out).
-    "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S, schedules=("1f1b",),
-                                  reduce_after_schedule=True),
+    "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
+                                  schedules=("1f1b",), reduce_after_schedule=True),
     # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
     # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel
     # collective on the critical path: its async TP is this with tp_comm_overlap); its efficiency fitted
     # on two of torchtitan's published bf16 runs on Grand Teton H100s (two more held out).
-    "pytorch": Kernels(recompute_whole_forward=False, per_op_checkpointing=True, tp_backward_overlap=False, loss_backward_copies=2,
-                       schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
+    "pytorch": Kernels(recompute_whole_forward=False, per_op_checkpointing=True, tp_backward_overlap=False,
+                       loss_backward_copies=2, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
                        matmul_efficiency=(("h100-96gb", PYTORCH_H100_96GB),)),
 }
 DEFAULT_STACK = "plait"
