@@ -4,7 +4,7 @@ A config file has up to three tables, each optional:
 
     [model]   name = "tiny-llama", and any ModelSpec field (layers, hidden, heads, ...)
     [layout]  dp, tp, cp, pp, sp, zero, schedule, virtual_stages, microbatches, recompute,
-              recompute_layers, cp_algorithm and grad_compression
+              recompute_layers, offload_activations, cp_algorithm and grad_compression
     [train]   steps, global_batch, seed, precision, lr, ... (the TrainSpec fields)
 
 Flags override the file; the file overrides the defaults.
@@ -167,6 +167,9 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--recompute-layers", type=int, metavar="N",
                        help="with --recompute full: only the first N blocks of each pipeline chunk recompute, the "
                             "rest keep their activations (default: every block)")
+    group.add_argument("--offload-activations", action=argparse.BooleanOptionalAction, default=None,
+                       help="keep what each block saves for backward in host memory until its backward (with "
+                            "--recompute none; the copies cross the host link on the critical path)")
     group.add_argument("--grad-compression", choices=GRAD_COMPRESSIONS,
                        help="data-parallel gradient reduction: none (default), bf16 on the wire, or powersgd "
                             "(rank-8 factors with error feedback, lossy; ZeRO 0-1 without tp or pp)")

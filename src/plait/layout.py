@@ -49,6 +49,9 @@ class Layout:
     # With recompute "full": only the first N blocks of each pipeline chunk rerun their forward in
     # backward and the others keep everything (Megatron-LM's block method); None: every block.
     recompute_layers: int | None = None
+    # What each block saves for backward waits in host memory between its forward and its backward
+    # (plait.parallel.offload); the blocks then recompute nothing.
+    offload_activations: bool = False
     grad_compression: str = "none"
     cp_algorithm: str = "all-to-all"
     # Hybrid sharding (HSDP): the dp ranks as dp_replicate groups of dp/dp_replicate neighbours;
@@ -87,6 +90,8 @@ class Layout:
         if self.recompute != "none":
             partial = f":{self.recompute_layers}" if self.recompute_layers is not None else ""
             extras.append(f"recompute={self.recompute}{partial}")
+        if self.offload_activations:
+            extras.append("offload")
         if self.grad_compression != "none":
             extras.append(f"grads {self.grad_compression}")
         if self.cp > 1 and self.cp_algorithm == "ring":
@@ -117,6 +122,10 @@ class Layout:
             if self.recompute != "full":
                 raise ConfigError(f"--recompute-layers {self.recompute_layers} picks the blocks that recompute fully; "
                                   "pass --recompute full with it, or drop --recompute-layers")
+        if self.offload_activations and self.recompute != "none":
+            raise ConfigError(f"--offload-activations moves what each block saves to host memory, and --recompute "
+                              f"{self.recompute} keeps a block's inputs on the device for its replay (Megatron-Core "
+                              "refuses the pair too); drop one of them")
         if self.grad_compression not in GRAD_COMPRESSIONS:
             raise ConfigError(f"unknown gradient compression {self.grad_compression!r}; "
                               f"use one of {', '.join(GRAD_COMPRESSIONS)}")

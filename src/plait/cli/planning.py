@@ -224,6 +224,8 @@ def format_prediction(p: Prediction, hw: Hardware) -> str:
         f"({hw.memory_headroom:.0%} kept free)"
         f"{'' if p.fits else '  — DOES NOT FIT'}: " + "  ".join(f"{k} {v / 1e9:.2f}" for k, v in mem.items()),
     ]
+    if p.host_memory_bytes:
+        lines.append(f"host memory per rank for offloaded activations {p.host_memory_bytes / 1e9:.2f} GB")
     return "\n".join(lines)
 
 

@@ -58,6 +58,8 @@ def train_help() -> dict[str, str]:
         "--microbatches": f"micro-batches per data-parallel rank and step {_layout_default('microbatches')}",
         "--recompute": "recompute in backward: the attention core, each operation but every second matmul (op) "
                        f"or each whole block {_layout_default('recompute')}",
+        "--offload-activations": "keep what each block saves for backward in host memory until its backward, with "
+                                 f"--recompute none {_layout_default('offload_activations')}",
         "--cp-algorithm": "context parallelism: all-to-all exchanges heads (cp must divide heads/tp), ring passes K/V "
                           f"blocks round the cp ranks (seq-len a multiple of 2·cp) {_layout_default('cp_algorithm')}",
         "--precision": "bf16 autocast over fp32 master weights, or fp32 (default: bf16 on GPUs, fp32 on CPUs)",

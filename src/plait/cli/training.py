@@ -80,6 +80,8 @@ def describe_prediction(config: RunConfig, prediction: Prediction | None, hw: Ha
         f"time    {prediction.step_time_s:.4g} s per step predicted on {hw.name}, bubble "
         f"{prediction.bubble_fraction:.1%}, {train.global_batch * spec.seq_len / prediction.step_time_s:,.0f} tokens/s",
     ]
+    if prediction.host_memory_bytes:
+        lines.append(f"host    {prediction.host_memory_bytes / 2**20:,.1f} MiB of offloaded activations on the fullest rank")
     return "\n".join(lines)
 
 
@@ -113,8 +115,8 @@ def layout_flags(layout: Layout) -> list[str]:
     flags = []
     for name, value in layout.to_dict().items():
         flag = "--" + name.replace("_", "-")
-        if name == "sp":
-            flags.append("--sp" if value else "--no-sp")
+        if name in ("sp", "offload_activations"):  # the booleans
+            flags.append(flag if value else "--no-" + flag[2:])
         elif name == "stage_layers":
             if value is not None:
                 flags += [flag, ",".join(map(str, value))]

@@ -35,6 +35,11 @@ class Kernels:
     # selective checkpoint keeps every second matmul's output and the attention kernel's); Megatron-LM
     # recomputes the attention core or whole blocks only.
     per_op_checkpointing: bool = False
+    # Activation offload (``--offload-activations``): "" where the stack has none (Megatron-LM's 2021-22
+    # releases, DeepSpeed's pipeline engine, torchtitan), "serial" where the copies to and from host
+    # memory run on the compute stream (plait.parallel.offload), "overlapped" where a side stream runs
+    # them under the neighbouring layers' compute (Megatron-Core's --cpu-offloading).
+    activation_offload: str = ""
     # Megatron-LM runs a column-parallel linear's backward tensor-parallel collective asynchronously
     # (LinearWithGradAccumulationAndAsyncCommunication): the input gradient's all-reduce, or under sp
     # its reduce-scatter, goes while the weight gradient is computed, and sp's re-gather of the saved
@@ -86,14 +91,14 @@ STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
     # query kept, no scores), one eager kernel per elementwise op, either context-parallel algorithm.
     "plait": Kernels(fused=False, cp_algorithms=("all-to-all", "ring"), recompute_whole_forward=False,
-                     schedules=SCHEDULES, per_op_checkpointing=True, tp_backward_overlap=False,
-                     loss_backward_copies=2, engine="plait"),
+                     schedules=SCHEDULES, per_op_checkpointing=True, activation_offload="serial",
+                     tp_backward_overlap=False, loss_backward_copies=2, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
     "megatron": Kernels(),
     # Megatron-Core with Transformer Engine (2024 on): as megatron, with the tensor-parallel
     # communication inside the matmuls and the parameter gather under the next forward; its H100 efficiency fitted on five of the nine weak-scaling runs
     # of the Megatron-LM README (the other four and the strong-scaling pair held out).
-    "megatron-core": Kernels(tp_comm_overlap=True, param_gather_overlap=True,
+    "megatron-core": Kernels(tp_comm_overlap=True, param_gather_overlap=True, activation_offload="overlapped",
                              matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),)),
     # Megatron-DeepSpeed (BLOOM, 2022): Megatron-LM's fused softmax without flash attention, dropout,
     # DeepSpeed's 1F1B pipeline engine reducing gradients after its schedule, and a host launching

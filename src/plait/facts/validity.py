@@ -64,10 +64,13 @@ def fit_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["pla
 
 
 def recompute_problems(layout: Layout, kernels: Kernels) -> list[str]:
-    """Per-operation checkpointing on a stack that has none."""
+    """Per-operation checkpointing or activation offload on a stack that has none."""
     if layout.recompute == "op" and not kernels.per_op_checkpointing:
         return ["this software stack has no per-operation checkpointing (Megatron-LM recomputes the attention "
                 "core or whole blocks); pass --recompute selective or full"]
+    if layout.offload_activations and not kernels.activation_offload:
+        return ["this software stack cannot offload activations to host memory (plait and Megatron-Core can); "
+                "drop --offload-activations or pass --recompute to save activation memory"]
     return []
 
 
@@ -76,6 +79,13 @@ def recomputes_once_per_backward(schedule: str, recompute: str) -> bool:
     replays a block once, and zb-h1 splits each backward in two (input gradients, then weights),
     replaying the block's forward for each."""
     return not (recompute == "op" and schedule == "zb-h1")
+
+
+def reads_saved_once_per_backward(schedule: str, offload: bool) -> bool:
+    """Whether ``schedule``'s backward reads each offloaded tensor once, as the offload's one copy
+    back (plait.parallel.offload) and the planner's count of it assume: zb-h1's split backward reads
+    a block's saved tensors in each of its halves."""
+    return not (offload and schedule == "zb-h1")
 
 
 def pipeline_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["plait"]) -> list[str]:
@@ -92,6 +102,10 @@ def pipeline_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS
         problems.append("--recompute op replays each block's forward once, and zb-h1's split backward replays it "
                         "twice (input gradients, then weight gradients); pass --recompute full or selective, or "
                         "another --schedule")
+    if not reads_saved_once_per_backward(layout.schedule, layout.offload_activations):
+        problems.append("--offload-activations brings each block's saved tensors back once for its backward, and "
+                        "zb-h1's split backward reads them in each half (input gradients, then weight gradients); "
+                        "pass another --schedule or drop --offload-activations")
     return problems
 
 

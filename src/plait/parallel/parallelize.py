@@ -1,6 +1,6 @@
 """One ``parallelize`` step: the seeded single-device model spread over the mesh, top to bottom.
 
-As torchtitan's ``parallelize``: tensor/sequence → context → recomputation → pipeline split →
+As torchtitan's ``parallelize``: tensor/sequence → context → recomputation or offload → pipeline split →
 data parallel/ZeRO → optimizer, each an ``apply_*`` step from outside the model. The order is
 forced: context parallelism swaps the attention core that selective recomputation wraps, a stage
 is a slice of the tensor-parallel model, and the data-parallel wrappers and ZeRO's optimizer hooks
@@ -22,6 +22,7 @@ from plait.parallel.context import apply_context_parallel
 from plait.parallel.data import apply_data_parallel
 from plait.parallel.gradient_buckets import GradientBuckets
 from plait.parallel.gradients import GradientReduction, data_parallel_buckets, gradient_reduction
+from plait.parallel.offload import apply_activation_offload
 from plait.parallel.optimizer import build_optimizer
 from plait.parallel.pipeline import Pipeline, build_pipeline
 from plait.parallel.recompute import apply_recompute
@@ -47,10 +48,12 @@ class Parallelized:
 
 
 def apply_within_stage(model: Transformer, topology: Topology) -> Transformer:
-    """Tensor and context parallelism, then recomputation: what a pipeline stage keeps of them."""
+    """Tensor and context parallelism, then recomputation or activation offload: what a pipeline stage
+    keeps of them."""
     model = apply_tensor_parallel(model, topology)
     model = apply_context_parallel(model, topology)
-    return apply_recompute(model, block_recompute(model.spec, topology.layout))
+    model = apply_recompute(model, block_recompute(model.spec, topology.layout))
+    return apply_activation_offload(model, topology.layout.offload_activations)
 
 
 def parallelize(model: Transformer, topology: Topology, precision: str, lr: float, weight_decay: float) -> Parallelized:

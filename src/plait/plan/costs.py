@@ -22,6 +22,7 @@ from plait.plan.comm import (
 )
 from plait.plan.compute import NO_OVERHEAD, LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
+from plait.plan.memory import layer_saved_bytes
 
 COLLECTIVE_SECONDS = {
     "all_reduce": all_reduce_seconds, "all_gather": all_gather_seconds,
@@ -93,6 +94,9 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     if wrappers.layer_forward or wrappers.layer_backward:
         times = replace(times, forward=times.forward + wrappers.layer_forward,
                         backward_input=times.backward_input + wrappers.layer_backward)
+    if layout.offload_activations:
+        times = with_offload_copies(times, layer_saved_bytes(spec, layout, micro_batch, precision, kernels)
+                                    / hw.host_link_bytes_per_s, kernels)
     e = ACTIVATION_BYTES[precision]
     # The calls plait.facts lists: tensor-parallel collectives and the all-to-all head exchange, each
     # on the critical path of the layer; a ring's K/V (and backward's dK/dV) hops, which go round
@@ -144,6 +148,16 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         zero_backward = exposed_under(gather + scatter, times.backward + times.recompute, hw.comm_overlap)
     return LayerCost(times, on_path["forward"] + cp_forward + zero_forward,
                      on_path["backward"] + cp_backward + zero_backward, gather)
+
+
+def with_offload_copies(times: LayerTimes, copy: float, kernels: Kernels) -> LayerTimes:
+    """A layer whose saved tensors cross the host link, ``copy`` seconds each way: out in its forward,
+    back in its backward. On the compute stream (``Kernels.activation_offload`` "serial") they add
+    to both; on a side stream ("overlapped") only what exceeds the compute beside them does."""
+    if kernels.activation_offload == "overlapped":
+        return replace(times, forward=times.forward + exposed_under(copy, times.forward, 1.0),
+                       backward_input=times.backward_input + exposed_under(copy, times.backward, 1.0))
+    return replace(times, forward=times.forward + copy, backward_input=times.backward_input + copy)
 
 
 def zero3_layer_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str,

@@ -81,6 +81,10 @@ class Hardware:
     # CPU's vector units pay for every exponential, so calibrate measures both.
     attention_score_s: float = 0.0
     attention_backward_ratio: float = 2.5
+    # Bytes per second one device copies to or from host memory, each way, into pinned buffers (what
+    # activation offload moves over). None: a CPU, whose host memory is its own: a copy reads and
+    # writes it (``host_link_bytes_per_s``).
+    host_link_gbps: float | None = None
     # Fixed cost of one kernel launch or collective call on the host side.
     kernel_overhead_s: float = 4e-6
     # Matmuls run in output tiles of this many rows and columns; ragged edges waste the rest.
@@ -124,6 +128,10 @@ class Hardware:
         """Device memory a plan may fill: all of it but the headroom."""
         return self.memory_bytes * (1 - self.memory_headroom)
 
+    @property
+    def host_link_bytes_per_s(self) -> float:
+        return (self.host_link_gbps or self.memory_gbps / 2) * 1e9
+
     def peak_tflops(self, precision: str) -> float:
         return self.bf16_tflops if precision == "bf16" else self.fp32_tflops
 
@@ -132,50 +140,54 @@ class Hardware:
 
 
 # All NVIDIA server parts assume an 8-GPU HGX/DGX node with one network adapter per GPU.
+# Each GPU reaches host memory over its own PCIe x16 link: 15.75 GB/s a direction raw on Gen3,
+# 31.5 on Gen4, 63 on Gen5, of which pinned copies reach about 80% (CUDA's bandwidthTest on such
+# servers reads 12, 25 and 50 GB/s): PCIE_GEN3, _GEN4, _GEN5.
+PCIE_GEN3, PCIE_GEN4, PCIE_GEN5 = 12.0, 25.0, 50.0
 CATALOG: dict[str, Hardware] = {
     # NVIDIA Tesla V100 datasheet (SXM2/SXM3): 125 TFLOPS on fp16 tensor cores (V100 has no bf16: its
     # mixed precision runs fp16, at the same rate), FP32 15.7 TFLOPS, 32 GB HBM2 at 900 GB/s; NVLink 2
     # 300 GB/s bidirectional = 150 per direction. Nodes as DGX-2H (Shoeybi et al. 2019, Megatron-LM):
     # 16 GPUs on NVSwitch, 8 × 100 Gb/s InfiniBand per node = 6.25 GB/s per GPU.
-    "v100": Hardware("v100", 125, 15.7, 32 * GB, 900, 150, 6.25, gpus_per_node=16),
+    "v100": Hardware("v100", 125, 15.7, 32 * GB, 900, 150, 6.25, gpus_per_node=16, host_link_gbps=PCIE_GEN3),
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, FP32 19.5 TFLOPS,
     # 40 GB HBM2 at 1,555 GB/s; NVLink 3 600 GB/s bidirectional = 300 GB/s per direction.
     # DGX A100 user guide: 8× ConnectX-6 200 Gb/s HDR InfiniBand → 25 GB/s per GPU.
-    "a100-40gb": Hardware("a100-40gb", 312, 19.5, 40 * GB, 1555, 300, 25),
+    "a100-40gb": Hardware("a100-40gb", 312, 19.5, 40 * GB, 1555, 300, 25, host_link_gbps=PCIE_GEN4),
     # Same datasheet, 80 GB HBM2e at 2,039 GB/s.
-    "a100-80gb": Hardware("a100-80gb", 312, 19.5, 80 * GB, 2039, 300, 25),
+    "a100-80gb": Hardware("a100-80gb", 312, 19.5, 80 * GB, 2039, 300, 25, host_link_gbps=PCIE_GEN4),
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 989 TFLOPS dense, FP32 67 TFLOPS,
     # 80 GB HBM3 at 3.35 TB/s; NVLink 4 900 GB/s bidirectional.
     # DGX H100: 8× ConnectX-7 400 Gb/s NDR → 50 GB/s per GPU.
-    "h100-sxm": Hardware("h100-sxm", 989, 67, 80 * GB, 3350, 450, 50),
+    "h100-sxm": Hardware("h100-sxm", 989, 67, 80 * GB, 3350, 450, 50, host_link_gbps=PCIE_GEN5),
     # H100 datasheet (PCIe): BF16 756 TFLOPS dense, FP32 51 TFLOPS, 80 GB HBM2e at 2.0 TB/s;
     # no NVSwitch: peers talk over PCIe Gen5 x16, 64 GB/s per direction; one 400 Gb/s NIC per GPU.
-    "h100-pcie": Hardware("h100-pcie", 756, 51, 80 * GB, 2000, 64, 50),
+    "h100-pcie": Hardware("h100-pcie", 756, 51, 80 * GB, 2000, 64, 50, host_link_gbps=PCIE_GEN5),
     # The H100 of Meta's Grand Teton hosts (torchtitan's benchmarks/llama3_h100_202412_torchtitan.md):
     # 96 GB HBM2e at 2.4 TB/s, 500 W; 8 per host on NVLink, 400 Gb/s RDMA per GPU. Its sustained peak
     # lies between the NVL's and the SXM's (the same note); the SXM's nominal figures stand here, as
     # torchtitan's MFU takes them, and a stack's efficiency fitted on this part absorbs the cap.
-    "h100-96gb": Hardware("h100-96gb", 989, 67, 96 * GB, 2400, 450, 50),
+    "h100-96gb": Hardware("h100-96gb", 989, 67, 96 * GB, 2400, 450, 50, host_link_gbps=PCIE_GEN5),
     # NVIDIA H100 NVL (H100 datasheet, NVL column): BF16 1,671 TFLOPS with sparsity (835.5 dense),
     # FP32 60 TFLOPS, 94 GB HBM3 at 3.9 TB/s; NVLink bridges join pairs of GPUs only (600 GB/s
     # bidirectional), so groups of more than two talk over PCIe Gen5 x16, 64 GB/s per direction (for a
     # tp2 group on a bridged pair pass --intra-node-gbps 300); one 400 Gb/s NIC per GPU.
-    "h100-nvl": Hardware("h100-nvl", 835.5, 60, 94 * GB, 3900, 64, 50),
+    "h100-nvl": Hardware("h100-nvl", 835.5, 60, 94 * GB, 3900, 64, 50, host_link_gbps=PCIE_GEN5),
     # NVIDIA H800 SXM5 (the export part of H100 SXM5): the same tensor cores and HBM3 (BF16 989 TFLOPS
     # dense, FP32 67, 80 GB at 3.35 TB/s), NVLink cut to 400 GB/s bidirectional = 200 per direction;
     # 8 × 400 Gb/s NDR per node as in DGX H100.
-    "h800": Hardware("h800", 989, 67, 80 * GB, 3350, 200, 50),
+    "h800": Hardware("h800", 989, 67, 80 * GB, 3350, 200, 50, host_link_gbps=PCIE_GEN5),
     # NVIDIA H200 datasheet (SXM): BF16 989 TFLOPS dense, FP32 67 TFLOPS, 141 GB HBM3e at
     # 4.8 TB/s, NVLink 900 GB/s bidirectional; HGX H200 with 400 Gb/s per GPU.
-    "h200": Hardware("h200", 989, 67, 141 * GB, 4800, 450, 50),
+    "h200": Hardware("h200", 989, 67, 141 * GB, 4800, 450, 50, host_link_gbps=PCIE_GEN5),
     # NVIDIA HGX B200 datasheet: per GPU BF16 2.25 PFLOPS dense, FP32 75 TFLOPS (600 per 8 GPUs),
     # 180 GB HBM3e (1,440 GB per 8) at 7.7 TB/s; NVLink 5 1.8 TB/s bidirectional;
     # DGX B200: 8× ConnectX-7 400 Gb/s.
-    "b200": Hardware("b200", 2250, 75, 180 * GB, 7700, 900, 50),
+    "b200": Hardware("b200", 2250, 75, 180 * GB, 7700, 900, 50, host_link_gbps=PCIE_GEN5),
     # AMD Instinct MI300X datasheet: BF16 1,307.4 TFLOPS dense, FP32 (matrix) 163.4 TFLOPS,
     # 192 GB HBM3 at 5.3 TB/s; 7 Infinity Fabric links of 64 GB/s per direction to the other
     # 7 GPUs of an 8-GPU platform → 448 GB/s; 400 Gb/s NIC per GPU.
-    "mi300x": Hardware("mi300x", 1307.4, 163.4, 192 * GB, 5300, 448, 50),
+    "mi300x": Hardware("mi300x", 1307.4, 163.4, 192 * GB, 5300, 448, 50, host_link_gbps=PCIE_GEN5),
 }
 
 MEASURED_ONLY = ("name", "host_overhead", "layer_kernel_scale", "reduce_scatter_scale", "all_gather_scale")
@@ -231,7 +243,7 @@ def check_figure(key: str, value) -> None:
         if not isinstance(value, bool):
             raise ConfigError(f"hardware figure host_runs_ahead must be true or false, got {value!r}")
         return
-    if value is None and key in ("activation_gbps", "optimizer_parameter_s"):
+    if value is None and key in ("activation_gbps", "optimizer_parameter_s", "host_link_gbps"):
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"hardware figure {key} must be a finite number, got {value!r}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from plait.facts.activations import activation_bytes_per_layer, offload_working_bytes
 from plait.facts.collectives import stage_boundary_bytes
 from plait.facts.model_state import communicated_bytes, rank_parameters
 from plait.facts.stack import Kernels
@@ -41,9 +42,12 @@ def other_bytes(
     one send and one receive buffer of a micro-batch's boundary activation; with ZeRO-3 the
     gathered weights of two layers (the current one and the prefetched next) and the unsharded
     gradients of one; with PowerSGD its error-feedback buffer, one gradient's worth per rank (its
-    low-rank factors, some tens of times smaller, are left out).
+    low-rank factors, some tens of times smaller, are left out); under activation offload the saved
+    bytes of the one block running.
     """
     extra = reserved
+    if layout.offload_activations:
+        extra += offload_working_bytes(layer_saved_bytes(spec, layout, micro_batch, precision, kernels), True)
     if layout.pp > 1:  # one send and one receive buffer
         extra += 2 * stage_boundary_bytes(spec, layout, micro_batch, precision, kernels)
     if layout.zero == 3:
@@ -52,3 +56,9 @@ def other_bytes(
     if layout.grad_compression == "powersgd":  # no tp, no pp: the rank holds the whole model
         extra += rank_parameters(spec, spec.layers, True, True, 1, 1) * communicated_bytes(layout, precision, kernels)[0]
     return extra
+
+
+def layer_saved_bytes(spec: ModelSpec, layout: Layout, micro_batch: int, precision: str, kernels: Kernels) -> float:
+    """What one block saves for backward under ``layout``'s own recomputation, on ``kernels``' stack."""
+    return activation_bytes_per_layer(spec, micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, precision,
+                                      kernels, layout.zero, layout.pp, layout.cp_algorithm)

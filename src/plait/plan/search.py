@@ -21,13 +21,13 @@ from typing import Iterator
 
 from plait.errors import ConfigError
 from plait.facts.activations import (
-    activation_bytes_per_layer, autocast_copies_weights, head_activation_bytes, loss_backward_bytes,
+    activation_bytes_per_layer, autocast_copies_weights, head_activation_bytes, held_between_passes, loss_backward_bytes,
 )
 from plait.facts.in_flight import in_flight_chunks
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors
 from plait.facts.validity import (
-    compression_problems, fit_problems, mesh_problems, pipeline_problems, recompute_problems, recomputes_once_per_backward,
-    run_problems, spec_problems,
+    compression_problems, fit_problems, mesh_problems, pipeline_problems, reads_saved_once_per_backward, recompute_problems,
+    recomputes_once_per_backward, run_problems, spec_problems,
 )
 from plait.layout import RECOMPUTE, Layout
 from plait.plan.compute import LayerTimes, head_times, layer_times
@@ -52,7 +52,7 @@ class NothingFits(ConfigError):
 # The fields a scanned layout is recorded by, in the order of its tuple; by name, as Layout has
 # fields the search leaves at their defaults.
 SCANNED = ("dp", "tp", "cp", "pp", "sp", "zero", "schedule", "virtual_stages", "microbatches", "recompute",
-           "grad_compression", "cp_algorithm", "dp_replicate", "recompute_layers")
+           "grad_compression", "cp_algorithm", "dp_replicate", "recompute_layers", "offload_activations")
 
 
 def scanned_layout(fields: tuple, stage_layers: tuple[int, ...] | None = None) -> Layout:
@@ -177,15 +177,19 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     layouts are kept either way (test), in half the time on large searches."""
     spec, precision, kernels, layers = workload.spec, workload.precision, workload.kernels, workload.spec.layers
     stage_layers = fixed.get("stage_layers")
-    recomputes = tuple(rc for rc in _options(fixed, "recompute", RECOMPUTE)
-                       if not recompute_problems(Layout(recompute=rc), kernels))
+    # Activation offload is modelled when pinned, never searched: its copies cross the host link on
+    # plait's critical path, each way slower than recomputing the block on any catalog GPU.
+    offload = fixed.get("offload_activations", False)
+    recomputes = tuple(rc for rc in _options(fixed, "recompute", RECOMPUTE) if (rc == "none" or not offload)
+                       and not recompute_problems(Layout(recompute=rc, offload_activations=offload), kernels))
     # Full recomputation of only the first N blocks of each chunk: as pinned, or, with neither
     # recomputation flag pinned, the fewest N that fit wherever only full recomputation fits.
-    zb_refuses = {rc for rc in recomputes if not recomputes_once_per_backward("zb-h1", rc)}
+    zb_refuses = {rc for rc in recomputes
+                  if not recomputes_once_per_backward("zb-h1", rc) or not reads_saved_once_per_backward("zb-h1", offload)}
     pinned_blocks = fixed.get("recompute_layers")
     if pinned_blocks is not None and fixed.get("recompute") != "full":  # as train: it names full recomputation's blocks
         return Scan()
-    partial = pinned_blocks is not None or "recompute" not in fixed
+    partial = (pinned_blocks is not None or "recompute" not in fixed) and not offload
     costed = recomputes + ("none", "full") if partial else recomputes
     costed = tuple(dict.fromkeys(costed))
     # Gradient compression is modelled when pinned, never searched: PowerSGD changes the training.
@@ -251,7 +255,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
             schedules = schedule_list(pp, m)
             for sp in _options(fixed, "sp", (True, False) if tp > 1 else (False,)):
                 base = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m, grad_compression=compression,
-                              cp_algorithm=algorithm)
+                              cp_algorithm=algorithm, offload_activations=offload)
                 if sp and fit_problems(spec, base, kernels):
                     continue
                 if tp > 1 and not sp and "sp" not in fixed and not fit_problems(spec, replace(base, sp=True), kernels):
@@ -272,7 +276,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     schedule, v = schedules[0][:2] if pp == 1 else ("1f1b", 1)
                     staged = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m, grad_compression=compression,
                                     cp_algorithm=algorithm, zero=zero, dp_replicate=replicate, schedule=schedule,
-                                    virtual_stages=v, stage_layers=stage_layers)
+                                    virtual_stages=v, stage_layers=stage_layers, offload_activations=offload)
                     if compression != "none" and (refused(staged) or zero == 1 and replicate == 1 and "zero" not in fixed
                                                   and not refused(replace(staged, zero=2))):
                         continue
@@ -308,8 +312,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     for rc in costed:
                         act_key = (tp, sp, cp, rc, mbs, weights, algorithm)
                         if act_key not in acts:
-                            acts[act_key] = activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels,
-                                                                       zero, pp, algorithm)
+                            acts[act_key] = held_between_passes(activation_bytes_per_layer(
+                                spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp, algorithm), offload)
                         work, fill_zb, forward, backward, first_gather = works[key][rc]
                         per_rc[rc] = (acts[act_key], (layers * work + head_work + embedding_work + first_gather) / pp,
                                       work, embedding_work + first_gather, fill_zb * layers / pp,
@@ -374,8 +378,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                     slowest = middle_layers * work
                             fill = fill_zb if name == "zb-h1" else mean / v
                             step = estimate_step(name, pp, v, m, mean, slowest, fill, flight) + flushed
-                            found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate, blocks or 0),
-                                         step, peak, capacity, keep, level)
+                            found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
+                                          blocks or 0, offload), step, peak, capacity, keep, level)
     return found
 
 

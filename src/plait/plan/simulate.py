@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from plait.facts.activations import (
-    activation_bytes_per_layer, head_activation_bytes, loss_backward_bytes, op_keeps_attention,
+    activation_bytes_per_layer, head_activation_bytes, held_between_passes, loss_backward_bytes, op_keeps_attention,
 )
 from plait.facts.buckets import BUCKET_CAP_BYTES, bucket_bytes
 from plait.facts.collectives import tied_embedding_bytes
@@ -32,7 +32,7 @@ from plait.plan.comm import (
 from plait.plan.compute import optimizer_seconds
 from plait.plan.costs import boundary_seconds, chunk_costs, wrapper_overhead
 from plait.plan.hardware import Hardware, stack_hardware
-from plait.plan.memory import RankMemory, other_bytes
+from plait.plan.memory import RankMemory, layer_saved_bytes, other_bytes
 from plait.plan.pipeline import play
 from plait.schedules import split_layers
 
@@ -66,6 +66,7 @@ class Prediction:
     memory_breakdown: dict[str, int]
     fits: bool
     time_breakdown: dict[str, float] = field(default_factory=dict)
+    host_memory_bytes: int = 0  # offloaded activations in host memory on the rank holding the most
 
     def to_dict(self) -> dict:
         return {
@@ -74,6 +75,7 @@ class Prediction:
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
             "bubble_fraction": self.bubble_fraction, "peak_memory_bytes": self.peak_memory_bytes,
             "memory_breakdown": self.memory_breakdown, "fits": self.fits, "time_breakdown": self.time_breakdown,
+            "host_memory_bytes": self.host_memory_bytes,
         }
 
 
@@ -100,12 +102,19 @@ def chunk_activation_bytes(workload: Workload, layout: Layout, micro_batch: int,
     spec, precision = workload.spec, workload.precision
 
     def per_layer(mode: str) -> float:
-        return activation_bytes_per_layer(spec, micro_batch, layout.tp, layout.sp, layout.cp, mode, precision,
-                                          workload.kernels, layout.zero, layout.pp, layout.cp_algorithm)
+        return held_between_passes(activation_bytes_per_layer(
+            spec, micro_batch, layout.tp, layout.sp, layout.cp, mode, precision, workload.kernels, layout.zero,
+            layout.pp, layout.cp_algorithm), layout.offload_activations)
 
     head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision)
     return [sum(n * per_layer(mode) for mode, n in chunk_recompute(layout, blocks)) + (head if c == len(counts) - 1 else 0.0)
             for c, blocks in enumerate(counts)]
+
+
+def chunk_offloaded_bytes(workload: Workload, layout: Layout, micro_batch: int, counts: tuple[int, ...]) -> list[float]:
+    """What activation offload keeps in host memory for one forward of each chunk: its blocks' saved bytes."""
+    saved = layer_saved_bytes(workload.spec, layout, micro_batch, workload.precision, workload.kernels)
+    return [n * saved if layout.offload_activations else 0.0 for n in counts]
 
 
 @dataclass(frozen=True)
@@ -252,6 +261,10 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         tails.append((flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer))
         memories.append(stage_memory(workload, hw, layout, micro_batch, layers, first, last, played.peak_activations[rank]))
     step = played.step_time + max(comm + opt for comm, opt in tails)
+    # Offloaded activations in host memory, at the most any rank holds (as the device's peak, from the play).
+    host = max(play(layout.schedule, pp, v, m, chunks, flight,
+                    chunk_offloaded_bytes(workload, layout, micro_batch, counts)).peak_activations) \
+        if layout.offload_activations else 0.0
     busiest = max(range(pp), key=lambda r: played.busy[r])
     comm_inside = m * sum(chunks[c].comm for c in range(busiest, pp * v, pp))
     model_tflops = workload.global_batch * flops_per_sequence(spec).model / step / gpus / 1e12
@@ -262,6 +275,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         model_tflops_per_gpu=model_tflops, hardware_tflops_per_gpu=hardware_tflops,
         mfu=model_tflops / hw.peak_tflops(precision), bubble_fraction=played.bubble_fraction,
         peak_memory_bytes=int(peak.total), memory_breakdown=peak.breakdown(), fits=peak.total <= hw.usable_memory_bytes,
+        host_memory_bytes=int(host),
         time_breakdown={
             "compute_s": played.busy[busiest] - comm_inside,
             "critical_path_comm_s": comm_inside,
