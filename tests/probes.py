@@ -87,3 +87,37 @@ def held_model_state(config: RunConfig) -> dict:
     topology = build_topology(config.layout, CPU)
     result = train(config, topology)
     return {"held": dict(result.model_state_bytes), "pp": topology.coordinate("pp"), "dp": topology.coordinate("dp")}
+
+
+def offloaded_activation_bytes(config: RunConfig) -> dict:
+    """Under ``--offload-activations``: bytes each block's forward copied to host memory, as
+    ``saved_activation_bytes`` runs the model, and the saved tensors the hooks left on the device
+    (other than parameters: they stay)."""
+    from unittest import mock
+
+    from plait.parallel import offload
+    from plait.parallel.data import apply_data_parallel
+
+    topology = build_topology(config.layout, CPU)
+    model = apply_within_stage(build_model(config, CPU), topology)
+    if config.layout.pp == 1:
+        model = apply_data_parallel(model, topology, config.train.precision)
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, config.model.vocab, (config.train.global_batch // config.layout.dp, config.model.seq_len),
+                           generator=generator)
+    inputs, targets, positions = context_shard(tokens, tokens.roll(-1, dims=1), topology)
+    forwards, left = [], []
+
+    def watched() -> offload.BlockOffload:
+        hooks = offload.BlockOffload()
+        pack = hooks.pack
+        hooks.pack = lambda tensor: (packed := pack(tensor),
+                                     left.append(packed) if packed is tensor and not offload.is_parameter(tensor) else None)[0]
+        forwards.append(hooks)
+        return hooks
+
+    with mock.patch.object(offload, "new_block_offload", watched), autocast(config, CPU):
+        logits = model(inputs, positions)
+        with vocab_parallel_loss(topology):
+            F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()).backward()
+    return {"moved": [hooks.moved_bytes() for hooks in forwards], "left": len(left)}

@@ -81,6 +81,9 @@ BAD_INPUTS = {
     "recompute layers of zero": (["--recompute", "full", "--recompute-layers", "0"], "recompute-layers must be a positive"),
     "per-operation recomputation under zb-h1": (["--pp", "2", "--schedule", "zb-h1", "--microbatches", "4", "--recompute",
                                                  "op"], "zb-h1's split backward replays it twice"),
+    "activation offload with recomputation": (["--offload-activations", "--recompute", "full"], "drop one of them"),
+    "activation offload under zb-h1": (["--pp", "2", "--schedule", "zb-h1", "--microbatches", "4", "--offload-activations"],
+                                       "zb-h1's split backward reads them in each half"),
     "unknown flag": (["--dpp", "2"], "unrecognized arguments"),
     "unknown precision": (["--precision", "fp8"], "invalid choice"),
     "overwriting a finished run": (["--run-dir", "{finished_run}"], "already holds a run"),
@@ -156,6 +159,8 @@ BAD_COMMANDS = {
         "has no zb-h1 schedule"),
     "simulate of per-operation recomputation on Megatron-LM": (
         ["simulate", "--model", "tiny", "--stack", "megatron", "--recompute", "op"], "no per-operation checkpointing"),
+    "simulate of activation offload on Megatron-LM": (
+        ["simulate", "--model", "tiny", "--stack", "megatron", "--offload-activations"], "cannot offload activations"),
     "plan on an unknown GPU": (["plan", "--model", "tiny", "--gpu", "h900"], "unknown GPU 'h900'"),
     "plan with a missing profile": (["plan", "--model", "tiny", "--hardware-profile", "/no/profile.json"],
                                     "cannot read hardware profile"),

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor
 
 from plait.models.transformer import Transformer
@@ -70,6 +71,13 @@ def is_parameter(tensor: torch.Tensor) -> bool:
     return isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter)
 
 
+def local_data(tensor: torch.Tensor) -> torch.Tensor:
+    """The plain tensor holding ``tensor``'s data on this rank: a DTensor's shard, a collective's
+    result once waited for."""
+    local = tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+    return local.trigger_wait() if isinstance(local, AsyncCollectiveTensor) else local
+
+
 class BlockOffload:
     """The saved-tensor hooks of one forward of one block. A storage saved twice is copied once;
     the forward keeps each device storage it copied alive until it returns, so that an address
@@ -81,7 +89,7 @@ class BlockOffload:
     def pack(self, tensor: torch.Tensor):
         if is_parameter(tensor):
             return tensor
-        local = tensor._local_tensor if isinstance(tensor, DTensor) else tensor
+        local = local_data(tensor)
         storage = local.untyped_storage()
         if storage.nbytes() == 0:
             return tensor
