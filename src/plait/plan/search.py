@@ -177,8 +177,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     layouts are kept either way (test), in half the time on large searches."""
     spec, precision, kernels, layers = workload.spec, workload.precision, workload.kernels, workload.spec.layers
     stage_layers = fixed.get("stage_layers")
-    # Activation offload is modelled when pinned, never searched: its copies cross the host link on
-    # plait's critical path, each way slower than recomputing the block on any catalog GPU.
+    # Activation offload is modelled when pinned, never searched: plait's copies wait on the compute
+    # stream and lose to recomputation on every catalog model, and no published run shows what
+    # Megatron-Core's overlapped copies cost when eight GPUs and their NICs share PCIe and host memory.
     offload = fixed.get("offload_activations", False)
     recomputes = tuple(rc for rc in _options(fixed, "recompute", RECOMPUTE) if (rc == "none" or not offload)
                        and not recompute_problems(Layout(recompute=rc, offload_activations=offload), kernels))
