@@ -21,8 +21,9 @@ def main() -> None:
     wall, cpu = time.perf_counter(), time.process_time()
     result = search(workload, hardware("a100-80gb"), 3072, top=3)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    print(f"searched 1T parameters on 3072 × a100-80gb: {result.scored + result.bounded} layouts, "
-          f"{result.scored} scored in closed form ({result.fitting} fit), {result.bounded} ruled out by a floor "
+    print(f"searched 1T parameters on 3072 × a100-80gb: {result.scored + result.bounded + result.oversized} layouts, "
+          f"{result.scored} scored in closed form ({result.fitting} fit), {result.oversized} ruled out by a floor "
+          f"on their memory, {result.bounded} by a floor "
           f"on their step time, top {len(result.ranked)} shown")
     print(f"wall {wall:.2f} s, cpu {cpu:.2f} s (target ≤ 2 s)")
     print(f"top: {result.ranked[0].layout.describe()} at {result.ranked[0].step_time_s:.2f} s/step")

@@ -115,9 +115,10 @@ def test_the_floor_on_step_time_keeps_what_scoring_every_layout_keeps(model, gpu
 def test_the_search_scores_a_layout_as_the_play_predicts_it(model, batch, gpu, stack, layout):
     """The closed form the search ranks by cuts the stages as the play does (with interleaving the
     end ranks of Llama 3 405B hold 7 layers, not ⌈126 / 16⌉ = 8, and a middle rank holds the most):
-    same peak memory, and the step within 3%."""
+    same peak memory, and the step within 3%. (On a part with memory enough for every layout here:
+    the search scores only what fits.)"""
     workload = Workload(model_spec(model), batch, "bf16", STACKS[stack])
-    hw = stack_hardware(hardware(gpu), workload.kernels)
+    hw = stack_hardware(hardware(gpu, memory_bytes=10**15), workload.kernels)
     found = scan(workload, hw, layout.world_size, {f: getattr(layout, f) for f in SCANNED}, None, keep=1)
     step, _, peak = found.fastest
     played = evaluate(workload, hw, layout.world_size, layout)

@@ -172,8 +172,9 @@ def run_plan(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         print(json.dumps(ranked, indent=2))
         return 0
     print(f"{workload.spec.family} model on {args.gpus} × {hw.name}, global batch {workload.global_batch}, "
-          f"{workload.precision}, stack {stack_name(args)}: {result.scored + result.bounded} layouts searched, "
-          f"{result.bounded} ruled out by a floor on their step time, {result.fitting} of the rest fit in "
+          f"{workload.precision}, stack {stack_name(args)}: {result.scored + result.bounded + result.oversized} layouts "
+          f"searched, {result.oversized} ruled out by a floor on their memory and {result.bounded} by one on their step "
+          f"time, {result.fitting} of the rest fit in "
           f"{hw.usable_memory_bytes / 1e9:.0f} of {hw.memory_bytes / 1e9:.0f} GB ({hw.memory_headroom:.0%} kept free)")
     for i, p in enumerate(result.ranked, 1):
         print(f"{i}. {p.layout.describe():60s} mbs={p.micro_batch_size:<3d} {p.step_time_s:9.4g} s/step  "

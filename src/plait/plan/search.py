@@ -5,8 +5,8 @@ micro-batch size, recomputation) and scores it with closed forms built from the 
 costs as the simulator: the peak memory of the first and last pipeline ranks (where embedding,
 head and the most in-flight micro-batches sit) and the pipeline's closed-form step time
 (plait.plan.pipeline.estimate_step). For each choice of everything else, recomputation is tried
-from none to selective to full and only the first that fits is scored (or full if none does): the
-later ones only add time. The second pass plays the real schedule (plait.plan.simulate.evaluate) for the best few and
+from the least work to the most and only the first that fits is scored: the later ones only add
+time. A layout that fits under none is counted, not scored. The second pass plays the real schedule (plait.plan.simulate.evaluate) for the best few and
 ranks those by the played step time, so ``plait simulate`` with no layout flags is ``plait plan``'s
 top pick.
 """
@@ -68,6 +68,7 @@ class Scan:
     scored: int = 0
     fitting: int = 0
     bounded: int = 0  # layouts left unscored: a floor on their step time could not be kept
+    oversized: int = 0  # layouts left unscored: a floor on their memory is more than a device has
     best: list = field(default_factory=list)  # heap of (-step, fields) for the fastest fitting layouts
     # The fastest fitting layout at each complexity (plait.plan.search.complexity),
     # so that a simpler layout within the planner's error of the fastest is always played and ranked.
@@ -80,12 +81,15 @@ class Scan:
         slowest_kept = -self.best[0][0] if len(self.best) >= keep else math.inf
         return max(slowest_kept, self.simplest.get(level, (math.inf,))[0])
 
+    def note_smallest(self, peak: float, fields: tuple) -> None:
+        if peak < self.smallest[0]:
+            self.smallest = (peak, fields)
+
     def record(self, fields: tuple, step: float, peak: float, capacity: float, keep: int, level: int) -> None:
         """Count one scored layout and keep it if it is among the ``keep`` fastest that fit, or is the
         fastest that fits at its complexity ``level``."""
         self.scored += 1
-        if peak < self.smallest[0]:
-            self.smallest = (peak, fields)
+        self.note_smallest(peak, fields)
         if step < self.fastest[0]:
             self.fastest = (step, fields, peak)
         if peak <= capacity:
@@ -116,6 +120,7 @@ class SearchResult:
     fitting: int  # of the scored
     reason: str
     bounded: int = 0  # layouts searched but not scored: a floor on their step time could not be kept
+    oversized: int = 0  # layouts searched but not scored: a floor on their memory is more than a device has
 
 
 def divisors(n: int) -> list[int]:
@@ -172,9 +177,12 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
          bound: bool = True) -> Scan:
     """Score every valid layout in closed form; keep the ``keep`` fastest that fit.
 
-    With ``bound``, a mesh and micro-batch count whose floor (its slowest stage's work for every
-    micro-batch, plus the flush) cannot be kept has its schedules counted, not scored: the same
-    layouts are kept either way (test), in half the time on large searches."""
+    A layout whose smallest peak (under the recomputation that keeps the least) exceeds the memory
+    is counted, not scored, and a mesh stops at the first micro-batch size where none of its layouts
+    fits (larger ones need no less; they are not counted). With ``bound``, a mesh and micro-batch
+    count whose floor (its slowest stage's work for every micro-batch, plus the flush) cannot be
+    kept has its schedules counted, not scored: the same layouts are kept either way (test), in
+    half the time on large searches."""
     spec, precision, kernels, layers = workload.spec, workload.precision, workload.kernels, workload.spec.layers
     stage_layers = fixed.get("stage_layers")
     # Activation offload is modelled when pinned, never searched: plait's copies wait on the compute
@@ -249,11 +257,15 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
         params = (rank_parameters(spec, per_rank, True, pp == 1, tp, pp), rank_parameters(spec, per_rank, pp == 1, True, tp, pp))
         tensors = max(rank_tensors(spec, per_rank, True, pp == 1, pp), rank_tensors(spec, per_rank, pp == 1, True, pp))
         per_replica = workload.global_batch // dp
-        for m in _options(fixed, "microbatches", divisors(per_replica)):
+        # Smallest micro-batches first: none of a mesh's layouts needs less memory with larger ones
+        # (each rank holds no fewer micro-batch-sized activations, buffers and logits), so once none
+        # fits at one size, none fits at any larger one.
+        for m in reversed(_options(fixed, "microbatches", divisors(per_replica))):
             mbs = per_replica // m
             if micro_batch and mbs != micro_batch:
                 continue
             schedules = schedule_list(pp, m)
+            examined = fits_somewhere = False
             for sp in _options(fixed, "sp", (True, False) if tp > 1 else (False,)):
                 base = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m, grad_compression=compression,
                               cp_algorithm=algorithm, offload_activations=offload)
@@ -263,13 +275,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     continue
                 flight = boundary_seconds(spec, hw, base, mbs, precision, kernels)
                 head_work, embedding_work, head_act, loss_backward = end_times(tp, cp, sp, mbs)
-                times = {}
-                for rc in costed:
-                    # (the algorithm changes a layer's compute only where op recomputation reruns plait's ring)
-                    time_key = (tp, cp, sp, mbs, rc, algorithm if rc == "op" and cp > 1 else None)
-                    if time_key not in times_cache:
-                        times_cache[time_key] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels, algorithm)
-                    times[rc] = times_cache[time_key]
+                times = {}  # per recomputation, filled when a layout of this micro-batch size may fit
                 for zero, replicate in _zero_options(fixed, hw, base):
                     if zero == 1 and replicate == 1 and "zero" not in fixed and compression == "none":
                         continue
@@ -285,38 +291,71 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # mesh once here, the schedule and stage split once per schedule for all meshes.
                     if mesh_problems(spec, staged, gpus, workload.global_batch, kernels):
                         continue
-                    # ZeRO-3's per-layer gathers (without stages) depend on its group; a measured host's
-                    # wrapper overhead on the stage.
-                    key = (tp, cp, sp, mbs, (dp, replicate) if zero == 3 and pp == 1 else 0,
-                           (zero, dp > 1) if hw.host_overhead else None, algorithm)
-                    if key not in works:
-                        works[key] = {rc: _layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in costed}
-                    # Both read only the mesh sizes, the ZeRO stage and its groups (and, for a measured
-                    # host's wrapper overhead, sp); the scan meets each mesh under many micro-batch counts.
+                    # Read only the mesh sizes, the ZeRO stage and its groups (and, for a measured host's
+                    # wrapper overhead, sp); the scan meets each mesh under many micro-batch counts.
                     mesh_key = (tp, cp, pp, dp, zero, replicate, sp)
-                    if mesh_key not in flushes:
-                        flushes[mesh_key] = flush_costs(workload, hw, staged, max(params), tensors)
+                    if mesh_key not in states:
                         # The first, a middle and the last rank's model states at ⌈layers / pp⌉ layers,
                         # and what one layer fewer saves.
                         full = [rank_model_states(spec, staged, precision, per_rank, *ends, kernels).total
                                 for ends in ((True, pp == 1), (pp == 1, pp == 1), (pp == 1, True))]
                         fewer = rank_model_states(spec, staged, precision, per_rank - 1, pp == 1, pp == 1, kernels).total
                         states[mesh_key] = (*full, full[1] - fewer)
-                    flush = flushes[mesh_key]
                     other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes, kernels)
                     first_full, middle_full, last_full, layer_states = states[mesh_key]
-                    # Per recomputation: a stage's activations per micro-batch, and its work per
-                    # micro-batch (less the pipeline engine's, which grows with v) with its flush.
-                    per_rc = {}
-                    # What the activations read of the ZeRO stage and the stages (plait's engine only).
+                    # A stage's activations per micro-batch under each recomputation (what they read of
+                    # the ZeRO stage and the stages on plait's engine).
                     weights = (autocast_copies_weights(precision, zero, pp), zero == 3) if kernels.plait_engine else None
+                    held = {}
                     for rc in costed:
                         act_key = (tp, sp, cp, rc, mbs, weights, algorithm)
                         if act_key not in acts:
                             acts[act_key] = held_between_passes(activation_bytes_per_layer(
                                 spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp, algorithm), offload)
+                        held[rc] = acts[act_key]
+                    # (held chunks, layers, bytes besides the activations) of each schedule's first,
+                    # fullest middle and last rank; with the least any recomputation keeps, the
+                    # schedules' smallest peak: above the memory there is, none of them can fit.
+                    ranks_of = [((held_first, first_layers, first_full - (per_rank - first_layers) * layer_states + other),
+                                 (held_second, middle_layers, middle_full - (per_rank - middle_layers) * layer_states + other),
+                                 (held_last, last_layers, last_full - (per_rank - last_layers) * layer_states + other
+                                  + loss_backward + head_act * (held_last // v or 1)))
+                                for _, v, held_first, held_second, held_last, first_layers, middle_layers, last_layers
+                                in schedules]
+                    least = min(held[rc] for rc in recomputes)
+                    lightest = [_peak(ranks, least / sched[1]) for ranks, sched in zip(ranks_of, schedules)]
+                    examined = True
+                    if lightest and min(lightest) > capacity:
+                        found.oversized += len(schedules)
+                        smallest = min(range(len(schedules)), key=lightest.__getitem__)
+                        found.note_smallest(lightest[smallest], (dp, tp, cp, pp, sp, zero, *schedules[smallest][:2], m,
+                                                                 min(recomputes, key=held.__getitem__), compression,
+                                                                 algorithm, replicate, 0, offload))
+                        continue
+                    fits_somewhere = True
+                    if not times:
+                        for rc in costed:
+                            # (the algorithm changes a layer's compute only where op recomputation reruns plait's ring)
+                            time_key = (tp, cp, sp, mbs, rc, algorithm if rc == "op" and cp > 1 else None)
+                            if time_key not in times_cache:
+                                times_cache[time_key] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels,
+                                                                    algorithm)
+                            times[rc] = times_cache[time_key]
+                    # ZeRO-3's per-layer gathers (without stages) depend on its group; a measured host's
+                    # wrapper overhead on the stage.
+                    key = (tp, cp, sp, mbs, (dp, replicate) if zero == 3 and pp == 1 else 0,
+                           (zero, dp > 1) if hw.host_overhead else None, algorithm)
+                    if key not in works:
+                        works[key] = {rc: _layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in costed}
+                    if mesh_key not in flushes:
+                        flushes[mesh_key] = flush_costs(workload, hw, staged, max(params), tensors)
+                    flush = flushes[mesh_key]
+                    # Per recomputation: a stage's activations per micro-batch, and its work per
+                    # micro-batch (less the pipeline engine's, which grows with v) with its flush.
+                    per_rc = {}
+                    for rc in costed:
                         work, fill_zb, forward, backward, first_gather = works[key][rc]
-                        per_rc[rc] = (acts[act_key], (layers * work + head_work + embedding_work + first_gather) / pp,
+                        per_rc[rc] = (held[rc], (layers * work + head_work + embedding_work + first_gather) / pp,
                                       work, embedding_work + first_gather, fill_zb * layers / pp,
                                       flush.exposed(per_rank * backward, per_rank * forward) + flush.optimizer,
                                       backward, forward)
@@ -334,35 +373,27 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     order_zb = [rc for rc in order if rc not in zb_refuses] if zb_refuses else order
                     bar = found.bar(level, keep) if bound else math.inf
                     if min(floors.values()) >= bar:
-                        found.bounded += len(schedules)
+                        oversized = sum(light > capacity for light in lightest)
+                        found.oversized += oversized
+                        found.bounded += len(schedules) - oversized
                         continue
                     # Recomputing some blocks is never faster than recomputing none.
                     some = partial and floors["none"] < bar
-                    for name, v, held_first, held_second, held_last, first_layers, middle_layers, last_layers in schedules:
-                        first = first_full - (per_rank - first_layers) * layer_states + other
-                        middle = middle_full - (per_rank - middle_layers) * layer_states + other
-                        last = last_full - (per_rank - last_layers) * layer_states + other + loss_backward
-                        head_held = head_act * (held_last // v or 1)
+                    for (name, v, _, _, _, first_layers, middle_layers, last_layers), ranks, light in zip(
+                            schedules, ranks_of, lightest):
                         tried = order_zb if name == "zb-h1" else order
-                        if not tried:
+                        if not tried or light > capacity:  # (zb-h1's own recomputations keep no less)
+                            found.oversized += 1
                             continue
                         for rc in tried:
-                            act = per_rc[rc][0] / v
-                            peak = first + held_first * first_layers * act
-                            peak_last = last + held_last * last_layers * act + head_held
-                            if peak_last > peak:
-                                peak = peak_last
-                            if middle_layers:
-                                peak_middle = middle + held_second * middle_layers * act
-                                if peak_middle > peak:
-                                    peak = peak_middle
+                            peak = _peak(ranks, per_rc[rc][0] / v)
                             if peak <= capacity:
                                 break
+                        else:  # zb-h1 without the recomputation that keeps the least
+                            found.oversized += 1
+                            continue
                         candidates = [] if pinned_blocks is not None else [(rc, per_rc[rc], peak, None)]
-                        if some and rc in ("op", "full") and (pinned_blocks or peak <= capacity):
-                            # (held chunks, layers, bytes besides the activations) of the first, middle and last ranks
-                            ranks = ((held_first, first_layers, first), (held_second, middle_layers, middle),
-                                     (held_last, last_layers, last + head_held))
+                        if some and rc in ("op", "full"):
                             blocks = pinned_blocks or _fewest_recomputed(ranks, v, per_rc["none"][0], per_rc["full"][0], capacity)
                             if pinned_blocks or blocks is not None and blocks * v < min(n for _, n, _ in ranks if n):
                                 candidates.append(_partial(ranks, v, per_rc, blocks, per_rank))
@@ -381,7 +412,21 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                             step = estimate_step(name, pp, v, m, mean, slowest, fill, flight) + flushed
                             found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
                                           blocks or 0, offload), step, peak, capacity, keep, level)
+            if examined and not fits_somewhere:
+                break
     return found
+
+
+def _peak(ranks: tuple, act: float) -> float:
+    """The fullest of a schedule's ranks (held chunks, layers, bytes besides the activations), each
+    chunk holding ``act`` bytes a layer."""
+    peak = 0.0
+    for held, layers, besides in ranks:
+        if layers:
+            bytes_ = besides + held * layers * act
+            if bytes_ > peak:
+                peak = bytes_
+    return peak
 
 
 def _fewest_recomputed(ranks: tuple, v: int, kept: float, recomputed: float, capacity: float) -> int | None:
@@ -450,7 +495,7 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
                           "data-parallel replica group and scale it")
     _check_fixed(workload, gpus, fixed)
     found = scan(workload, hw, gpus, fixed, micro_batch, keep=max(top, PLAYED) * 2)
-    if not found.scored:
+    if not found.scored and not found.oversized:
         raise ConfigError(_nothing_valid(workload, gpus, fixed))
     ranked: list[Prediction] = []
     for layout in found.layouts(fixed.get("stage_layers")):
@@ -468,7 +513,8 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
             if prediction and prediction.fits:
                 ranked.append(prediction)
     ranked = rank(ranked, hw.gpus_per_node, tie_break)
-    return SearchResult(ranked[:top], found.scored, found.fitting, explain(ranked, found, hw, tie_break), found.bounded)
+    return SearchResult(ranked[:top], found.scored, found.fitting, explain(ranked, found, hw, tie_break), found.bounded,
+                        found.oversized)
 
 
 def complexity(dp: int, tp: int, cp: int, pp: int, gpus_per_node: int) -> int:

@@ -30,6 +30,10 @@ from plait.errors import ConfigError
 from plait.schedules.actions import Action, Kind, Schedule
 
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
+RECV_F, SEND_F, RECV_B, SEND_B = Kind.RECV_ACTIVATION, Kind.SEND_ACTIVATION, Kind.RECV_GRAD, Kind.SEND_GRAD
+# Actions are built as tuples of Action's fields: a planner's search generates millions, and
+# NamedTuple's own constructor is a Python function call that doubles the cost.
+_new = tuple.__new__
 
 
 def _naive(p: int, m: int, v: int, rank: int) -> list[Action]:
@@ -42,10 +46,10 @@ def _gpipe(p: int, m: int, v: int, rank: int) -> list[Action]:
 
 def _one_f_one_b(p: int, m: int, v: int, rank: int) -> list[Action]:
     warmup = min(p - rank - 1, m)
-    order = [Action(F, rank, mb) for mb in range(warmup)]
+    order = [_new(Action, (F, rank, mb, None)) for mb in range(warmup)]
     for mb in range(m - warmup):
-        order += [Action(F, rank, warmup + mb), Action(B, rank, mb)]
-    return order + [Action(B, rank, mb) for mb in range(m - warmup, m)]
+        order += [_new(Action, (F, rank, warmup + mb, None)), _new(Action, (B, rank, mb, None))]
+    return order + [_new(Action, (B, rank, mb, None)) for mb in range(m - warmup, m)]
 
 
 def _interleaved(p: int, m: int, v: int, rank: int) -> list[Action]:
@@ -60,8 +64,8 @@ def _interleaved(p: int, m: int, v: int, rank: int) -> list[Action]:
     for k in range(total):
         group, within = divmod(k, p * v)
         local, mb = within // p, group * p + within % p
-        forwards.append(Action(F, local * p + rank, mb))
-        backwards.append(Action(B, (v - 1 - local) * p + rank, mb))
+        forwards.append(_new(Action, (F, local * p + rank, mb, None)))
+        backwards.append(_new(Action, (B, (v - 1 - local) * p + rank, mb, None)))
     warmup = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
     order = forwards[:warmup]
     for k in range(total - warmup):
@@ -78,16 +82,16 @@ def _zb_h1(p: int, m: int, v: int, rank: int) -> list[Action]:
     (Qi et al. 2023, figure 3). With equal F, I, W the bubble is (p−1)/(3m+p−1).
     """
     warmup = min(p - rank - 1, m)
-    order = [Action(F, rank, mb) for mb in range(warmup)]
+    order = [_new(Action, (F, rank, mb, None)) for mb in range(warmup)]
     pending: list[int] = []
     for mb in range(m):
         if warmup + mb < m:
-            order.append(Action(F, rank, warmup + mb))
-        order.append(Action(I, rank, mb))
+            order.append(_new(Action, (F, rank, warmup + mb, None)))
+        order.append(_new(Action, (I, rank, mb, None)))
         pending.append(mb)
         if len(pending) > rank:
-            order.append(Action(W, rank, pending.pop(0)))
-    return order + [Action(W, rank, mb) for mb in pending]
+            order.append(_new(Action, (W, rank, pending.pop(0), None)))
+    return order + [_new(Action, (W, rank, mb, None)) for mb in pending]
 
 
 GENERATORS: dict[str, Callable[[int, int, int, int], list[Action]]] = {
@@ -102,21 +106,21 @@ GENERATORS: dict[str, Callable[[int, int, int, int], list[Action]]] = {
 def with_transfers(compute: list[Action], rank: int, pp: int, num_chunks: int) -> tuple[Action, ...]:
     """Insert each receive just before its consumer and each send just after its producer."""
     out: list[Action] = []
-    add, last = out.append, num_chunks - 1
+    add, last, new = out.append, num_chunks - 1, _new
     for action in compute:
-        kind, c, mb = action.kind, action.chunk, action.microbatch
+        kind, c, mb, _ = action
         if kind is F:
             if c > 0 and (c - 1) % pp != rank:
-                add(Action(Kind.RECV_ACTIVATION, c, mb, (c - 1) % pp))
+                add(new(Action, (RECV_F, c, mb, (c - 1) % pp)))
             add(action)
             if c < last and (c + 1) % pp != rank:
-                add(Action(Kind.SEND_ACTIVATION, c, mb, (c + 1) % pp))
+                add(new(Action, (SEND_F, c, mb, (c + 1) % pp)))
         elif kind is B or kind is I:
             if c < last and (c + 1) % pp != rank:
-                add(Action(Kind.RECV_GRAD, c, mb, (c + 1) % pp))
+                add(new(Action, (RECV_B, c, mb, (c + 1) % pp)))
             add(action)
             if c > 0 and (c - 1) % pp != rank:
-                add(Action(Kind.SEND_GRAD, c, mb, (c - 1) % pp))
+                add(new(Action, (SEND_B, c, mb, (c - 1) % pp)))
         else:
             add(action)
     return tuple(out)
