@@ -257,15 +257,14 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
         params = (rank_parameters(spec, per_rank, True, pp == 1, tp, pp), rank_parameters(spec, per_rank, pp == 1, True, tp, pp))
         tensors = max(rank_tensors(spec, per_rank, True, pp == 1, pp), rank_tensors(spec, per_rank, pp == 1, True, pp))
         per_replica = workload.global_batch // dp
-        # Smallest micro-batches first: none of a mesh's layouts needs less memory with larger ones
-        # (each rank holds no fewer micro-batch-sized activations, buffers and logits), so once none
-        # fits at one size, none fits at any larger one.
+        # Smallest micro-batches first, so that a mesh can stop where no larger ones can fit
+        # (``beyond`` below).
         for m in reversed(_options(fixed, "microbatches", divisors(per_replica))):
             mbs = per_replica // m
             if micro_batch and mbs != micro_batch:
                 continue
             schedules = schedule_list(pp, m)
-            examined = fits_somewhere = False
+            examined = larger_may_fit = False
             for sp in _options(fixed, "sp", (True, False) if tp > 1 else (False,)):
                 base = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m, grad_compression=compression,
                               cp_algorithm=algorithm, offload_activations=offload)
@@ -325,6 +324,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     least = min(held[rc] for rc in recomputes)
                     lightest = [_peak(ranks, least / sched[1]) for ranks, sched in zip(ranks_of, schedules)]
                     examined = True
+                    larger_may_fit = larger_may_fit or beyond(lightest, middle_full + other, pp > 1 and weights is not None
+                                                              and weights[0]) <= capacity
                     if lightest and min(lightest) > capacity:
                         found.oversized += len(schedules)
                         smallest = min(range(len(schedules)), key=lightest.__getitem__)
@@ -332,7 +333,6 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                                                  min(recomputes, key=held.__getitem__), compression,
                                                                  algorithm, replicate, 0, offload))
                         continue
-                    fits_somewhere = True
                     if not times:
                         for rc in costed:
                             # (the algorithm changes a layer's compute only where op recomputation reruns plait's ring)
@@ -412,9 +412,19 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                             step = estimate_step(name, pp, v, m, mean, slowest, fill, flight) + flushed
                             found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
                                           blocks or 0, offload), step, peak, capacity, keep, level)
-            if examined and not fits_somewhere:
+            if examined and not larger_may_fit:
                 break
     return found
+
+
+def beyond(lightest: list[float], states: float, weight_copies: bool) -> float:
+    """The least memory one (mesh, sp, ZeRO) choice needs at any larger micro-batch: with fewer,
+    larger micro-batches each rank holds no fewer micro-batch-sized activations, buffers and logits
+    (tests/test_plan_memory.py), so no less than its ``lightest`` schedule now. But where autocast
+    keeps a bf16 copy of a stage's weights per micro-batch (``weight_copies``), fewer micro-batches
+    in flight can hold fewer copies, and only the ``states`` of a rank holding ⌈layers / pp⌉ layers
+    (some rank does) and what else it holds now is certain."""
+    return states if weight_copies else min(lightest, default=0.0)
 
 
 def _peak(ranks: tuple, act: float) -> float:
