@@ -124,3 +124,21 @@ def test_deepspeeds_pipeline_engine_reduces_gradients_after_its_schedule():
             assert after.exposed(10.0) > during.exposed(10.0)
         else:
             assert after == during
+
+
+def test_korthikantis_layer_timings_compare_as_published():
+    """Korthikanti et al. 2022, table 4: one 22B layer on eight A100s, forward and backward. The
+    catalog's efficiency is fitted on these five timings, so their level says little; how they compare
+    does not depend on it: full recomputation costs 39% more than none, sequence parallelism saves
+    3%, selective recomputation adds 7% (3.6% with sequence parallelism). Each ratio is held
+    within 6 points, as the eager stack's fused bias-dropout-add and its score-matrix backward make
+    them; charging that backward 2.5 times its forward, as a flash kernel's, and the dropout apart
+    from the residual add put sequence parallelism with selective recomputation 8 points off.
+    (Sequence parallelism still saves 4 to 5 points too much here: its backward's re-gather of the
+    saved input shard is taken as hidden under the input gradient's matmul.)"""
+    from benchmarks.validate_published import TABLE_4_LAYOUTS, table_4_layer_ms
+
+    published = [ms for _, _, ms in TABLE_4_LAYOUTS]
+    predicted = table_4_layer_ms(hardware("a100-80gb"))
+    for p, q in zip(published[1:], predicted[1:]):
+        assert q / predicted[0] == pytest.approx(p / published[0], abs=0.06)

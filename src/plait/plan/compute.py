@@ -22,6 +22,8 @@ from plait.plan.hardware import Hardware, HostOverhead, KernelScale
 # Non-matmul kernels one layer launches forward (two norms, two residual adds, the activation,
 # rotary or bias adds, attention's softmax path); the backward launches about twice as many.
 ELEMENTWISE_KERNELS = 12
+# A dropout mask's bytes in passes of a 16-bit tensor of its shape (one byte an element).
+MASK_PASS = 0.5
 
 
 @dataclass(frozen=True)
@@ -75,12 +77,15 @@ def layer_shape(spec: ModelSpec, micro_batch: int, tp: int, cp: int, sp: bool, p
     heads = micro_batch * spec.heads // tp
     attention = (Gemm(s_local, spec.seq_len, d, heads), Gemm(s_local, d, spec.seq_len, heads))
     # Hidden-width passes: two norms, two residual adds (2 reads + write), and with dropout two
-    # masked copies; sequence parallelism splits them over tp, otherwise each tp rank repeats them.
+    # masked copies (read, write, a 1-byte mask), which fused kernels (Megatron-LM's
+    # bias_dropout_add) do in the add's kernel: read both, write the sum and the mask. Sequence
+    # parallelism splits them over tp, otherwise each tp rank repeats them.
     # Unfused, RMSNorm is ~6 passes (square, mean, rsqrt, two multiplies), SwiGLU's silu and
     # product 5, and plait's rotary (pairs times cos and sin, sum, difference, stack) ~17 over Q
     # and K, against 2, 3 and 2 when fused.
     norm_passes = 6 if spec.family == "llama" and not kernels.fused else 2
-    hidden_passes = block_norms(spec) * norm_passes + 6 + (6 if kernels.dropout else 0)
+    adds = (2 * (3 + MASK_PASS) if kernels.fused else 2 * 3 + 2 * (2 + MASK_PASS)) if kernels.dropout else 2 * 3
+    hidden_passes = block_norms(spec) * norm_passes + adds
     hidden_bytes = hidden_passes * tokens * h * e / (tp if sp else 1)
     mlp_passes = (3 if kernels.fused else 5) if spec.gated_mlp else 2
     mlp_bytes = mlp_passes * tokens * f / tp * e
@@ -123,9 +128,15 @@ def layer_times(
     shape = layer_shape(spec, micro_batch, tp, cp, sp, precision, kernels)
     memory_rate = hw.memory_gbps * 1e9
     weights = sum(gemm_seconds(hw, precision, g) for g in shape.weights)
-    attention = sum(gemm_seconds(hw, precision, g) for g in shape.attention) / hw.attention_efficiency
-    attention += shape.scores * hw.attention_score_s
-    attention += shape.softmax_bytes / memory_rate
+    attention_matmuls = sum(gemm_seconds(hw, precision, g) for g in shape.attention) / hw.attention_efficiency
+    score_passes = shape.scores * hw.attention_score_s + shape.softmax_bytes / memory_rate
+    attention = attention_matmuls + score_passes
+    # Backward of attention: a flash kernel recomputes the scores (``attention_backward_ratio`` of its
+    # forward); without one, dQ, dK, dV and the probabilities' gradient are four matmuls against the
+    # forward's two, and the softmax's and dropout's backward pass over the score matrices as often
+    # as their forward did.
+    attention_backward = (hw.attention_backward_ratio * attention if kernels.flash_attention
+                          else 2 * attention_matmuls + score_passes)
     activation_rate = (hw.activation_gbps or hw.memory_gbps) * 1e9
     elementwise = (shape.elementwise_bytes / memory_rate + shape.activation_bytes / activation_rate
                    + ELEMENTWISE_KERNELS * hw.kernel_overhead_s)
@@ -135,7 +146,7 @@ def layer_times(
     # Backward: dX = dY·Wᵀ is an (m×n)·(n×k) product, dW = Xᵀ·dY a (k×m)·(m×n) one.
     grad_input = sum(gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n, g.batch)) for g in shape.weights)
     grad_weight = scale.backward * sum(gemm_seconds(hw, precision, Gemm(g.k, g.n, g.m, g.batch)) for g in shape.weights)
-    backward_input = with_host(hw, scale.backward * (grad_input + hw.attention_backward_ratio * attention + 2 * elementwise),
+    backward_input = with_host(hw, scale.backward * (grad_input + attention_backward + 2 * elementwise),
                                host.layer_backward) + kernels.layer_host_s
     attention *= scale.forward
     extra = {"none": 0.0, "selective": attention}.get(recompute)

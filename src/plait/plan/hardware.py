@@ -65,10 +65,11 @@ class Hardware:
     gpus_per_node: int = 8
     intra_node_latency_s: float = 5e-6
     inter_node_latency_s: float = 15e-6
-    # Fraction of the peak a large, well-shaped matmul reaches: one constant, fitted to the ten
-    # A100 runs of Narayanan et al. 2021 table 1 (benchmarks/validate_published.py --fit gives
-    # 0.653) and used for every catalog entry, as no other GPU has data to fit it here.
-    matmul_efficiency: float = 0.653
+    # Fraction of the peak a large, well-shaped matmul reaches: one constant, fitted to the forward
+    # and backward of one 22B layer on A100s that Korthikanti et al. 2022 time under five settings
+    # (table 4; benchmarks/validate_published.py --fit gives 0.662), and used for every catalog entry
+    # and stack without its own (plait.facts.stack.Kernels.matmul_efficiency).
+    matmul_efficiency: float = 0.662
     # Bytes per second of activation functions (GELU, SiLU); None: as memory_gbps (on GPUs they
     # are bandwidth-bound; on a CPU their transcendentals make them slower, so calibrate measures).
     activation_gbps: float | None = None
