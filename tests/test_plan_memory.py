@@ -150,3 +150,26 @@ def test_autocasts_weight_copies_can_need_less_memory_with_larger_micro_batches(
     larger micro-batches need less."""
     peaks = _peaks_by_micro_batch("plait", 1, "gpipe", 1, "none")
     assert peaks[-1] < peaks[0]
+
+
+# BLOOM's search for its 181B layout on 48 nodes of eight A100 80GB (the bigscience repository's
+# train/tr11-176B-ml/chronicles-prequel.md, 'GBS variations' and after): (dp, tp, pp, micro-batch,
+# global batch), the layouts that ran and the three that ran out of memory.
+BLOOM_RAN = [(8, 8, 6, 4, 1568), (8, 8, 6, 4, 2048), (8, 8, 6, 6, 2016), (4, 8, 12, 4, 2048), (6, 8, 8, 4, 2016),
+             (12, 8, 4, 2, 2016), (12, 8, 4, 4, 2016), (24, 8, 2, 1, 2016), (24, 8, 2, 2, 2016), (8, 4, 12, 4, 2048),
+             (8, 4, 12, 2, 2048), (16, 4, 6, 4, 2048), (16, 4, 6, 2, 2048), (16, 2, 12, 2, 2048), (8, 2, 24, 1, 2048),
+             (8, 2, 24, 2, 2048)]
+BLOOM_OUT_OF_MEMORY = [(48, 8, 1, 1, 2016), (32, 2, 6, 2, 2048), (32, 2, 6, 1, 2048)]
+
+
+@pytest.mark.parametrize("dp,tp,pp,micro_batch,batch", BLOOM_RAN + BLOOM_OUT_OF_MEMORY)
+def test_blooms_layouts_fit_where_they_ran_and_not_where_they_ran_out_of_memory(dp, tp, pp, micro_batch, batch):
+    """Megatron-DeepSpeed with ZeRO-1 and full recomputation, as BLOOM's team ran them (the
+    validation's stack and Jean Zay's nodes, benchmarks/validate_published.py)."""
+    from benchmarks.validate_published import BLOOM_VOCAB, JEAN_ZAY_A100
+
+    spec = ModelSpec("gpt2", 72, 14336, 64, 64, 4 * 14336, BLOOM_VOCAB, 2048, tie_embeddings=True)
+    workload = Workload(spec, batch, "bf16", STACKS["megatron-deepspeed"])
+    layout = Layout(dp=dp, tp=tp, pp=pp, zero=1, recompute="full", microbatches=batch // (dp * micro_batch))
+    predicted = evaluate(workload, hardware("a100-80gb", **dict(JEAN_ZAY_A100)), dp * tp * pp, layout)
+    assert predicted.fits == ((dp, tp, pp, micro_batch, batch) in BLOOM_RAN)
