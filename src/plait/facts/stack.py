@@ -43,7 +43,9 @@ class Kernels:
     # Megatron-LM runs a column-parallel linear's backward tensor-parallel collective asynchronously
     # (LinearWithGradAccumulationAndAsyncCommunication): the input gradient's all-reduce, or under sp
     # its reduce-scatter, goes while the weight gradient is computed, and sp's re-gather of the saved
-    # input shard while the input gradient is. plait's DTensor layers issue each on the critical path.
+    # input shard while the input gradient is (so it is not charged). A row-parallel linear's output
+    # gradient, all-gathered under sp, is waited for. plait's DTensor layers issue each on the
+    # critical path.
     tp_backward_overlap: bool = True
     # Transformer Engine's userbuffers (Megatron-Core's --tp-comm-overlap, with sequence parallelism):
     # every tensor-parallel all-gather and reduce-scatter, forward and backward, runs in pieces inside
@@ -86,7 +88,7 @@ class Kernels:
 MEGATRON_2021_A100 = 0.589
 MEGATRON_CORE_H100 = 0.488
 PYTORCH_H100_96GB = 0.587
-DEEPSPEED_LAYER_HOST_S = 0.0038
+DEEPSPEED_LAYER_HOST_S = 0.0045
 
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per

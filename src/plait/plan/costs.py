@@ -116,10 +116,15 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
             into = tp_inside
         into["forward"] += call.forward * seconds
         into["backward"] += call.backward * seconds
-        if into is on_path and call.group == "tp" and kernels.tp_backward_overlap:
-            tp_backward += call.forward * seconds  # the backward's own: the forward's, mirrored
-    if tp_backward:  # under the column-parallel linears' backward matmuls, only the excess is exposed
-        window = column_parallel_share(spec) * times.backward_weight * (2 if layout.sp else 1)
+        # The backward's own, the forward's mirrored: the column-parallel linears' input gradients,
+        # all-reduced (the forward's all-reduce after each row-parallel linear) or under sp
+        # reduce-scattered (its all-gather before each column-parallel one), can go under their
+        # weight gradients; the row-parallel linears' output gradients, all-gathered under sp (the
+        # forward's reduce-scatter mirrored), are needed before their input-gradient matmul starts.
+        if into is on_path and call.group == "tp" and kernels.tp_backward_overlap and call.op != "reduce_scatter":
+            tp_backward += call.forward * seconds
+    if tp_backward:  # under the column-parallel linears' weight-gradient matmuls, only the excess is exposed
+        window = column_parallel_share(spec) * times.backward_weight
         on_path["backward"] -= tp_backward - exposed_under(tp_backward, window, hw.comm_overlap)
     if tp_inside["forward"] or tp_inside["backward"]:  # only what exceeds the layer's matmuls is exposed
         matmuls_forward = times.forward - times.attention

@@ -67,9 +67,9 @@ class Hardware:
     inter_node_latency_s: float = 15e-6
     # Fraction of the peak a large, well-shaped matmul reaches: one constant, fitted to the forward
     # and backward of one 22B layer on A100s that Korthikanti et al. 2022 time under five settings
-    # (table 4; benchmarks/validate_published.py --fit gives 0.662), and used for every catalog entry
+    # (table 4; benchmarks/validate_published.py --fit gives 0.656), and used for every catalog entry
     # and stack without its own (plait.facts.stack.Kernels.matmul_efficiency).
-    matmul_efficiency: float = 0.662
+    matmul_efficiency: float = 0.656
     # Bytes per second of activation functions (GELU, SiLU); None: as memory_gbps (on GPUs they
     # are bandwidth-bound; on a CPU their transcendentals make them slower, so calibrate measures).
     activation_gbps: float | None = None
