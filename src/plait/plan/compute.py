@@ -99,13 +99,14 @@ def layer_shape(spec: ModelSpec, micro_batch: int, tp: int, cp: int, sp: bool, p
 @dataclass(frozen=True)
 class LayerTimes:
     """Seconds of one layer for one micro-batch: forward, backward (input, weight), recompute,
-    and the attention core's forward alone (what context-parallel transfers hide under)."""
+    and the attention core's forward and backward alone (what context-parallel transfers hide under)."""
 
     forward: float
     backward_input: float
     backward_weight: float
     recompute: float
     attention: float = 0.0
+    attention_backward: float = 0.0
 
     @property
     def backward(self) -> float:
@@ -160,7 +161,7 @@ def layer_times(
         extra = with_host(hw, scale.forward * (rerun + elementwise), host.layer_forward)
         if not op_keeps_attention(kernels, cp, cp_algorithm):
             extra += attention
-    return LayerTimes(forward, backward_input, grad_weight, extra, attention)
+    return LayerTimes(forward, backward_input, grad_weight, extra, attention, scale.backward * attention_backward)
 
 
 NO_OVERHEAD = HostOverhead()

@@ -130,7 +130,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         matmuls_forward = times.forward - times.attention
         on_path["forward"] += exposed_under(tp_inside["forward"], matmuls_forward, hw.comm_overlap)
         on_path["backward"] += exposed_under(tp_inside["backward"], times.backward + times.recompute
-                                             - hw.attention_backward_ratio * times.attention, hw.comm_overlap)
+                                             - times.attention_backward, hw.comm_overlap)
     recomputed = 0.0 if layout.recompute == "none" else 1.0
     cp_forward = cp_backward = 0.0
     if ring["forward"] or ring["backward"]:
@@ -138,10 +138,10 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         # under step i's block, so the last block has nothing to hide and only (cp−1)/cp of the
         # attention covers the hops. Each step also launches its exchange and the merge of its
         # output into the running one, whatever the block's size.
-        hidden_under = (layout.cp - 1) / layout.cp * times.attention
+        covered = (layout.cp - 1) / layout.cp
         steps = layout.cp * RING_STEP_KERNELS * hw.kernel_overhead_s
-        cp_forward = exposed_under(ring["forward"], hidden_under, hw.comm_overlap) + steps
-        cp_backward = exposed_under(ring["backward"], (hw.attention_backward_ratio + recomputed) * hidden_under,
+        cp_forward = exposed_under(ring["forward"], covered * times.attention, hw.comm_overlap) + steps
+        cp_backward = exposed_under(ring["backward"], covered * (times.attention_backward + recomputed * times.attention),
                                     hw.comm_overlap) + (2 + recomputed) * steps
     zero_forward = zero_backward = gather = 0.0
     if layout.zero == 3 and layout.pp == 1:  # a pipeline stage gathers once per step (plan.simulate.flush_costs)
