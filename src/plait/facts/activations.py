@@ -53,15 +53,10 @@ def activation_bytes_per_layer(
 
 def held_between_passes(saved: float, offload: bool) -> float:
     """What a block's ``saved`` bytes hold on the device from its forward to its backward: all of
-    them, or none under activation offload (plait.parallel.offload), where they wait in host memory
-    and only the block running has its own on the device (``offload_working_bytes``)."""
+    them, or none under activation offload (plait.parallel.offload), where they wait in host memory.
+    The one block running still has its own on the device (plait.plan.memory.other_bytes): its
+    forward keeps what it copied out until it returns, and its backward brings them back."""
     return 0.0 if offload else saved
-
-
-def offload_working_bytes(saved: float, offload: bool) -> float:
-    """Under activation offload, the saved bytes of the one block that is running: its forward
-    keeps what it copied out until it returns, and its backward brings them back while it runs."""
-    return saved if offload else 0.0
 
 
 def korthikanti_bytes_per_layer(spec: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False, cp: int = 1,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plait.facts.activations import activation_bytes_per_layer, offload_working_bytes
+from plait.facts.activations import activation_bytes_per_layer
 from plait.facts.collectives import stage_boundary_bytes
 from plait.facts.model_state import communicated_bytes, rank_parameters
 from plait.facts.stack import Kernels
@@ -46,8 +46,8 @@ def other_bytes(
     bytes of the one block running.
     """
     extra = reserved
-    if layout.offload_activations:
-        extra += offload_working_bytes(layer_saved_bytes(spec, layout, micro_batch, precision, kernels), True)
+    if layout.offload_activations:  # the block running has its saved bytes on the device
+        extra += layer_saved_bytes(spec, layout, micro_batch, precision, kernels)
     if layout.pp > 1:  # one send and one receive buffer
         extra += 2 * stage_boundary_bytes(spec, layout, micro_batch, precision, kernels)
     if layout.zero == 3:
