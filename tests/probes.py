@@ -111,8 +111,14 @@ def offloaded_activation_bytes(config: RunConfig) -> dict:
     def watched() -> offload.BlockOffload:
         hooks = offload.BlockOffload()
         pack = hooks.pack
-        hooks.pack = lambda tensor: (packed := pack(tensor),
-                                     left.append(packed) if packed is tensor and not offload.is_parameter(tensor) else None)[0]
+
+        def noting_what_stays(tensor: torch.Tensor):
+            packed = pack(tensor)
+            if packed is tensor and not offload.is_parameter(tensor):
+                left.append(tensor)
+            return packed
+
+        hooks.pack = noting_what_stays
         forwards.append(hooks)
         return hooks
 
