@@ -15,9 +15,9 @@ from plait.models.spec import model_spec
 from plait.plan.compute import layer_times
 from plait.plan.hardware import hardware, stack_hardware
 from plait.plan.simulate import Workload, evaluate
-from tests.cases import assert_traced_volumes_are_the_facts, layout_world_size, run_config, train_losses, train_outcome
+from tests.cases import layout_world_size, run_config, train_losses
 from tests.probes import offloaded_activation_bytes
-from tests.test_data_parallel_parity import assert_same_losses
+from tests.test_data_parallel_parity import assert_trains_as_one_process
 
 MODELS = ("tiny", "tiny-llama")
 # Plain tensors, DTensors (tp, sp), FSDP2's gathered weights (which stay), and both context-parallel algorithms.
@@ -61,13 +61,7 @@ def test_offloaded_layout_matches_single_process(pool, single_process, model, la
     """10 steps with every block's saved tensors round-tripped through host copies train as one
     process without offload does (fp32 tolerance of tests/test_data_parallel_parity.py), and send
     what the facts say."""
-    reference = single_process[model]
-    assert reference[-1] < reference[0], "the reference run should learn"
-    config = run_config(model, offload_activations=True, **layout)
-    outcomes = pool.run(train_outcome, layout_world_size(layout), config)
-    for outcome in outcomes:
-        assert_same_losses(reference, outcome["losses"])
-    assert_traced_volumes_are_the_facts(config, outcomes[0]["volumes"])
+    assert_trains_as_one_process(pool, single_process[model], run_config(model, offload_activations=True, **layout))
 
 
 def _gpt2_large(stack: str, offload: bool):

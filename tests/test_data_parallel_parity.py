@@ -30,6 +30,16 @@ def assert_same_losses(expected: list[float], actual: list[float]) -> None:
         assert abs(a - b) <= RELATIVE_TOLERANCE * abs(a), f"step {step}: {a} vs {b}"
 
 
+def assert_trains_as_one_process(pool, reference: list[float], config) -> None:
+    """``config`` trains every rank to the single process's ``reference`` losses (which must learn),
+    and its traced collectives are the facts' volumes."""
+    assert reference[-1] < reference[0], "the reference run should learn"
+    outcomes = pool.run(train_outcome, config.layout.world_size, config)
+    for outcome in outcomes:
+        assert_same_losses(reference, outcome["losses"])
+    assert_traced_volumes_are_the_facts(config, outcomes[0]["volumes"])
+
+
 def assert_same_weights(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> None:
     """Every element within 1e-5 of its value, or within a small absolute floor when near zero.
 

@@ -13,9 +13,9 @@ from plait.interop.hf import hf_config
 from plait.models.flops import flops_per_sequence, parameter_count
 from plait.models.spec import model_spec
 from plait.models.transformer import Transformer
-from tests.cases import assert_traced_volumes_are_the_facts, layout_world_size, run_config, train_losses, train_outcome
+from tests.cases import layout_world_size, run_config, train_losses
 from tests.probes import layer_costs, saved_activation_bytes
-from tests.test_data_parallel_parity import assert_same_losses
+from tests.test_data_parallel_parity import assert_trains_as_one_process
 from tests.test_model import counted_flops
 
 MODELS = ("tiny", "tiny-llama")
@@ -40,13 +40,7 @@ def single_process(pool):
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("layout", PARITY_LAYOUTS, ids=_name)
 def test_parallel_block_layout_matches_single_process(pool, single_process, model, layout):
-    reference = single_process[model]
-    assert reference[-1] < reference[0], "the reference run should learn"
-    config = run_config(model, parallel_block=True, **layout)
-    outcomes = pool.run(train_outcome, layout_world_size(layout), config)
-    for outcome in outcomes:
-        assert_same_losses(reference, outcome["losses"])
-    assert_traced_volumes_are_the_facts(config, outcomes[0]["volumes"])
+    assert_trains_as_one_process(pool, single_process[model], run_config(model, parallel_block=True, **layout))
 
 
 @pytest.mark.parametrize("model", MODELS)
