@@ -26,7 +26,7 @@ from plait.facts.activations import (
 from plait.facts.in_flight import in_flight_chunks
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors
 from plait.facts.validity import (
-    compression_problems, fit_problems, mesh_problems, pipeline_problems, reads_saved_once_per_backward, recompute_problems,
+    compression_problems, fit_problems, layout_problems, mesh_problems, pipeline_problems, reads_saved_once_per_backward,
     recomputes_once_per_backward, run_problems, spec_problems,
 )
 from plait.layout import RECOMPUTE, Layout
@@ -189,8 +189,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     # stream and lose to recomputation on every catalog model, and no published run shows what
     # Megatron-Core's overlapped copies cost when eight GPUs and their NICs share PCIe and host memory.
     offload = fixed.get("offload_activations", False)
-    recomputes = tuple(rc for rc in _options(fixed, "recompute", RECOMPUTE) if (rc == "none" or not offload)
-                       and not recompute_problems(Layout(recompute=rc, offload_activations=offload), kernels))
+    recomputes = tuple(rc for rc in _options(fixed, "recompute", RECOMPUTE)
+                       if not layout_problems(spec, Layout(recompute=rc, offload_activations=offload), kernels=kernels))
     # Full recomputation of only the first N blocks of each chunk: as pinned, or, with neither
     # recomputation flag pinned, the fewest N that fit wherever only full recomputation fits.
     zb_refuses = {rc for rc in recomputes

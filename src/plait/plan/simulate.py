@@ -114,7 +114,7 @@ def chunk_activation_bytes(workload: Workload, layout: Layout, micro_batch: int,
 def chunk_offloaded_bytes(workload: Workload, layout: Layout, micro_batch: int, counts: tuple[int, ...]) -> list[float]:
     """What activation offload keeps in host memory for one forward of each chunk: its blocks' saved bytes."""
     saved = layer_saved_bytes(workload.spec, layout, micro_batch, workload.precision, workload.kernels)
-    return [n * saved if layout.offload_activations else 0.0 for n in counts]
+    return [n * saved for n in counts]
 
 
 @dataclass(frozen=True)
