@@ -60,11 +60,12 @@ class Kernels:
     # on published runs of the stack (benchmarks/validate_published.py); other GPUs keep the
     # catalog's (plait.plan.hardware.Hardware.matmul_efficiency).
     matmul_efficiency: tuple[tuple[str, float], ...] = ()
-    # Seconds the host adds to each layer's forward and to its backward beyond the kernels, where it
-    # cannot run ahead of them: BLOOM's Megatron-DeepSpeed ran with CUDA_LAUNCH_BLOCKING=1 (its
-    # train/tr11-176B-ml/README.md, against a hang on its cluster), so every kernel waited for the
-    # host's Python and launch; 0 where the host queues kernels ahead (Megatron-LM, torchtitan, plait
-    # on a GPU, whose measured hosts calibrate describes instead).
+    # Seconds each layer's forward and its backward take beyond their kernels, fitted where a stack's
+    # runs show a cost per layer pass that the kernels do not explain: BLOOM's Megatron-DeepSpeed,
+    # which ran with CUDA_LAUNCH_BLOCKING=1 against a hang (train/tr11-176B-ml/README.md), though its
+    # prequel found that flag cost little from 160 GPUs on, so the cause is not established; 0 where
+    # the host queues kernels ahead (Megatron-LM, torchtitan, plait on a GPU, whose measured hosts
+    # calibrate describes instead).
     layer_host_s: float = 0.0
     # DeepSpeed's pipeline engine reduces the data-parallel gradients in a ReduceGrads instruction after
     # the schedule's last backward (deepspeed/runtime/pipe/schedule.py), so none of it hides under
@@ -88,7 +89,7 @@ class Kernels:
 MEGATRON_2021_A100 = 0.589
 MEGATRON_CORE_H100 = 0.488
 PYTORCH_H100_96GB = 0.587
-DEEPSPEED_LAYER_HOST_S = 0.0045
+DEEPSPEED_LAYER_HOST_S = 0.0037
 
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
@@ -110,9 +111,9 @@ STACKS = {
     "megatron-core": Kernels(tp_comm_overlap=True, param_gather_overlap=True, activation_offload="overlapped",
                              matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),)),
     # Megatron-DeepSpeed (BLOOM, 2022): Megatron-LM's fused softmax without flash attention, dropout,
-    # DeepSpeed's 1F1B pipeline engine reducing gradients after its schedule, and a host launching
-    # kernels synchronously, whose cost per layer was fitted on BLOOM's own layout search
-    # (benchmarks/validate_published.py: the '48 node contenders' table, the other three held out).
+    # DeepSpeed's 1F1B pipeline engine reducing gradients after its schedule, and a cost per layer pass
+    # fitted on BLOOM's own layout search (benchmarks/validate_published.py: the 181B model's '48 node
+    # contenders' table; the prequel's eighteen other tables held out).
     "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
                                   schedules=("1f1b",), reduce_after_schedule=True),
     # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
