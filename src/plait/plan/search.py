@@ -252,7 +252,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     if spec_problems(spec) or not recomputes:  # no layout can run it (the caller says why, from run_problems)
         return found
     for tp, cp, pp, dp, algorithm in _meshes(workload, gpus, fixed):
-        level = complexity(dp, tp, cp, pp, hw.gpus_per_node)
+        level = complexity(dp, tp, cp, pp, hw.gpus_per_node, spec.seq_len)
         per_rank = math.ceil(layers / pp)
         params = (rank_parameters(spec, per_rank, True, pp == 1, tp, pp), rank_parameters(spec, per_rank, pp == 1, True, tp, pp))
         tensors = max(rank_tensors(spec, per_rank, True, pp == 1, pp), rank_tensors(spec, per_rank, pp == 1, True, pp))
@@ -522,23 +522,31 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
             prediction = evaluate(workload, hw, gpus, layout) if layout not in played else None
             if prediction and prediction.fits:
                 ranked.append(prediction)
-    ranked = rank(ranked, hw.gpus_per_node, tie_break)
+    ranked = rank(ranked, hw.gpus_per_node, workload.spec.seq_len, tie_break)
     return SearchResult(ranked[:top], found.scored, found.fitting, explain(ranked, found, hw, tie_break), found.bounded,
                         found.oversized)
 
 
-def complexity(dp: int, tp: int, cp: int, pp: int, gpus_per_node: int) -> int:
-    """How many of dp, tp, cp and pp a layout spreads over, and one more when tensor parallelism
-    leaves the node's NVLink: each is harder to run and debug, and each is a cost the planner can
-    get wrong."""
-    return (dp > 1) + (tp > 1) + (cp > 1) + (pp > 1) + (tp > gpus_per_node)
+# The shortest sequence a published run splits by context parallelism: NeMo's long-context recipes
+# (Llama 3 8B and 70B, Mixtral 8×7B, Nemotron: 16k to 128k tokens on cp 2 to 8) and Llama 3 405B's
+# 128k stage (cp 16). Below it the planner's costs for the ring have nothing published to be
+# checked against, so there context parallelism counts as one more dimension.
+CONTEXT_PARALLEL_PRECEDENT_TOKENS = 16384
 
 
-def layout_complexity(layout: Layout, gpus_per_node: int) -> int:
-    return complexity(layout.dp, layout.tp, layout.cp, layout.pp, gpus_per_node)
+def complexity(dp: int, tp: int, cp: int, pp: int, gpus_per_node: int, seq_len: int) -> int:
+    """How many of dp, tp, cp and pp a layout spreads over, one more when tensor parallelism leaves
+    the node's NVLink and one more for context parallelism on a sequence shorter than any published
+    run split: each is harder to run and debug, and each is a cost the planner can get wrong."""
+    return ((dp > 1) + (tp > 1) + (cp > 1) + (pp > 1) + (tp > gpus_per_node)
+            + (cp > 1 and seq_len < CONTEXT_PARALLEL_PRECEDENT_TOKENS))
 
 
-def rank(predictions: list[Prediction], gpus_per_node: int, tie_break: str = "simplicity") -> list[Prediction]:
+def layout_complexity(layout: Layout, gpus_per_node: int, seq_len: int) -> int:
+    return complexity(layout.dp, layout.tp, layout.cp, layout.pp, gpus_per_node, seq_len)
+
+
+def rank(predictions: list[Prediction], gpus_per_node: int, seq_len: int, tie_break: str = "simplicity") -> list[Prediction]:
     """Fastest first; with ``simplicity``, the layouts predicted within the planner's own error of the
     fastest count as tied and come first by complexity (``complexity``), then by time: a layout
     spread over more dimensions must win by more than the planner's error to be recommended."""
@@ -547,7 +555,7 @@ def rank(predictions: list[Prediction], gpus_per_node: int, tie_break: str = "si
         return by_time
     limit = by_time[0].step_time_s * (1 + PLANNER_ERROR)
     tied = [p for p in by_time if p.step_time_s <= limit]
-    return sorted(tied, key=lambda p: (layout_complexity(p.layout, gpus_per_node), p.step_time_s)) + by_time[len(tied):]
+    return sorted(tied, key=lambda p: (layout_complexity(p.layout, gpus_per_node, seq_len), p.step_time_s)) + by_time[len(tied):]
 
 
 def _nothing_valid(workload: Workload, gpus: int, fixed: dict) -> str:
@@ -606,7 +614,8 @@ def explain(ranked: list[Prediction], found: Scan, hw: Hardware, tie_break: str 
     if fastest is not best:
         line += (f"; the fastest, {fastest.layout.describe()}, is predicted {best.step_time_s / fastest.step_time_s - 1:.1%} "
                  f"ahead, within the planner's error of {PLANNER_ERROR:.1%}, so the layout with fewer parallel "
-                 "dimensions (tensor parallelism across nodes counting as one more) comes first")
+                 "dimensions (tensor parallelism across nodes, and context parallelism below "
+                 f"{CONTEXT_PARALLEL_PRECEDENT_TOKENS:,} tokens, counting as one more) comes first")
     if len(ranked) > 1:
         runner = ranked[1]
         o = runner.time_breakdown
