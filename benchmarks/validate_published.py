@@ -79,6 +79,52 @@ def megatron_2021() -> list[Case]:
     return cases
 
 
+# Narayanan et al. 2021, table 2 (§5.2): ZeRO-3 without model parallelism (DeepSpeed) against PTD-P
+# (tensor, pipeline and data parallel) at one global batch, TFLOP/s per GPU by the paper's equation 3.
+# Model (heads, hidden, layers), GPUs, batch, micro-batch, ZeRO-3's TFLOP/s; then PTD-P's model-parallel
+# layout (tp, pp), GPUs and TFLOP/s (micro-batch 1). ZeRO-3's 530B run on 640 GPUs took a larger batch
+# to fit, so no PTD-P row matches it, nor ZeRO-3 one PTD-P's 560 GPUs.
+NARAYANAN_TABLE_2 = "Narayanan et al. 2021 (arXiv 2104.04473), table 2"
+TABLE_2_MODELS = {"175B": (96, 12288, 96), "530B": (128, 20480, 105)}
+TABLE_2_ZERO3 = [("175B", 384, 1536, 4, 144), ("175B", 768, 1536, 2, 88), ("175B", 1536, 1536, 1, 44),
+                 ("530B", 640, 2560, 4, 138), ("530B", 1120, 2240, 2, 98), ("530B", 2240, 2240, 1, 48)]
+TABLE_2_PTDP = [("175B", (8, 12), 384, 1536, 153), ("175B", (8, 12), 768, 1536, 149), ("175B", (8, 12), 1536, 1536, 141),
+                ("530B", (8, 35), 560, 2240, 171), ("530B", (8, 35), 1120, 2240, 167), ("530B", (8, 35), 2240, 2240, 159)]
+
+
+def deepspeed_zero3() -> tuple[list[Case], list[Case]]:
+    """Table 2's ZeRO-3 runs, full recomputation assumed (as in every run of the paper): the 175B rows,
+    which the deepspeed-zero3 stack's collective efficiency is fitted on, and the 530B rows, held out."""
+    cases = []
+    for model, gpus, batch, mbs, tflops in TABLE_2_ZERO3:
+        spec = gpt(*reversed(TABLE_2_MODELS[model]))
+        fixed = {"tp": 1, "pp": 1, "dp": gpus, "cp": 1, "zero": 3, "dp_replicate": 1, "sp": False, "recompute": "full"}
+        step = megatron_flops(spec, batch) / (tflops * 1e12 * gpus)
+        cases.append(Case(f"{model} ZeRO-3, {gpus} GPUs", NARAYANAN_TABLE_2, spec, gpus, batch, fixed, step, mbs,
+                          kernels=STACKS["deepspeed-zero3"]))
+    return [c for c in cases if c.name.startswith("175B")], [c for c in cases if c.name.startswith("530B")]
+
+
+def ptdp_table_2() -> list[Case]:
+    """Table 2's PTD-P runs on the megatron-2021 stack (fitted on table 1 only)."""
+    cases = []
+    for model, (tp, pp), gpus, batch, tflops in TABLE_2_PTDP:
+        spec = gpt(*reversed(TABLE_2_MODELS[model]))
+        fixed = {"tp": tp, "pp": pp, "dp": gpus // (tp * pp), "cp": 1, "zero": 0, "sp": False, "recompute": "full"}
+        step = megatron_flops(spec, batch) / (tflops * 1e12 * gpus)
+        cases.append(Case(f"{model} PTD-P, {gpus} GPUs", NARAYANAN_TABLE_2, spec, gpus, batch, fixed, step, 1,
+                          kernels=STACKS["megatron-2021"]))
+    return cases
+
+
+def zero3_against_ptdp() -> list[Ablation]:
+    """Table 2's pairs that ran one model and batch on one GPU count, PTD-P faster in each."""
+    zero3 = {(c.name.split()[0], c.gpus): c for c in sum(deepspeed_zero3(), [])}
+    return [Ablation(f"{ptdp.name.split()[0]} on {ptdp.gpus} GPUs: ZeRO-3 against PTD-P", NARAYANAN_TABLE_2,
+                     (ptdp, zero3[ptdp.name.split()[0], ptdp.gpus]))
+            for ptdp in ptdp_table_2() if (ptdp.name.split()[0], ptdp.gpus) in zero3]
+
+
 def korthikanti_2022() -> list[Case]:
     configs = [  # name, heads, hidden, layers, p, GPUs, batch, micro-batch, v, full-recompute s, present-work s
         ("22B", 64, 6144, 48, 1, 8, 4, 4, 1, 1.42, 1.10), ("175B", 96, 12288, 96, 8, 64, 64, 1, 3, 18.13, 13.75),
@@ -144,6 +190,11 @@ def fit_efficiency(cases: list[Case]) -> float:
 def fit_layer_host(cases: list[Case]) -> float:
     """The host seconds per layer forward and backward of the cases' stack minimising the median |error| over them."""
     return fit_stack_figure(cases, lambda kernels, s: replace(kernels, layer_host_s=s), 0.0, 0.05)
+
+
+def fit_zero3_efficiency(cases: list[Case]) -> float:
+    """The fraction of the ring's bus bandwidth the cases' ZeRO-3 collectives reach, minimising the median |error|."""
+    return fit_stack_figure(cases, lambda kernels, e: replace(kernels, zero3_collective_efficiency=e), 0.02, 1.0)
 
 
 def fit_stack_figure(cases: list[Case], setting, lo: float, hi: float) -> float:
@@ -413,7 +464,7 @@ def ablations() -> list[Ablation]:
     korthikanti = korthikanti_2022()
     pairs = [Ablation(f"{full.name.split()[0]}: full recomputation against sp + selective", KORTHIKANTI_2022,
                       (selective, full)) for full, selective in zip(korthikanti[0:8:2], korthikanti[1:8:2])]
-    return pairs + [torchtitan_schedules()] + async_tensor_parallel() + bloom_layout_search()
+    return pairs + [torchtitan_schedules()] + async_tensor_parallel() + zero3_against_ptdp() + bloom_layout_search()
 
 
 def torchtitan_schedules() -> Ablation:
@@ -445,7 +496,9 @@ def print_ablations() -> None:
     print("\n| ablation | published order (fastest first) | published step (s) | predicted step (s) | pairs in order "
           "| source |")
     print("| --- | --- | --- | --- | ---: | --- |")
-    fitted_on = bloom_layout_search()[0].name  # megatron-deepspeed's layer_host_s came from it
+    # megatron-deepspeed's layer_host_s came from BLOOM's first table, deepspeed-zero3's collective
+    # efficiency from the 175B ZeRO-3 runs
+    fitted_on = {bloom_layout_search()[0].name} | {a.name for a in zero3_against_ptdp() if a.name.startswith("175B")}
     right = total = held_right = held_total = apart_right = apart_total = 0
     for ablation in ablations():
         steps = [predict(case, case.hardware())[0] for case in ablation.fastest_first]
@@ -457,31 +510,47 @@ def print_ablations() -> None:
         apart = [(i, j) for i, j in pairs if published_per_sequence[j] > published_per_sequence[i] * (1 + REPEAT_SPREAD)]
         apart_right += sum(per_sequence[i] < per_sequence[j] for i, j in apart)
         apart_total += len(apart)
-        if ablation.name != fitted_on:
+        if ablation.name not in fitted_on:
             held_right, held_total = held_right + in_order, held_total + len(pairs)
         published = " / ".join(f"{c.measured_step_s:.3g}" for c in ablation.fastest_first)
         print(f"| {ablation.name} | {' < '.join(c.name for c in ablation.fastest_first)} | {published} | "
               f"{' / '.join(f'{step:.3g}' for step in steps)} | {in_order}/{len(pairs)} | {ablation.source} |")
     print(f"\nablations: {right} of {total} pairs in the published order ({right / total:.0%}) over "
-          f"{len(ablations())} ablations; held out (all but '{fitted_on}'): {held_right} of {held_total} "
+          f"{len(ablations())} ablations; held out (all but {', '.join(sorted(fitted_on))}): {held_right} of {held_total} "
           f"({held_right / held_total:.0%})")
     print(f"pairs published more than {REPEAT_SPREAD:.1%} apart (two published timings of one layout differ by that much): "
           f"{apart_right} of {apart_total} in the published order ({apart_right / apart_total:.0%})")
 
 
-def main() -> None:
+def published_runs() -> tuple[list[Case], list[Case]]:
+    """(the runs a stack figure was fitted on, the runs held out from every fit)."""
     core_fit, core_held = megatron_core_weak_scaling()
     titan_fit, titan_held = torchtitan_runs()
-    fits = {"megatron-2021, a100-80gb": megatron_2021(), "megatron-core, h100-sxm": core_fit, "pytorch, h100-96gb": titan_fit}
-    held_out = korthikanti_2022() + bloom() + llama_3() + core_held + megatron_core_strong_scaling() + titan_held
+    zero3_fit, zero3_held = deepspeed_zero3()
+    return (megatron_2021() + core_fit + titan_fit + zero3_fit,
+            korthikanti_2022() + bloom() + llama_3() + core_held + megatron_core_strong_scaling() + titan_held
+            + ptdp_table_2() + zero3_held)
+
+
+def fit_all() -> None:
+    """Refit every stack figure on its runs and print it (the values live in plait.facts.stack)."""
+    print(f"fitted the catalog's a100-80gb matmul_efficiency on {KORTHIKANTI_TABLE_4}: {fit_catalog_efficiency():.3f}")
+    fits = {"megatron-2021, a100-80gb": megatron_2021(), "megatron-core, h100-sxm": megatron_core_weak_scaling()[0],
+            "pytorch, h100-96gb": torchtitan_runs()[0]}
+    for name, cases in fits.items():
+        print(f"fitted {name} matmul_efficiency on {cases[0].source}: {fit_efficiency(cases):.3f}")
+    contenders = bloom_layout_search()[0]
+    print(f"fitted megatron-deepspeed layer_host_s on {contenders.source}: "
+          f"{fit_layer_host(list(contenders.fastest_first)):.4f}")
+    print(f"fitted deepspeed-zero3 zero3_collective_efficiency on {NARAYANAN_TABLE_2}, 175B: "
+          f"{fit_zero3_efficiency(deepspeed_zero3()[0]):.3f}")
+
+
+def main() -> None:
     if "--fit" in sys.argv:
-        print(f"fitted the catalog's a100-80gb matmul_efficiency on {KORTHIKANTI_TABLE_4}: {fit_catalog_efficiency():.3f}")
-        for name, cases in fits.items():
-            print(f"fitted {name} matmul_efficiency on {cases[0].source}: {fit_efficiency(cases):.3f}")
-        contenders = bloom_layout_search()[0]
-        print(f"fitted megatron-deepspeed layer_host_s on {contenders.source}: "
-              f"{fit_layer_host(list(contenders.fastest_first)):.4f}")
+        fit_all()
         return
+    fitted, held_out = published_runs()
     print(f"a100-80gb matmul_efficiency = {hardware('a100-80gb').matmul_efficiency} (the catalog's, fitted on "
           f"{KORTHIKANTI_TABLE_4}); megatron-2021 on a100-80gb {dict(STACKS['megatron-2021'].matmul_efficiency)['a100-80gb']} "
           f"(fitted on {MEGATRON_2021}); megatron-core on h100-sxm {dict(STACKS['megatron-core'].matmul_efficiency)['h100-sxm']} "
@@ -490,7 +559,7 @@ def main() -> None:
     print("| run | GPUs | stack | layout used | published step (s) | predicted (s) | error | source |")
     print("| --- | ---: | --- | --- | ---: | ---: | ---: | --- |")
     errors: dict[str, list[float]] = {"fitted on": [], "held out": [], "held out, H100": []}
-    for group, cases in [*(("fitted on", cases) for cases in fits.values()), ("held out", held_out)]:
+    for group, cases in (("fitted on", fitted), ("held out", held_out)):
         for case in cases:
             step, used = predict(case, case.hardware())
             error = step / case.measured_step_s - 1

@@ -1,4 +1,5 @@
-"""Groups that span nodes, as NCCL lays its rings over the network adapters, and ZeRO-3 across nodes.
+"""Groups that span nodes, as NCCL lays its rings over the network adapters, and ZeRO-3 across nodes,
+gathered block by block (FSDP2) or linear by linear (DeepSpeed).
 
 Published figures: NVIDIA measures 192 GB/s all-reduce bus bandwidth on DGX A100 nodes with
 8 × 200 Gb/s InfiniBand (NVIDIA/nccl issue 812) and expects 46–48 GB/s per 400 Gb/s NDR adapter
@@ -7,15 +8,20 @@ Published figures: NVIDIA measures 192 GB/s all-reduce bus bandwidth on DGX A100
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from plait.facts.stack import STACKS
+from plait.facts.stack import STACKS, Kernels
 from plait.layout import Layout
-from plait.models.spec import model_spec
+from plait.models.flops import layer_parameter_count
+from plait.models.spec import ModelSpec, model_spec
 from plait.plan.comm import all_gather_seconds, all_reduce_seconds, group_link, strided_link
-from plait.plan.costs import zero3_layer_seconds
+from plait.plan.compute import LayerTimes
 from plait.plan.hardware import hardware
+from plait.plan.memory import other_bytes
 from plait.plan.simulate import Workload, evaluate
+from plait.plan.zero3 import zero3_exposed, zero3_layer_seconds
 
 GB = 1e9
 
@@ -82,3 +88,48 @@ def test_zero3_step_time_follows_the_per_layer_gather_once_compute_shrinks():
     assert light_512.step_time_s >= 0.9 * light_256.step_time_s
     assert light_512.step_time_s >= link_512 > link_256
     assert light_512.time_breakdown["critical_path_comm_s"] > light_512.time_breakdown["compute_s"]
+
+
+def _one_layer_costs(unit: str, recompute: str) -> tuple[float, float]:
+    """A GPT block (q/k/v 3h², output h², MLP 4h² and 4h²) whose transfers take as long as its
+    matmuls: 1 s of forward, 2 s of backward, a 1 s gather and a 1 s reduce-scatter."""
+    times = LayerTimes(forward=1.0, backward_input=1.0, backward_weight=1.0, recompute=0.0)
+    return zero3_exposed(model_spec("gpt3-175b"), times, 1.0, 1.0, recompute, Kernels(zero3_gather_unit=unit), 1.0)
+
+
+def test_a_block_wide_gather_hides_under_the_block_before_it():
+    assert _one_layer_costs("layer", "none") == (0.0, 0.0)
+
+
+def test_gathering_linear_by_linear_leaves_the_mlp_weight_behind_the_small_projection_exposed():
+    """DeepSpeed fetches each linear and prefetches the next only. Forward, the first MLP weight
+    (4/12 of the block) is in flight while the output projection (1/12) runs: 3/12 exposed. Backward
+    (2 s, by linear 2/3, 2/3, 1/6, 1/2 from the last), the output projection's 1/6 s runs beside the
+    q/k/v gather (3/12) and the first MLP weight's reduce-scatter (4/12): 5/12 exposed."""
+    forward, backward = _one_layer_costs("linear", "none")
+    assert forward == pytest.approx(3 / 12)
+    assert backward == pytest.approx(5 / 12)
+
+
+def test_deepspeed_zero3_holds_two_neighbouring_linears_where_fsdp_holds_two_blocks():
+    """Gathered: the two MLP weights (8/12 of a block) against two blocks; unsharded gradients: one MLP
+    weight's (4/12) against a block's. Two bytes each way: 4 bytes a block parameter fewer."""
+    spec = model_spec("gpt3-175b")
+    layout = Layout(dp=384, zero=3, recompute="full")
+    linear = STACKS["deepspeed-zero3"]
+    block = replace(linear, zero3_gather_unit="layer")
+    saved = other_bytes(spec, layout, 4, "bf16", 0.0, block) - other_bytes(spec, layout, 4, "bf16", 0.0, linear)
+    assert saved == pytest.approx(4 * layer_parameter_count(spec))
+
+
+def test_narayanans_530b_zero3_runs_stay_flat_as_the_gpus_double():
+    """Narayanan et al. 2021, table 2 (held out of the stack's fit): ZeRO-3 on 530B at one global batch
+    took 179.9 s on 1,120 A100s and 183.7 s on 2,240. Compute halves; every GPU still moves the whole
+    model each step, so the step does not."""
+    spec = ModelSpec("gpt2", 105, 20480, 128, 128, 4 * 20480, 51200, 2048, tie_embeddings=True)
+    workload = Workload(spec, 2240, "bf16", STACKS["deepspeed-zero3"])
+    hw = hardware("a100-80gb")
+    steps = [evaluate(workload, hw, gpus, Layout(dp=gpus, zero=3, recompute="full")) for gpus in (1120, 2240)]
+    assert steps[0].time_breakdown["compute_s"] == pytest.approx(2 * steps[1].time_breakdown["compute_s"], rel=0.05)
+    assert steps[1].step_time_s == pytest.approx(steps[0].step_time_s, rel=0.1)
+    assert 179.9 * 0.85 <= steps[0].step_time_s <= 179.9 * 1.15

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.validate_published import ablations, bloom, korthikanti_2022, llama_3, megatron_2021
-from benchmarks.validate_published import megatron_core_strong_scaling, megatron_core_weak_scaling, torchtitan_runs
+from benchmarks.validate_published import ablations, published_runs
 from plait.facts.validity import mesh_problems
 from plait.layout import Layout
 
 
 def every_run():
-    core_fit, core_held = megatron_core_weak_scaling()
-    titan_fit, titan_held = torchtitan_runs()
-    return (megatron_2021() + core_fit + titan_fit + korthikanti_2022() + bloom() + llama_3() + core_held
-            + megatron_core_strong_scaling() + titan_held)
+    fitted, held_out = published_runs()
+    return fitted + held_out
 
 
 def test_the_set_holds_forty_runs_ten_on_h100_and_five_ablations():

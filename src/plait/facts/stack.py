@@ -67,6 +67,14 @@ class Kernels:
     # the host queues kernels ahead (Megatron-LM, torchtitan, plait on a GPU, whose measured hosts
     # calibrate describes instead).
     layer_host_s: float = 0.0
+    # ZeRO-3 without pipeline stages (plait.plan.zero3): what one gather fetches and prefetches ahead
+    # of use, a whole "layer" (FSDP2) or each "linear" (DeepSpeed's sub-module fetch); whether a
+    # recomputed forward gathers again, having released the layer after its forward (DeepSpeed);
+    # and the fraction of the ring's bus bandwidth its gathers and reduce-scatters reach, where
+    # published runs of the stack show less than NCCL's rings give.
+    zero3_gather_unit: str = "layer"
+    zero3_regathers_for_recompute: bool = False
+    zero3_collective_efficiency: float = 1.0
     # DeepSpeed's pipeline engine reduces the data-parallel gradients in a ReduceGrads instruction after
     # the schedule's last backward (deepspeed/runtime/pipe/schedule.py), so none of it hides under
     # backward; elsewhere hooks reduce buckets as backward produces them.
@@ -90,6 +98,7 @@ MEGATRON_2021_A100 = 0.589
 MEGATRON_CORE_H100 = 0.488
 PYTORCH_H100_96GB = 0.587
 DEEPSPEED_LAYER_HOST_S = 0.0037
+DEEPSPEED_ZERO3_COLLECTIVES = 0.108
 
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
@@ -116,6 +125,17 @@ STACKS = {
     # contenders' table; the prequel's eighteen other tables held out).
     "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
                                   schedules=("1f1b",), reduce_after_schedule=True),
+    # DeepSpeed's ZeRO-3 as Narayanan et al. 2021 (table 2) ran it against PTD-P, on Megatron-LM's
+    # model of that year (its kernels and fitted A100 efficiency): fetch_sub_module gathers each
+    # linear's weight and prefetches the next, the layer released after its forward is gathered
+    # again for the recomputed one (stage3.py, April 2021), and its gathers and reduce-scatters reach
+    # a fraction of the bus bandwidth NCCL's rings give, fitted on the paper's three 175B runs
+    # (benchmarks/validate_published.py; the three 530B runs held out). That fraction, 0.108 of
+    # 192 GB/s, is ~21 GB/s: each GPU moved its parameters at about one adapter's rate. The cause is
+    # not established (one collective per tensor, each launched after a device-wide synchronize).
+    "deepspeed-zero3": Kernels(dropout=True, flash_attention=False, zero3_gather_unit="linear",
+                               zero3_regathers_for_recompute=True, zero3_collective_efficiency=DEEPSPEED_ZERO3_COLLECTIVES,
+                               schedules=("1f1b",), matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),)),
     # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
     # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel
     # collective on the critical path: its async TP is this with tp_comm_overlap); its efficiency fitted

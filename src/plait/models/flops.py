@@ -33,6 +33,14 @@ def mlp_parameter_count(spec: ModelSpec) -> int:
     return 2 * spec.hidden * spec.ffn_hidden + biases
 
 
+def linear_shares(spec: ModelSpec) -> tuple[float, ...]:
+    """Each of a block's linears' share of its weights, in forward order: the q/k/v projection, the
+    output projection, the MLP's input (with its gate) and output projections."""
+    weights = (spec.hidden * (spec.hidden + 2 * spec.kv_dim), spec.hidden * spec.hidden,
+               spec.hidden * spec.ffn_hidden * (2 if spec.gated_mlp else 1), spec.ffn_hidden * spec.hidden)
+    return tuple(w / sum(weights) for w in weights)
+
+
 def block_norms(spec: ModelSpec) -> int:
     """Norms of one block: one before attention and one before the MLP, or one they share."""
     return 1 if spec.parallel_block else 2

@@ -10,19 +10,18 @@ from dataclasses import dataclass, fields, replace
 
 from plait.facts.activations import ACTIVATION_BYTES
 from plait.facts.collectives import embedding_collectives, head_collectives, layer_collectives, stage_boundary_bytes
-from plait.facts.model_state import communicated_bytes, zero_group
 from plait.facts.recompute import chunk_recompute
 from plait.facts.stack import Kernels
 from plait.layout import Layout
-from plait.models.flops import layer_parameter_count
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, all_to_all_seconds, exposed_under, group_link, reduce_scatter_seconds,
-    send_seconds, strided_link,
+    send_seconds,
 )
 from plait.plan.compute import NO_OVERHEAD, LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
 from plait.plan.memory import layer_saved_bytes
+from plait.plan.zero3 import zero3_exposed, zero3_layer_seconds
 
 COLLECTIVE_SECONDS = {
     "all_reduce": all_reduce_seconds, "all_gather": all_gather_seconds,
@@ -146,11 +145,8 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     zero_forward = zero_backward = gather = 0.0
     if layout.zero == 3 and layout.pp == 1:  # a pipeline stage gathers once per step (plan.simulate.flush_costs)
         gather, scatter = zero3_layer_seconds(spec, hw, layout, precision, kernels)
-        zero_forward = exposed_under(gather, times.forward, hw.comm_overlap)
-        # Backward gathers the layer again and reduce-scatters its gradients on the same links, both
-        # under the layer's backward (and its recomputation): one prefetched layer ahead, so a layer
-        # whose compute is shorter than its transfers exposes the difference.
-        zero_backward = exposed_under(gather + scatter, times.backward + times.recompute, hw.comm_overlap)
+        zero_forward, zero_backward = zero3_exposed(spec, times, gather, scatter, layout.recompute, kernels,
+                                                    hw.comm_overlap)
     return LayerCost(times, on_path["forward"] + cp_forward + zero_forward,
                      on_path["backward"] + cp_backward + zero_backward, gather)
 
@@ -163,24 +159,6 @@ def with_offload_copies(times: LayerTimes, copy: float, kernels: Kernels) -> Lay
         return replace(times, forward=times.forward + exposed_under(copy, times.forward, 1.0),
                        backward_input=times.backward_input + exposed_under(copy, times.backward, 1.0))
     return replace(times, forward=times.forward + copy, backward_input=times.backward_input + copy)
-
-
-def zero3_layer_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str,
-                        kernels: Kernels) -> tuple[float, float]:
-    """(all-gather of one layer's parameters, reduce-scatter of its gradients) under ZeRO-3 without
-    pipeline stages; under hybrid sharding the reduce-scatter is followed by the all-reduce of the
-    shard across replica groups, in the same backward hook (FSDP2, plait.facts.model_state)."""
-    shards, stride = zero_group(layout, kernels)
-    link = strided_link(hw, shards, stride)
-    grad_bytes, param_bytes = communicated_bytes(layout, precision, kernels)
-    parameters = layer_parameter_count(spec) / layout.tp
-    gather = all_gather_seconds(parameters * param_bytes, shards, link)
-    scatter = reduce_scatter_seconds(parameters * grad_bytes, shards, link)
-    replicas = layout.dp * (1 if kernels.plait_engine else layout.cp) // shards
-    if replicas > 1:
-        scatter += all_reduce_seconds(parameters * grad_bytes / shards, replicas,
-                                      strided_link(hw, replicas, shards * stride))
-    return gather, scatter
 
 
 @dataclass(frozen=True)

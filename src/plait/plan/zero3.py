@@ -1,0 +1,80 @@
+"""ZeRO-3 without pipeline stages: each layer's parameters gathered before use and its gradients
+reduce-scattered after, one layer or one linear ahead of the compute they hide under.
+
+Two stacks shape this differently. FSDP2 (plait, torchtitan) and Megatron's reference ZeRO-3
+gather a whole block in one all-gather, prefetched a block ahead, so a block's transfer hides
+under the block before it. DeepSpeed's ZeRO-3 (``stage3.py``: ``fetch_sub_module`` and
+``prefetch_next_sub_modules``) fetches module by module and prefetches the next one, so each
+linear's gather hides only under the linear before it: a small projection in front of a large MLP
+weight leaves most of that weight's transfer exposed even when the block's compute exceeds its
+transfers. With full recomputation it gathers a module again for the recomputed forward, having
+released it after the forward, and again for backward unless the module is used right after (the
+block's last linear; ``stage3_max_reuse_distance``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from plait.facts.model_state import communicated_bytes, zero_group
+from plait.facts.stack import Kernels
+from plait.layout import Layout
+from plait.models.flops import layer_parameter_count, linear_shares
+from plait.models.spec import ModelSpec
+from plait.plan.comm import all_gather_seconds, all_reduce_seconds, exposed_under, reduce_scatter_seconds, strided_link
+from plait.plan.compute import LayerTimes
+from plait.plan.hardware import Hardware
+
+
+def zero3_layer_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str,
+                        kernels: Kernels) -> tuple[float, float]:
+    """(all-gather of one layer's parameters, reduce-scatter of its gradients); under hybrid
+    sharding the reduce-scatter is followed by the all-reduce of the shard across replica groups,
+    in the same backward hook (FSDP2, plait.facts.model_state). Only the bandwidth term is the
+    stack's (``Kernels.zero3_collective_efficiency``); the ring's latency is NCCL's."""
+    shards, stride = zero_group(layout, kernels)
+    link = strided_link(hw, shards, stride)
+    link = replace(link, bandwidth=link.bandwidth * kernels.zero3_collective_efficiency)
+    grad_bytes, param_bytes = communicated_bytes(layout, precision, kernels)
+    parameters = layer_parameter_count(spec) / layout.tp
+    gather = all_gather_seconds(parameters * param_bytes, shards, link)
+    scatter = reduce_scatter_seconds(parameters * grad_bytes, shards, link)
+    replicas = layout.dp * (1 if kernels.plait_engine else layout.cp) // shards
+    if replicas > 1:
+        scatter += all_reduce_seconds(parameters * grad_bytes / shards, replicas,
+                                      strided_link(hw, replicas, shards * stride))
+    return gather, scatter
+
+
+def zero3_exposed(spec: ModelSpec, times: LayerTimes, gather: float, scatter: float, recompute: str,
+                  kernels: Kernels, overlap: float) -> tuple[float, float]:
+    """Seconds of one layer's ZeRO-3 transfers left exposed in its forward and in its backward
+    (with its recomputation), given the whole layer's ``gather`` and ``scatter``."""
+    regathers = kernels.zero3_regathers_for_recompute and recompute == "full"
+    if kernels.zero3_gather_unit == "layer":
+        forward = exposed_under(gather, times.forward, overlap)
+        backward = exposed_under((2 if regathers else 1) * gather + scatter, times.backward + times.recompute, overlap)
+        return forward, backward
+    shares = linear_shares(spec)
+    last = len(shares) - 1
+    matmuls = times.forward - times.attention
+    # (compute, gather needed before it starts, reduce-scatter issued after it), in the order run;
+    # the attention core runs between the first two linears forward and between the second and
+    # first backward.
+    forward = [(share * matmuls + (times.attention if k == 0 else 0.0), share * gather, 0.0)
+               for k, share in enumerate(shares)]
+    backward_matmuls = times.backward - times.attention_backward
+    backward = [(shares[k] * backward_matmuls + (times.attention_backward if k == 1 else 0.0),
+                 0.0 if recompute == "full" and (k == last or not regathers) else shares[k] * gather,
+                 shares[k] * scatter) for k in reversed(range(len(shares)))]
+    if recompute == "full":
+        backward = [(share * times.recompute, share * gather, 0.0) for share in shares] + backward
+    return sequence_exposed(forward, overlap), sequence_exposed(backward, overlap)
+
+
+def sequence_exposed(uses: list[tuple[float, float, float]], overlap: float) -> float:
+    """Exposed transfer seconds of a repeating sequence of module uses, each ``(compute, gather
+    before it, scatter after it)``: while one runs, the next one's gather (the sequence repeats
+    layer after layer) and the previous one's reduce-scatter are in flight."""
+    return sum(exposed_under(uses[(i + 1) % len(uses)][1] + uses[i - 1][2], compute, overlap)
+               for i, (compute, _, _) in enumerate(uses))
