@@ -50,7 +50,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                             "megatron-core: as megatron with Transformer Engine's tensor-parallel communication inside "
                             "the matmuls and its own H100 efficiency; megatron-deepspeed: DeepSpeed's pipeline engine "
                             "and its cost per layer pass; deepspeed-zero3: DeepSpeed's ZeRO-3 of 2021, gathering linear by "
-                            "linear; pytorch: torchtitan under torch.compile (docs/VALIDATION.md)")
+                            "linear; pytorch: torchtitan under torch.compile; llm-foundry: MosaicML's FSDP without "
+                            "torch.compile, with flash-attn's cross entropy (docs/VALIDATION.md)")
     stack.add_argument("--attention", choices=("flash", "eager"),
                        help="override the stack: flash keeps no s×s scores; eager (as Megatron-LM 2021) does")
     stack.add_argument("--dropout", action="store_true", help="the model trains with dropout (1-byte masks)")

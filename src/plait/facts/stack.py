@@ -143,5 +143,11 @@ STACKS = {
     "pytorch": Kernels(recompute_whole_forward=False, per_op_checkpointing=True, tp_backward_overlap=False,
                        loss_backward_copies=2, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
                        matmul_efficiency=(("h100-96gb", PYTORCH_H100_96GB),)),
+    # MosaicML's llm-foundry (Composer): PyTorch FSDP without torch.compile (one eager kernel per
+    # elementwise op), flash attention, PyTorch's checkpoint around whole blocks, and flash-attn's fused
+    # cross entropy, which keeps no fp32 copy of the logits (ComposerMPTCausalLM's default loss_fn).
+    # No figure of its own: its published runs are all held out.
+    "llm-foundry": Kernels(fused=False, recompute_whole_forward=False, tp_backward_overlap=False,
+                           schedules=("gpipe", "1f1b")),
 }
 DEFAULT_STACK = "plait"
