@@ -466,6 +466,46 @@ def llm_foundry_runs() -> list[Case]:
     return cases
 
 
+# torchtitan's first published numbers (docs/performance.md): FSDP2 on 64 A100 80GB, one to two
+# sequences a GPU, under its activation checkpointing modes: "selective layer" checkpoints every
+# second block (its configs' selective_ac_option "2": plait's full recomputation of half the blocks),
+# "selective op" is plait's op, "full" every block. torch.compile was off in that release's
+# configs, so the stack is pytorch with eager elementwise kernels. Llama 2's shapes are Meta's
+# (4,096 tokens, vocabulary 32,000, 70B with 8 K/V heads). Rows: model, sequences a GPU, recomputation,
+# tokens per second per GPU.
+TORCHTITAN_A100 = "torchtitan docs/performance.md"
+LLAMA_2 = {"13B": ModelSpec("llama", 40, 5120, 40, 40, 13824, 32000, 4096, tie_embeddings=False),
+           "70B": ModelSpec("llama", 80, 8192, 64, 8, 28672, 32000, 4096, tie_embeddings=False)}
+TORCHTITAN_A100_ROWS = [("Llama 3 8B", 1, "half", 2904), ("Llama 3 8B", 1, "op", 2973),
+                        ("Llama 2 13B", 2, "none", 2162), ("Llama 2 13B", 2, "half", 1914), ("Llama 2 13B", 2, "op", 1904),
+                        ("Llama 2 70B", 1, "op", 355), ("Llama 2 70B", 2, "full", 353)]
+
+
+def torchtitan_a100() -> list[Case]:
+    """torchtitan's FSDP2 rows on 64 A100s, all held out."""
+    cases = []
+    for model, local, recompute, tokens_per_s in TORCHTITAN_A100_ROWS:
+        spec = model_spec("llama-8b") if model == "Llama 3 8B" else LLAMA_2[model.split()[-1]]
+        modes = {"half": {"recompute": "full", "recompute_layers": spec.layers // 2}, "none": {"recompute": "none"},
+                 "op": {"recompute": "op"}, "full": {"recompute": "full"}}
+        fixed = {"dp": 64, "tp": 1, "pp": 1, "cp": 1, "zero": 3, "dp_replicate": 1, "sp": False, **modes[recompute]}
+        label = {"half": "every second block", "none": "no recomputation", "op": "op-level", "full": "every block"}
+        cases.append(Case(f"{model} FSDP64 A100, {label[recompute]}", TORCHTITAN_A100, spec, 64, 64 * local, fixed,
+                          64 * local * spec.seq_len / (tokens_per_s * 64), local, gpu="a100-80gb",
+                          kernels=replace(STACKS["pytorch"], fused=False)))
+    return cases
+
+
+def torchtitan_a100_recomputation() -> list[Ablation]:
+    """The rows above, each model's recomputation modes against each other (per sequence)."""
+    by_model: dict[str, list[Case]] = {}
+    for case in torchtitan_a100():
+        by_model.setdefault(case.name.split(" FSDP")[0], []).append(case)
+    return [Ablation(f"{model} on 64 A100s: activation checkpointing", TORCHTITAN_A100,
+                     tuple(sorted(cases, key=lambda c: c.measured_step_s / c.batch)))
+            for model, cases in by_model.items()]
+
+
 def torchtitan_case(model: str, gpus: int, dp: int, tp: int, local: int, recompute: str, tokens_per_s: float,
                     source: str, kernels: Kernels, label: str = "") -> Case:
     spec, batch = model_spec(model), dp * local
@@ -502,7 +542,8 @@ def ablations() -> list[Ablation]:
     korthikanti = korthikanti_2022()
     pairs = [Ablation(f"{full.name.split()[0]}: full recomputation against sp + selective", KORTHIKANTI_2022,
                       (selective, full)) for full, selective in zip(korthikanti[0:8:2], korthikanti[1:8:2])]
-    return pairs + [torchtitan_schedules()] + async_tensor_parallel() + zero3_against_ptdp() + bloom_layout_search()
+    return (pairs + [torchtitan_schedules()] + async_tensor_parallel() + zero3_against_ptdp()
+            + torchtitan_a100_recomputation() + bloom_layout_search())
 
 
 def torchtitan_schedules() -> Ablation:
@@ -567,7 +608,7 @@ def published_runs() -> tuple[list[Case], list[Case]]:
     zero3_fit, zero3_held = deepspeed_zero3()
     return (megatron_2021() + core_fit + titan_fit + zero3_fit,
             korthikanti_2022() + bloom() + llama_3() + core_held + megatron_core_strong_scaling() + titan_held
-            + ptdp_table_2() + zero3_held + llm_foundry_runs())
+            + ptdp_table_2() + zero3_held + llm_foundry_runs() + torchtitan_a100())
 
 
 def fit_all() -> None:

@@ -174,3 +174,12 @@ def test_blooms_layouts_fit_where_they_ran_and_not_where_they_ran_out_of_memory(
                     stage_layers=deepspeed_stage_layers(72, pp) if pp > 1 else None)
     predicted = evaluate(workload, hardware("a100-80gb", **dict(JEAN_ZAY_A100)), dp * tp * pp, layout)
     assert predicted.fits == ((dp, tp, pp, micro_batch, batch) in BLOOM_RAN)
+
+
+@pytest.mark.parametrize("sequences,fits", [(1, True), (2, False)])
+def test_torchtitans_llama2_70b_with_op_level_checkpointing_fits_one_sequence_a_gpu_not_two(sequences, fits):
+    """torchtitan's docs/performance.md: Llama 2 70B under FSDP2 on 64 A100 80GB ran op-level
+    checkpointing at one sequence of 4,096 tokens a GPU and ran out of memory at two."""
+    spec = ModelSpec("llama", 80, 8192, 64, 8, 28672, 32000, 4096, tie_embeddings=False)
+    workload = Workload(spec, 64 * sequences, "bf16", replace(STACKS["pytorch"], fused=False))
+    assert evaluate(workload, hardware("a100-80gb"), 64, Layout(dp=64, zero=3, recompute="op")).fits is fits
