@@ -131,8 +131,9 @@ STACKS = {
     # again for the recomputed one (stage3.py, April 2021), and its gathers and reduce-scatters reach
     # a fraction of the bus bandwidth NCCL's rings give, fitted on the paper's three 175B runs
     # (benchmarks/validate_published.py; the three 530B runs held out). That fraction, 0.108 of
-    # 192 GB/s, is ~21 GB/s: each GPU moved its parameters at about one adapter's rate. The cause is
-    # not established (one collective per tensor, each launched after a device-wide synchronize).
+    # 192 GB/s, is ~21 GB/s: each GPU moved its parameters at about one adapter's rate. Why is not
+    # measured; candidates are its one collective per tensor, each launched after a device-wide
+    # torch.cuda.synchronize.
     "deepspeed-zero3": Kernels(dropout=True, flash_attention=False, zero3_gather_unit="linear",
                                zero3_regathers_for_recompute=True, zero3_collective_efficiency=DEEPSPEED_ZERO3_COLLECTIVES,
                                schedules=("1f1b",), matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),)),

@@ -41,10 +41,10 @@ def other_bytes(
     ``reserved`` for the runtime (context, communication workspaces, allocator slack); with pp > 1
     one send and one receive buffer of a micro-batch's boundary activation; with ZeRO-3 the
     gathered weights of two layers (the current one and the prefetched next) and the unsharded
-    gradients of one, or where the stack gathers linear by linear (plait.plan.zero3) of the two
-    largest neighbouring linears and the largest linear's gradients; with PowerSGD its error-feedback buffer, one gradient's worth per rank (its
-    low-rank factors, some tens of times smaller, are left out); under activation offload the saved
-    bytes of the one block running.
+    gradients of one, or where the stack gathers linear by linear (plait.plan.zero3) the two largest
+    neighbouring linears and the largest linear's gradients; with PowerSGD its error-feedback buffer,
+    one gradient's worth per rank (its low-rank factors, some tens of times smaller, are left out);
+    under activation offload the saved bytes of the one block running.
     """
     extra = reserved
     if layout.offload_activations:  # the block running has its saved bytes on the device

@@ -1,8 +1,8 @@
 """ZeRO-3 without pipeline stages: each layer's parameters gathered before use and its gradients
 reduce-scattered after, one layer or one linear ahead of the compute they hide under.
 
-Two stacks shape this differently. FSDP2 (plait, torchtitan) and Megatron's reference ZeRO-3
-gather a whole block in one all-gather, prefetched a block ahead, so a block's transfer hides
+Stacks shape this differently. PyTorch's FSDP (FSDP2 in plait and torchtitan, FSDP1 in
+llm-foundry) gathers a whole block in one all-gather, prefetched a block ahead, so a block's transfer hides
 under the block before it. DeepSpeed's ZeRO-3 (``stage3.py``: ``fetch_sub_module`` and
 ``prefetch_next_sub_modules``) fetches module by module and prefetches the next one, so each
 linear's gather hides only under the linear before it: a small projection in front of a large MLP
@@ -63,7 +63,8 @@ def zero3_exposed(spec: ModelSpec, times: LayerTimes, gather: float, scatter: fl
     # first backward.
     forward = [(share * matmuls + (times.attention if k == 0 else 0.0), share * gather, 0.0)
                for k, share in enumerate(shares)]
-    backward_matmuls = times.backward - times.attention_backward
+    # A recomputation inside the block (selective, op) runs within its backward.
+    backward_matmuls = times.backward - times.attention_backward + (0.0 if recompute == "full" else times.recompute)
     backward = [(shares[k] * backward_matmuls + (times.attention_backward if k == 1 else 0.0),
                  0.0 if recompute == "full" and (k == last or not regathers) else shares[k] * gather,
                  shares[k] * scatter) for k in reversed(range(len(shares)))]
