@@ -660,6 +660,26 @@ def main() -> None:
     print(f"all: median |error| {statistics.median(every):.1%} over {len(every)} runs, worst {max(every):.1%}")
     print(f"refused as not fitting though they ran: {len(refused)} ({', '.join(refused)})")
     print_ablations()
+    print_fsdp_bandwidth_bound()
+
+
+# The FSDP runs whose per-layer gathers would show at a fraction of the ring's bandwidth: many
+# micro-batches each regathering 70B (MPT on 32 GPUs) or one sequence a GPU (Llama 2 70B on 64).
+FSDP_BANDWIDTH_WITNESSES = ("MPT 70b FSDP32, 80gb", "Llama 2 70B FSDP64 A100, op-level")
+
+
+def print_fsdp_bandwidth_bound() -> None:
+    """Those runs' errors were FSDP's gathers and reduce-scatters to reach only a fraction of the bus
+    bandwidth NCCL's rings give (``Kernels.zero3_collective_efficiency``)."""
+    witnesses = [c for c in llm_foundry_runs() + torchtitan_a100() if c.name in FSDP_BANDWIDTH_WITNESSES]
+    print("\n| fraction of the ring's bandwidth | " + " | ".join(c.name for c in witnesses) + " |")
+    print("| ---: |" + " ---: |" * len(witnesses))
+    for fraction in (1.0, 0.2, 0.18, 0.14):
+        errors = []
+        for case in witnesses:
+            slowed = replace(case, kernels=replace(case.kernels, zero3_collective_efficiency=fraction))
+            errors.append(predict(slowed, slowed.hardware())[0] / case.measured_step_s - 1)
+        print(f"| {fraction} | " + " | ".join(f"{e:+.1%}" for e in errors) + " |")
 
 
 def print_table_4() -> None:

@@ -134,3 +134,19 @@ def test_context_parallelism_on_a_short_sequence_must_win_by_more_than_the_plann
     short, long = workload.spec.seq_len, CONTEXT_PARALLEL_PRECEDENT_TOKENS
     assert layout_complexity(fastest.layout, hw.gpus_per_node, short) > layout_complexity(chosen.layout, hw.gpus_per_node, short)
     assert layout_complexity(fastest.layout, hw.gpus_per_node, long) == layout_complexity(chosen.layout, hw.gpus_per_node, long)
+
+
+def test_zero3_wider_than_any_run_published_at_ring_bandwidth_counts_as_one_more_dimension():
+    """Gathering every layer, micro-batch by micro-batch, over more than 128 ranks has no published
+    run at NCCL's ring bandwidth (FSDP's reach 128; DeepSpeed's wider ones ran at a ninth of it).
+    A pipeline stage gathers once a step, and hybrid sharding gathers over its shard group only."""
+    from plait.layout import Layout
+    from plait.plan.search import FULL_SHARD_PRECEDENT_RANKS, layout_complexity
+
+    wide = 2 * FULL_SHARD_PRECEDENT_RANKS
+    def level(**sizes):
+        return layout_complexity(Layout(**sizes), 8, 2048)
+    assert level(dp=wide, zero=3) == level(dp=wide, zero=1) + 1
+    assert level(dp=FULL_SHARD_PRECEDENT_RANKS, zero=3) == level(dp=FULL_SHARD_PRECEDENT_RANKS, zero=1)
+    assert level(dp=wide, pp=2, microbatches=2, zero=3) == level(dp=wide, pp=2, microbatches=2, zero=1)
+    assert level(dp=wide, dp_replicate=2, zero=3) == level(dp=wide, zero=1)

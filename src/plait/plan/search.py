@@ -252,7 +252,6 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     if spec_problems(spec) or not recomputes:  # no layout can run it (the caller says why, from run_problems)
         return found
     for tp, cp, pp, dp, algorithm in _meshes(workload, gpus, fixed):
-        level = complexity(dp, tp, cp, pp, hw.gpus_per_node, spec.seq_len)
         per_rank = math.ceil(layers / pp)
         params = (rank_parameters(spec, per_rank, True, pp == 1, tp, pp), rank_parameters(spec, per_rank, pp == 1, True, tp, pp))
         tensors = max(rank_tensors(spec, per_rank, True, pp == 1, pp), rank_tensors(spec, per_rank, pp == 1, True, pp))
@@ -371,6 +370,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # Each schedule takes the fastest recomputation that fits (zb-h1 one it can replay twice).
                     order = sorted(recomputes, key=lambda rc: per_rc[rc][2])
                     order_zb = [rc for rc in order if rc not in zb_refuses] if zb_refuses else order
+                    level = complexity(dp, tp, cp, pp, hw.gpus_per_node, spec.seq_len,
+                                       full_shard_ranks(zero, dp // replicate, pp))
                     bar = found.bar(level, keep) if bound else math.inf
                     if min(floors.values()) >= bar:
                         oversized = sum(light > capacity for light in lightest)
@@ -532,18 +533,31 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
 # 128k stage (cp 16). Below it the planner's costs for the ring have nothing published to be
 # checked against, so there context parallelism counts as one more dimension.
 CONTEXT_PARALLEL_PRECEDENT_TOKENS = 16384
+# The widest ZeRO-3 group without pipeline stages (a gather per layer and micro-batch) among the
+# published runs whose gathers kept NCCL's ring bandwidth: llm-foundry's and torchtitan's FSDP on
+# 128 GPUs (docs/VALIDATION.md). The only wider ones, DeepSpeed's of 2021 on 384-2,240 GPUs, moved
+# their parameters at a ninth of it.
+FULL_SHARD_PRECEDENT_RANKS = 128
 
 
-def complexity(dp: int, tp: int, cp: int, pp: int, gpus_per_node: int, seq_len: int) -> int:
+def complexity(dp: int, tp: int, cp: int, pp: int, gpus_per_node: int, seq_len: int, zero3_shards: int = 0) -> int:
     """How many of dp, tp, cp and pp a layout spreads over, one more when tensor parallelism leaves
-    the node's NVLink and one more for context parallelism on a sequence shorter than any published
-    run split: each is harder to run and debug, and each is a cost the planner can get wrong."""
+    the node's NVLink, one more for context parallelism on a sequence shorter than any published
+    run split, and one more for a ZeRO-3 group without pipeline stages (``zero3_shards`` ranks)
+    wider than any published run kept at ring bandwidth: each is harder to run and debug, and each
+    is a cost the planner can get wrong."""
     return ((dp > 1) + (tp > 1) + (cp > 1) + (pp > 1) + (tp > gpus_per_node)
-            + (cp > 1 and seq_len < CONTEXT_PARALLEL_PRECEDENT_TOKENS))
+            + (cp > 1 and seq_len < CONTEXT_PARALLEL_PRECEDENT_TOKENS) + (zero3_shards > FULL_SHARD_PRECEDENT_RANKS))
+
+
+def full_shard_ranks(zero: int, dp_shard: int, pp: int) -> int:
+    """The ranks a ZeRO-3 group gathers each layer over, micro-batch by micro-batch (0 when it does not)."""
+    return dp_shard if zero == 3 and pp == 1 else 0
 
 
 def layout_complexity(layout: Layout, gpus_per_node: int, seq_len: int) -> int:
-    return complexity(layout.dp, layout.tp, layout.cp, layout.pp, gpus_per_node, seq_len)
+    return complexity(layout.dp, layout.tp, layout.cp, layout.pp, gpus_per_node, seq_len,
+                      full_shard_ranks(layout.zero, layout.dp_shard, layout.pp))
 
 
 def rank(predictions: list[Prediction], gpus_per_node: int, seq_len: int, tie_break: str = "simplicity") -> list[Prediction]:
@@ -614,8 +628,9 @@ def explain(ranked: list[Prediction], found: Scan, hw: Hardware, tie_break: str 
     if fastest is not best:
         line += (f"; the fastest, {fastest.layout.describe()}, is predicted {best.step_time_s / fastest.step_time_s - 1:.1%} "
                  f"ahead, within the planner's error of {PLANNER_ERROR:.1%}, so the layout with fewer parallel "
-                 "dimensions (tensor parallelism across nodes, and context parallelism below "
-                 f"{CONTEXT_PARALLEL_PRECEDENT_TOKENS:,} tokens, counting as one more) comes first")
+                 "dimensions (tensor parallelism across nodes, context parallelism below "
+                 f"{CONTEXT_PARALLEL_PRECEDENT_TOKENS:,} tokens and ZeRO-3 without pipeline stages over more "
+                 f"than {FULL_SHARD_PRECEDENT_RANKS} ranks each counting as one more) comes first")
     if len(ranked) > 1:
         runner = ranked[1]
         o = runner.time_breakdown
