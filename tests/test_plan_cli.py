@@ -112,7 +112,7 @@ def test_a_layout_over_more_dimensions_must_win_by_more_than_the_planners_error(
     chosen = search(workload, hw, 128, top=1).ranked[0]
     assert (chosen.layout.dp, chosen.layout.zero) == (128, 3)
     seq_len = workload.spec.seq_len
-    assert layout_complexity(chosen.layout, hw.gpus_per_node, seq_len) < layout_complexity(fastest.layout, hw.gpus_per_node, seq_len)
+    assert layout_complexity(chosen.layout, hw.gpus_per_node, seq_len, workload.kernels) < layout_complexity(fastest.layout, hw.gpus_per_node, seq_len, workload.kernels)
     assert fastest.step_time_s < chosen.step_time_s <= fastest.step_time_s * (1 + PLANNER_ERROR)
 
 
@@ -132,21 +132,27 @@ def test_context_parallelism_on_a_short_sequence_must_win_by_more_than_the_plann
     assert fastest.layout.cp > 1 and chosen.layout.cp == 1
     assert fastest.step_time_s < chosen.step_time_s <= fastest.step_time_s * (1 + PLANNER_ERROR)
     short, long = workload.spec.seq_len, CONTEXT_PARALLEL_PRECEDENT_TOKENS
-    assert layout_complexity(fastest.layout, hw.gpus_per_node, short) > layout_complexity(chosen.layout, hw.gpus_per_node, short)
-    assert layout_complexity(fastest.layout, hw.gpus_per_node, long) == layout_complexity(chosen.layout, hw.gpus_per_node, long)
+    assert layout_complexity(fastest.layout, hw.gpus_per_node, short, workload.kernels) > layout_complexity(chosen.layout, hw.gpus_per_node, short, workload.kernels)
+    assert layout_complexity(fastest.layout, hw.gpus_per_node, long, workload.kernels) == layout_complexity(chosen.layout, hw.gpus_per_node, long, workload.kernels)
 
 
 def test_zero3_wider_than_any_run_published_at_ring_bandwidth_counts_as_one_more_dimension():
-    """Gathering every layer, micro-batch by micro-batch, over more than 128 ranks has no published
-    run at NCCL's ring bandwidth (FSDP's reach 128; DeepSpeed's wider ones ran at a ninth of it).
-    A pipeline stage gathers once a step, and hybrid sharding gathers over its shard group only."""
+    """No published run gathers every layer, micro-batch by micro-batch, over more than 128 ranks but
+    DeepSpeed's of 2021, which ran at a ninth of NCCL's ring bandwidth. A pipeline stage gathers once
+    a step, and hybrid sharding gathers over its shard group only."""
+    from plait.facts.stack import STACKS
     from plait.layout import Layout
     from plait.plan.search import FULL_SHARD_PRECEDENT_RANKS, layout_complexity
 
     wide = 2 * FULL_SHARD_PRECEDENT_RANKS
-    def level(**sizes):
-        return layout_complexity(Layout(**sizes), 8, 2048)
+
+    def level(stack: str = "plait", **sizes):
+        return layout_complexity(Layout(**sizes), 8, 2048, STACKS[stack])
     assert level(dp=wide, zero=3) == level(dp=wide, zero=1) + 1
     assert level(dp=FULL_SHARD_PRECEDENT_RANKS, zero=3) == level(dp=FULL_SHARD_PRECEDENT_RANKS, zero=1)
     assert level(dp=wide, pp=2, microbatches=2, zero=3) == level(dp=wide, pp=2, microbatches=2, zero=1)
     assert level(dp=wide, dp_replicate=2, zero=3) == level(dp=wide, zero=1)
+    # Where ZeRO shards over the context-parallel ranks too (Megatron's, torchtitan's), they count.
+    assert level(dp=FULL_SHARD_PRECEDENT_RANKS, cp=2, zero=3) == level(dp=FULL_SHARD_PRECEDENT_RANKS, cp=2, zero=1)
+    assert level("pytorch", dp=FULL_SHARD_PRECEDENT_RANKS, cp=2, zero=3) == \
+        level("pytorch", dp=FULL_SHARD_PRECEDENT_RANKS, cp=2, zero=1) + 1

@@ -111,15 +111,31 @@ def test_gathering_linear_by_linear_leaves_the_mlp_weight_behind_the_small_proje
     assert backward == pytest.approx(5 / 12)
 
 
+def test_deepspeed_regathers_each_linear_for_the_recomputed_forward_and_all_but_the_last_for_backward():
+    """The same block under full recomputation (1 s of it): forward as before, 3/12 exposed. The
+    recomputed forward regathers every linear: its q/k/v (3/12 s) runs beside the output projection's
+    gather (1/12) and the previous block's q/k/v reduce-scatter (3/12), 1/12 exposed; the output
+    projection (1/12 s) beside the first MLP weight's gather (4/12), 3/12. The last MLP weight's
+    backward follows its recomputation and needs no gather; backward regathers the other three, and
+    the output projection's 1/6 s runs beside the q/k/v gather (3/12) and the first MLP weight's
+    reduce-scatter (4/12), 5/12 exposed. In all 1/12 + 3/12 + 5/12 = 9/12."""
+    times = LayerTimes(forward=1.0, backward_input=1.0, backward_weight=1.0, recompute=1.0)
+    kernels = Kernels(zero3_gather_unit="linear", zero3_regathers_for_recompute=True)
+    forward, backward = zero3_exposed(model_spec("gpt3-175b"), times, 1.0, 1.0, "full", kernels, 1.0)
+    assert forward == pytest.approx(3 / 12)
+    assert backward == pytest.approx(9 / 12)
+
+
 def test_deepspeed_zero3_holds_two_neighbouring_linears_where_fsdp_holds_two_blocks():
-    """Gathered: the two MLP weights (8/12 of a block) against two blocks; unsharded gradients: one MLP
-    weight's (4/12) against a block's. Two bytes each way: 4 bytes a block parameter fewer."""
+    """Gathered: the two MLP weights (8/12 of a block) against two blocks; unsharded gradients: the
+    same two linears' (one reduce-scattering while the next is computed) against a block's. Two bytes
+    each way: (2 − 8/12) + (1 − 8/12) = 5/3 × 2 bytes a block parameter fewer."""
     spec = model_spec("gpt3-175b")
     layout = Layout(dp=384, zero=3, recompute="full")
     linear = STACKS["deepspeed-zero3"]
     block = replace(linear, zero3_gather_unit="layer")
     saved = other_bytes(spec, layout, 4, "bf16", 0.0, block) - other_bytes(spec, layout, 4, "bf16", 0.0, linear)
-    assert saved == pytest.approx(4 * layer_parameter_count(spec))
+    assert saved == pytest.approx(10 / 3 * layer_parameter_count(spec))
 
 
 def test_narayanans_530b_zero3_runs_stay_flat_as_the_gpus_double():

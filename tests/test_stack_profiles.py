@@ -169,3 +169,17 @@ def test_fsdp_weak_scaling_stays_flat_from_two_nodes_to_sixteen_as_llm_foundry_m
         per_gpu.append(18 * 2048 / step)
     assert max(per_gpu) / min(per_gpu) < 1.03
     assert per_gpu[0] == pytest.approx(3725, rel=0.1)
+
+
+@pytest.mark.parametrize("stack", ["megatron-deepspeed", "deepspeed-zero3"])
+def test_deepspeeds_pipeline_engine_runs_zero_1_at_most_beside_pipeline_stages(stack):
+    """deepspeed/runtime/pipe/engine.py asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+    parallelism"; without stages, and on a stack whose pipeline takes ZeRO-3 (torchtitan), it runs."""
+    from plait.facts.validity import mesh_problems
+
+    spec = model_spec("gpt2")
+    staged = Layout(dp=2, pp=2, microbatches=2, zero=3)
+    assert "ZeRO stage 1 at most" in " ".join(mesh_problems(spec, staged, 4, 8, STACKS[stack]))
+    assert mesh_problems(spec, replace(staged, zero=1), 4, 8, STACKS[stack]) == []
+    assert mesh_problems(spec, Layout(dp=4, zero=3), 4, 8, STACKS[stack]) == []
+    assert mesh_problems(spec, staged, 4, 8, STACKS["pytorch"]) == []

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from plait.layout import SCHEDULES
 
@@ -79,6 +79,9 @@ class Kernels:
     # the schedule's last backward (deepspeed/runtime/pipe/schedule.py), so none of it hides under
     # backward; elsewhere hooks reduce buckets as backward produces them.
     reduce_after_schedule: bool = False
+    # The highest ZeRO stage the stack runs beside pipeline stages: DeepSpeed's pipeline engine asserts
+    # that "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" (deepspeed/runtime/pipe/engine.py).
+    pipeline_max_zero: int = 3
     # fp32 vocabulary-wide tensors the loss's backward allocates beside the log-probabilities it keeps,
     # one micro-batch's, on the last stage: torch's cross entropy (plait, torchtitan) two at once (nll's
     # gradient and log-softmax's); Megatron-LM's vocab-parallel cross entropy writes the gradient into
@@ -98,7 +101,14 @@ MEGATRON_2021_A100 = 0.589
 MEGATRON_CORE_H100 = 0.488
 PYTORCH_H100_96GB = 0.587
 DEEPSPEED_LAYER_HOST_S = 0.0037
-DEEPSPEED_ZERO3_COLLECTIVES = 0.108
+DEEPSPEED_ZERO3_COLLECTIVES = 0.110
+
+# Megatron-LM as Narayanan et al. 2021 ran it: its fused softmax without flash attention, dropout,
+# fp16. Its A100 efficiency is fitted on that paper's ten runs (table 1). The same group's release
+# a year later ran the same 1T model, 512 sequences to each pipeline of 64 stages, at 177 hardware
+# TFLOP/s a GPU where this one ran 163 (Korthikanti et al. 2022, table 5, full recomputation): the
+# catalog's efficiency, fitted on that later release's own layer timings, would read it fast.
+MEGATRON_2021 = Kernels(dropout=True, flash_attention=False, matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),))
 
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
@@ -108,12 +118,7 @@ STACKS = {
                      tp_backward_overlap=False, loss_backward_copies=2, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
     "megatron": Kernels(),
-    # Megatron-LM as Narayanan et al. 2021 ran it: its fused softmax without flash attention, dropout,
-    # fp16. Its A100 efficiency is fitted on that paper's ten runs (table 1). The same group's release
-    # a year later ran the same 1T model, 512 sequences to each pipeline of 64 stages, at 177 hardware
-    # TFLOP/s a GPU where this one ran 163 (Korthikanti et al. 2022, table 5, full recomputation): the
-    # catalog's efficiency, fitted on that later release's own layer timings, would read it fast.
-    "megatron-2021": Kernels(dropout=True, flash_attention=False, matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),)),
+    "megatron-2021": MEGATRON_2021,
     # Megatron-Core with Transformer Engine (2024 on): as megatron, with the tensor-parallel
     # communication inside the matmuls and the parameter gather under the next forward; its H100 efficiency fitted on five of the nine weak-scaling runs
     # of the Megatron-LM README (the other four and the strong-scaling pair held out).
@@ -124,19 +129,19 @@ STACKS = {
     # fitted on BLOOM's own layout search (benchmarks/validate_published.py: the 181B model's '48 node
     # contenders' table; the prequel's eighteen other tables held out).
     "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
-                                  schedules=("1f1b",), reduce_after_schedule=True),
+                                  schedules=("1f1b",), reduce_after_schedule=True, pipeline_max_zero=1),
     # DeepSpeed's ZeRO-3 as Narayanan et al. 2021 (table 2) ran it against PTD-P, on Megatron-LM's
     # model of that year (its kernels and fitted A100 efficiency): fetch_sub_module gathers each
     # linear's weight and prefetches the next, the layer released after its forward is gathered
     # again for the recomputed one (stage3.py, April 2021), and its gathers and reduce-scatters reach
     # a fraction of the bus bandwidth NCCL's rings give, fitted on the paper's three 175B runs
-    # (benchmarks/validate_published.py; the three 530B runs held out). That fraction, 0.108 of
+    # (benchmarks/validate_published.py; the three 530B runs held out). That fraction, 0.110 of
     # 192 GB/s, is ~21 GB/s: each GPU moved its parameters at about one adapter's rate. Why is not
     # measured; candidates are its one collective per tensor, each launched after a device-wide
     # torch.cuda.synchronize.
-    "deepspeed-zero3": Kernels(dropout=True, flash_attention=False, zero3_gather_unit="linear",
-                               zero3_regathers_for_recompute=True, zero3_collective_efficiency=DEEPSPEED_ZERO3_COLLECTIVES,
-                               schedules=("1f1b",), matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),)),
+    "deepspeed-zero3": replace(MEGATRON_2021, zero3_gather_unit="linear", zero3_regathers_for_recompute=True,
+                               zero3_collective_efficiency=DEEPSPEED_ZERO3_COLLECTIVES, schedules=("1f1b",),
+                               pipeline_max_zero=1),
     # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
     # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel
     # collective on the critical path: its async TP is this with tp_comm_overlap); its efficiency fitted

@@ -184,7 +184,15 @@ def mesh_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None
     if problems:
         return problems
     return (compression_problems(layout) + recompute_problems(layout, kernels) + fit_problems(spec, layout, kernels)
-            + size_problems(layout, world_size, global_batch))
+            + stack_zero_problems(layout, kernels) + size_problems(layout, world_size, global_batch))
+
+
+def stack_zero_problems(layout: Layout, kernels: Kernels) -> list[str]:
+    """A ZeRO stage the stack does not run beside pipeline stages (``Kernels.pipeline_max_zero``)."""
+    if layout.pp > 1 and layout.zero > kernels.pipeline_max_zero:
+        return [f"this software stack's pipeline engine runs ZeRO stage {kernels.pipeline_max_zero} at most beside "
+                f"pipeline stages; pass --zero {kernels.pipeline_max_zero} or --pp 1"]
+    return []
 
 
 def size_problems(layout: Layout, world_size: int | None, global_batch: int | None) -> list[str]:

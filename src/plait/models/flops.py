@@ -36,9 +36,16 @@ def mlp_parameter_count(spec: ModelSpec) -> int:
 def linear_shares(spec: ModelSpec) -> tuple[float, ...]:
     """Each of a block's linears' share of its weights, in forward order: the q/k/v projection, the
     output projection, the MLP's input (with its gate) and output projections."""
-    weights = (spec.hidden * (spec.hidden + 2 * spec.kv_dim), spec.hidden * spec.hidden,
-               spec.hidden * spec.ffn_hidden * (2 if spec.gated_mlp else 1), spec.ffn_hidden * spec.hidden)
+    size = {name: rows * columns for name, (rows, columns) in linear_shapes(spec).items()}
+    weights = (size["wq"] + size["wk"] + size["wv"], size["wo"], size["w1"] + size.get("w3", 0), size["w2"])
     return tuple(w / sum(weights) for w in weights)
+
+
+def neighbour_share(spec: ModelSpec) -> float:
+    """The largest share of a block's weights two neighbouring linears hold (the block's last and the
+    next block's first are neighbours too)."""
+    shares = linear_shares(spec)
+    return max(a + b for a, b in zip(shares, shares[1:] + shares[:1]))
 
 
 def block_norms(spec: ModelSpec) -> int:

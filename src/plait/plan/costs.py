@@ -21,7 +21,7 @@ from plait.plan.comm import (
 from plait.plan.compute import NO_OVERHEAD, LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
 from plait.plan.memory import layer_saved_bytes
-from plait.plan.zero3 import zero3_exposed, zero3_layer_seconds
+from plait.plan.zero3 import first_gather, zero3_exposed, zero3_layer_seconds
 
 COLLECTIVE_SECONDS = {
     "all_reduce": all_reduce_seconds, "all_gather": all_gather_seconds,
@@ -147,6 +147,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         gather, scatter = zero3_layer_seconds(spec, hw, layout, precision, kernels)
         zero_forward, zero_backward = zero3_exposed(spec, times, gather, scatter, layout.recompute, kernels,
                                                     hw.comm_overlap)
+        gather = first_gather(spec, gather, kernels)
     return LayerCost(times, on_path["forward"] + cp_forward + zero_forward,
                      on_path["backward"] + cp_backward + zero_backward, gather)
 

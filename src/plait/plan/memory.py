@@ -11,7 +11,7 @@ from plait.facts.collectives import stage_boundary_bytes
 from plait.facts.model_state import communicated_bytes, rank_parameters
 from plait.facts.stack import Kernels
 from plait.layout import Layout
-from plait.models.flops import layer_parameter_count, linear_shares
+from plait.models.flops import layer_parameter_count, neighbour_share
 from plait.models.spec import ModelSpec
 
 
@@ -41,8 +41,8 @@ def other_bytes(
     ``reserved`` for the runtime (context, communication workspaces, allocator slack); with pp > 1
     one send and one receive buffer of a micro-batch's boundary activation; with ZeRO-3 the
     gathered weights of two layers (the current one and the prefetched next) and the unsharded
-    gradients of one, or where the stack gathers linear by linear (plait.plan.zero3) the two largest
-    neighbouring linears and the largest linear's gradients; with PowerSGD its error-feedback buffer,
+    gradients of one, or where the stack gathers linear by linear (plait.plan.zero3) the weights and
+    the gradients of the two largest neighbouring linears; with PowerSGD its error-feedback buffer,
     one gradient's worth per rank (its low-rank factors, some tens of times smaller, are left out);
     under activation offload the saved bytes of the one block running.
     """
@@ -53,12 +53,11 @@ def other_bytes(
         extra += 2 * stage_boundary_bytes(spec, layout, micro_batch, precision, kernels)
     if layout.zero == 3:
         grads, params = communicated_bytes(layout, precision, kernels)
-        gathered, reduced = 2.0, 1.0
-        if kernels.zero3_gather_unit == "linear":
-            shares = linear_shares(spec)
-            gathered = max(a + b for a, b in zip(shares, shares[1:] + shares[:1]))
-            reduced = max(shares)
-        extra += layer_parameter_count(spec) / layout.tp * (gathered * params + reduced * grads)
+        # Two of the units the stack gathers by are live at once, and the gradients of two (one
+        # reduce-scattering while the next is computed).
+        held = neighbour_share(spec) if kernels.zero3_gather_unit == "linear" else 2.0
+        unsharded = held if kernels.zero3_gather_unit == "linear" else 1.0
+        extra += layer_parameter_count(spec) / layout.tp * (held * params + unsharded * grads)
     if layout.grad_compression == "powersgd":  # no tp, no pp: the rank holds the whole model
         extra += rank_parameters(spec, spec.layers, True, True, 1, 1) * communicated_bytes(layout, precision, kernels)[0]
     return extra

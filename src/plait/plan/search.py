@@ -24,7 +24,8 @@ from plait.facts.activations import (
     activation_bytes_per_layer, autocast_copies_weights, head_activation_bytes, held_between_passes, loss_backward_bytes,
 )
 from plait.facts.in_flight import in_flight_chunks
-from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors
+from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors, zero_group
+from plait.facts.stack import Kernels
 from plait.facts.validity import (
     compression_problems, fit_problems, layout_problems, mesh_problems, pipeline_problems, reads_saved_once_per_backward,
     recomputes_once_per_backward, run_problems, spec_problems,
@@ -41,7 +42,7 @@ from plait.schedules.split import split_layers, split_problems
 PLAYED = 8  # layouts whose schedules are played exactly after the closed-form pass
 # The planner's own step-time error: its median |error| on the published runs held out of every
 # fit (docs/VALIDATION.md). Layouts predicted closer than this cannot be told apart by it.
-PLANNER_ERROR = 0.042
+PLANNER_ERROR = 0.041
 MAX_GPUS = 2**20  # no cluster is larger; it keeps every search (and its error message) to seconds
 
 
@@ -370,8 +371,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # Each schedule takes the fastest recomputation that fits (zb-h1 one it can replay twice).
                     order = sorted(recomputes, key=lambda rc: per_rc[rc][2])
                     order_zb = [rc for rc in order if rc not in zb_refuses] if zb_refuses else order
-                    level = complexity(dp, tp, cp, pp, hw.gpus_per_node, spec.seq_len,
-                                       full_shard_ranks(zero, dp // replicate, pp))
+                    level = complexity(dp, tp, cp, pp, hw.gpus_per_node, spec.seq_len, full_shard_ranks(staged, kernels))
                     bar = found.bar(level, keep) if bound else math.inf
                     if min(floors.values()) >= bar:
                         oversized = sum(light > capacity for light in lightest)
@@ -523,7 +523,7 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
             prediction = evaluate(workload, hw, gpus, layout) if layout not in played else None
             if prediction and prediction.fits:
                 ranked.append(prediction)
-    ranked = rank(ranked, hw.gpus_per_node, workload.spec.seq_len, tie_break)
+    ranked = rank(ranked, hw.gpus_per_node, workload.spec.seq_len, workload.kernels, tie_break)
     return SearchResult(ranked[:top], found.scored, found.fitting, explain(ranked, found, hw, tie_break), found.bounded,
                         found.oversized)
 
@@ -534,9 +534,9 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
 # checked against, so there context parallelism counts as one more dimension.
 CONTEXT_PARALLEL_PRECEDENT_TOKENS = 16384
 # The widest ZeRO-3 group without pipeline stages (a gather per layer and micro-batch) among the
-# published runs whose gathers kept NCCL's ring bandwidth: llm-foundry's and torchtitan's FSDP on
-# 128 GPUs (docs/VALIDATION.md). The only wider ones, DeepSpeed's of 2021 on 384-2,240 GPUs, moved
-# their parameters at a ninth of it.
+# published FSDP runs: llm-foundry's and torchtitan's on 128 GPUs (docs/VALIDATION.md). The only
+# wider ones, DeepSpeed's of 2021 on 384-2,240 GPUs, moved their parameters at a ninth of NCCL's
+# ring bandwidth; where FSDP's own gathers would show, it kept at least a fifth of it.
 FULL_SHARD_PRECEDENT_RANKS = 128
 
 
@@ -544,23 +544,24 @@ def complexity(dp: int, tp: int, cp: int, pp: int, gpus_per_node: int, seq_len: 
     """How many of dp, tp, cp and pp a layout spreads over, one more when tensor parallelism leaves
     the node's NVLink, one more for context parallelism on a sequence shorter than any published
     run split, and one more for a ZeRO-3 group without pipeline stages (``zero3_shards`` ranks)
-    wider than any published run kept at ring bandwidth: each is harder to run and debug, and each
-    is a cost the planner can get wrong."""
+    wider than any published FSDP run: each is harder to run and debug, and each is a cost the
+    planner can get wrong."""
     return ((dp > 1) + (tp > 1) + (cp > 1) + (pp > 1) + (tp > gpus_per_node)
             + (cp > 1 and seq_len < CONTEXT_PARALLEL_PRECEDENT_TOKENS) + (zero3_shards > FULL_SHARD_PRECEDENT_RANKS))
 
 
-def full_shard_ranks(zero: int, dp_shard: int, pp: int) -> int:
+def full_shard_ranks(layout: Layout, kernels: Kernels) -> int:
     """The ranks a ZeRO-3 group gathers each layer over, micro-batch by micro-batch (0 when it does not)."""
-    return dp_shard if zero == 3 and pp == 1 else 0
+    return zero_group(layout, kernels)[0] if layout.zero == 3 and layout.pp == 1 else 0
 
 
-def layout_complexity(layout: Layout, gpus_per_node: int, seq_len: int) -> int:
+def layout_complexity(layout: Layout, gpus_per_node: int, seq_len: int, kernels: Kernels) -> int:
     return complexity(layout.dp, layout.tp, layout.cp, layout.pp, gpus_per_node, seq_len,
-                      full_shard_ranks(layout.zero, layout.dp_shard, layout.pp))
+                      full_shard_ranks(layout, kernels))
 
 
-def rank(predictions: list[Prediction], gpus_per_node: int, seq_len: int, tie_break: str = "simplicity") -> list[Prediction]:
+def rank(predictions: list[Prediction], gpus_per_node: int, seq_len: int, kernels: Kernels,
+         tie_break: str = "simplicity") -> list[Prediction]:
     """Fastest first; with ``simplicity``, the layouts predicted within the planner's own error of the
     fastest count as tied and come first by complexity (``complexity``), then by time: a layout
     spread over more dimensions must win by more than the planner's error to be recommended."""
@@ -569,7 +570,7 @@ def rank(predictions: list[Prediction], gpus_per_node: int, seq_len: int, tie_br
         return by_time
     limit = by_time[0].step_time_s * (1 + PLANNER_ERROR)
     tied = [p for p in by_time if p.step_time_s <= limit]
-    return sorted(tied, key=lambda p: (layout_complexity(p.layout, gpus_per_node, seq_len), p.step_time_s)) + by_time[len(tied):]
+    return sorted(tied, key=lambda p: (layout_complexity(p.layout, gpus_per_node, seq_len, kernels), p.step_time_s)) + by_time[len(tied):]
 
 
 def _nothing_valid(workload: Workload, gpus: int, fixed: dict) -> str:

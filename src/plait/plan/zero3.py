@@ -68,9 +68,16 @@ def zero3_exposed(spec: ModelSpec, times: LayerTimes, gather: float, scatter: fl
     backward = [(shares[k] * backward_matmuls + (times.attention_backward if k == 1 else 0.0),
                  0.0 if recompute == "full" and (k == last or not regathers) else shares[k] * gather,
                  shares[k] * scatter) for k in reversed(range(len(shares)))]
-    if recompute == "full":
-        backward = [(share * times.recompute, share * gather, 0.0) for share in shares] + backward
+    if recompute == "full":  # the recomputed forward, as the forward
+        recomputed = times.recompute - times.attention
+        backward = [(share * recomputed + (times.attention if k == 0 else 0.0), share * gather, 0.0)
+                    for k, share in enumerate(shares)] + backward
     return sequence_exposed(forward, overlap), sequence_exposed(backward, overlap)
+
+
+def first_gather(spec: ModelSpec, gather: float, kernels: Kernels) -> float:
+    """What of the first layer's gather nothing hides: the whole layer's, or its first linear's."""
+    return gather * (linear_shares(spec)[0] if kernels.zero3_gather_unit == "linear" else 1.0)
 
 
 def sequence_exposed(uses: list[tuple[float, float, float]], overlap: float) -> float:
