@@ -55,8 +55,7 @@ def other_bytes(
         grads, params = communicated_bytes(layout, precision, kernels)
         # Two of the units the stack gathers by are live at once, and the gradients of two (one
         # reduce-scattering while the next is computed).
-        held = neighbour_share(spec) if kernels.zero3_gather_unit == "linear" else 2.0
-        unsharded = held if kernels.zero3_gather_unit == "linear" else 1.0
+        held, unsharded = (neighbour_share(spec),) * 2 if kernels.zero3_gather_unit == "linear" else (2.0, 1.0)
         extra += layer_parameter_count(spec) / layout.tp * (held * params + unsharded * grads)
     if layout.grad_compression == "powersgd":  # no tp, no pp: the rank holds the whole model
         extra += rank_parameters(spec, spec.layers, True, True, 1, 1) * communicated_bytes(layout, precision, kernels)[0]

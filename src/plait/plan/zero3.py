@@ -2,8 +2,8 @@
 reduce-scattered after, one layer or one linear ahead of the compute they hide under.
 
 Stacks shape this differently. PyTorch's FSDP (FSDP2 in plait and torchtitan, FSDP1 in
-llm-foundry) gathers a whole block in one all-gather, prefetched a block ahead, so a block's transfer hides
-under the block before it. DeepSpeed's ZeRO-3 (``stage3.py``: ``fetch_sub_module`` and
+llm-foundry) gathers a whole block in one all-gather, prefetched a block ahead, so a block's
+transfer hides under the block before it. DeepSpeed's ZeRO-3 (``stage3.py``: ``fetch_sub_module`` and
 ``prefetch_next_sub_modules``) fetches module by module and prefetches the next one, so each
 linear's gather hides only under the linear before it: a small projection in front of a large MLP
 weight leaves most of that weight's transfer exposed even when the block's compute exceeds its
@@ -57,21 +57,22 @@ def zero3_exposed(spec: ModelSpec, times: LayerTimes, gather: float, scatter: fl
         return forward, backward
     shares = linear_shares(spec)
     last = len(shares) - 1
-    matmuls = times.forward - times.attention
+
     # (compute, gather needed before it starts, reduce-scatter issued after it), in the order run;
     # the attention core runs between the first two linears forward and between the second and
     # first backward.
-    forward = [(share * matmuls + (times.attention if k == 0 else 0.0), share * gather, 0.0)
-               for k, share in enumerate(shares)]
+    def forward_uses(seconds: float) -> list[tuple[float, float, float]]:
+        return [(share * (seconds - times.attention) + (times.attention if k == 0 else 0.0), share * gather, 0.0)
+                for k, share in enumerate(shares)]
+
+    forward = forward_uses(times.forward)
     # A recomputation inside the block (selective, op) runs within its backward.
     backward_matmuls = times.backward - times.attention_backward + (0.0 if recompute == "full" else times.recompute)
     backward = [(shares[k] * backward_matmuls + (times.attention_backward if k == 1 else 0.0),
                  0.0 if recompute == "full" and (k == last or not regathers) else shares[k] * gather,
                  shares[k] * scatter) for k in reversed(range(len(shares)))]
     if recompute == "full":  # the recomputed forward, as the forward
-        recomputed = times.recompute - times.attention
-        backward = [(share * recomputed + (times.attention if k == 0 else 0.0), share * gather, 0.0)
-                    for k, share in enumerate(shares)] + backward
+        backward = forward_uses(times.recompute) + backward
     return sequence_exposed(forward, overlap), sequence_exposed(backward, overlap)
 
 
