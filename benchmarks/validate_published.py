@@ -255,6 +255,24 @@ def bloom() -> list[Case]:
     return [bloom_case("BLOOM 176B", BLOOM, spec, 8, 4, 12, 2, 2048, 104.70, embeddings_counted=True)]
 
 
+# Megatron-Turing NLG 530B (Smith et al. 2022, §2.3-2.4) on Megatron-DeepSpeed: 105 blocks of hidden
+# 20,480 with 128 heads, 2,048 tokens, 1,920 sequences a step; tensor slicing 8 inside a DGX A100 80GB,
+# 35 pipeline stages (DeepSpeed's engine, 'type:transformer': three blocks a stage), data parallel over
+# the rest of 280, 350 and 420 nodes; 60.1, 50.2 and 44.4 s per iteration. The micro-batch and ZeRO
+# stage are not stated, so the planner picks them.
+MT_NLG = "Smith et al. 2022 (arXiv 2201.11990), §2.4"
+
+
+def mt_nlg() -> list[Case]:
+    """MT-NLG's three timed scales, all held out (megatron-deepspeed's figure is BLOOM's)."""
+    spec = gpt(105, 20480, 128)
+    stages = {"schedule": "1f1b", "stage_layers": deepspeed_stage_layers(spec.layers, 35)}
+    return [Case(f"MT-NLG 530B, {nodes} nodes", MT_NLG, spec, 8 * nodes, 1920,
+                 {"tp": 8, "pp": 35, "dp": nodes // 35, "cp": 1, "sp": False, "recompute": "full", **stages}, seconds,
+                 kernels=STACKS["megatron-deepspeed"])
+            for nodes, seconds in ((280, 60.1), (350, 50.2), (420, 44.4))]
+
+
 # BLOOM's Megatron-DeepSpeed: dropout 0.1, fused softmax without flash attention (EAGER), full recomputation,
 # DeepSpeed's pipeline engine (its own 1F1B), bf16 with its BF16_Optimizer's own ZeRO stage 1 over all dp
 # ranks; the vocabulary padded to 250,880.
@@ -608,7 +626,7 @@ def published_runs() -> tuple[list[Case], list[Case]]:
     zero3_fit, zero3_held = deepspeed_zero3()
     return (megatron_2021() + core_fit + titan_fit + zero3_fit,
             korthikanti_2022() + bloom() + llama_3() + core_held + megatron_core_strong_scaling() + titan_held
-            + ptdp_table_2() + zero3_held + llm_foundry_runs() + torchtitan_a100())
+            + ptdp_table_2() + zero3_held + llm_foundry_runs() + torchtitan_a100() + mt_nlg())
 
 
 def fit_all() -> None:
