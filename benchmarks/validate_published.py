@@ -255,6 +255,44 @@ def bloom() -> list[Case]:
     return [bloom_case("BLOOM 176B", BLOOM, spec, 8, 4, 12, 2, 2048, 104.70, embeddings_counted=True)]
 
 
+# NVIDIA's DGX Cloud benchmark recipes (NVIDIA/dgxc-benchmarking, release 25.04.01, commit 85380ffe:
+# llama3.1/README.md, nemotron/README.md, nemo_megatron/README_175b.md): NeMo on DGX H100 in bf16,
+# Transformer Engine's tensor-parallel overlap with sequence parallelism, the distributed optimizer,
+# no recomputation (NeMo's performance recipes set none for these bf16 runs), seconds per step as
+# published. Each model's smallest and largest full-size scale (the 405B table's smaller columns are
+# cut-down proxies): model, GPUs, tp, pp, cp, virtual stages, micro-batch, global batch, seconds.
+# Nemotron-4 (NeMo's nemotron.py: squared-ReLU MLP without gate, no biases, rotary, 8 K/V heads,
+# untied, 256,000 words) is described with the gpt2 family, whose biases and learned positions it
+# lacks (under 0.2% of the parameters).
+DGXC = "NVIDIA/dgxc-benchmarking 25.04.01 (commit 85380ffe)"
+DGXC_MODELS = {"llama 3.1 8B": model_spec("llama-8b"), "llama 3.1 70B": model_spec("llama-70b"),
+               "llama 3.1 405B": model_spec("llama-405b"),
+               "Nemotron-4 15B": ModelSpec("gpt2", 32, 6144, 48, 8, 24576, 256000, 4096, tie_embeddings=False),
+               "Nemotron-4 340B": ModelSpec("gpt2", 96, 18432, 96, 8, 73728, 256000, 4096, tie_embeddings=False),
+               "GPT-3 175B": ModelSpec("gpt2", 96, 12288, 96, 96, 49152, 50688, 2048, tie_embeddings=True)}
+DGXC_ROWS = [("llama 3.1 8B", 8, 1, 1, 2, 1, 1, 128, 12.27), ("llama 3.1 8B", 128, 1, 1, 2, 1, 1, 2048, 12.33),
+             ("llama 3.1 70B", 64, 4, 4, 2, 5, 1, 128, 14.66), ("llama 3.1 70B", 2048, 4, 4, 2, 5, 1, 4096, 14.66),
+             ("llama 3.1 405B", 512, 8, 8, 2, 8, 1, 256, 19.78), ("llama 3.1 405B", 2048, 8, 8, 2, 8, 1, 1024, 19.87),
+             ("Nemotron-4 15B", 16, 2, 1, 1, 1, 2, 64, 2.66), ("Nemotron-4 15B", 2048, 2, 1, 1, 1, 2, 8192, 2.78),
+             ("Nemotron-4 340B", 256, 8, 8, 1, 12, 1, 64, 4.36), ("Nemotron-4 340B", 2048, 8, 8, 1, 12, 1, 512, 4.43),
+             ("GPT-3 175B", 128, 4, 8, 1, 6, 1, 256, 8.309), ("GPT-3 175B", 2048, 4, 8, 1, 6, 1, 4096, 8.49)]
+
+
+def nemo_dgxc() -> tuple[list[Case], list[Case]]:
+    """The recipes' bf16 H100 runs on the nemo stack: the three Llama 3.1 runs at their smallest
+    scale, which its efficiency is fitted on, and the other nine, held out."""
+    cases = []
+    for model, gpus, tp, pp, cp, vp, mbs, batch, seconds in DGXC_ROWS:
+        schedule = {"schedule": "interleaved-1f1b", "virtual_stages": vp} if vp > 1 else {}
+        fixed = {"tp": tp, "pp": pp, "cp": cp, "dp": gpus // (tp * pp * cp), "zero": 1, "dp_replicate": 1,
+                 "sp": tp > 1, "recompute": "none", **schedule}
+        cases.append(Case(f"NeMo {model}, {gpus} GPUs", DGXC, DGXC_MODELS[model], gpus, batch, fixed, seconds, mbs,
+                          gpu="h100-sxm", kernels=STACKS["nemo"]))
+    fitted = [case for case in cases if case.name in ("NeMo llama 3.1 8B, 8 GPUs", "NeMo llama 3.1 70B, 64 GPUs",
+                                                      "NeMo llama 3.1 405B, 512 GPUs")]
+    return fitted, [case for case in cases if case not in fitted]
+
+
 # Megatron-Turing NLG 530B (Smith et al. 2022, §2.3-2.4) on Megatron-DeepSpeed: 105 blocks of hidden
 # 20,480 with 128 heads, 2,048 tokens, 1,920 sequences a step; tensor slicing 8 inside a DGX A100 80GB,
 # 35 pipeline stages (DeepSpeed's engine, 'type:transformer': three blocks a stage), data parallel over
@@ -624,16 +662,17 @@ def published_runs() -> tuple[list[Case], list[Case]]:
     core_fit, core_held = megatron_core_weak_scaling()
     titan_fit, titan_held = torchtitan_runs()
     zero3_fit, zero3_held = deepspeed_zero3()
-    return (megatron_2021() + core_fit + titan_fit + zero3_fit,
+    nemo_fit, nemo_held = nemo_dgxc()
+    return (megatron_2021() + core_fit + titan_fit + zero3_fit + nemo_fit,
             korthikanti_2022() + bloom() + llama_3() + core_held + megatron_core_strong_scaling() + titan_held
-            + ptdp_table_2() + zero3_held + llm_foundry_runs() + torchtitan_a100() + mt_nlg())
+            + ptdp_table_2() + zero3_held + llm_foundry_runs() + torchtitan_a100() + mt_nlg() + nemo_held)
 
 
 def fit_all() -> None:
     """Refit every stack figure on its runs and print it (the values live in plait.facts.stack)."""
     print(f"fitted the catalog's a100-80gb matmul_efficiency on {KORTHIKANTI_TABLE_4}: {fit_catalog_efficiency():.3f}")
     fits = {"megatron-2021, a100-80gb": megatron_2021(), "megatron-core, h100-sxm": megatron_core_weak_scaling()[0],
-            "pytorch, h100-96gb": torchtitan_runs()[0]}
+            "pytorch, h100-96gb": torchtitan_runs()[0], "nemo, h100-sxm": nemo_dgxc()[0]}
     for name, cases in fits.items():
         print(f"fitted {name} matmul_efficiency on {cases[0].source}: {fit_efficiency(cases):.3f}")
     contenders = bloom_layout_search()[0]

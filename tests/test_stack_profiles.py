@@ -27,6 +27,25 @@ def test_a_stack_efficiency_applies_on_the_gpu_it_was_fitted_on_only():
     assert stack_hardware(hardware("h100-sxm"), STACKS["megatron"]) == hardware("h100-sxm")
 
 
+def test_hopper_native_causal_attention_costs_half_a_full_shape_matmul():
+    """NeMo's attention skips the score blocks above the diagonal and runs the rest at the rate of a
+    large matmul: its attention core takes half the time of the two full s×s matmuls at the stack's
+    rate, on the H100 only; megatron-core, fitted on runs with the catalog's attention, keeps it."""
+    from plait.plan.compute import Gemm, gemm_seconds, layer_times
+
+    spec, nemo = model_spec("llama-8b"), STACKS["nemo"]
+    h100 = stack_hardware(hardware("h100-sxm"), nemo)
+    assert stack_hardware(hardware("a100-80gb"), nemo) == hardware("a100-80gb")
+    heads, d = spec.heads, spec.head_dim
+    full = (gemm_seconds(h100, "bf16", Gemm(spec.seq_len, spec.seq_len, d, heads))
+            + gemm_seconds(h100, "bf16", Gemm(spec.seq_len, d, spec.seq_len, heads)))
+    assert layer_times(spec, h100, "bf16", 1, kernels=nemo).attention == pytest.approx(full / 2)
+    core = stack_hardware(hardware("h100-sxm"), CORE)
+    core_full = (gemm_seconds(core, "bf16", Gemm(spec.seq_len, spec.seq_len, d, heads))
+                 + gemm_seconds(core, "bf16", Gemm(spec.seq_len, d, spec.seq_len, heads)))
+    assert layer_times(spec, core, "bf16", 1, kernels=CORE).attention == pytest.approx(core_full)
+
+
 @pytest.mark.parametrize("micro_batch", [1, 4])
 def test_tensor_parallel_communication_inside_the_matmuls_exposes_only_their_excess(micro_batch):
     spec, hw = model_spec("llama-70b"), hardware("h100-sxm")
@@ -183,3 +202,29 @@ def test_deepspeeds_pipeline_engine_runs_zero_1_at_most_beside_pipeline_stages(s
     assert mesh_problems(spec, replace(staged, zero=1), 4, 8, STACKS[stack]) == []
     assert mesh_problems(spec, Layout(dp=4, zero=3), 4, 8, STACKS[stack]) == []
     assert mesh_problems(spec, staged, 4, 8, STACKS["pytorch"]) == []
+
+
+def test_megatron_and_deepspeed_send_a_tensor_parallel_ranks_piece_of_the_stage_boundary():
+    """Megatron-LM's scatter/gather and DeepSpeed's partitioned pipe buffers: each of the tp ranks
+    sends 1/tp of the boundary tensor over the network and the next stage all-gathers it over
+    NVLink, so the flight is the whole send divided by tp plus that gather; Megatron-Core and torch's
+    pipelining send the whole tensor, and under sp every stack sends the sequence shard it holds."""
+    from plait.facts.collectives import stage_boundary_bytes
+    from plait.plan.comm import all_gather_seconds, group_link, send_seconds
+    from plait.plan.costs import boundary_seconds
+
+    spec, hw = model_spec("gpt2-xl"), hardware("a100-80gb")
+    layout = Layout(dp=2, tp=8, pp=4, microbatches=8)
+    whole = 2 * spec.seq_len * spec.hidden * 2  # two sequences at the hidden width, bf16
+    for name in ("megatron-deepspeed", "megatron-2021"):
+        assert stage_boundary_bytes(spec, layout, 2, "bf16", STACKS[name]) * 8 == whole
+        gather = all_gather_seconds(whole, 8, group_link(hw, layout, "tp"))
+        assert gather > 0
+        assert boundary_seconds(spec, hw, layout, 2, "bf16", STACKS[name]) == pytest.approx(
+            send_seconds(whole / 8, group_link(hw, layout, "pp")) + gather)
+    assert stage_boundary_bytes(spec, layout, 2, "bf16", STACKS["megatron-core"]) == whole
+    assert boundary_seconds(spec, hw, layout, 2, "bf16", STACKS["megatron-core"]) == pytest.approx(
+        send_seconds(whole, group_link(hw, layout, "pp")))
+    sequence_parallel = replace(layout, sp=True)
+    assert {stage_boundary_bytes(spec, sequence_parallel, 2, "bf16", STACKS[name])
+            for name in ("megatron-deepspeed", "megatron-core")} == {whole // 8}

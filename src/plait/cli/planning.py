@@ -48,7 +48,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                        help="plait: plait's own kernels (eager elementwise, all-to-all or ring context parallelism); "
                             "megatron: fused kernels and ring context parallelism only, as Megatron-LM and torchtitan run; "
                             "megatron-core: as megatron with Transformer Engine's tensor-parallel communication inside "
-                            "the matmuls and its own H100 efficiency; megatron-deepspeed: DeepSpeed's pipeline engine "
+                            "the matmuls and its own H100 efficiency; nemo: as megatron-core with Hopper-native causal attention "
+                            "and the H100 efficiency of NVIDIA's 2025 NeMo recipes; megatron-deepspeed: DeepSpeed's pipeline engine "
                             "and its cost per layer pass; deepspeed-zero3: DeepSpeed's ZeRO-3 of 2021, gathering linear by "
                             "linear; pytorch: torchtitan under torch.compile; llm-foundry: MosaicML's FSDP without "
                             "torch.compile, with flash-attn's cross entropy (docs/VALIDATION.md)")

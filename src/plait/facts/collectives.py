@@ -183,13 +183,21 @@ def _local_layer_parameters(spec: ModelSpec, tp: int) -> int:
     return attention + mlp + block_norms(spec) * norm_parameter_count(spec)
 
 
+def boundary_split_over_tp(layout: Layout, kernels: Kernels) -> bool:
+    """Whether each tensor-parallel rank sends only its 1/tp piece of a stage's boundary tensor, the
+    receiving stage all-gathering the pieces over tp (``Kernels.pipeline_boundary_split``); under sp
+    the tensor is a sequence shard already."""
+    return kernels.pipeline_boundary_split and layout.tp > 1 and not layout.sp
+
+
 def stage_boundary_bytes(spec: ModelSpec, layout: Layout, micro_batch: int, precision: str, kernels: Kernels) -> int:
     """Bytes of one micro-batch's hidden states, or of their gradient, sent from one pipeline stage to
-    the next: this rank's cp shard of the sequence (a tp shard of that under sp) at the whole hidden
-    width. plait's engine sends them in fp32 whatever the precision (the residual stream autocast
-    keeps); a reference stack in the activations' precision."""
+    the next by one rank: its cp shard of the sequence (a tp shard of that under sp, or where the
+    stack splits the boundary over tp) at the whole hidden width. plait's engine sends them in fp32
+    whatever the precision (the residual stream autocast keeps); a reference stack in the
+    activations' precision."""
     element = FP32 if kernels.plait_engine else ACTIVATION_BYTES[precision]
-    tokens = spec.seq_len // layout.cp // (layout.tp if layout.sp else 1)
+    tokens = spec.seq_len // layout.cp // (layout.tp if layout.sp or boundary_split_over_tp(layout, kernels) else 1)
     return micro_batch * tokens * spec.hidden * element
 
 

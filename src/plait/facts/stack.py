@@ -60,6 +60,12 @@ class Kernels:
     # on published runs of the stack (benchmarks/validate_published.py); other GPUs keep the
     # catalog's (plait.plan.hardware.Hardware.matmul_efficiency).
     matmul_efficiency: tuple[tuple[str, float], ...] = ()
+    # The stack's attention kernels against one matmul of the full s×s shape at the stack's matmul
+    # rate, by GPU, where they differ from the catalog's 1.0 (which is exact for batched-matmul
+    # attention, and the published FlashAttention-2 runs fit): a causal kernel that skips the score
+    # blocks above the diagonal does half that work, so one running it at a large matmul's rate
+    # reads 2.0 (plait.plan.hardware.Hardware.attention_efficiency).
+    attention_efficiency: tuple[tuple[str, float], ...] = ()
     # Seconds each layer's forward and its backward take beyond their kernels, fitted where a stack's
     # runs show a cost per layer pass that the kernels do not explain: BLOOM's Megatron-DeepSpeed,
     # which ran with CUDA_LAUNCH_BLOCKING=1 against a hang (train/tr11-176B-ml/README.md), though its
@@ -79,6 +85,13 @@ class Kernels:
     # the schedule's last backward (deepspeed/runtime/pipe/schedule.py), so none of it hides under
     # backward; elsewhere hooks reduce buckets as backward produces them.
     reduce_after_schedule: bool = False
+    # A stage's boundary tensor crosses the pipeline in 1/tp pieces, one from each tensor-parallel rank,
+    # the receiving stage all-gathering them over tp: Megatron-LM's scatter/gather (Narayanan et al.
+    # 2021, §4.1; --no-scatter-gather-tensors-in-pipeline turns it off) and DeepSpeed's partitioned
+    # pipe buffers (PipelineEngine.is_pipe_partitioned whenever tp > 1). Megatron-Core and
+    # torch.distributed.pipelining (torchtitan, plait) send each rank's whole tensor, a sequence shard
+    # under sp.
+    pipeline_boundary_split: bool = True
     # The highest ZeRO stage the stack runs beside pipeline stages: DeepSpeed's pipeline engine asserts
     # that "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" (deepspeed/runtime/pipe/engine.py).
     pipeline_max_zero: int = 3
@@ -97,11 +110,17 @@ class Kernels:
 
 
 # benchmarks/validate_published.py --fit
-MEGATRON_2021_A100 = 0.589
+MEGATRON_2021_A100 = 0.595
 MEGATRON_CORE_H100 = 0.488
 PYTORCH_H100_96GB = 0.587
-DEEPSPEED_LAYER_HOST_S = 0.0037
-DEEPSPEED_ZERO3_COLLECTIVES = 0.110
+DEEPSPEED_LAYER_HOST_S = 0.0039
+DEEPSPEED_ZERO3_COLLECTIVES = 0.109
+NEMO_H100 = 0.588
+# Hopper-native causal attention (Transformer Engine's cuDNN fused attention, FlashAttention-3):
+# forward 600-646 TFLOP/s at 8k tokens and head dim 128 on an H100 SXM in the FlashAttention-3
+# paper's benchmark (Shah et al. 2024, figure 5; FlashAttention-2 there 370), about the rate of
+# NeMo's fitted large matmul (0.588 of 989), on half of the s×s blocks.
+HOPPER_CAUSAL_ATTENTION = 2.0
 
 # Megatron-LM as Narayanan et al. 2021 ran it: its fused softmax without flash attention, dropout,
 # fp16. Its A100 efficiency is fitted on that paper's ten runs (table 1). The same group's release
@@ -110,20 +129,29 @@ DEEPSPEED_ZERO3_COLLECTIVES = 0.110
 # catalog's efficiency, fitted on that later release's own layer timings, would read it fast.
 MEGATRON_2021 = Kernels(dropout=True, flash_attention=False, matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),))
 
+MEGATRON_CORE = Kernels(tp_comm_overlap=True, param_gather_overlap=True, activation_offload="overlapped",
+                        pipeline_boundary_split=False, matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),))
+
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
     # query kept, no scores), one eager kernel per elementwise op, either context-parallel algorithm.
     "plait": Kernels(fused=False, cp_algorithms=("all-to-all", "ring"), recompute_whole_forward=False,
                      schedules=SCHEDULES, per_op_checkpointing=True, activation_offload="serial",
-                     tp_backward_overlap=False, loss_backward_copies=2, engine="plait"),
+                     tp_backward_overlap=False, loss_backward_copies=2, pipeline_boundary_split=False, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
     "megatron": Kernels(),
     "megatron-2021": MEGATRON_2021,
     # Megatron-Core with Transformer Engine (2024 on): as megatron, with the tensor-parallel
     # communication inside the matmuls and the parameter gather under the next forward; its H100 efficiency fitted on five of the nine weak-scaling runs
     # of the Megatron-LM README (the other four and the strong-scaling pair held out).
-    "megatron-core": Kernels(tp_comm_overlap=True, param_gather_overlap=True, activation_offload="overlapped",
-                             matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),)),
+    "megatron-core": MEGATRON_CORE,
+    # NeMo 2 on Megatron-Core and Transformer Engine 2 (NVIDIA's DGX Cloud benchmark recipes, 2025):
+    # megatron-core's overlaps with Hopper-native causal attention, and its own H100 efficiency fitted
+    # on the recipes' three Llama 3.1 runs at their smallest scale (benchmarks/validate_published.py;
+    # the larger scales, Nemotron-4 and GPT-3 held out). Its large matmuls reach 0.588 of the peak
+    # where the Megatron-LM README's runs of a year earlier reached 0.488.
+    "nemo": replace(MEGATRON_CORE, matmul_efficiency=(("h100-sxm", NEMO_H100),),
+                    attention_efficiency=(("h100-sxm", HOPPER_CAUSAL_ATTENTION),)),
     # Megatron-DeepSpeed (BLOOM, 2022): Megatron-LM's fused softmax without flash attention, dropout,
     # DeepSpeed's 1F1B pipeline engine reducing gradients after its schedule, and a cost per layer pass
     # fitted on BLOOM's own layout search (benchmarks/validate_published.py: the 181B model's '48 node
@@ -135,7 +163,7 @@ STACKS = {
     # linear's weight and prefetches the next, the layer released after its forward is gathered
     # again for the recomputed one (stage3.py, April 2021), and its gathers and reduce-scatters reach
     # a fraction of the bus bandwidth NCCL's rings give, fitted on the paper's three 175B runs
-    # (benchmarks/validate_published.py; the three 530B runs held out). That fraction, 0.110 of
+    # (benchmarks/validate_published.py; the three 530B runs held out). That fraction, 0.109 of
     # 192 GB/s, is ~21 GB/s: each GPU moved its parameters at about one adapter's rate. Why is not
     # measured; candidates are its one collective per tensor, each launched after a device-wide
     # torch.cuda.synchronize.
@@ -148,12 +176,13 @@ STACKS = {
     # on two of torchtitan's published bf16 runs on Grand Teton H100s (two more held out).
     "pytorch": Kernels(recompute_whole_forward=False, per_op_checkpointing=True, tp_backward_overlap=False,
                        loss_backward_copies=2, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
+                       pipeline_boundary_split=False,
                        matmul_efficiency=(("h100-96gb", PYTORCH_H100_96GB),)),
     # MosaicML's llm-foundry (Composer): PyTorch FSDP without torch.compile (one eager kernel per
     # elementwise op), flash attention, PyTorch's checkpoint around whole blocks, and flash-attn's fused
     # cross entropy, which keeps no fp32 copy of the logits (ComposerMPTCausalLM's default loss_fn).
     # No figure of its own: its published runs are all held out.
     "llm-foundry": Kernels(fused=False, recompute_whole_forward=False, tp_backward_overlap=False,
-                           schedules=("gpipe", "1f1b")),
+                           schedules=("gpipe", "1f1b"), pipeline_boundary_split=False),
 }
 DEFAULT_STACK = "plait"

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from plait.facts.activations import ACTIVATION_BYTES
-from plait.facts.collectives import embedding_collectives, head_collectives, layer_collectives, stage_boundary_bytes
+from plait.facts.collectives import (boundary_split_over_tp, embedding_collectives, head_collectives, layer_collectives,
+                                     stage_boundary_bytes)
 from plait.facts.recompute import chunk_recompute
 from plait.facts.stack import Kernels
 from plait.layout import Layout
@@ -236,8 +237,11 @@ def chunk_costs(
 
 def boundary_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str,
                      kernels: Kernels) -> float:
-    """Flight time of one activation (or its gradient) between adjacent pipeline stages."""
+    """Flight time of one activation (or its gradient) between adjacent pipeline stages: the send, and
+    where the stack splits the boundary over tp the receiver's all-gather of the pieces."""
     if layout.pp == 1:
         return 0.0
     nbytes = stage_boundary_bytes(spec, layout, micro_batch, precision, kernels)
-    return send_seconds(nbytes, group_link(hw, layout, "pp"))
+    gather = all_gather_seconds(nbytes * layout.tp, layout.tp, group_link(hw, layout, "tp")) \
+        if boundary_split_over_tp(layout, kernels) else 0.0
+    return send_seconds(nbytes, group_link(hw, layout, "pp")) + gather

@@ -217,9 +217,11 @@ def hardware(name: str, **overrides: float | None) -> Hardware:
 
 
 def stack_hardware(hw: Hardware, kernels: Kernels) -> Hardware:
-    """``hw`` with the matmul efficiency the software stack was fitted to on it, where it was."""
-    fitted = dict(kernels.matmul_efficiency).get(hw.name)
-    return hw if fitted is None else replace(hw, matmul_efficiency=fitted)
+    """``hw`` with the matmul efficiency the software stack was fitted to on it, and its attention
+    kernels' efficiency, where the stack has them for that GPU."""
+    figures = {"matmul_efficiency": dict(kernels.matmul_efficiency).get(hw.name),
+               "attention_efficiency": dict(kernels.attention_efficiency).get(hw.name)}
+    return replace(hw, **{name: value for name, value in figures.items() if value is not None})
 
 
 def apply_overrides(base: Hardware, **overrides: float | None) -> Hardware:
