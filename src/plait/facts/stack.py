@@ -138,7 +138,8 @@ STACKS = {
     "plait": Kernels(fused=False, cp_algorithms=("all-to-all", "ring"), recompute_whole_forward=False,
                      schedules=SCHEDULES, per_op_checkpointing=True, activation_offload="serial",
                      tp_backward_overlap=False, loss_backward_copies=2, pipeline_boundary_split=False, engine="plait"),
-    # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
+    # Megatron-LM: flash attention, fused elementwise kernels (torchtitan's compiled ones too), K/V round
+    # a ring, each stage boundary sent in tensor-parallel pieces.
     "megatron": Kernels(),
     "megatron-2021": MEGATRON_2021,
     # Megatron-Core with Transformer Engine (2024 on): as megatron, with the tensor-parallel
