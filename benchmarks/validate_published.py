@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import statistics
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from benchmarks.nemo_recipes import DGXC, nemo_dgxc
+from benchmarks.published_case import EAGER, Ablation, Case, gpt
 from plait.errors import ConfigError
 from plait.facts.stack import STACKS, Kernels
 from plait.layout import Layout
@@ -32,29 +34,6 @@ BLOOM = "bigscience-workshop/bigscience train/tr11-176B-ml/README.md"
 BLOOM_PREQUEL = "bigscience-workshop/bigscience train/tr11-176B-ml/chronicles-prequel.md"
 TORCHTITAN = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md, table 5"
 MEGATRON_CORE = "Megatron-LM README (github.com/NVIDIA/Megatron-LM, images/model_table.png, July 2024)"
-EAGER = Kernels(dropout=True, flash_attention=False)  # Megatron-LM 2021-22: fused softmax, dropout, no flash
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    source: str
-    spec: ModelSpec
-    gpus: int
-    batch: int
-    fixed: dict
-    measured_step_s: float
-    micro_batch: int | None = None
-    gpu: str = "a100-80gb"
-    kernels: Kernels = EAGER
-    hardware_overrides: tuple[tuple[str, float], ...] = ()  # a part that differs from the catalog's
-
-    def hardware(self):
-        return hardware(self.gpu, **dict(self.hardware_overrides))
-
-
-def gpt(layers: int, hidden: int, heads: int) -> ModelSpec:
-    return ModelSpec("gpt2", layers, hidden, heads, heads, 4 * hidden, 51200, 2048, tie_embeddings=True)
 
 
 def megatron_flops(spec: ModelSpec, batch: int) -> float:
@@ -253,44 +232,6 @@ def bloom() -> list[Case]:
     2,048 tokens; 104.70 s per iteration at iteration 85,376 (train/tr11-176B-ml/README.md)."""
     spec = ModelSpec("gpt2", 70, 14336, 112, 112, 4 * 14336, BLOOM_VOCAB, 2048, tie_embeddings=True)
     return [bloom_case("BLOOM 176B", BLOOM, spec, 8, 4, 12, 2, 2048, 104.70, embeddings_counted=True)]
-
-
-# NVIDIA's DGX Cloud benchmark recipes (NVIDIA/dgxc-benchmarking, release 25.04.01, commit 85380ffe:
-# llama3.1/README.md, nemotron/README.md, nemo_megatron/README_175b.md): NeMo on DGX H100 in bf16,
-# Transformer Engine's tensor-parallel overlap with sequence parallelism, the distributed optimizer,
-# no recomputation (NeMo's performance recipes set none for these bf16 runs), seconds per step as
-# published. Each model's smallest and largest full-size scale (the 405B table's smaller columns are
-# cut-down proxies): model, GPUs, tp, pp, cp, virtual stages, micro-batch, global batch, seconds.
-# Nemotron-4 (NeMo's nemotron.py: squared-ReLU MLP without gate, no biases, rotary, 8 K/V heads,
-# untied, 256,000 words) is described with the gpt2 family, whose biases and learned positions it
-# lacks (under 0.2% of the parameters).
-DGXC = "NVIDIA/dgxc-benchmarking 25.04.01 (commit 85380ffe)"
-DGXC_MODELS = {"llama 3.1 8B": model_spec("llama-8b"), "llama 3.1 70B": model_spec("llama-70b"),
-               "llama 3.1 405B": model_spec("llama-405b"),
-               "Nemotron-4 15B": ModelSpec("gpt2", 32, 6144, 48, 8, 24576, 256000, 4096, tie_embeddings=False),
-               "Nemotron-4 340B": ModelSpec("gpt2", 96, 18432, 96, 8, 73728, 256000, 4096, tie_embeddings=False),
-               "GPT-3 175B": ModelSpec("gpt2", 96, 12288, 96, 96, 49152, 50688, 2048, tie_embeddings=True)}
-DGXC_ROWS = [("llama 3.1 8B", 8, 1, 1, 2, 1, 1, 128, 12.27), ("llama 3.1 8B", 128, 1, 1, 2, 1, 1, 2048, 12.33),
-             ("llama 3.1 70B", 64, 4, 4, 2, 5, 1, 128, 14.66), ("llama 3.1 70B", 2048, 4, 4, 2, 5, 1, 4096, 14.66),
-             ("llama 3.1 405B", 512, 8, 8, 2, 8, 1, 256, 19.78), ("llama 3.1 405B", 2048, 8, 8, 2, 8, 1, 1024, 19.87),
-             ("Nemotron-4 15B", 16, 2, 1, 1, 1, 2, 64, 2.66), ("Nemotron-4 15B", 2048, 2, 1, 1, 1, 2, 8192, 2.78),
-             ("Nemotron-4 340B", 256, 8, 8, 1, 12, 1, 64, 4.36), ("Nemotron-4 340B", 2048, 8, 8, 1, 12, 1, 512, 4.43),
-             ("GPT-3 175B", 128, 4, 8, 1, 6, 1, 256, 8.309), ("GPT-3 175B", 2048, 4, 8, 1, 6, 1, 4096, 8.49)]
-
-
-def nemo_dgxc() -> tuple[list[Case], list[Case]]:
-    """The recipes' bf16 H100 runs on the nemo stack: the three Llama 3.1 runs at their smallest
-    scale, which its efficiency is fitted on, and the other nine, held out."""
-    cases = []
-    for model, gpus, tp, pp, cp, vp, mbs, batch, seconds in DGXC_ROWS:
-        schedule = {"schedule": "interleaved-1f1b", "virtual_stages": vp} if vp > 1 else {}
-        fixed = {"tp": tp, "pp": pp, "cp": cp, "dp": gpus // (tp * pp * cp), "zero": 1, "dp_replicate": 1,
-                 "sp": tp > 1, "recompute": "none", **schedule}
-        cases.append(Case(f"NeMo {model}, {gpus} GPUs", DGXC, DGXC_MODELS[model], gpus, batch, fixed, seconds, mbs,
-                          gpu="h100-sxm", kernels=STACKS["nemo"]))
-    fitted = [case for case in cases if case.name in ("NeMo llama 3.1 8B, 8 GPUs", "NeMo llama 3.1 70B, 64 GPUs",
-                                                      "NeMo llama 3.1 405B, 512 GPUs")]
-    return fitted, [case for case in cases if case not in fitted]
 
 
 # Megatron-Turing NLG 530B (Smith et al. 2022, §2.3-2.4) on Megatron-DeepSpeed: 105 blocks of hidden
@@ -585,15 +526,6 @@ def async_tensor_parallel() -> list[Ablation]:
     return out
 
 
-@dataclass(frozen=True)
-class Ablation:
-    """One model run under several layouts in one publication: the layouts in published order, fastest first."""
-
-    name: str
-    source: str
-    fastest_first: tuple[Case, ...]
-
-
 def ablations() -> list[Ablation]:
     korthikanti = korthikanti_2022()
     pairs = [Ablation(f"{full.name.split()[0]}: full recomputation against sp + selective", KORTHIKANTI_2022,
@@ -687,10 +619,13 @@ def main() -> None:
         fit_all()
         return
     fitted, held_out = published_runs()
-    print(f"a100-80gb matmul_efficiency = {hardware('a100-80gb').matmul_efficiency} (the catalog's, fitted on "
-          f"{KORTHIKANTI_TABLE_4}); megatron-2021 on a100-80gb {dict(STACKS['megatron-2021'].matmul_efficiency)['a100-80gb']} "
-          f"(fitted on {MEGATRON_2021}); megatron-core on h100-sxm {dict(STACKS['megatron-core'].matmul_efficiency)['h100-sxm']} "
-          f"(fitted on five rows of {MEGATRON_CORE}); the megatron stack on h100-sxm uses the catalog's value, not fitted\n")
+    fitted_on = {"megatron-2021": MEGATRON_2021, "megatron-core": f"five rows of {MEGATRON_CORE}",
+                 "pytorch": f"two rows of {TORCHTITAN.split(',')[0]}", "nemo": f"three Llama 3.1 rows of {DGXC}",
+                 "deepspeed-zero3": "megatron-2021's runs: the same paper, cluster and model code"}
+    stacks = "; ".join(f"{name} on {gpu} {value} (fitted on {fitted_on[name]})"
+                       for name, kernels in STACKS.items() for gpu, value in kernels.matmul_efficiency)
+    print(f"matmul_efficiency: the catalog's {hardware('a100-80gb').matmul_efficiency} (fitted on {KORTHIKANTI_TABLE_4}); "
+          f"{stacks}; every other stack and GPU the catalog's\n")
     print_table_4()
     print("| run | GPUs | stack | layout used | published step (s) | predicted (s) | error | source |")
     print("| --- | ---: | --- | --- | ---: | ---: | ---: | --- |")

@@ -33,17 +33,16 @@ def test_hopper_native_causal_attention_costs_half_a_full_shape_matmul():
     rate, on the H100 only; megatron-core, fitted on runs with the catalog's attention, keeps it."""
     from plait.plan.compute import Gemm, gemm_seconds, layer_times
 
-    spec, nemo = model_spec("llama-8b"), STACKS["nemo"]
-    h100 = stack_hardware(hardware("h100-sxm"), nemo)
-    assert stack_hardware(hardware("a100-80gb"), nemo) == hardware("a100-80gb")
-    heads, d = spec.heads, spec.head_dim
-    full = (gemm_seconds(h100, "bf16", Gemm(spec.seq_len, spec.seq_len, d, heads))
-            + gemm_seconds(h100, "bf16", Gemm(spec.seq_len, d, spec.seq_len, heads)))
-    assert layer_times(spec, h100, "bf16", 1, kernels=nemo).attention == pytest.approx(full / 2)
-    core = stack_hardware(hardware("h100-sxm"), CORE)
-    core_full = (gemm_seconds(core, "bf16", Gemm(spec.seq_len, spec.seq_len, d, heads))
-                 + gemm_seconds(core, "bf16", Gemm(spec.seq_len, d, spec.seq_len, heads)))
-    assert layer_times(spec, core, "bf16", 1, kernels=CORE).attention == pytest.approx(core_full)
+    spec = model_spec("llama-8b")
+    s, d, heads = spec.seq_len, spec.head_dim, spec.heads
+
+    def full_shape_matmuls(hw):
+        return gemm_seconds(hw, "bf16", Gemm(s, s, d, heads)) + gemm_seconds(hw, "bf16", Gemm(s, d, s, heads))
+
+    assert stack_hardware(hardware("a100-80gb"), STACKS["nemo"]) == hardware("a100-80gb")
+    for kernels, share in ((STACKS["nemo"], 0.5), (CORE, 1.0)):
+        hw = stack_hardware(hardware("h100-sxm"), kernels)
+        assert layer_times(spec, hw, "bf16", 1, kernels=kernels).attention == pytest.approx(share * full_shape_matmuls(hw))
 
 
 @pytest.mark.parametrize("micro_batch", [1, 4])

@@ -197,8 +197,8 @@ def stage_boundary_bytes(spec: ModelSpec, layout: Layout, micro_batch: int, prec
     whatever the precision (the residual stream autocast keeps); a reference stack in the
     activations' precision."""
     element = FP32 if kernels.plait_engine else ACTIVATION_BYTES[precision]
-    tokens = spec.seq_len // layout.cp // (layout.tp if layout.sp or boundary_split_over_tp(layout, kernels) else 1)
-    return micro_batch * tokens * spec.hidden * element
+    tokens = spec.seq_len // layout.cp // (layout.tp if layout.sp else 1)
+    return micro_batch * tokens * spec.hidden * element // (layout.tp if boundary_split_over_tp(layout, kernels) else 1)
 
 
 def tied_embedding_bytes(spec: ModelSpec, layout: Layout, kernels: Kernels, dp_rank: int = 0) -> int:

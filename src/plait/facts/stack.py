@@ -86,12 +86,13 @@ class Kernels:
     # backward; elsewhere hooks reduce buckets as backward produces them.
     reduce_after_schedule: bool = False
     # A stage's boundary tensor crosses the pipeline in 1/tp pieces, one from each tensor-parallel rank,
-    # the receiving stage all-gathering them over tp: Megatron-LM's scatter/gather (Narayanan et al.
-    # 2021, §4.1; --no-scatter-gather-tensors-in-pipeline turns it off) and DeepSpeed's partitioned
-    # pipe buffers (PipelineEngine.is_pipe_partitioned whenever tp > 1). Megatron-Core and
+    # the receiving stage all-gathering them over tp: Megatron-LM's scatter/gather before Megatron-Core
+    # (Narayanan et al. 2021, §4.1) and DeepSpeed's partitioned pipe buffers
+    # (PipelineEngine.is_pipe_partitioned whenever tp > 1). Megatron-Core and
     # torch.distributed.pipelining (torchtitan, plait) send each rank's whole tensor, a sequence shard
-    # under sp.
-    pipeline_boundary_split: bool = True
+    # under sp. (DeepSpeed's backward also regathers the stage's own output, freed after its send: a
+    # second NVLink gather the flight leaves out.)
+    pipeline_boundary_split: bool = False
     # The highest ZeRO stage the stack runs beside pipeline stages: DeepSpeed's pipeline engine asserts
     # that "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" (deepspeed/runtime/pipe/engine.py).
     pipeline_max_zero: int = 3
@@ -119,7 +120,7 @@ NEMO_H100 = 0.588
 # Hopper-native causal attention (Transformer Engine's cuDNN fused attention, FlashAttention-3):
 # forward 600-646 TFLOP/s at 8k tokens and head dim 128 on an H100 SXM in the FlashAttention-3
 # paper's benchmark (Shah et al. 2024, figure 5; FlashAttention-2 there 370), about the rate of
-# NeMo's fitted large matmul (0.588 of 989), on half of the s×s blocks.
+# the nemo stack's fitted large matmul (NEMO_H100 of 989), on half of the s×s blocks.
 HOPPER_CAUSAL_ATTENTION = 2.0
 
 # Megatron-LM as Narayanan et al. 2021 ran it: its fused softmax without flash attention, dropout,
@@ -127,30 +128,30 @@ HOPPER_CAUSAL_ATTENTION = 2.0
 # a year later ran the same 1T model, 512 sequences to each pipeline of 64 stages, at 177 hardware
 # TFLOP/s a GPU where this one ran 163 (Korthikanti et al. 2022, table 5, full recomputation): the
 # catalog's efficiency, fitted on that later release's own layer timings, would read it fast.
-MEGATRON_2021 = Kernels(dropout=True, flash_attention=False, matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),))
+MEGATRON_2021 = Kernels(dropout=True, flash_attention=False, pipeline_boundary_split=True,
+                        matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),))
 
 MEGATRON_CORE = Kernels(tp_comm_overlap=True, param_gather_overlap=True, activation_offload="overlapped",
-                        pipeline_boundary_split=False, matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),))
+                        matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),))
 
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
     # query kept, no scores), one eager kernel per elementwise op, either context-parallel algorithm.
     "plait": Kernels(fused=False, cp_algorithms=("all-to-all", "ring"), recompute_whole_forward=False,
                      schedules=SCHEDULES, per_op_checkpointing=True, activation_offload="serial",
-                     tp_backward_overlap=False, loss_backward_copies=2, pipeline_boundary_split=False, engine="plait"),
-    # Megatron-LM: flash attention, fused elementwise kernels (torchtitan's compiled ones too), K/V round
-    # a ring, each stage boundary sent in tensor-parallel pieces.
+                     tp_backward_overlap=False, loss_backward_copies=2, engine="plait"),
+    # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
     "megatron": Kernels(),
     "megatron-2021": MEGATRON_2021,
     # Megatron-Core with Transformer Engine (2024 on): as megatron, with the tensor-parallel
     # communication inside the matmuls and the parameter gather under the next forward; its H100 efficiency fitted on five of the nine weak-scaling runs
     # of the Megatron-LM README (the other four and the strong-scaling pair held out).
     "megatron-core": MEGATRON_CORE,
-    # NeMo 2 on Megatron-Core and Transformer Engine 2 (NVIDIA's DGX Cloud benchmark recipes, 2025):
-    # megatron-core's overlaps with Hopper-native causal attention, and its own H100 efficiency fitted
-    # on the recipes' three Llama 3.1 runs at their smallest scale (benchmarks/validate_published.py;
-    # the larger scales, Nemotron-4 and GPT-3 held out). Its large matmuls reach 0.588 of the peak
-    # where the Megatron-LM README's runs of a year earlier reached 0.488.
+    # NeMo on Megatron-Core and Transformer Engine as NVIDIA's DGX Cloud benchmark recipes ran it in
+    # 2025: megatron-core's overlaps with Hopper-native causal attention, and its own H100 efficiency
+    # fitted on the recipes' three Llama 3.1 runs at their smallest scale (benchmarks/nemo_recipes.py;
+    # the larger scales, Nemotron-4 and GPT-3 held out), well above the Megatron-LM README's of a
+    # year earlier.
     "nemo": replace(MEGATRON_CORE, matmul_efficiency=(("h100-sxm", NEMO_H100),),
                     attention_efficiency=(("h100-sxm", HOPPER_CAUSAL_ATTENTION),)),
     # Megatron-DeepSpeed (BLOOM, 2022): Megatron-LM's fused softmax without flash attention, dropout,
@@ -158,7 +159,8 @@ STACKS = {
     # fitted on BLOOM's own layout search (benchmarks/validate_published.py: the 181B model's '48 node
     # contenders' table; the prequel's eighteen other tables held out).
     "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
-                                  schedules=("1f1b",), reduce_after_schedule=True, pipeline_max_zero=1),
+                                  schedules=("1f1b",), reduce_after_schedule=True, pipeline_max_zero=1,
+                                  pipeline_boundary_split=True),
     # DeepSpeed's ZeRO-3 as Narayanan et al. 2021 (table 2) ran it against PTD-P, on Megatron-LM's
     # model of that year (its kernels and fitted A100 efficiency): fetch_sub_module gathers each
     # linear's weight and prefetches the next, the layer released after its forward is gathered
@@ -177,13 +179,12 @@ STACKS = {
     # on two of torchtitan's published bf16 runs on Grand Teton H100s (two more held out).
     "pytorch": Kernels(recompute_whole_forward=False, per_op_checkpointing=True, tp_backward_overlap=False,
                        loss_backward_copies=2, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
-                       pipeline_boundary_split=False,
                        matmul_efficiency=(("h100-96gb", PYTORCH_H100_96GB),)),
     # MosaicML's llm-foundry (Composer): PyTorch FSDP without torch.compile (one eager kernel per
     # elementwise op), flash attention, PyTorch's checkpoint around whole blocks, and flash-attn's fused
     # cross entropy, which keeps no fp32 copy of the logits (ComposerMPTCausalLM's default loss_fn).
     # No figure of its own: its published runs are all held out.
     "llm-foundry": Kernels(fused=False, recompute_whole_forward=False, tp_backward_overlap=False,
-                           schedules=("gpipe", "1f1b"), pipeline_boundary_split=False),
+                           schedules=("gpipe", "1f1b")),
 }
 DEFAULT_STACK = "plait"

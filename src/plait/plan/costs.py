@@ -242,6 +242,7 @@ def boundary_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch:
     if layout.pp == 1:
         return 0.0
     nbytes = stage_boundary_bytes(spec, layout, micro_batch, precision, kernels)
-    gather = all_gather_seconds(nbytes * layout.tp, layout.tp, group_link(hw, layout, "tp")) \
-        if boundary_split_over_tp(layout, kernels) else 0.0
-    return send_seconds(nbytes, group_link(hw, layout, "pp")) + gather
+    flight = send_seconds(nbytes, group_link(hw, layout, "pp"))
+    if boundary_split_over_tp(layout, kernels):
+        flight += all_gather_seconds(nbytes * layout.tp, layout.tp, group_link(hw, layout, "tp"))
+    return flight

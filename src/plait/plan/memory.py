@@ -39,7 +39,8 @@ def other_bytes(
     """Stated assumptions beyond model states and activations.
 
     ``reserved`` for the runtime (context, communication workspaces, allocator slack); with pp > 1
-    one send and one receive buffer of a micro-batch's boundary activation; with ZeRO-3 the
+    one send and one receive buffer of a micro-batch's boundary activation (a tensor-parallel rank's
+    piece of it where the stack splits it: the gathered whole is the next stage's saved input); with ZeRO-3 the
     gathered weights of two layers (the current one and the prefetched next) and the unsharded
     gradients of one, or where the stack gathers linear by linear (plait.plan.zero3) the weights and
     the gradients of the two largest neighbouring linears; with PowerSGD its error-feedback buffer,
