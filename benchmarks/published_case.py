@@ -8,9 +8,9 @@ from plait.facts.stack import Kernels
 from plait.models.spec import ModelSpec
 from plait.plan.hardware import hardware
 
-# Megatron-LM 2021-22: its fused softmax without flash attention, dropout, and its scatter/gather of
-# pipeline tensors (on unless --no-scatter-gather-tensors-in-pipeline).
-EAGER = Kernels(dropout=True, flash_attention=False, pipeline_boundary_split=True)
+# Megatron-LM 2022 (Korthikanti et al.): its fused softmax without flash attention, dropout, its
+# scatter/gather of pipeline tensors, its distributed optimizer (ZeRO-1) and no context parallelism.
+EAGER = Kernels(dropout=True, flash_attention=False, pipeline_boundary_split=True, max_zero=1, cp_algorithms=())
 
 
 @dataclass(frozen=True)

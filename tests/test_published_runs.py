@@ -29,5 +29,5 @@ def test_each_run_names_its_source_and_pins_a_valid_mesh(case):
     assert case.source and case.measured_step_s > 0
     sizes = {name: case.fixed[name] for name in ("dp", "tp", "cp", "pp")}
     assert sizes["dp"] * sizes["tp"] * sizes["cp"] * sizes["pp"] == case.gpus
-    layout = Layout(**{"cp_algorithm": case.kernels.cp_algorithms[0], **case.fixed})
+    layout = Layout(**{"cp_algorithm": (*case.kernels.cp_algorithms, "ring")[0], **case.fixed})
     assert mesh_problems(case.spec, layout, case.gpus, None, case.kernels) == []

@@ -171,7 +171,8 @@ def test_flash_attns_fused_cross_entropy_keeps_no_fp32_copy_of_the_logits():
     layout = Layout(dp=16, zero=3, recompute="full")
     peaks = {}
     for name in ("llm-foundry", "pytorch"):
-        workload = Workload(spec, 16 * 4, "bf16", replace(STACKS[name], fused=False, per_op_checkpointing=False))
+        kernels = replace(STACKS[name], fused=False, recompute_modes=("none", "full"))
+        workload = Workload(spec, 16 * 4, "bf16", kernels)
         peaks[name] = evaluate(workload, hardware("a100-80gb"), 16, layout).peak_memory_bytes
     assert peaks["pytorch"] - peaks["llm-foundry"] == pytest.approx(2 * 4 * spec.seq_len * spec.vocab * 4, rel=1e-6)
 
@@ -227,3 +228,35 @@ def test_megatron_and_deepspeed_send_a_tensor_parallel_ranks_piece_of_the_stage_
     sequence_parallel = replace(layout, sp=True)
     assert {stage_boundary_bytes(spec, sequence_parallel, 2, "bf16", STACKS[name])
             for name in ("megatron-deepspeed", "megatron-core")} == {whole // 8}
+
+
+@pytest.mark.parametrize("stack", ["megatron-2021", "megatron-deepspeed"])
+def test_the_stacks_of_2021_run_none_of_what_came_after(stack, capsys):
+    """Megatron-LM added sequence parallelism, selective and partial recomputation in its 2022 release
+    (Korthikanti et al.) and context parallelism later; Narayanan's 2021 release and the
+    Megatron-DeepSpeed fork BLOOM and MT-NLG trained with have none of them and say so in one
+    sentence each; their plan ranks none of it, where the later stacks run it."""
+    from plait.facts.validity import run_problems
+
+    spec = model_spec("gpt2-medium")
+    problems = " ".join(run_problems(spec, Layout(tp=4, sp=True, recompute="selective"), 4, 8, STACKS[stack]))
+    assert "no sequence parallelism" in problems and "no selective recomputation" in problems
+    partial = Layout(tp=4, recompute="full", recompute_layers=2)
+    assert "every block or none" in " ".join(run_problems(spec, partial, 4, 8, STACKS[stack]))
+    assert run_problems(spec, partial, 4, 8, STACKS["megatron"]) == []
+    assert "no context parallelism" in " ".join(run_problems(spec, Layout(dp=2, cp=2), 4, 8, STACKS[stack]))
+    assert run_problems(spec, Layout(tp=4, sp=True, recompute="selective"), 4, 8, STACKS["megatron"]) == []
+    assert main(["plan", "--model", "gpt2-medium", "--gpus", "64", "--gpu", "a100-80gb", "--stack", stack, "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)
+    assert ranked and all(not p["layout"]["sp"] and p["layout"]["recompute"] in ("none", "full")
+                          and p["layout"]["recompute_layers"] is None and p["layout"]["cp"] == 1 for p in ranked)
+    if stack == "megatron-2021":  # data parallel only: its distributed optimizer came in 2022
+        assert "no ZeRO stage 1" in " ".join(run_problems(spec, Layout(dp=4, zero=1), 4, 8, STACKS[stack]))
+        assert all(p["layout"]["zero"] == 0 for p in ranked)
+
+
+def test_simulate_refuses_zero_3_beside_deepspeeds_pipeline_stages(capsys):
+    """The one validation simulate and train ask holds the stack's pipeline ZeRO limit, as plan's search does."""
+    assert main(["simulate", "--model", "gpt2", "--gpus", "4", "--gpu", "a100-80gb", "--stack", "megatron-deepspeed",
+                 "--dp", "2", "--pp", "2", "--zero", "3"]) != 0
+    assert "ZeRO stage 1 at most" in capsys.readouterr().err

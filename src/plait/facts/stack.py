@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from plait.layout import SCHEDULES
+from plait.layout import RECOMPUTE, SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,9 @@ class Kernels:
     flash_attention: bool = True
     fused: bool = True
     # The context-parallel algorithms the stack runs (``Layout.cp_algorithm`` picks one): K/V blocks
-    # round a ring (Megatron-LM, torchtitan, plait) or an all-to-all of heads (DeepSpeed-Ulysses, plait).
+    # round a ring (Megatron-Core, torchtitan, plait) or an all-to-all of heads (DeepSpeed-Ulysses,
+    # plait); none in the stacks of 2021-22 (Megatron-LM, Megatron-DeepSpeed, DeepSpeed's ZeRO-3) and
+    # Composer.
     cp_algorithms: tuple[str, ...] = ("ring",)
     # Full recomputation reruns a block's forward in backward. PyTorch's checkpoint stops at the last
     # tensor backward needs, so the block's closing collective is not issued again (plait);
@@ -31,10 +33,19 @@ class Kernels:
     # DeepSpeed's pipeline engine its 1F1B (TrainSchedule), torch.distributed.pipelining (plait,
     # torchtitan) GPipe, 1F1B, interleaved and zero-bubble.
     schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
-    # Per-operation selective checkpointing (``--recompute op``, torchtitan's default: torch's
-    # selective checkpoint keeps every second matmul's output and the attention kernel's); Megatron-LM
-    # recomputes the attention core or whole blocks only.
-    per_op_checkpointing: bool = False
+    # The recomputation the stack has: whole blocks ("full"), the attention core ("selective",
+    # Megatron-LM from its 2022 release, Korthikanti et al.), and per-operation checkpointing ("op",
+    # torchtitan's default: torch's selective checkpoint keeps every second matmul's output and the
+    # attention kernel's). Megatron-LM's 2021 release, the Megatron-DeepSpeed fork BLOOM and MT-NLG
+    # trained with and DeepSpeed's activation checkpointing recompute whole blocks only.
+    recompute_modes: tuple[str, ...] = ("none", "selective", "full")
+    # Full recomputation of only the first N blocks of a stage (``--recompute-layers``: Megatron-LM's
+    # --recompute-method block from 2022, torchtitan's every-second-block checkpointing); the stacks of
+    # 2021 and Composer recompute every block or none.
+    partial_recompute: bool = True
+    # Sequence parallelism (Megatron-LM from its 2022 release, Korthikanti et al.; Megatron-Core,
+    # torchtitan, plait); the stacks of 2021 split no norm or dropout over tp.
+    sequence_parallel: bool = True
     # Activation offload (``--offload-activations``): "" where the stack has none (Megatron-LM's 2021-22
     # releases, DeepSpeed's pipeline engine, torchtitan), "serial" where the copies to and from host
     # memory run on the compute stream (plait.parallel.offload), "overlapped" where a side stream runs
@@ -93,6 +104,9 @@ class Kernels:
     # under sp. (DeepSpeed's backward also regathers the stage's own output, freed after its send: a
     # second NVLink gather the flight leaves out.)
     pipeline_boundary_split: bool = False
+    # The highest ZeRO stage the stack has at all: Megatron-LM's 2021 release is data parallel only
+    # (its distributed optimizer, ZeRO-1, came in 2022; its FSDP later).
+    max_zero: int = 3
     # The highest ZeRO stage the stack runs beside pipeline stages: DeepSpeed's pipeline engine asserts
     # that "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" (deepspeed/runtime/pipe/engine.py).
     pipeline_max_zero: int = 3
@@ -109,6 +123,10 @@ class Kernels:
     def plait_engine(self) -> bool:
         return self.engine == "plait"
 
+
+# Recomputation of whole blocks or none (DeepSpeed's activation checkpointing, Megatron-LM of 2021,
+# Composer's FSDP checkpointing of whole blocks).
+WHOLE_BLOCKS = ("none", "full")
 
 # benchmarks/validate_published.py --fit
 MEGATRON_2021_A100 = 0.595
@@ -129,7 +147,8 @@ HOPPER_CAUSAL_ATTENTION = 2.0
 # TFLOP/s a GPU where this one ran 163 (Korthikanti et al. 2022, table 5, full recomputation): the
 # catalog's efficiency, fitted on that later release's own layer timings, would read it fast.
 MEGATRON_2021 = Kernels(dropout=True, flash_attention=False, pipeline_boundary_split=True,
-                        matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),))
+                        recompute_modes=WHOLE_BLOCKS, partial_recompute=False, sequence_parallel=False,
+                        cp_algorithms=(), max_zero=0, matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),))
 
 MEGATRON_CORE = Kernels(tp_comm_overlap=True, param_gather_overlap=True, activation_offload="overlapped",
                         matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),))
@@ -138,7 +157,7 @@ STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
     # query kept, no scores), one eager kernel per elementwise op, either context-parallel algorithm.
     "plait": Kernels(fused=False, cp_algorithms=("all-to-all", "ring"), recompute_whole_forward=False,
-                     schedules=SCHEDULES, per_op_checkpointing=True, activation_offload="serial",
+                     schedules=SCHEDULES, recompute_modes=RECOMPUTE, activation_offload="serial",
                      tp_backward_overlap=False, loss_backward_copies=2, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
     "megatron": Kernels(),
@@ -160,7 +179,8 @@ STACKS = {
     # contenders' table; the prequel's eighteen other tables held out).
     "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
                                   schedules=("1f1b",), reduce_after_schedule=True, pipeline_max_zero=1,
-                                  pipeline_boundary_split=True),
+                                  pipeline_boundary_split=True, recompute_modes=WHOLE_BLOCKS,
+                                  partial_recompute=False, sequence_parallel=False, cp_algorithms=()),
     # DeepSpeed's ZeRO-3 as Narayanan et al. 2021 (table 2) ran it against PTD-P, on Megatron-LM's
     # model of that year (its kernels and fitted A100 efficiency): fetch_sub_module gathers each
     # linear's weight and prefetches the next, the layer released after its forward is gathered
@@ -172,12 +192,12 @@ STACKS = {
     # torch.cuda.synchronize.
     "deepspeed-zero3": replace(MEGATRON_2021, zero3_gather_unit="linear", zero3_regathers_for_recompute=True,
                                zero3_collective_efficiency=DEEPSPEED_ZERO3_COLLECTIVES, schedules=("1f1b",),
-                               pipeline_max_zero=1),
+                               pipeline_max_zero=1, max_zero=3),
     # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
     # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel
     # collective on the critical path: its async TP is this with tp_comm_overlap); its efficiency fitted
     # on two of torchtitan's published bf16 runs on Grand Teton H100s (two more held out).
-    "pytorch": Kernels(recompute_whole_forward=False, per_op_checkpointing=True, tp_backward_overlap=False,
+    "pytorch": Kernels(recompute_whole_forward=False, recompute_modes=RECOMPUTE, tp_backward_overlap=False,
                        loss_backward_copies=2, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
                        matmul_efficiency=(("h100-96gb", PYTORCH_H100_96GB),)),
     # MosaicML's llm-foundry (Composer): PyTorch FSDP without torch.compile (one eager kernel per
@@ -185,6 +205,7 @@ STACKS = {
     # cross entropy, which keeps no fp32 copy of the logits (ComposerMPTCausalLM's default loss_fn).
     # No figure of its own: its published runs are all held out.
     "llm-foundry": Kernels(fused=False, recompute_whole_forward=False, tp_backward_overlap=False,
-                           schedules=("gpipe", "1f1b")),
+                           schedules=("gpipe", "1f1b"), recompute_modes=WHOLE_BLOCKS, partial_recompute=False,
+                           cp_algorithms=()),
 }
 DEFAULT_STACK = "plait"

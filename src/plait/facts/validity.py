@@ -39,7 +39,12 @@ def fit_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["pla
         )
     if spec.ffn_hidden % tp:
         problems.append(f"FFN hidden size {spec.ffn_hidden} is not divisible by --tp {tp}; choose a tp that divides it")
-    if cp > 1 and layout.cp_algorithm not in kernels.cp_algorithms:
+    if layout.sp and not kernels.sequence_parallel:
+        problems.append("this software stack has no sequence parallelism (Megatron-LM added it in 2022); drop --sp")
+    if cp > 1 and not kernels.cp_algorithms:
+        problems.append("this software stack has no context parallelism (Megatron-Core, torchtitan and plait have it); "
+                        "pass --cp 1")
+    elif cp > 1 and layout.cp_algorithm not in kernels.cp_algorithms:
         problems.append(f"this software stack runs context parallelism only as {' or '.join(kernels.cp_algorithms)}, "
                         f"not {layout.cp_algorithm}; pass --cp-algorithm {kernels.cp_algorithms[0]}")
     if layout.cp_algorithm == "ring":
@@ -63,11 +68,20 @@ def fit_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["pla
     return problems
 
 
+# What --recompute asks for, by mode a stack may lack (every stack runs without recomputation).
+RECOMPUTE_NAMES = {"op": "per-operation checkpointing", "selective": "selective recomputation of the attention core",
+                   "full": "full recomputation"}
+
+
 def recompute_problems(layout: Layout, kernels: Kernels) -> list[str]:
-    """Per-operation checkpointing or activation offload on a stack that has none."""
-    if layout.recompute == "op" and not kernels.per_op_checkpointing:
-        return ["this software stack has no per-operation checkpointing (Megatron-LM recomputes the attention "
-                "core or whole blocks); pass --recompute selective or full"]
+    """A recomputation or activation offload the stack does not have (``Kernels.recompute_modes``)."""
+    if layout.recompute not in kernels.recompute_modes:
+        others = [mode for mode in kernels.recompute_modes if mode != "none"]
+        return [f"this software stack has no {RECOMPUTE_NAMES[layout.recompute]}; pass --recompute "
+                f"{' or '.join(others)}"]
+    if layout.recompute_layers is not None and not kernels.partial_recompute:
+        return ["this software stack recomputes every block or none (Megatron-LM added recomputing some blocks "
+                "in 2022); drop --recompute-layers"]
     if layout.offload_activations and not kernels.activation_offload:
         return ["this software stack cannot offload activations to host memory (plait and Megatron-Core can); "
                 "drop --offload-activations or pass --recompute to save activation memory"]
@@ -174,7 +188,8 @@ def layout_problems(spec: ModelSpec, layout: Layout, world_size: int | None = No
     if problems:  # the checks below read the fields as positive integers
         return problems
     return (compression_problems(layout) + recompute_problems(layout, kernels) + fit_problems(spec, layout, kernels)
-            + pipeline_problems(spec, layout, kernels) + size_problems(layout, world_size, global_batch))
+            + stack_zero_problems(layout, kernels) + pipeline_problems(spec, layout, kernels)
+            + size_problems(layout, world_size, global_batch))
 
 
 def mesh_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None, global_batch: int | None = None,
@@ -188,7 +203,11 @@ def mesh_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None
 
 
 def stack_zero_problems(layout: Layout, kernels: Kernels) -> list[str]:
-    """A ZeRO stage the stack does not run beside pipeline stages (``Kernels.pipeline_max_zero``)."""
+    """A ZeRO stage the stack does not have (``Kernels.max_zero``), or not beside pipeline stages
+    (``Kernels.pipeline_max_zero``)."""
+    if layout.zero > kernels.max_zero:
+        return [f"this software stack has no ZeRO stage {layout.zero} (it shards up to stage {kernels.max_zero}); "
+                f"pass --zero {kernels.max_zero}"]
     if layout.pp > 1 and layout.zero > kernels.pipeline_max_zero:
         return [f"this software stack's pipeline engine runs ZeRO stage {kernels.pipeline_max_zero} at most beside "
                 f"pipeline stages; pass --zero {kernels.pipeline_max_zero} or --pp 1"]

@@ -199,7 +199,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     pinned_blocks = fixed.get("recompute_layers")
     if pinned_blocks is not None and fixed.get("recompute") != "full":  # as train: it names full recomputation's blocks
         return Scan()
-    partial = (pinned_blocks is not None or "recompute" not in fixed) and not offload
+    partial = (pinned_blocks is not None or "recompute" not in fixed) and not offload and kernels.partial_recompute
     costed = recomputes + ("none", "full") if partial else recomputes
     costed = tuple(dict.fromkeys(costed))
     # Gradient compression is modelled when pinned, never searched: PowerSGD changes the training.
