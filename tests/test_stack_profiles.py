@@ -260,3 +260,19 @@ def test_simulate_refuses_zero_3_beside_deepspeeds_pipeline_stages(capsys):
     assert main(["simulate", "--model", "gpt2", "--gpus", "4", "--gpu", "a100-80gb", "--stack", "megatron-deepspeed",
                  "--dp", "2", "--pp", "2", "--zero", "3"]) != 0
     assert "ZeRO stage 1 at most" in capsys.readouterr().err
+
+
+def test_llm_foundrys_composer_runs_fsdp_alone(capsys):
+    """MosaicML's 2023 benchmark tables ran Composer's FSDP with no tensor, pipeline or context
+    parallelism: each is refused in one sentence, and its plan ranks data-parallel layouts only."""
+    from plait.facts.validity import run_problems
+
+    spec, foundry = model_spec("gpt2-medium"), STACKS["llm-foundry"]
+    for layout, sentence in ((Layout(dp=2, tp=2), "no tensor parallelism"), (Layout(dp=2, pp=2, microbatches=2),
+                             "no pipeline parallelism"), (Layout(dp=2, cp=2, cp_algorithm="ring"), "no context parallelism")):
+        assert sentence in " ".join(run_problems(spec, layout, 4, 8, foundry))
+        assert run_problems(spec, layout, 4, 8, STACKS["pytorch"]) == []
+    assert main(["plan", "--model", "gpt2-medium", "--gpus", "16", "--gpu", "a100-40gb", "--stack", "llm-foundry",
+                 "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)
+    assert ranked and all(p["layout"]["dp"] == 16 for p in ranked)

@@ -31,7 +31,7 @@ class Kernels:
     recompute_whole_forward: bool = True
     # The pipeline schedules the stack runs: Megatron-LM and Megatron-Core 1F1B and interleaved 1F1B,
     # DeepSpeed's pipeline engine its 1F1B (TrainSchedule), torch.distributed.pipelining (plait,
-    # torchtitan) GPipe, 1F1B, interleaved and zero-bubble.
+    # torchtitan) GPipe, 1F1B, interleaved and zero-bubble; none where the stack has no pipeline.
     schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
     # The recomputation the stack has: whole blocks ("full"), the attention core ("selective",
     # Megatron-LM from its 2022 release, Korthikanti et al.), and per-operation checkpointing ("op",
@@ -43,6 +43,8 @@ class Kernels:
     # --recompute-method block from 2022, torchtitan's every-second-block checkpointing); the stacks of
     # 2021 and Composer recompute every block or none.
     partial_recompute: bool = True
+    # Tensor parallelism (every stack but Composer's FSDP as MosaicML's 2023 benchmark tables ran it).
+    tensor_parallel: bool = True
     # Sequence parallelism (Megatron-LM from its 2022 release, Korthikanti et al.; Megatron-Core,
     # torchtitan, plait); the stacks of 2021 split no norm or dropout over tp.
     sequence_parallel: bool = True
@@ -200,12 +202,13 @@ STACKS = {
     "pytorch": Kernels(recompute_whole_forward=False, recompute_modes=RECOMPUTE, tp_backward_overlap=False,
                        loss_backward_copies=2, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
                        matmul_efficiency=(("h100-96gb", PYTORCH_H100_96GB),)),
-    # MosaicML's llm-foundry (Composer): PyTorch FSDP without torch.compile (one eager kernel per
+    # MosaicML's llm-foundry (Composer) as its 2023 benchmark tables ran it: PyTorch FSDP alone (no
+    # tensor, pipeline or context parallelism) without torch.compile (one eager kernel per
     # elementwise op), flash attention, PyTorch's checkpoint around whole blocks, and flash-attn's fused
     # cross entropy, which keeps no fp32 copy of the logits (ComposerMPTCausalLM's default loss_fn).
     # No figure of its own: its published runs are all held out.
-    "llm-foundry": Kernels(fused=False, recompute_whole_forward=False, tp_backward_overlap=False,
-                           schedules=("gpipe", "1f1b"), recompute_modes=WHOLE_BLOCKS, partial_recompute=False,
+    "llm-foundry": Kernels(fused=False, recompute_whole_forward=False, tp_backward_overlap=False, schedules=(),
+                           tensor_parallel=False, recompute_modes=WHOLE_BLOCKS, partial_recompute=False,
                            cp_algorithms=()),
 }
 DEFAULT_STACK = "plait"

@@ -30,6 +30,8 @@ def fit_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["pla
     """Ways ``spec`` cannot be split as ``layout`` asks over tensor, sequence and context parallelism."""
     tp, cp = layout.tp, layout.cp
     problems = []
+    if tp > 1 and not kernels.tensor_parallel:
+        problems.append("this software stack has no tensor parallelism; pass --tp 1")
     if spec.heads % tp:
         problems.append(f"{spec.heads} attention heads cannot be split over --tp {tp}; choose a tp that divides the heads")
     if spec.kv_heads % tp and tp % spec.kv_heads:
@@ -107,6 +109,8 @@ def pipeline_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS
     recomputation, when the layout has pipeline stages."""
     if layout.pp == 1:
         return []
+    if not kernels.schedules:
+        return ["this software stack has no pipeline parallelism; pass --pp 1"]
     problems = (_raised(lambda: validate_schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages))
                 + split_problems(spec, layout.pp, layout.virtual_stages, layout.stage_layers))
     if layout.schedule not in kernels.schedules:
