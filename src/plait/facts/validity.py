@@ -76,7 +76,8 @@ RECOMPUTE_NAMES = {"op": "per-operation checkpointing", "selective": "selective 
 
 
 def recompute_problems(layout: Layout, kernels: Kernels) -> list[str]:
-    """A recomputation or activation offload the stack does not have (``Kernels.recompute_modes``)."""
+    """A recomputation or activation offload the stack does not have (``Kernels.recompute_modes``,
+    ``partial_recompute``, ``activation_offload``)."""
     if layout.recompute not in kernels.recompute_modes:
         others = [mode for mode in kernels.recompute_modes if mode != "none"]
         return [f"this software stack has no {RECOMPUTE_NAMES[layout.recompute]}; pass --recompute "
