@@ -15,6 +15,7 @@ import statistics
 import sys
 from dataclasses import replace
 
+from benchmarks.deepspeed_megatron_runs import bloom, bloom_layout_search, mt_nlg
 from benchmarks.nemo_recipes import DGXC, nemo_dgxc
 from benchmarks.published_case import EAGER, Ablation, Case, gpt
 from plait.errors import ConfigError
@@ -31,8 +32,6 @@ MEGATRON_2021 = "Narayanan et al. 2021 (arXiv 2104.04473), table 1"
 KORTHIKANTI_2022 = "Korthikanti et al. 2022 (arXiv 2205.05198), tables 3 and 5"
 KORTHIKANTI_TABLE_4 = "Korthikanti et al. 2022 (arXiv 2205.05198), table 4"
 LLAMA_3 = "Llama 3 Herd of Models (arXiv 2407.21783), table 4"  # also on Balaji's SC'24 slide
-BLOOM = "bigscience-workshop/bigscience train/tr11-176B-ml/README.md"
-BLOOM_PREQUEL = "bigscience-workshop/bigscience train/tr11-176B-ml/chronicles-prequel.md"
 TORCHTITAN = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md, table 5"
 MEGATRON_CORE = "Megatron-LM README (github.com/NVIDIA/Megatron-LM, images/model_table.png, July 2024)"
 
@@ -226,140 +225,6 @@ def llama_3() -> list[Case]:
         cases.append(Case(f"Llama 3 405B, dp {dp}" + (f", cp {cp} at 128k" if cp > 1 else ""), LLAMA_3, run, gpus, batch,
                           fixed, step, gpu="h100-sxm", kernels=Kernels()))
     return cases
-
-
-def bloom() -> list[Case]:
-    """BLOOM 176B on Megatron-DeepSpeed: 384 A100 80GB, TP4 PP12 DP8, micro-batch 2, 2,048 sequences of
-    2,048 tokens; 104.70 s per iteration at iteration 85,376 (train/tr11-176B-ml/README.md)."""
-    spec = ModelSpec("gpt2", 70, 14336, 112, 112, 4 * 14336, BLOOM_VOCAB, 2048, tie_embeddings=True)
-    return [bloom_case("BLOOM 176B", BLOOM, spec, 8, 4, 12, 2, 2048, 104.70, embeddings_counted=True)]
-
-
-# Megatron-Turing NLG 530B (Smith et al. 2022, §2.3-2.4) on Megatron-DeepSpeed: 105 blocks of hidden
-# 20,480 with 128 heads, 2,048 tokens, 1,920 sequences a step; tensor slicing 8 inside a DGX A100 80GB,
-# 35 pipeline stages (DeepSpeed's engine, 'type:transformer': three blocks a stage), data parallel over
-# the rest of 280, 350 and 420 nodes; 60.1, 50.2 and 44.4 s per iteration. The micro-batch and ZeRO
-# stage are not stated, so the planner picks them.
-MT_NLG = "Smith et al. 2022 (arXiv 2201.11990), §2.4"
-
-
-def mt_nlg() -> list[Case]:
-    """MT-NLG's three timed scales, all held out (megatron-deepspeed's figure is BLOOM's)."""
-    spec = gpt(105, 20480, 128)
-    stages = {"schedule": "1f1b", "stage_layers": deepspeed_stage_layers(spec.layers, 35)}
-    return [Case(f"MT-NLG 530B, {nodes} nodes", MT_NLG, spec, 8 * nodes, 1920,
-                 {"tp": 8, "pp": 35, "dp": nodes // 35, "cp": 1, "sp": False, "recompute": "full", **stages}, seconds,
-                 kernels=STACKS["megatron-deepspeed"])
-            for nodes, seconds in ((280, 60.1), (350, 50.2), (420, 44.4))]
-
-
-# BLOOM's Megatron-DeepSpeed: dropout 0.1, fused softmax without flash attention (EAGER), full recomputation,
-# DeepSpeed's pipeline engine (its own 1F1B), bf16 with its BF16_Optimizer's own ZeRO stage 1 over all dp
-# ranks; the vocabulary padded to 250,880.
-BLOOM_VOCAB = 250880
-# Jean Zay's A100 80GB nodes (train/tr11-176B-ml/README.md, "Hardware"): 8 GPUs on NVLink, "4 OmniPath
-# links" of 100 Gb/s to the other nodes, 400 Gb/s a node = 6.25 GB/s a GPU, a quarter of a DGX A100's
-# (the team's all-reduce benchmark on 4 of these nodes read 15 to 42 Gb/s of algorithm bandwidth a rank:
-# experiments/bandwidth/README.md).
-JEAN_ZAY_A100 = (("inter_node_gbps", 6.25),)
-
-
-def deepspeed_stage_layers(layers: int, pp: int, embeddings_counted: bool = False) -> tuple[int, ...]:
-    """Blocks per stage as Megatron-DeepSpeed's PipelineModule cut them: its partition method
-    'type:transformer' weighs each block 1 and everything else 0 ('type:transformer|embedding' also
-    the input embedding, on the first stage, and the tied output embedding, on the last), and
-    DeepSpeed's partition_balanced fills the stages from the first with as many units as the heaviest
-    must hold, the last stage taking what is left: 78 blocks on 12 stages ran as 7 on eleven and 1 on
-    the last, as the prequel notes."""
-    units = layers + 2 * embeddings_counted
-    most = -(-units // pp)
-    sizes = [min(most, units - most * stage) for stage in range(pp)]
-    sizes[0] -= embeddings_counted
-    sizes[-1] -= embeddings_counted
-    assert min(sizes) >= 1, f"DeepSpeed cannot cut {layers} blocks into {pp} stages"
-    return tuple(sizes)
-
-
-def bloom_case(name: str, source: str, spec: ModelSpec, dp: int, tp: int, pp: int, mbs: int, batch: int,
-               step_s: float, embeddings_counted: bool = False) -> Case:
-    """A Megatron-DeepSpeed run on Jean Zay, its stages cut as DeepSpeed cut them."""
-    stages = {"schedule": "1f1b", "stage_layers": deepspeed_stage_layers(spec.layers, pp, embeddings_counted)}
-    fixed = {"tp": tp, "pp": pp, "dp": dp, "cp": 1, "zero": 1 if dp > 1 else 0, "dp_replicate": 1, "sp": False,
-             "recompute": "full", **(stages if pp > 1 else {})}
-    return Case(name, source, spec, dp * tp * pp, batch, fixed, step_s, micro_batch=mbs,
-                kernels=STACKS["megatron-deepspeed"], hardware_overrides=JEAN_ZAY_A100)
-
-
-# The prequel's tables that time two or more layouts of one model, each with its section, the model
-# (size as printed, hidden, layers, heads), whether the embeddings count as pipeline units, and its
-# rows of DP, TP, PP, MBS, GBS and seconds per iteration (iteration 2). A table timing several head
-# counts gives one ablation per count. Left out: the first tables ("Choosing the fastest 3D
-# Topology"), whose model changes with the layout; rows without a timing (out of memory); tables of
-# one layout (head counts, the batch warm-up); and the ZeRO-stage table, whose columns are swapped
-# and which its author marks for a retest. From "Rebalancing layers" on, the embeddings count as
-# pipeline units ('type:transformer|embedding') and a BF16 optimizer accumulates the gradients in
-# fp32, which the megatron-deepspeed stack does not tell apart.
-BLOOM_PREQUEL_TABLES = [
-    ("48 node contenders", "181B", 14336, 72, 64, False, [
-        (4, 8, 12, 1, 2048, 143.31), (4, 8, 12, 2, 2048, 134.02), (4, 8, 12, 4, 2048, 123.69),
-        (4, 8, 12, 8, 2048, 129.26), (8, 8, 6, 1, 2048, 139.82), (8, 8, 6, 2, 2048, 131.02),
-        (8, 8, 6, 4, 2048, 121.48)]),
-    ("GBS variations", "181B", 14336, 72, 64, False, [
-        (8, 8, 6, 4, 1568, 113.01), (8, 8, 6, 4, 2048, 114.11), (8, 8, 6, 6, 2016, 123.57),
-        (4, 8, 12, 4, 1568, 92.75), (4, 8, 12, 4, 2048, 117.07), (4, 8, 12, 2, 1568, 99.93),
-        (4, 8, 12, 2, 2048, 128.82)]),
-    ("some more configs with lower PP", "181B", 14336, 72, 64, False, [
-        (6, 8, 8, 4, 2016, 113.16), (12, 8, 4, 2, 2016, 125.52), (12, 8, 4, 4, 2016, 114.81),
-        (24, 8, 2, 1, 2016, 145.45), (24, 8, 2, 2, 2016, 136.13)]),
-    ("tweaking TP", "181B", 14336, 72, 64, False, [
-        (8, 4, 12, 4, 2048, 111.89), (8, 4, 12, 2, 2048, 110.48), (16, 4, 6, 4, 2048, 117.11),
-        (16, 4, 6, 2, 2048, 111.71), (16, 2, 12, 2, 2048, 112.50), (8, 2, 24, 1, 2048, 119.53),
-        (8, 2, 24, 2, 2048, 122.75), (4, 4, 24, 1, 2048, 130.60)]),
-    ("48 node contenders", "196B", 13824, 84, 64, False, [
-        (4, 8, 12, 2, 2048, 143.89), (4, 8, 12, 4, 2048, 133.12), (8, 8, 6, 2, 2048, 141.41),
-        (8, 8, 6, 4, 2048, 130.31)]),
-    ("final round comparison", "177B", 12288, 96, 64, False, [(8, 8, 6, 2, 2048, 136.73), (8, 8, 6, 4, 2048, 122.96)]),
-    ("final round comparison", "182B", 13312, 84, 64, False, [
-        (4, 8, 12, 4, 2048, 125.52), (8, 8, 6, 2, 2048, 135.55), (8, 8, 6, 4, 2048, 122.93)]),
-    ("final round comparison", "181B", 14336, 72, 64, False, [(4, 8, 12, 4, 2048, 123.79), (8, 8, 6, 4, 2048, 120.85)]),
-    ("another round of NHEADS", "182B", 13824, 78, 64, False, [
-        (8, 4, 12, 1, 2048, 148.24), (8, 4, 12, 2, 2048, 103.51), (8, 4, 12, 4, 2048, 106.72)]),
-    ("another round of NHEADS", "182B", 13824, 78, 96, False, [
-        (8, 4, 12, 2, 2048, 107.12), (8, 4, 12, 4, 2048, 110.31), (8, 8, 6, 4, 2048, 118.12)]),
-    ("another round of NHEADS", "182B", 13824, 78, 128, False, [
-        (8, 4, 12, 2, 2048, 147.41), (8, 4, 12, 4, 2048, 153.90), (8, 8, 6, 4, 2048, 156.84)]),
-    ("another round of NHEADS", "181B", 14336, 72, 64, False, [(8, 4, 12, 2, 2048, 110.42), (8, 8, 6, 4, 2048, 113.95)]),
-    ("another round of NHEADS", "181B", 14336, 72, 128, False, [
-        (8, 4, 12, 2, 2048, 114.02), (8, 4, 12, 4, 2048, 137.53), (8, 8, 6, 4, 2048, 116.06)]),
-    ("another round of NHEADS", "182B", 13312, 84, 64, False, [
-        (8, 4, 12, 2, 2048, 103.82), (8, 4, 12, 4, 2048, 113.21), (8, 8, 6, 2, 2048, 129.61)]),
-    ("re-do", "182B", 13824, 78, 96, False, [
-        (8, 8, 6, 2, 2048, 133.57), (8, 8, 6, 4, 2048, 118.24), (16, 4, 6, 4, 2048, 115.55)]),
-    ("rebalancing layers", "195B", 12288, 106, 96, True, [(8, 4, 12, 2, 2048, 118.79), (8, 4, 12, 4, 2048, 120.34)]),
-    ("rebalancing layers", "184B", 12288, 100, 64, True, [(8, 8, 6, 2, 2048, 139.72), (8, 8, 6, 4, 2048, 120.96)]),
-    ("rebalancing layers", "178B", 13312, 82, 64, True, [
-        (4, 8, 12, 4, 2048, 111.79), (8, 4, 12, 2, 2048, 104.45), (8, 4, 12, 4, 2048, 104.82)]),
-    ("rebalancing layers", "176B", 14336, 70, 64, True, [
-        (4, 8, 12, 2, 2048, 121.63), (8, 4, 12, 2, 2048, 102.03), (8, 4, 12, 4, 2048, 102.27)]),
-]
-
-
-def bloom_layout_search() -> list[Ablation]:
-    """The BLOOM prequel's search for a 3D layout on 48 nodes of 8 A100 80GB (chronicles-prequel.md),
-    one ablation per table of ``BLOOM_PREQUEL_TABLES``; the first, '48 node contenders' of the 181B
-    model (hidden 14,336, 72 layers, 64 heads), is what megatron-deepspeed's host time was fitted on.
-    "tweaking TP" lists dp8·tp4·pp12 at micro-batch 2 twice (110.48 s and 113.54 s, the difference
-    unstated); the first is kept."""
-    out = []
-    for section, size, hidden, layers, heads, embeddings_counted, rows in BLOOM_PREQUEL_TABLES:
-        spec = ModelSpec("gpt2", layers, hidden, heads, heads, 4 * hidden, BLOOM_VOCAB, 2048, tie_embeddings=True)
-        model = "" if (hidden, layers, heads) == (14336, 72, 64) else f" ({layers} × {hidden}, {heads} heads)"
-        source = f"{BLOOM_PREQUEL}, '{section}'"
-        cases = sorted((bloom_case(f"dp{dp}·tp{tp}·pp{pp} mbs {mbs} gbs {gbs}", source, spec, dp, tp, pp, mbs, gbs,
-                                   seconds, embeddings_counted)
-                        for dp, tp, pp, mbs, gbs, seconds in rows), key=lambda case: case.measured_step_s / case.batch)
-        out.append(Ablation(f"BLOOM {size} prototype{model}: {section}", source, tuple(cases)))
-    return out
 
 
 def megatron_core_weak_scaling() -> tuple[list[Case], list[Case]]:

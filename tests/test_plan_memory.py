@@ -165,8 +165,8 @@ BLOOM_OUT_OF_MEMORY = [(48, 8, 1, 1, 2016), (32, 2, 6, 2, 2048), (32, 2, 6, 1, 2
 @pytest.mark.parametrize("dp,tp,pp,micro_batch,batch", BLOOM_RAN + BLOOM_OUT_OF_MEMORY)
 def test_blooms_layouts_fit_where_they_ran_and_not_where_they_ran_out_of_memory(dp, tp, pp, micro_batch, batch):
     """Megatron-DeepSpeed with ZeRO-1 and full recomputation, as BLOOM's team ran them (the
-    validation's stack, Jean Zay's nodes and DeepSpeed's cut of the stages, benchmarks/validate_published.py)."""
-    from benchmarks.validate_published import BLOOM_VOCAB, JEAN_ZAY_A100, deepspeed_stage_layers
+    validation's stack, Jean Zay's nodes and DeepSpeed's cut of the stages, benchmarks/deepspeed_megatron_runs.py)."""
+    from benchmarks.deepspeed_megatron_runs import BLOOM_VOCAB, JEAN_ZAY_A100, deepspeed_stage_layers
 
     spec = ModelSpec("gpt2", 72, 14336, 64, 64, 4 * 14336, BLOOM_VOCAB, 2048, tie_embeddings=True)
     workload = Workload(spec, batch, "bf16", STACKS["megatron-deepspeed"])
