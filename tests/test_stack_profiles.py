@@ -202,6 +202,9 @@ def test_deepspeeds_pipeline_engine_runs_zero_1_at_most_beside_pipeline_stages(s
     assert mesh_problems(spec, replace(staged, zero=1), 4, 8, STACKS[stack]) == []
     assert mesh_problems(spec, Layout(dp=4, zero=3), 4, 8, STACKS[stack]) == []
     assert mesh_problems(spec, staged, 4, 8, STACKS["pytorch"]) == []
+    hybrid = Layout(dp=4, zero=3, dp_replicate=2)  # DeepSpeed's engine of 2021-22 shards over every dp rank
+    assert "no hybrid sharding" in " ".join(mesh_problems(spec, hybrid, 4, 8, STACKS[stack]))
+    assert mesh_problems(spec, hybrid, 4, 8, STACKS["pytorch"]) == []
 
 
 def test_megatron_and_deepspeed_send_a_tensor_parallel_ranks_piece_of_the_stage_boundary():

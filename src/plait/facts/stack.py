@@ -106,6 +106,9 @@ class Kernels:
     # under sp. (DeepSpeed's backward also regathers the stage's own output, freed after its send: a
     # second NVLink gather the flight leaves out.)
     pipeline_boundary_split: bool = False
+    # Hybrid sharding (``--dp-replicate``: FSDP's HYBRID_SHARD, torchtitan's HSDP, Megatron's
+    # distributed optimizer inside a node); DeepSpeed's engine of 2021-22 shards over all dp ranks.
+    hybrid_sharding: bool = True
     # The highest ZeRO stage the stack has at all: Megatron-LM's 2021 release is data parallel only
     # (its distributed optimizer, ZeRO-1, came in 2022; its FSDP later).
     max_zero: int = 3
@@ -182,7 +185,8 @@ STACKS = {
     "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
                                   schedules=("1f1b",), reduce_after_schedule=True, pipeline_max_zero=1,
                                   pipeline_boundary_split=True, recompute_modes=WHOLE_BLOCKS,
-                                  partial_recompute=False, sequence_parallel=False, cp_algorithms=()),
+                                  partial_recompute=False, sequence_parallel=False, cp_algorithms=(),
+                                  hybrid_sharding=False),
     # DeepSpeed's ZeRO-3 as Narayanan et al. 2021 (table 2) ran it against PTD-P, on Megatron-LM's
     # model of that year (its kernels and fitted A100 efficiency): fetch_sub_module gathers each
     # linear's weight and prefetches the next, the layer released after its forward is gathered
@@ -194,7 +198,7 @@ STACKS = {
     # torch.cuda.synchronize.
     "deepspeed-zero3": replace(MEGATRON_2021, zero3_gather_unit="linear", zero3_regathers_for_recompute=True,
                                zero3_collective_efficiency=DEEPSPEED_ZERO3_COLLECTIVES, schedules=("1f1b",),
-                               pipeline_max_zero=1, max_zero=3),
+                               pipeline_max_zero=1, max_zero=3, hybrid_sharding=False),
     # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
     # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel
     # collective on the critical path: its async TP is this with tp_comm_overlap); its efficiency fitted

@@ -208,8 +208,11 @@ def mesh_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None
 
 
 def stack_zero_problems(layout: Layout, kernels: Kernels) -> list[str]:
-    """A ZeRO stage the stack does not have (``Kernels.max_zero``), or not beside pipeline stages
-    (``Kernels.pipeline_max_zero``)."""
+    """Hybrid sharding or a ZeRO stage the stack does not have (``Kernels.hybrid_sharding``,
+    ``max_zero``), or a ZeRO stage it does not run beside pipeline stages (``pipeline_max_zero``)."""
+    if layout.dp_replicate > 1 and not kernels.hybrid_sharding:
+        return ["this software stack shards over all data-parallel ranks, with no hybrid sharding; "
+                "pass --dp-replicate 1"]
     if layout.zero > kernels.max_zero:
         return [f"this software stack has no ZeRO stage {layout.zero} (it shards up to stage {kernels.max_zero}); "
                 f"pass --zero {kernels.max_zero}"]
