@@ -27,18 +27,18 @@ DGXC_MODELS = {"llama 3.1 8B": model_spec("llama-8b"), "llama 3.1 70B": model_sp
 # Rows: model, GPUs, tp, pp, cp, virtual stages, micro-batch, global batch, seconds, whether the nemo
 # stack's efficiency is fitted on it (the Llama runs at their smallest scale) or it is held out.
 DGXC_ROWS = [
-    ('llama 3.1 8B', 8, 1, 1, 2, 1, 1, 128, 12.27, True),
-    ('llama 3.1 8B', 128, 1, 1, 2, 1, 1, 2048, 12.33, False),
-    ('llama 3.1 70B', 64, 4, 4, 2, 5, 1, 128, 14.66, True),
-    ('llama 3.1 70B', 2048, 4, 4, 2, 5, 1, 4096, 14.66, False),
-    ('llama 3.1 405B', 512, 8, 8, 2, 8, 1, 256, 19.78, True),
-    ('llama 3.1 405B', 2048, 8, 8, 2, 8, 1, 1024, 19.87, False),
-    ('Nemotron-4 15B', 16, 2, 1, 1, 1, 2, 64, 2.66, False),
-    ('Nemotron-4 15B', 2048, 2, 1, 1, 1, 2, 8192, 2.78, False),
-    ('Nemotron-4 340B', 256, 8, 8, 1, 12, 1, 64, 4.36, False),
-    ('Nemotron-4 340B', 2048, 8, 8, 1, 12, 1, 512, 4.43, False),
-    ('GPT-3 175B', 128, 4, 8, 1, 6, 1, 256, 8.309, False),
-    ('GPT-3 175B', 2048, 4, 8, 1, 6, 1, 4096, 8.49, False),
+    ("llama 3.1 8B", 8, 1, 1, 2, 1, 1, 128, 12.27, True),
+    ("llama 3.1 8B", 128, 1, 1, 2, 1, 1, 2048, 12.33, False),
+    ("llama 3.1 70B", 64, 4, 4, 2, 5, 1, 128, 14.66, True),
+    ("llama 3.1 70B", 2048, 4, 4, 2, 5, 1, 4096, 14.66, False),
+    ("llama 3.1 405B", 512, 8, 8, 2, 8, 1, 256, 19.78, True),
+    ("llama 3.1 405B", 2048, 8, 8, 2, 8, 1, 1024, 19.87, False),
+    ("Nemotron-4 15B", 16, 2, 1, 1, 1, 2, 64, 2.66, False),
+    ("Nemotron-4 15B", 2048, 2, 1, 1, 1, 2, 8192, 2.78, False),
+    ("Nemotron-4 340B", 256, 8, 8, 1, 12, 1, 64, 4.36, False),
+    ("Nemotron-4 340B", 2048, 8, 8, 1, 12, 1, 512, 4.43, False),
+    ("GPT-3 175B", 128, 4, 8, 1, 6, 1, 256, 8.309, False),
+    ("GPT-3 175B", 2048, 4, 8, 1, 6, 1, 4096, 8.49, False),
 ]
 
 
