@@ -18,6 +18,7 @@ from dataclasses import replace
 from benchmarks.deepspeed_megatron_runs import bloom, bloom_layout_search, mt_nlg
 from benchmarks.nemo_recipes import DGXC, nemo_dgxc
 from benchmarks.published_case import EAGER, Ablation, Case, gpt
+from benchmarks.zero_bubble_runs import ZERO_BUBBLE_MEGATRON, zero_bubble_ablations, zero_bubble_runs
 from plait.errors import ConfigError
 from plait.facts.stack import STACKS, Kernels
 from plait.layout import Layout
@@ -397,7 +398,7 @@ def ablations() -> list[Ablation]:
     pairs = [Ablation(f"{full.name.split()[0]}: full recomputation against sp + selective", KORTHIKANTI_2022,
                       (selective, full)) for full, selective in zip(korthikanti[0:8:2], korthikanti[1:8:2])]
     return (pairs + [torchtitan_schedules()] + async_tensor_parallel() + zero3_against_ptdp()
-            + torchtitan_a100_recomputation() + bloom_layout_search())
+            + torchtitan_a100_recomputation() + bloom_layout_search() + zero_bubble_ablations())
 
 
 def torchtitan_schedules() -> Ablation:
@@ -437,7 +438,9 @@ def print_ablations() -> None:
         steps = [predict(case, case.hardware())[0] for case in ablation.fastest_first]
         per_sequence = [step / case.batch for step, case in zip(steps, ablation.fastest_first)]
         published_per_sequence = [case.measured_step_s / case.batch for case in ablation.fastest_first]
-        pairs = [(i, j) for i in range(len(steps)) for j in range(i + 1, len(steps))]
+        # (a pair published at the same time has no order to get right)
+        pairs = [(i, j) for i in range(len(steps)) for j in range(i + 1, len(steps))
+                 if published_per_sequence[i] < published_per_sequence[j]]
         in_order = sum(per_sequence[i] < per_sequence[j] for i, j in pairs)
         right, total = right + in_order, total + len(pairs)
         apart = [(i, j) for i, j in pairs if published_per_sequence[j] > published_per_sequence[i] * (1 + REPEAT_SPREAD)]
@@ -463,7 +466,8 @@ def published_runs() -> tuple[list[Case], list[Case]]:
     nemo_fit, nemo_held = nemo_dgxc()
     return (megatron_2021() + core_fit + titan_fit + zero3_fit + nemo_fit,
             korthikanti_2022() + bloom() + llama_3() + core_held + megatron_core_strong_scaling() + titan_held
-            + ptdp_table_2() + zero3_held + llm_foundry_runs() + torchtitan_a100() + mt_nlg() + nemo_held)
+            + ptdp_table_2() + zero3_held + llm_foundry_runs() + torchtitan_a100() + mt_nlg() + nemo_held
+            + zero_bubble_runs())
 
 
 def fit_all() -> None:
@@ -574,6 +578,8 @@ def print_table_4() -> None:
 def stack_of(case: Case) -> str:
     if case.kernels == replace(STACKS["pytorch"], fused=False):
         return "pytorch --unfused"
+    if case.kernels == ZERO_BUBBLE_MEGATRON:
+        return "megatron (zero-bubble fork)"
     return next((name for name, kernels in STACKS.items() if kernels == case.kernels), "megatron (eager, dropout)")
 
 

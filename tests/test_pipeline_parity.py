@@ -78,3 +78,20 @@ def test_pipeline_with_data_parallel_matches_single_process(pool, single_process
         for step, (want, got) in enumerate(zip(reference, outcome["losses"])):
             assert abs(want - got) <= RELATIVE_TOLERANCE * abs(want), f"rank {rank} step {step}: {want} vs {got}"
     assert_traced_volumes_are_the_facts(config, outcomes[0]["volumes"])
+
+
+def test_empty_end_chunks_match_single_process(pool, single_process):
+    """A split whose first chunk is the embedding alone and whose last is the head alone (the
+    zero-bubble paper's one-block interleaved chunks, Megatron-Core's account-for-embedding and -loss
+    split) trains as the single process does."""
+    reference = single_process[("tiny", 4)]
+    configs = [small_config("tiny", 4, pp=2, schedule="interleaved-1f1b", virtual_stages=3, microbatches=4,
+                            stage_layers=(0, 1, 1, 1, 1, 0)),
+               small_config("tiny", 4, pp=2, schedule="zb-h1", microbatches=4, stage_layers=(0, 4))]
+    per_rank = pool.run(pipeline_losses, 2, configs)
+    for index, config in enumerate(configs):
+        for rank, run in enumerate(per_rank):
+            losses = run[index][0]
+            for step, (want, got) in enumerate(zip(reference, losses)):
+                assert abs(want - got) <= RELATIVE_TOLERANCE * abs(want), f"config {index} rank {rank} step {step}"
+        assert_traced_volumes_are_the_facts(config, per_rank[0][index][1])

@@ -149,3 +149,19 @@ def test_narayanans_530b_zero3_runs_stay_flat_as_the_gpus_double():
     assert steps[0].time_breakdown["compute_s"] == pytest.approx(2 * steps[1].time_breakdown["compute_s"], rel=0.05)
     assert steps[1].step_time_s == pytest.approx(steps[0].step_time_s, rel=0.1)
     assert 179.9 * 0.85 <= steps[0].step_time_s <= 179.9 * 1.15
+
+
+def test_a_stage_send_runs_on_nvlink_inside_a_node_and_on_one_adapter_between_nodes():
+    """A pipeline send is one GPU's transfer: NVLink to a neighbour in the node, the sender's own
+    200 Gb/s adapter to the next node (24 of 25 GB/s, as an adapter carries in a ring), never the
+    node's eight adapters side by side; pp 16 over two nodes crosses at boundaries 7 and 15 only."""
+    from plait.plan.comm import pipeline_link
+
+    hw = hardware("a100-80gb")
+    layout = Layout(pp=16, microbatches=16)
+    crossing = [r for r in range(16) if pipeline_link(hw, layout, r).crosses_nodes]
+    assert crossing == [7, 15]
+    assert pipeline_link(hw, layout, 7).bandwidth / GB == pytest.approx(24, rel=0.01)
+    assert pipeline_link(hw, layout, 3).bandwidth == pytest.approx(strided_link(hw, 8, 1).bandwidth)
+    # with eight ranks of tp and dp inside each stage every boundary leaves the node
+    assert all(pipeline_link(hw, Layout(pp=4, tp=8, microbatches=4), r).crosses_nodes for r in range(4))

@@ -34,6 +34,16 @@ def test_user_split_is_used_and_checked():
         split_layers(PRESETS["tiny"], 2, layers_per_chunk=[3, 2])
 
 
+def test_only_the_end_chunks_of_a_given_split_may_be_empty():
+    """The embedding alone first and the head alone last are valid chunks; an empty chunk between
+    would be a stage with nothing to run."""
+    assert split_layers(PRESETS["tiny"], 2, 3, layers_per_chunk=[0, 1, 1, 1, 1, 0])[0] == range(0, 0)
+    assert chunk_costs(PRESETS["tiny"], [0, 2, 2, 0])[0] == 0
+    assert chunk_costs(PRESETS["tiny"], [0, 2, 2, 0])[-1] > 0  # the head
+    with pytest.raises(ConfigError, match="the first and last may be 0"):
+        split_layers(PRESETS["tiny"], 2, 2, layers_per_chunk=[1, 0, 2, 1])
+
+
 def test_pp_larger_than_layers_is_rejected():
     with pytest.raises(ConfigError, match="--pp 8 is larger than the model's 4 layers"):
         split_layers(PRESETS["tiny"], 8)

@@ -108,8 +108,8 @@ class Layout:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
         if self.stage_layers is not None and not all(
-                isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in self.stage_layers):
-            raise ConfigError(f"stage-layers must be whole numbers of blocks, 1 or more each, got {self.stage_layers!r}")
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in self.stage_layers):
+            raise ConfigError(f"stage-layers must be whole numbers of blocks, 0 or more each, got {self.stage_layers!r}")
         if self.zero not in ZERO_STAGES:
             raise ConfigError(f"ZeRO stage {self.zero!r} does not exist; use 0, 1, 2 or 3")
         if self.schedule not in SCHEDULES:

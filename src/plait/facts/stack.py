@@ -120,6 +120,11 @@ class Kernels:
     # gradient and log-softmax's); Megatron-LM's vocab-parallel cross entropy writes the gradient into
     # the softmax it kept, none.
     loss_backward_copies: int = 0
+    # Schedules whose stage sends block the sender until the transfer is done: Megatron-LM's schedules
+    # wait on each batched send and receive before the next compute (p2p_communication._communicate,
+    # wait_on_reqs), as DeepSpeed's pipeline engine does on its sends; plait, torchtitan (PyTorch
+    # pipelining) and Megatron-Core's interleaved schedule with --overlap-p2p-comm post them and move on.
+    blocking_sends: tuple[str, ...] = ()
     # Whose engine holds the memory: plait's own (what its runs measure: plait.facts.model_state and
     # .activations count it exactly) or a reference stack (the ZeRO paper's and Korthikanti's formulas).
     engine: str = "reference"
@@ -134,10 +139,10 @@ class Kernels:
 WHOLE_BLOCKS = ("none", "full")
 
 # benchmarks/validate_published.py --fit
-MEGATRON_2021_A100 = 0.595
+MEGATRON_2021_A100 = 0.589
 MEGATRON_CORE_H100 = 0.488
 PYTORCH_H100_96GB = 0.587
-DEEPSPEED_LAYER_HOST_S = 0.0039
+DEEPSPEED_LAYER_HOST_S = 0.0045
 DEEPSPEED_ZERO3_COLLECTIVES = 0.109
 NEMO_H100 = 0.588
 # Hopper-native causal attention (Transformer Engine's cuDNN fused attention, FlashAttention-3):
@@ -152,6 +157,7 @@ HOPPER_CAUSAL_ATTENTION = 2.0
 # TFLOP/s a GPU where this one ran 163 (Korthikanti et al. 2022, table 5, full recomputation): the
 # catalog's efficiency, fitted on that later release's own layer timings, would read it fast.
 MEGATRON_2021 = Kernels(dropout=True, flash_attention=False, pipeline_boundary_split=True,
+                        blocking_sends=("1f1b", "interleaved-1f1b"),
                         recompute_modes=WHOLE_BLOCKS, partial_recompute=False, sequence_parallel=False,
                         cp_algorithms=(), max_zero=0, matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),))
 
@@ -183,7 +189,8 @@ STACKS = {
     # fitted on BLOOM's own layout search (benchmarks/validate_published.py: the 181B model's '48 node
     # contenders' table; the prequel's eighteen other tables held out).
     "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
-                                  schedules=("1f1b",), reduce_after_schedule=True, pipeline_max_zero=1,
+                                  schedules=("1f1b",), blocking_sends=("1f1b",), reduce_after_schedule=True,
+                                  pipeline_max_zero=1,
                                   pipeline_boundary_split=True, recompute_modes=WHOLE_BLOCKS,
                                   partial_recompute=False, sequence_parallel=False, cp_algorithms=(),
                                   hybrid_sharding=False),

@@ -12,9 +12,9 @@ from __future__ import annotations
 from plait.facts.model_state import rank_parameters, rank_tensors
 from plait.layout import Layout
 from plait.observe.trace import timeline_events
-from plait.plan.costs import boundary_seconds, chunk_costs
+from plait.plan.costs import chunk_costs, stage_boundaries
 from plait.plan.hardware import Hardware, stack_hardware
-from plait.plan.pipeline import action_costs
+from plait.plan.pipeline import action_costs, action_flights
 from plait.plan.simulate import Workload, check_layout, flush_costs, gather_window
 from plait.schedules import Timeline, generate, simulate, split_layers
 
@@ -25,9 +25,9 @@ def simulated_timeline(workload: Workload, hw: Hardware, gpus: int, layout: Layo
     spec, precision, hw = workload.spec, workload.precision, stack_hardware(hw, workload.kernels)
     counts = tuple(len(r) for r in split_layers(spec, layout.pp, layout.virtual_stages, layout.stage_layers))
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
-    flight = boundary_seconds(spec, hw, layout, micro_batch, precision, workload.kernels)
+    boundaries = stage_boundaries(spec, hw, layout, micro_batch, precision, workload.kernels)
     schedule = generate(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
-    return simulate(schedule, action_costs(chunks), lambda a: flight)
+    return simulate(schedule, action_costs(chunks, boundaries), action_flights(boundaries))
 
 
 def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> dict:

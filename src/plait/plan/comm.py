@@ -23,7 +23,9 @@ on a CPU, whose cores run both):
 - tensor-parallel and sequence-parallel collectives sit on the critical path of every layer;
 - context-parallel K/V exchange round a ring overlaps the attention it feeds (only the excess is
   exposed); the all-to-all head exchange (Ulysses, plait's own) sits on the critical path;
-- pipeline send/receive is paid by the stage that receives, on the critical path;
+- a pipeline send crosses one stage boundary: NVLink inside a node, the sender's adapter between
+  nodes. Where the stack's sends block (``Kernels.blocking_sends``) the sender is busy for the
+  transfer; elsewhere it moves on and the receiver waits for the arrival;
 - data-parallel gradient reduction overlaps the backward pass of the last micro-batch, bucket
   by bucket; the last bucket and whatever exceeds that backward are exposed;
 - ZeRO-3 all-gathers of the next layer's parameters are prefetched under the current layer's
@@ -99,6 +101,20 @@ def strided_link(hw: Hardware, size: int, stride: int) -> Link:
     inter = hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY * members_per_node
     nodes = -(-size // members_per_node)
     return Link(min(intra, inter), hw.intra_node_latency_s, True, **scales, nodes=nodes,
+                network_latency=hw.inter_node_latency_s)
+
+
+def pipeline_link(hw: Hardware, layout: Layout, boundary: int) -> Link:
+    """The link one send between pp ranks ``boundary`` and ``boundary + 1`` (mod pp) runs on: NVLink
+    inside a node, else the sender's own network adapter (a point-to-point transfer is one GPU's,
+    not a ring's over every adapter of the node). Judged on the first ranks of the two stages."""
+    stride = 1
+    for name in MESH_DIMS[MESH_DIMS.index("pp") + 1:]:
+        stride *= getattr(layout, name)
+    sender, receiver = boundary * stride, (boundary + 1) % layout.pp * stride
+    if sender // hw.gpus_per_node == receiver // hw.gpus_per_node:
+        return Link(hw.intra_node_gbps * 1e9 * LINK_EFFICIENCY, hw.intra_node_latency_s, False)
+    return Link(hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY, hw.intra_node_latency_s, True, nodes=2,
                 network_latency=hw.inter_node_latency_s)
 
 

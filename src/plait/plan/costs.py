@@ -16,8 +16,8 @@ from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
-    all_gather_seconds, all_reduce_seconds, all_to_all_seconds, exposed_under, group_link, reduce_scatter_seconds,
-    send_seconds,
+    all_gather_seconds, all_reduce_seconds, all_to_all_seconds, exposed_under, group_link, pipeline_link,
+    reduce_scatter_seconds, send_seconds,
 )
 from plait.plan.compute import NO_OVERHEAD, LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
@@ -235,14 +235,32 @@ def chunk_costs(
     return tuple(out)
 
 
-def boundary_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str,
-                     kernels: Kernels) -> float:
-    """Flight time of one activation (or its gradient) between adjacent pipeline stages: the send, and
-    where the stack splits the boundary over tp the receiver's all-gather of the pieces."""
+@dataclass(frozen=True)
+class Boundaries:
+    """The stage boundaries' messages, boundary r lying between pp ranks r and r + 1 (mod pp):
+    ``flights[r]`` from a send's end to its arrival, either way, and ``sends[r]`` what the sender
+    spends on it (the transfer where the stack's sends block, else nothing)."""
+
+    flights: tuple[float, ...]
+    sends: tuple[float, ...]
+
+    @classmethod
+    def uniform(cls, pp: int, flight: float) -> "Boundaries":
+        """Every boundary the same flight, no send blocking."""
+        return cls((flight,) * pp, (0.0,) * pp)
+
+
+def stage_boundaries(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str,
+                     kernels: Kernels) -> Boundaries:
+    """One activation (or its gradient) across each stage boundary: the send on that boundary's link
+    (plait.plan.comm.pipeline_link), and where the stack splits the boundary over tp the receiver's
+    all-gather of the pieces. A blocking send keeps its sender busy for the transfer."""
     if layout.pp == 1:
-        return 0.0
+        return Boundaries.uniform(1, 0.0)
     nbytes = stage_boundary_bytes(spec, layout, micro_batch, precision, kernels)
-    flight = send_seconds(nbytes, group_link(hw, layout, "pp"))
-    if boundary_split_over_tp(layout, kernels):
-        flight += all_gather_seconds(nbytes * layout.tp, layout.tp, group_link(hw, layout, "tp"))
-    return flight
+    gather = (all_gather_seconds(nbytes * layout.tp, layout.tp, group_link(hw, layout, "tp"))
+              if boundary_split_over_tp(layout, kernels) else 0.0)
+    transfers = tuple(send_seconds(nbytes, pipeline_link(hw, layout, r)) for r in range(layout.pp))
+    if layout.schedule in kernels.blocking_sends:
+        return Boundaries((gather,) * layout.pp, transfers)
+    return Boundaries(tuple(t + gather for t in transfers), (0.0,) * layout.pp)

@@ -19,18 +19,21 @@ from typing import Callable, Sequence
 import numpy as np
 
 from plait.facts.in_flight import peak_activation_bytes
-from plait.plan.costs import ChunkCost
+from plait.plan.costs import Boundaries, ChunkCost
 from plait.schedules import Action, Kind, Schedule, generate
+from plait.schedules.actions import COMPUTE_KINDS
 from plait.schedules.simulate import KIND_INDEX, Compiled, compile_schedule, play_compiled
 
 
 @dataclass(frozen=True)
 class Played:
-    """A played step: time, per-rank busy compute time and per-rank peak activation bytes."""
+    """A played step: time, per-rank busy compute time, per-rank peak activation bytes and per-rank
+    time spent in blocking sends."""
 
     step_time: float
     busy: tuple[float, ...]
     peak_activations: tuple[float, ...]
+    sending: tuple[float, ...]
 
     @property
     def bubble_fraction(self) -> float:
@@ -38,30 +41,47 @@ class Played:
         return max(0.0, 1.0 - sum(self.busy) / (len(self.busy) * self.step_time)) if self.step_time else 0.0
 
 
-def cost_table(chunks: Sequence[ChunkCost]) -> np.ndarray:
-    """Seconds of each compute kind (a row of ``KIND_INDEX``) on each chunk; transfers are free on
-    the sender (flight time apart)."""
+COMPUTE_ROWS = len(COMPUTE_KINDS)  # KIND_INDEX puts the compute kinds first
+
+
+def cost_table(chunks: Sequence[ChunkCost], boundaries: Boundaries | None = None) -> np.ndarray:
+    """Seconds of each kind (a row of ``KIND_INDEX``) on each chunk: the compute, and a send what its
+    sender spends on it (chunk c's activation crosses boundary c mod pp, its gradient boundary c − 1)."""
     table = np.zeros((len(KIND_INDEX), len(chunks)))
     for kind, field in ((Kind.FORWARD, "forward"), (Kind.BACKWARD, "backward"),
                         (Kind.BACKWARD_INPUT, "backward_input"), (Kind.BACKWARD_WEIGHT, "backward_weight")):
         table[KIND_INDEX[kind]] = [getattr(c, field) for c in chunks]
+    if boundaries is not None:
+        pp = len(boundaries.sends)
+        table[KIND_INDEX[Kind.SEND_ACTIVATION]] = [boundaries.sends[c % pp] for c in range(len(chunks))]
+        table[KIND_INDEX[Kind.SEND_GRAD]] = [boundaries.sends[(c - 1) % pp] for c in range(len(chunks))]
     return table
 
 
-def action_costs(chunks: Sequence[ChunkCost]) -> Callable[[Action], float]:
+def action_costs(chunks: Sequence[ChunkCost], boundaries: Boundaries | None = None) -> Callable[[Action], float]:
     """Seconds of one action (``cost_table`` as a function, for ``simulate``)."""
-    table = cost_table(chunks).tolist()
+    table = cost_table(chunks, boundaries).tolist()
     return lambda action: table[KIND_INDEX[action.kind]][action.chunk]
 
 
-def play_list(schedule: Schedule | Compiled, chunks: Sequence[ChunkCost], flight: float, chunk_bytes: Sequence[float]) -> Played:
+def action_flights(boundaries: Boundaries) -> Callable[[Action], float]:
+    """Flight of the message a send posts (for ``simulate``)."""
+    pp = len(boundaries.flights)
+    return lambda action: boundaries.flights[(action.chunk - (action.kind is Kind.SEND_GRAD)) % pp]
+
+
+def play_list(schedule: Schedule | Compiled, chunks: Sequence[ChunkCost], boundaries: Boundaries,
+              chunk_bytes: Sequence[float]) -> Played:
     """Step time, busy time and peak activations of the whole lists played with these costs."""
     compiled = schedule if isinstance(schedule, Compiled) else compile_schedule(schedule)
-    table = cost_table(chunks)
-    ends = play_compiled(compiled, compiled.costs(table), [flight] * compiled.count)
-    busy = tuple(float(table[k, c].sum()) for k, c in zip(compiled.kinds, compiled.chunks))
+    table = cost_table(chunks, boundaries)
+    flights = np.asarray(boundaries.flights)[compiled.boundaries].tolist()
+    ends = play_compiled(compiled, compiled.costs(table), flights)
+    per_action = [table[k, c] for k, c in zip(compiled.kinds, compiled.chunks)]
+    busy = tuple(float(t[k < COMPUTE_ROWS].sum()) for t, k in zip(per_action, compiled.kinds))
+    sending = tuple(float(t[k >= COMPUTE_ROWS].sum()) for t, k in zip(per_action, compiled.kinds))
     peaks = tuple(peak_activation_bytes(k, c, chunk_bytes) for k, c in zip(compiled.kinds, compiled.chunks))
-    return Played(max(e[-1] for e in ends if e), busy, peaks)
+    return Played(max(e[-1] for e in ends if e), busy, peaks, sending)
 
 
 @functools.lru_cache(maxsize=16)
@@ -75,16 +95,16 @@ def action_lists(name: str, pp: int, microbatches: int, virtual_stages: int) -> 
 
 def play(
     name: str, pp: int, virtual_stages: int, microbatches: int,
-    chunks: Sequence[ChunkCost], flight: float, chunk_bytes: Sequence[float],
+    chunks: Sequence[ChunkCost], boundaries: Boundaries, chunk_bytes: Sequence[float],
 ) -> Played:
     """Step time, busy time and peak activations of ``name`` played with these per-chunk costs."""
     # Interleaving with m = p runs all forwards first and zb-h1 defers weights: both settle by 2p.
     short = 2 * pp if name in ("interleaved-1f1b", "zb-h1") else pp
     longer = short + pp
     if pp == 1 or microbatches <= longer:
-        return play_list(action_lists(name, pp, microbatches, virtual_stages), chunks, flight, chunk_bytes)
-    a = play_list(action_lists(name, pp, short, virtual_stages), chunks, flight, chunk_bytes)
-    b = play_list(action_lists(name, pp, longer, virtual_stages), chunks, flight, chunk_bytes)
+        return play_list(action_lists(name, pp, microbatches, virtual_stages), chunks, boundaries, chunk_bytes)
+    a = play_list(action_lists(name, pp, short, virtual_stages), chunks, boundaries, chunk_bytes)
+    b = play_list(action_lists(name, pp, longer, virtual_stages), chunks, boundaries, chunk_bytes)
     scale = (microbatches - short) / (longer - short)
 
     def extend(x: float, y: float) -> float:
@@ -94,6 +114,7 @@ def play(
         extend(a.step_time, b.step_time),
         tuple(extend(x, y) for x, y in zip(a.busy, b.busy)),
         tuple(extend(x, y) for x, y in zip(a.peak_activations, b.peak_activations)),
+        tuple(extend(x, y) for x, y in zip(a.sending, b.sending)),
     )
 
 

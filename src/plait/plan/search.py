@@ -32,7 +32,7 @@ from plait.facts.validity import (
 )
 from plait.layout import RECOMPUTE, Layout
 from plait.plan.compute import LayerTimes, head_times, layer_times
-from plait.plan.costs import boundary_seconds, end_collectives, layer_cost
+from plait.plan.costs import end_collectives, layer_cost, stage_boundaries
 from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.memory import other_bytes
 from plait.plan.pipeline import estimate_step
@@ -167,8 +167,9 @@ def _schedules(pp: int, m: int, layers: int, fixed: dict) -> list[tuple[str, int
         return [(fixed.get("schedule", "1f1b"), fixed.get("virtual_stages", 1))]
     out = []
     for name in _options(fixed, "schedule", ("naive", "gpipe", "1f1b", "zb-h1", "interleaved-1f1b")):
-        if name == "interleaved-1f1b":
-            out += [(name, v) for v in range(2, layers // pp + 1)]
+        if name == "interleaved-1f1b":  # a pinned v is tried as given: a given split may leave end chunks empty
+            out += [(name, v) for v in ((fixed["virtual_stages"],) if "virtual_stages" in fixed
+                                        else range(2, layers // pp + 1))]
         else:
             out.append((name, 1))
     return [(n, v) for n, v in out if fixed.get("virtual_stages", v) == v]
@@ -209,6 +210,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     # 0.1% of a step) nor smaller than with it, and ZeRO-1 never beats ZeRO-2 without
     # hybrid sharding (same gathers, a reduce-scatter instead of an all-reduce, less memory). Tests
     # hold both claims.
+    posting = replace(kernels, blocking_sends=())  # (each boundary's whole transfer as its flight)
     works: dict[tuple, dict] = {}
     acts: dict[tuple, float] = {}
     times_cache: dict[tuple, LayerTimes] = {}
@@ -272,7 +274,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     continue
                 if tp > 1 and not sp and "sp" not in fixed and not fit_problems(spec, replace(base, sp=True), kernels):
                     continue
-                flight = boundary_seconds(spec, hw, base, mbs, precision, kernels)
+                # The slowest boundary's flight; where a schedule's sends block, each of a rank's 2v
+                # sends a micro-batch also keeps it busy (the play times each boundary).
+                flight = max(stage_boundaries(spec, hw, base, mbs, precision, posting).flights)
                 head_work, embedding_work, head_act, loss_backward = end_times(tp, cp, sp, mbs)
                 times = {}  # per recomputation, filled when a layout of this micro-batch size may fit
                 for zero, replicate in _zero_options(fixed, hw, base):
@@ -410,7 +414,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                 if middle_layers * work > slowest:
                                     slowest = middle_layers * work
                             fill = fill_zb if name == "zb-h1" else mean / v
-                            step = estimate_step(name, pp, v, m, mean, slowest, fill, flight) + flushed
+                            sending = 2 * v * flight if name in kernels.blocking_sends else 0.0
+                            step = estimate_step(name, pp, v, m, mean + sending, slowest + sending, fill, flight) + flushed
                             found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
                                           blocks or 0, offload), step, peak, capacity, keep, level)
             if examined and not larger_may_fit:

@@ -30,7 +30,7 @@ from plait.plan.comm import (
     strided_link,
 )
 from plait.plan.compute import optimizer_seconds
-from plait.plan.costs import boundary_seconds, chunk_costs, wrapper_overhead
+from plait.plan.costs import chunk_costs, stage_boundaries, wrapper_overhead
 from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.memory import RankMemory, layer_saved_bytes, other_bytes
 from plait.plan.pipeline import play
@@ -248,8 +248,8 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
     pp, v, m = layout.pp, layout.virtual_stages, layout.microbatches
     counts = tuple(len(r) for r in split_layers(spec, pp, v, layout.stage_layers))
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
-    flight = boundary_seconds(spec, hw, layout, micro_batch, precision, workload.kernels)
-    played = play(layout.schedule, pp, v, m, chunks, flight, chunk_activation_bytes(workload, layout, micro_batch, counts))
+    boundaries = stage_boundaries(spec, hw, layout, micro_batch, precision, workload.kernels)
+    played = play(layout.schedule, pp, v, m, chunks, boundaries, chunk_activation_bytes(workload, layout, micro_batch, counts))
     tails, memories = [], []
     for rank in range(pp):
         mine = range(rank, pp * v, pp)
@@ -262,7 +262,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         memories.append(stage_memory(workload, hw, layout, micro_batch, layers, first, last, played.peak_activations[rank]))
     step = played.step_time + max(comm + opt for comm, opt in tails)
     # Offloaded activations in host memory, at the most any rank holds (as the device's peak, from the play).
-    host = max(play(layout.schedule, pp, v, m, chunks, flight,
+    host = max(play(layout.schedule, pp, v, m, chunks, boundaries,
                     chunk_offloaded_bytes(workload, layout, micro_batch, counts)).peak_activations) \
         if layout.offload_activations else 0.0
     busiest = max(range(pp), key=lambda r: played.busy[r])
@@ -278,8 +278,8 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         host_memory_bytes=int(host),
         time_breakdown={
             "compute_s": played.busy[busiest] - comm_inside,
-            "critical_path_comm_s": comm_inside,
-            "bubble_s": max(0.0, played.step_time - played.busy[busiest]),  # (rounding leaves a hair without stages)
+            "critical_path_comm_s": comm_inside + played.sending[busiest],
+            "bubble_s": max(0.0, played.step_time - played.busy[busiest] - played.sending[busiest]),  # (rounding leaves a hair without stages)
             "exposed_dp_comm_s": tails[busiest][0],
             "optimizer_s": tails[busiest][1],
         },

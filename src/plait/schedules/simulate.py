@@ -97,6 +97,7 @@ class Compiled:
     messages: tuple[tuple[int, ...], ...]
     count: int  # messages
     unreceived: str | None  # the first send nothing receives, if any
+    boundaries: np.ndarray  # each message's stage boundary r, between pp ranks r and r + 1 (mod pp)
 
     def costs(self, table: np.ndarray) -> list[list[float]]:
         """Each action's seconds from ``table[kind row, chunk]``."""
@@ -168,7 +169,10 @@ def compile_schedule(schedule: Schedule) -> Compiled:
         unreceived = f"rank {rank[first]} action {lists[rank[first]][position[first]]}"
     bounds = np.cumsum([0] + [len(k) for k in kinds])
     messages = tuple(tuple(codes[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:]))
-    return Compiled(kinds, chunks, messages, never + 1, unreceived)
+    # An activation from chunk c crosses boundary c mod pp, a gradient from chunk c boundary c − 1.
+    senders = send[number] if len(send) else send
+    boundaries = np.append((chunk[senders] - grad[senders]) % pp, 0)
+    return Compiled(kinds, chunks, messages, never + 1, unreceived, boundaries)
 
 
 def play_compiled(compiled: Compiled, costs: list[list[float]], flights: list[float]) -> list[list[float]]:

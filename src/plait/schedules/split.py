@@ -4,7 +4,7 @@ The embedding sits on chunk 0 and the final norm, output projection and loss on 
 Costs are exact FLOPs from ``plait.models.flops`` (forward + backward of one sequence); the
 embedding lookup is free there, the head is not, so a balanced split gives the last chunk fewer
 blocks when the vocabulary is large. Layers need not divide evenly by pp × v: every chunk just
-needs at least one block.
+needs at least one block, or none at either end of a split the user gives.
 """
 
 from __future__ import annotations
@@ -51,19 +51,24 @@ def _balanced_counts(spec: ModelSpec, chunks: int, seq_len: int | None) -> tuple
 
 def split_problems(spec: ModelSpec, pp: int, virtual_stages: int = 1,
                    layers_per_chunk: Sequence[int] | None = None) -> list[str]:
-    """Why the model's blocks cannot be cut into pp × v chunks of at least one block ([] if they can)."""
+    """Why the model's blocks cannot be cut into pp × v chunks ([] if they can): every chunk holds at
+    least one block, except that a given split may leave the first chunk the embedding alone and the
+    last the head alone (Megatron-Core's account-for-embedding and -loss in the pipeline split)."""
     chunks = pp * virtual_stages
+    if layers_per_chunk is not None:
+        counts = tuple(layers_per_chunk)
+        inner = counts[1:-1] if len(counts) > 1 else counts
+        if len(counts) != chunks or sum(counts) != spec.layers or min(counts, default=0) < 0 or min(inner, default=1) < 1:
+            return [f"--stage-layers must give {chunks} chunk sizes (pp × virtual-stages) summing to the model's "
+                    f"{spec.layers} layers, each of at least one layer (the first and last may be 0: the embedding "
+                    f"or the head alone), got {','.join(map(str, counts))}"]
+        return []
     if pp > spec.layers:
         return [f"--pp {pp} is larger than the model's {spec.layers} layers; each pipeline stage needs "
                 f"at least one layer, so use --pp {spec.layers} or fewer"]
     if chunks > spec.layers:
         return [f"{spec.layers} layers cannot be divided into pp × virtual-stages = {chunks} chunks of at "
                 f"least one layer each; use --virtual-stages {spec.layers // pp} or fewer"]
-    if layers_per_chunk is not None:
-        counts = tuple(layers_per_chunk)
-        if len(counts) != chunks or sum(counts) != spec.layers or min(counts, default=0) < 1:
-            return [f"--stage-layers must give {chunks} chunk sizes (pp × virtual-stages) of at least one layer "
-                    f"summing to the model's {spec.layers} layers, got {','.join(map(str, counts))}"]
     return []
 
 
