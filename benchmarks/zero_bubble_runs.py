@@ -1,6 +1,8 @@
-"""The zero-bubble paper's schedule comparison (Qi et al. 2024): four GPT-3-like models, each on a
+"""The zero-bubble paper's schedule comparisons (Qi et al. 2024): four GPT-3-like models, each on a
 pure pipeline of 8 to 32 A100 80GB GPUs (4 nodes at most, RoCE between them), timed under 1F1B,
-interleaved 1F1B and ZB-1p at three micro-batch counts; predicted by benchmarks/validate_published.py.
+interleaved 1F1B and ZB-1p at three micro-batch counts (table 4), then on deeper pipelines under
+1F1B and ZB-1p (table 6) and at half the micro-batch size (table 7); predicted by
+benchmarks/validate_published.py.
 
 Its Megatron-LM fork (sail-sg/zero-bubble-pipeline-parallelism) runs 1F1B and interleaved 1F1B by
 Megatron-LM's schedules, which wait on each batched send and receive before the next compute, and
@@ -19,6 +21,7 @@ from plait.facts.stack import STACKS
 from plait.models.spec import ModelSpec
 
 ZERO_BUBBLE = "Qi et al. 2024 (arXiv 2401.10241), tables 3 and 4"
+ZERO_BUBBLE_DEEPER = "Qi et al. 2024 (arXiv 2401.10241), tables 6 and 7"
 ZERO_BUBBLE_MEGATRON = replace(STACKS["megatron"], schedules=("1f1b", "interleaved-1f1b", "zb-h1"),
                                blocking_sends=("1f1b", "interleaved-1f1b"))
 
@@ -34,6 +37,12 @@ SAMPLES_PER_GPU_S = {
     "28.3B": {"zb-h1": (0.87, 0.90, 0.96), "1f1b": (0.76, 0.80, 0.88), "interleaved-1f1b": (0.82, 0.85, 0.90)},
 }
 NAMES = {"zb-h1": "ZB-1p", "1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B"}
+# Tables 6 and 7 (the arXiv version's ZB-V section): pipelines of 16, 24 and 32 GPUs (the layers now
+# split k = 2 to a stage), a micro-batch b at three counts (table 6), and b / 2 at the middle count
+# (table 7), under ZB-1p and 1F1B. Rows: GPUs, b, counts, samples per GPU per second at b, at b / 2.
+DEEPER = {"6.2B": (16, 6, (48, 64, 128), {"zb-h1": ((3.87, 4.00, 4.29), 3.91), "1f1b": ((3.38, 3.57, 3.91), 3.48)}),
+          "14.6B": (24, 2, (72, 96, 192), {"zb-h1": ((1.72, 1.78, 1.89), 1.65), "1f1b": ((1.52, 1.61, 1.76), 1.47)}),
+          "28.3B": (32, 2, (96, 128, 256), {"zb-h1": ((0.94, 0.97, 1.03), 0.90), "1f1b": ((0.82, 0.87, 0.95), 0.80)})}
 
 
 def stages(layers: int, pp: int, schedule: str) -> dict:
@@ -46,29 +55,61 @@ def stages(layers: int, pp: int, schedule: str) -> dict:
     return {"virtual_stages": 1, "stage_layers": (k - 1,) + (k,) * (pp - 2) + (k - 1,)}
 
 
-def zero_bubble_settings() -> list[tuple[Case, ...]]:
-    """Each model and micro-batch count's three schedules (every run held out: no figure is fitted on them)."""
-    settings = []
-    for model, (layers, hidden, heads, gpus, micro_batch, counts) in MODELS.items():
-        spec = ModelSpec("gpt2", layers, hidden, heads, heads, 4 * hidden, 50304, 1024, tie_embeddings=True)
-        for i, m in enumerate(counts):
-            cases = []
-            for schedule, samples in SAMPLES_PER_GPU_S[model].items():
-                fixed = {"tp": 1, "pp": gpus, "dp": 1, "cp": 1, "zero": 0, "recompute": "none", "microbatches": m,
-                         "schedule": schedule, **stages(layers, gpus, schedule)}
-                cases.append(Case(f"ZB paper {model}, {NAMES[schedule]}, m {m}", ZERO_BUBBLE, spec, gpus,
-                                  m * micro_batch, fixed, m * micro_batch / (samples[i] * gpus), micro_batch,
-                                  kernels=ZERO_BUBBLE_MEGATRON))
-            settings.append(tuple(cases))
-    return settings
+def model_spec_of(model: str) -> ModelSpec:
+    layers, hidden, heads = MODELS[model][:3]
+    return ModelSpec("gpt2", layers, hidden, heads, heads, 4 * hidden, 50304, 1024, tie_embeddings=True)
+
+
+def pipeline_case(model: str, gpus: int, schedule: str, m: int, micro_batch: int, samples: float, source: str) -> Case:
+    """One timed run: ``samples`` per GPU per second on a pure pipeline of ``gpus`` stages."""
+    layers = MODELS[model][0]
+    fixed = {"tp": 1, "pp": gpus, "dp": 1, "cp": 1, "zero": 0, "recompute": "none", "microbatches": m,
+             "schedule": schedule, **stages(layers, gpus, schedule)}
+    return Case(f"ZB paper {model}, {gpus} GPUs, {NAMES[schedule]}, m {m}, b {micro_batch}", source,
+                model_spec_of(model), gpus, m * micro_batch, fixed, m * micro_batch / (samples * gpus), micro_batch,
+                kernels=ZERO_BUBBLE_MEGATRON)
+
+
+def table_4() -> list[tuple[Case, ...]]:
+    """Each model and micro-batch count's three schedules."""
+    return [tuple(pipeline_case(model, gpus, schedule, m, micro_batch, samples[i], ZERO_BUBBLE)
+                  for schedule, samples in SAMPLES_PER_GPU_S[model].items())
+            for model, (_, _, _, gpus, micro_batch, counts) in MODELS.items() for i, m in enumerate(counts)]
+
+
+def table_6() -> list[tuple[Case, ...]]:
+    """Each model and micro-batch count's ZB-1p and 1F1B at b."""
+    return [tuple(pipeline_case(model, gpus, schedule, m, b, at_b[i], ZERO_BUBBLE_DEEPER)
+                  for schedule, (at_b, _) in rows.items())
+            for model, (gpus, b, counts, rows) in DEEPER.items() for i, m in enumerate(counts)]
+
+
+def table_7() -> list[tuple[Case, Case]]:
+    """Each model and schedule at the middle count: (at b / 2, at b). 28.3B's at b / 2 = 1 on 32 GPUs
+    are table 4's own runs (the same figures)."""
+    return [(pipeline_case(model, gpus, schedule, counts[1], b // 2, at_half, ZERO_BUBBLE_DEEPER),
+             pipeline_case(model, gpus, schedule, counts[1], b, at_b[1], ZERO_BUBBLE_DEEPER))
+            for model, (gpus, b, counts, rows) in DEEPER.items() for schedule, (at_b, at_half) in rows.items()]
 
 
 def zero_bubble_runs() -> list[Case]:
-    return [case for setting in zero_bubble_settings() for case in setting]
+    """Every run of tables 4, 6 and 7 once, all held out: no figure is fitted on them."""
+    runs: dict[str, Case] = {}
+    for setting in table_4() + table_6() + table_7():
+        for case in setting:
+            runs.setdefault(case.name, case)
+    return list(runs.values())
 
 
 def zero_bubble_ablations() -> list[Ablation]:
-    """One ablation per model and micro-batch count: its three schedules, fastest first."""
-    return [Ablation(f"{setting[0].name.split(',')[0]}, m {setting[0].fixed['microbatches']}: pipeline schedules",
-                     ZERO_BUBBLE, tuple(sorted(setting, key=lambda case: case.measured_step_s)))
-            for setting in zero_bubble_settings()]
+    """The comparisons the tables print: table 4's three schedules and table 6's two at each model and
+    micro-batch count, and table 7's two micro-batch sizes of each model and schedule; fastest per
+    sequence first."""
+    def named(setting: tuple[Case, ...], what: str) -> Ablation:
+        first = setting[0]
+        return Ablation(f"{first.name.split(', ')[0]}, {first.gpus} GPUs, {what}", first.source,
+                        tuple(sorted(setting, key=lambda case: case.measured_step_s / case.batch)))
+
+    return ([named(s, f"m {s[0].fixed['microbatches']}: schedules") for s in table_4() + table_6()]
+            + [named(s, f"{NAMES[s[0].fixed['schedule']]}: micro-batch {s[0].micro_batch} against {s[1].micro_batch}")
+               for s in table_7()])
