@@ -165,3 +165,12 @@ def test_a_stage_send_runs_on_nvlink_inside_a_node_and_on_one_adapter_between_no
     assert pipeline_link(hw, layout, 3).bandwidth == pytest.approx(strided_link(hw, 8, 1).bandwidth)
     # with eight ranks of tp and dp inside each stage every boundary leaves the node
     assert all(pipeline_link(hw, Layout(pp=4, tp=8, microbatches=4), r).crosses_nodes for r in range(4))
+
+
+def test_a_boundary_is_as_slow_as_any_rank_pair_of_it_that_leaves_the_node():
+    """dp3·tp2 stages of 6 ranks on nodes of 8: ranks 0–5 send to 6–11, and 2–5 → 8–11 leave node 0."""
+    from plait.plan.comm import pipeline_link
+
+    hw = hardware("a100-80gb")
+    assert pipeline_link(hw, Layout(dp=3, tp=2, pp=2, microbatches=2), 0).crosses_nodes
+    assert not pipeline_link(hw, Layout(dp=2, tp=2, pp=2, microbatches=2), 0).crosses_nodes

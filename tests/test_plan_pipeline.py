@@ -91,3 +91,41 @@ def test_a_blocking_send_keeps_its_sender_busy_for_the_transfer():
     assert blocking.sending == pytest.approx((m * s, 2 * m * s, 2 * m * s, m * s))
     assert blocking.busy == pytest.approx(free.busy)
     assert blocking.step_time >= free.step_time + 2 * m * s > posted.step_time
+
+
+@pytest.mark.parametrize("name,p,v", [("1f1b", 4, 1), ("interleaved-1f1b", 4, 2), ("interleaved-1f1b", 2, 3), ("zb-h1", 3, 1)])
+def test_each_message_crosses_the_boundary_between_its_two_ranks(name, p, v):
+    """Boundary r joins ranks r and r + 1 (mod p), the wrap from the last rank to the first included."""
+    from plait.schedules.simulate import compile_schedule
+
+    compiled = compile_schedule(generate(name, p, 2 * p, v))
+    ends: dict[int, set[int]] = {}
+    for rank, codes in enumerate(compiled.messages):
+        for code in codes:
+            if code != -1:
+                ends.setdefault(code if code >= 0 else -2 - code, set()).add(rank)
+    assert ends and all(ranks == {int(compiled.boundaries[n]), (int(compiled.boundaries[n]) + 1) % p}
+                        for n, ranks in ends.items())
+
+
+def test_one_slow_boundary_slows_the_step_only_by_its_own_transfers():
+    """A send across nodes on one boundary of four: slower than all on NVLink, faster than all across."""
+    p, m = 4, 16
+    chunks = _equal(p)
+    fast, slow = 0.01, 0.5
+    one = play("1f1b", p, 1, m, chunks, Boundaries((fast, slow, fast, fast), (0.0,) * p), [0.0] * p)
+    every = play("1f1b", p, 1, m, chunks, Boundaries.uniform(p, slow), [0.0] * p)
+    none = play("1f1b", p, 1, m, chunks, Boundaries.uniform(p, fast), [0.0] * p)
+    assert none.step_time < one.step_time < every.step_time
+
+
+@pytest.mark.parametrize("name,v", [("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_the_closed_form_estimate_bounds_the_play_of_blocking_sends(name, v):
+    """The search's estimate charges each rank 2v waited sends a micro-batch (the middle ranks'
+    count, the ends send half as many) and the fill and drain each transfer: not below the play,
+    and within 5% of it."""
+    p, m, f, i, w, send = 4, 16, 1.0, 1.5, 0.5, 0.05
+    played = play(name, p, v, m, _equal(p * v, f / v, i / v, w / v), Boundaries((0.0,) * p, (send,) * p), [0.0] * (p * v))
+    work = f + i + w + 2 * v * send
+    estimate = estimate_step(name, p, v, m, work, work, (f + i + w) / v, send)
+    assert played.step_time <= estimate <= 1.05 * played.step_time

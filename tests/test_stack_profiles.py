@@ -226,8 +226,8 @@ def test_megatron_and_deepspeed_send_a_tensor_parallel_ranks_piece_of_the_stage_
         posted = stage_boundaries(spec, hw, layout, 2, "bf16", replace(STACKS[name], blocking_sends=()))
         assert posted.flights[0] == pytest.approx(send_seconds(whole / 8, pipeline_link(hw, layout, 0)) + gather)
     assert stage_boundary_bytes(spec, layout, 2, "bf16", STACKS["megatron-core"]) == whole
-    assert stage_boundaries(spec, hw, layout, 2, "bf16", STACKS["megatron-core"]).flights[0] == pytest.approx(
-        send_seconds(whole, pipeline_link(hw, layout, 0)))
+    core = stage_boundaries(spec, hw, layout, 2, "bf16", STACKS["megatron-core"])  # its 1F1B waits on the send
+    assert core.sends[0] == pytest.approx(send_seconds(whole, pipeline_link(hw, layout, 0))) and core.flights[0] == 0
     sequence_parallel = replace(layout, sp=True)
     assert {stage_boundary_bytes(spec, sequence_parallel, 2, "bf16", STACKS[name])
             for name in ("megatron-deepspeed", "megatron-core")} == {whole // 8}
@@ -296,3 +296,26 @@ def test_megatrons_waited_sends_put_zb1p_ahead_of_interleaved_1f1b_across_two_no
     assert predict(zb, zb.hardware())[0] < predict(interleaved, interleaved.hardware())[0]
     posted = replace(interleaved, kernels=replace(interleaved.kernels, blocking_sends=()))
     assert predict(posted, posted.hardware())[0] < predict(zb, zb.hardware())[0]
+
+
+def test_a_waited_send_is_critical_path_communication_not_compute_or_bubble():
+    """On a stack that waits on its sends the sender's transfers lengthen the step and land in
+    critical-path communication; compute is unchanged and the bubble does not absorb them."""
+    spec, hw = model_spec("gpt2-large"), hardware("a100-80gb")
+    layout = Layout(dp=2, tp=4, pp=8, microbatches=8, schedule="1f1b")
+    waiting = STACKS["megatron-2021"]
+    posting = replace(waiting, blocking_sends=())
+    waited, posted = (evaluate(Workload(spec, 16, "bf16", k), hw, 64, layout) for k in (waiting, posting))
+    assert waited.step_time_s > posted.step_time_s
+    assert waited.time_breakdown["compute_s"] == pytest.approx(posted.time_breakdown["compute_s"])
+    assert waited.time_breakdown["critical_path_comm_s"] > posted.time_breakdown["critical_path_comm_s"]
+    assert waited.bubble_fraction <= posted.bubble_fraction + 1e-9
+
+
+def test_plan_reads_the_chunks_per_rank_of_a_given_split_with_empty_end_chunks(capsys):
+    """--stage-layers 0,1,1,1,1,0 over two stages is interleaving of three chunks a rank."""
+    assert main(["plan", "--model", "tiny", "--gpus", "2", "--pp", "2", "--stage-layers", "0,1,1,1,1,0",
+                 "--global-batch", "8", "--json", "--top", "1"]) == 0
+    layout = json.loads(capsys.readouterr().out)[0]["layout"]
+    assert (layout["schedule"], layout["virtual_stages"], tuple(layout["stage_layers"])) == (
+        "interleaved-1f1b", 3, (0, 1, 1, 1, 1, 0))

@@ -161,7 +161,8 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--schedule", choices=SCHEDULES)
     group.add_argument("--virtual-stages", type=int)
     group.add_argument("--stage-layers", type=_layer_counts, metavar="N,N,...",
-                       help="transformer blocks per pipeline chunk, first to last (default: balanced by FLOPs)")
+                       help="transformer blocks per pipeline chunk, first to last, 0 allowed for the first and last chunk "
+                            "(default: balanced by FLOPs)")
     group.add_argument("--microbatches", type=int, help="micro-batches per data-parallel rank and step")
     group.add_argument("--recompute", choices=RECOMPUTE)
     group.add_argument("--recompute-layers", type=int, metavar="N",

@@ -123,7 +123,8 @@ class Kernels:
     # Schedules whose stage sends block the sender until the transfer is done: Megatron-LM's schedules
     # wait on each batched send and receive before the next compute (p2p_communication._communicate,
     # wait_on_reqs), as DeepSpeed's pipeline engine does on its sends; plait, torchtitan (PyTorch
-    # pipelining) and Megatron-Core's interleaved schedule with --overlap-p2p-comm post them and move on.
+    # pipelining) and Megatron-Core's interleaved schedule under --overlap-p2p-comm (which its and
+    # NeMo's recipes set) post them and move on; Megatron-Core's 1F1B without interleaving still waits.
     blocking_sends: tuple[str, ...] = ()
     # Whose engine holds the memory: plait's own (what its runs measure: plait.facts.model_state and
     # .activations count it exactly) or a reference stack (the ZeRO paper's and Korthikanti's formulas).
@@ -139,11 +140,11 @@ class Kernels:
 WHOLE_BLOCKS = ("none", "full")
 
 # benchmarks/validate_published.py --fit
-MEGATRON_2021_A100 = 0.589
+MEGATRON_2021_A100 = 0.588
 MEGATRON_CORE_H100 = 0.488
 PYTORCH_H100_96GB = 0.587
 DEEPSPEED_LAYER_HOST_S = 0.0045
-DEEPSPEED_ZERO3_COLLECTIVES = 0.109
+DEEPSPEED_ZERO3_COLLECTIVES = 0.110
 NEMO_H100 = 0.588
 # Hopper-native causal attention (Transformer Engine's cuDNN fused attention, FlashAttention-3):
 # forward 600-646 TFLOP/s at 8k tokens and head dim 128 on an H100 SXM in the FlashAttention-3
@@ -162,6 +163,7 @@ MEGATRON_2021 = Kernels(dropout=True, flash_attention=False, pipeline_boundary_s
                         cp_algorithms=(), max_zero=0, matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),))
 
 MEGATRON_CORE = Kernels(tp_comm_overlap=True, param_gather_overlap=True, activation_offload="overlapped",
+                        blocking_sends=("1f1b",),
                         matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),))
 
 STACKS = {
@@ -199,7 +201,7 @@ STACKS = {
     # linear's weight and prefetches the next, the layer released after its forward is gathered
     # again for the recomputed one (stage3.py, April 2021), and its gathers and reduce-scatters reach
     # a fraction of the bus bandwidth NCCL's rings give, fitted on the paper's three 175B runs
-    # (benchmarks/validate_published.py; the three 530B runs held out). That fraction, 0.109 of
+    # (benchmarks/validate_published.py; the three 530B runs held out). That fraction, 0.110 of
     # 192 GB/s, is ~21 GB/s: each GPU moved its parameters at about one adapter's rate. Why is not
     # measured; candidates are its one collective per tensor, each launched after a device-wide
     # torch.cuda.synchronize.

@@ -38,7 +38,7 @@ def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout)
     counts = tuple(len(r) for r in split_layers(spec, pp, v, layout.stage_layers))
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
     timeline = simulated_timeline(workload, hw, gpus, layout)
-    events = timeline_events(timeline, compute_only=True)
+    events = timeline_events(timeline, busy_only=True)
     for rank in range(len(timeline.spans)):
         mine = range(rank, pp * v, pp)
         layers, first, last = sum(counts[c] for c in mine), 0 in mine, pp * v - 1 in mine

@@ -14,14 +14,15 @@ from plait.schedules.simulate import Span, Timeline
 TRACE_FILE = "trace.json"
 
 
-def timeline_events(timeline: Timeline, compute_only: bool = False) -> list[dict]:
-    """One track-name event per rank and one complete event (microseconds) per action."""
+def timeline_events(timeline: Timeline, busy_only: bool = False) -> list[dict]:
+    """One track-name event per rank and one complete event (microseconds) per action; with
+    ``busy_only`` only the actions that keep the rank busy (compute, and sends a stack waits on)."""
     events = []
     for rank, spans in enumerate(timeline.spans):
         events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": rank, "args": {"name": f"pipeline rank {rank}"}})
         for span in spans:
             action = span.action
-            if compute_only and not action.kind.is_compute:
+            if busy_only and not (action.kind.is_compute or action.kind.is_send and span.end > span.start):
                 continue
             events.append({
                 "name": str(action), "cat": action.kind.name.lower(), "ph": "X", "pid": 0, "tid": rank,

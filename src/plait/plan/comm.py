@@ -107,12 +107,14 @@ def strided_link(hw: Hardware, size: int, stride: int) -> Link:
 def pipeline_link(hw: Hardware, layout: Layout, boundary: int) -> Link:
     """The link one send between pp ranks ``boundary`` and ``boundary + 1`` (mod pp) runs on: NVLink
     inside a node, else the sender's own network adapter (a point-to-point transfer is one GPU's,
-    not a ring's over every adapter of the node). Judged on the first ranks of the two stages."""
+    not a ring's over every adapter of the node). The stages' ``stride`` rank pairs send side by side;
+    the boundary is as slow as any pair that leaves its node."""
     stride = 1
     for name in MESH_DIMS[MESH_DIMS.index("pp") + 1:]:
         stride *= getattr(layout, name)
-    sender, receiver = boundary * stride, (boundary + 1) % layout.pp * stride
-    if sender // hw.gpus_per_node == receiver // hw.gpus_per_node:
+    first, second = boundary * stride, (boundary + 1) % layout.pp * stride
+    node = hw.gpus_per_node
+    if all((first + k) // node == (second + k) // node for k in range(min(stride, node))):  # (repeats by node)
         return Link(hw.intra_node_gbps * 1e9 * LINK_EFFICIENCY, hw.intra_node_latency_s, False)
     return Link(hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY, hw.intra_node_latency_s, True, nodes=2,
                 network_latency=hw.inter_node_latency_s)

@@ -21,7 +21,7 @@ import numpy as np
 from plait.facts.in_flight import peak_activation_bytes
 from plait.plan.costs import Boundaries, ChunkCost
 from plait.schedules import Action, Kind, Schedule, generate
-from plait.schedules.actions import COMPUTE_KINDS
+from plait.schedules.actions import COMPUTE_KINDS, crossed_boundary
 from plait.schedules.simulate import KIND_INDEX, Compiled, compile_schedule, play_compiled
 
 
@@ -37,8 +37,10 @@ class Played:
 
     @property
     def bubble_fraction(self) -> float:
-        # (clamped: without stages busy equals the step time, and rounding can leave it a hair over)
-        return max(0.0, 1.0 - sum(self.busy) / (len(self.busy) * self.step_time)) if self.step_time else 0.0
+        # Idle: neither computing nor in a send the stack waits on. (Clamped: without stages busy
+        # equals the step time, and rounding can leave it a hair over.)
+        return (max(0.0, 1.0 - (sum(self.busy) + sum(self.sending)) / (len(self.busy) * self.step_time))
+                if self.step_time else 0.0)
 
 
 COMPUTE_ROWS = len(COMPUTE_KINDS)  # KIND_INDEX puts the compute kinds first
@@ -52,9 +54,9 @@ def cost_table(chunks: Sequence[ChunkCost], boundaries: Boundaries | None = None
                         (Kind.BACKWARD_INPUT, "backward_input"), (Kind.BACKWARD_WEIGHT, "backward_weight")):
         table[KIND_INDEX[kind]] = [getattr(c, field) for c in chunks]
     if boundaries is not None:
-        pp = len(boundaries.sends)
-        table[KIND_INDEX[Kind.SEND_ACTIVATION]] = [boundaries.sends[c % pp] for c in range(len(chunks))]
-        table[KIND_INDEX[Kind.SEND_GRAD]] = [boundaries.sends[(c - 1) % pp] for c in range(len(chunks))]
+        pp, sends = len(boundaries.sends), np.asarray(boundaries.sends)
+        for kind, gradient in ((Kind.SEND_ACTIVATION, 0), (Kind.SEND_GRAD, 1)):
+            table[KIND_INDEX[kind]] = sends[crossed_boundary(np.arange(len(chunks)), gradient, pp)]
     return table
 
 
@@ -67,7 +69,7 @@ def action_costs(chunks: Sequence[ChunkCost], boundaries: Boundaries | None = No
 def action_flights(boundaries: Boundaries) -> Callable[[Action], float]:
     """Flight of the message a send posts (for ``simulate``)."""
     pp = len(boundaries.flights)
-    return lambda action: boundaries.flights[(action.chunk - (action.kind is Kind.SEND_GRAD)) % pp]
+    return lambda action: boundaries.flights[crossed_boundary(action.chunk, action.kind is Kind.SEND_GRAD, pp)]
 
 
 def play_list(schedule: Schedule | Compiled, chunks: Sequence[ChunkCost], boundaries: Boundaries,

@@ -30,7 +30,7 @@ from plait.facts.validity import (
     compression_problems, fit_problems, layout_problems, mesh_problems, pipeline_problems, reads_saved_once_per_backward,
     recomputes_once_per_backward, run_problems, spec_problems,
 )
-from plait.layout import RECOMPUTE, Layout
+from plait.layout import RECOMPUTE, SCHEDULES, Layout
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.costs import end_collectives, layer_cost, stage_boundaries
 from plait.plan.hardware import Hardware, stack_hardware
@@ -42,7 +42,7 @@ from plait.schedules.split import split_layers, split_problems
 PLAYED = 8  # layouts whose schedules are played exactly after the closed-form pass
 # The planner's own step-time error: its median |error| on the published runs held out of every
 # fit (docs/VALIDATION.md). Layouts predicted closer than this cannot be told apart by it.
-PLANNER_ERROR = 0.043
+PLANNER_ERROR = 0.042
 MAX_GPUS = 2**20  # no cluster is larger; it keeps every search (and its error message) to seconds
 
 
@@ -167,12 +167,23 @@ def _schedules(pp: int, m: int, layers: int, fixed: dict) -> list[tuple[str, int
         return [(fixed.get("schedule", "1f1b"), fixed.get("virtual_stages", 1))]
     out = []
     for name in _options(fixed, "schedule", ("naive", "gpipe", "1f1b", "zb-h1", "interleaved-1f1b")):
-        if name == "interleaved-1f1b":  # a pinned v is tried as given: a given split may leave end chunks empty
-            out += [(name, v) for v in ((fixed["virtual_stages"],) if "virtual_stages" in fixed
-                                        else range(2, layers // pp + 1))]
+        if name == "interleaved-1f1b":
+            out += [(name, v) for v in _virtual_stages(pp, layers, fixed)]
         else:
             out.append((name, 1))
     return [(n, v) for n, v in out if fixed.get("virtual_stages", v) == v]
+
+
+def _virtual_stages(pp: int, layers: int, fixed: dict) -> tuple[int, ...] | range:
+    """Interleaving's chunks per rank to try: as pinned, else as many as a given split has chunks per
+    rank (it may leave its end chunks empty, so more than layers / pp), else every v of at least a
+    block a chunk."""
+    if "virtual_stages" in fixed:
+        return (fixed["virtual_stages"],)
+    given = fixed.get("stage_layers")
+    if given is not None:
+        return (len(given) // pp,) if len(given) % pp == 0 and len(given) // pp > 1 else ()
+    return range(2, layers // pp + 1)
 
 
 def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: int | None, keep: int,
@@ -210,7 +221,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     # 0.1% of a step) nor smaller than with it, and ZeRO-1 never beats ZeRO-2 without
     # hybrid sharding (same gathers, a reduce-scatter instead of an all-reduce, less memory). Tests
     # hold both claims.
-    posting = replace(kernels, blocking_sends=())  # (each boundary's whole transfer as its flight)
+    # Each boundary as a stack that posts its sends times it (the whole transfer a flight), and as one
+    # that waits on every schedule's.
+    posting, waiting = replace(kernels, blocking_sends=()), replace(kernels, blocking_sends=SCHEDULES)
     works: dict[tuple, dict] = {}
     acts: dict[tuple, float] = {}
     times_cache: dict[tuple, LayerTimes] = {}
@@ -274,9 +287,11 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     continue
                 if tp > 1 and not sp and "sp" not in fixed and not fit_problems(spec, replace(base, sp=True), kernels):
                     continue
-                # The slowest boundary's flight; where a schedule's sends block, each of a rank's 2v
-                # sends a micro-batch also keeps it busy (the play times each boundary).
+                # The slowest boundary's transfer and gather, which the fill and drain wait on, and
+                # where a schedule's sends block, the transfer each of a middle rank's 2v sends a
+                # micro-batch keeps it busy for (the play times each boundary).
                 flight = max(stage_boundaries(spec, hw, base, mbs, precision, posting).flights)
+                waited = max(stage_boundaries(spec, hw, base, mbs, precision, waiting).sends) if kernels.blocking_sends else 0.0
                 head_work, embedding_work, head_act, loss_backward = end_times(tp, cp, sp, mbs)
                 times = {}  # per recomputation, filled when a layout of this micro-batch size may fit
                 for zero, replicate in _zero_options(fixed, hw, base):
@@ -414,7 +429,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                 if middle_layers * work > slowest:
                                     slowest = middle_layers * work
                             fill = fill_zb if name == "zb-h1" else mean / v
-                            sending = 2 * v * flight if name in kernels.blocking_sends else 0.0
+                            sending = 2 * v * waited if name in kernels.blocking_sends else 0.0
                             step = estimate_step(name, pp, v, m, mean + sending, slowest + sending, fill, flight) + flushed
                             found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
                                           blocks or 0, offload), step, peak, capacity, keep, level)

@@ -26,8 +26,8 @@ from plait.layout import Layout
 from plait.models.flops import attention_core_forward_flops, flops_per_sequence, layer_flops, layer_parameter_count
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
-    all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, reduce_scatter_seconds, send_seconds,
-    strided_link,
+    all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, pipeline_link, reduce_scatter_seconds,
+    send_seconds, strided_link,
 )
 from plait.plan.compute import optimizer_seconds
 from plait.plan.costs import chunk_costs, stage_boundaries, wrapper_overhead
@@ -208,7 +208,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
         reduce, after = 0.0, after + reduce
     tied = tied_embedding_bytes(workload.spec, layout, kernels)
     if tied:  # the first and last stages swap their tied embedding's gradient after backward
-        after += send_seconds(tied, group_link(hw, layout, "pp"))
+        after += send_seconds(tied, pipeline_link(hw, layout, layout.pp - 1))
     # Buckets hold the gradients as computed, before any compression.
     bucketed = params * communicated_bytes(replace(layout, grad_compression="none"), precision, kernels)[0]
     bucket = bucket_bytes(bucketed) if kernels.plait_engine else BUCKET_BYTES  # plait's rule; DDP's default

@@ -49,6 +49,13 @@ class Kind(Enum):
         return self in RECV_KINDS
 
 
+def crossed_boundary(chunk, gradient, pp: int):
+    """The stage boundary a message from ``chunk`` crosses, boundary r lying between pp ranks r and
+    r + 1 (mod pp): an activation goes on to chunk + 1 (boundary chunk mod pp), a gradient back to
+    chunk − 1 (boundary chunk − 1). Works on numbers and on numpy arrays alike."""
+    return (chunk - gradient) % pp
+
+
 COMPUTE_KINDS = frozenset({Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT})
 SEND_KINDS = frozenset({Kind.SEND_ACTIVATION, Kind.SEND_GRAD})
 RECV_KINDS = frozenset({Kind.RECV_ACTIVATION, Kind.RECV_GRAD})

@@ -3,7 +3,9 @@
 The blocking rules (the same ones ``plait.parallel.pipeline_executor`` follows on torch.distributed):
 
 * a rank performs its actions strictly in list order, one at a time;
-* a send never blocks: it posts the message (``isend``) and the rank moves on;
+* a send posts the message (``isend``) and the rank moves on: the executor never waits on it; a
+  cost given to a send is what a stack that does wait spends on it (the planner's
+  ``Kernels.blocking_sends``);
 * a receive blocks until the matching message has arrived;
 * messages travel on channels ``(sender, receiver, activation|grad)``; on each channel the receiver
   takes them in the order they were sent, so the n-th receive must expect the n-th send.
@@ -24,7 +26,7 @@ from typing import Callable, Mapping, NamedTuple, Union
 
 import numpy as np
 
-from plait.schedules.actions import COMPUTE_KINDS, RECV_KINDS, SEND_KINDS, Action, Kind, Schedule
+from plait.schedules.actions import COMPUTE_KINDS, RECV_KINDS, SEND_KINDS, Action, Kind, Schedule, crossed_boundary
 
 CostFn = Callable[[Action], float]
 Cost = Union[CostFn, Mapping[Kind, float], float]
@@ -97,7 +99,7 @@ class Compiled:
     messages: tuple[tuple[int, ...], ...]
     count: int  # messages
     unreceived: str | None  # the first send nothing receives, if any
-    boundaries: np.ndarray  # each message's stage boundary r, between pp ranks r and r + 1 (mod pp)
+    boundaries: np.ndarray  # each message's stage boundary (crossed_boundary), and 0 for the one nothing sends
 
     def costs(self, table: np.ndarray) -> list[list[float]]:
         """Each action's seconds from ``table[kind row, chunk]``."""
@@ -169,9 +171,8 @@ def compile_schedule(schedule: Schedule) -> Compiled:
         unreceived = f"rank {rank[first]} action {lists[rank[first]][position[first]]}"
     bounds = np.cumsum([0] + [len(k) for k in kinds])
     messages = tuple(tuple(codes[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:]))
-    # An activation from chunk c crosses boundary c mod pp, a gradient from chunk c boundary c − 1.
     senders = send[number] if len(send) else send
-    boundaries = np.append((chunk[senders] - grad[senders]) % pp, 0)
+    boundaries = np.append(crossed_boundary(chunk[senders], grad[senders], pp), 0)
     return Compiled(kinds, chunks, messages, never + 1, unreceived, boundaries)
 
 
