@@ -21,6 +21,8 @@ BAD_PIPELINES = {
         ["--pp", "2", "--schedule", "interleaved-1f1b", "--microbatches", "2"], "--virtual-stages 2 or more"),
     "stage split not summing to the layers": (["--pp", "2", "--stage-layers", "3,2"], "summing to the model's 4 layers"),
     "stage split of the wrong length": (["--pp", "2", "--stage-layers", "1,1,2"], "must give 2 chunk sizes"),
+    "stage split of interleaved chunks without virtual stages": (
+        ["--pp", "2", "--stage-layers", "0,1,1,1,1,0"], "pass --virtual-stages 3 --schedule interleaved-1f1b"),
     "stage split not numbers": (["--pp", "2", "--stage-layers", "two,two"], "comma-separated block counts"),
     "pp larger than the number of layers": (["--pp", "8", "--schedule", "gpipe"], "--pp 8 is larger than the model's 4 layers"),
 }

@@ -112,8 +112,8 @@ def pipeline_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS
         return []
     if not kernels.schedules:
         return ["this software stack has no pipeline parallelism; pass --pp 1"]
-    problems = (_raised(lambda: validate_schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages))
-                + split_problems(spec, layout.pp, layout.virtual_stages, layout.stage_layers))
+    problems = (split_problems(spec, layout.pp, layout.virtual_stages, layout.stage_layers)
+                + _raised(lambda: validate_schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)))
     if layout.schedule not in kernels.schedules:
         problems.append(f"this software stack has no {layout.schedule} schedule; pass --schedule "
                         f"{' or '.join(kernels.schedules)}")

@@ -57,6 +57,9 @@ def split_problems(spec: ModelSpec, pp: int, virtual_stages: int = 1,
     chunks = pp * virtual_stages
     if layers_per_chunk is not None:
         counts = tuple(layers_per_chunk)
+        if len(counts) != chunks and len(counts) % pp == 0 and len(counts) > pp:
+            return [f"--stage-layers gives {len(counts)} chunk sizes, {len(counts) // pp} for each of the {pp} stages; "
+                    f"pass --virtual-stages {len(counts) // pp} --schedule interleaved-1f1b"]
         inner = counts[1:-1] if len(counts) > 1 else counts
         if len(counts) != chunks or sum(counts) != spec.layers or min(counts, default=0) < 0 or min(inner, default=1) < 1:
             return [f"--stage-layers must give {chunks} chunk sizes (pp × virtual-stages) summing to the model's "
