@@ -11,6 +11,7 @@ micro-batch size and schedule where unstated), exactly as ``plait simulate`` doe
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 from dataclasses import replace
@@ -18,7 +19,7 @@ from dataclasses import replace
 from benchmarks.deepspeed_megatron_runs import bloom, bloom_layout_search, mt_nlg
 from benchmarks.nemo_recipes import DGXC, nemo_dgxc
 from benchmarks.published_case import EAGER, Ablation, Case, gpt
-from benchmarks.zero_bubble_runs import ZERO_BUBBLE_MEGATRON, zero_bubble_ablations, zero_bubble_runs
+from benchmarks.zero_bubble_runs import ZERO_BUBBLE_MEGATRON, zero_bubble_ablations, zero_bubble_memory, zero_bubble_runs
 from plait.errors import ConfigError
 from plait.facts.stack import STACKS, Kernels
 from plait.layout import Layout
@@ -123,6 +124,20 @@ def korthikanti_2022() -> list[Case]:
                       {"tp": 8, "pp": 35, "dp": 8, "cp": 1, "zero": 0, "sp": True, "recompute": "selective",
                        "schedule": "interleaved-1f1b", "virtual_stages": 3}, 39.15, 1))
     return cases
+
+
+def refused_or_predicted(case: Case) -> float:
+    """The predicted step, or infinity for a layout the planner refuses as not fitting: a pair holding
+    one is out of order (the planner would not rank it), whichever side it is on."""
+    try:
+        return predict(case, case.hardware())[0]
+    except ConfigError:
+        return math.inf
+
+
+def ordered(predicted: list[float], i: int, j: int) -> bool:
+    """Whether the planner puts layout i ahead of layout j: never when it refuses either."""
+    return math.isfinite(predicted[i] + predicted[j]) and predicted[i] < predicted[j]
 
 
 def predict(case: Case, hw) -> tuple[float, str]:
@@ -435,22 +450,23 @@ def print_ablations() -> None:
     fitted_on = {bloom_layout_search()[0].name} | {a.name for a in zero3_against_ptdp() if a.name.startswith("175B")}
     right = total = held_right = held_total = apart_right = apart_total = 0
     for ablation in ablations():
-        steps = [predict(case, case.hardware())[0] for case in ablation.fastest_first]
+        steps = [refused_or_predicted(case) for case in ablation.fastest_first]
         per_sequence = [step / case.batch for step, case in zip(steps, ablation.fastest_first)]
         published_per_sequence = [case.measured_step_s / case.batch for case in ablation.fastest_first]
         # (a pair published at the same time has no order to get right)
         pairs = [(i, j) for i in range(len(steps)) for j in range(i + 1, len(steps))
                  if published_per_sequence[i] < published_per_sequence[j]]
-        in_order = sum(per_sequence[i] < per_sequence[j] for i, j in pairs)
+        in_order = sum(ordered(per_sequence, i, j) for i, j in pairs)
         right, total = right + in_order, total + len(pairs)
         apart = [(i, j) for i, j in pairs if published_per_sequence[j] > published_per_sequence[i] * (1 + REPEAT_SPREAD)]
-        apart_right += sum(per_sequence[i] < per_sequence[j] for i, j in apart)
+        apart_right += sum(ordered(per_sequence, i, j) for i, j in apart)
         apart_total += len(apart)
         if ablation.name not in fitted_on:
             held_right, held_total = held_right + in_order, held_total + len(pairs)
         published = " / ".join(f"{c.measured_step_s:.3g}" for c in ablation.fastest_first)
         print(f"| {ablation.name} | {' < '.join(c.name for c in ablation.fastest_first)} | {published} | "
-              f"{' / '.join(f'{step:.3g}' for step in steps)} | {in_order}/{len(pairs)} | {ablation.source} |")
+              f"{' / '.join(f'{step:.3g}' if math.isfinite(step) else 'refused' for step in steps)} | {in_order}/{len(pairs)} | "
+              f"{ablation.source} |")
     print(f"\nablations: {right} of {total} pairs in the published order ({right / total:.0%}) over "
           f"{len(ablations())} ablations; held out (all but {', '.join(sorted(fitted_on))}): {held_right} of {held_total} "
           f"({held_right / held_total:.0%})")
@@ -545,6 +561,7 @@ def main() -> None:
     print(f"refused as not fitting though they ran: {len(refused)} ({', '.join(refused)})")
     print_ablations()
     print_fsdp_bandwidth_bound()
+    print_zero_bubble_memory()
 
 
 # The FSDP runs whose per-layer gathers would show at a fraction of the ring's bandwidth: many
@@ -564,6 +581,21 @@ def print_fsdp_bandwidth_bound() -> None:
             slowed = replace(case, kernels=replace(case.kernels, zero3_collective_efficiency=fraction))
             errors.append(predict(slowed, slowed.hardware())[0] / case.measured_step_s - 1)
         print(f"| {fraction} | " + " | ".join(f"{e:+.1%}" for e in errors) + " |")
+
+
+def print_zero_bubble_memory() -> None:
+    """The zero-bubble tables' peak memory against the planner's for the same pinned layout (fit or not)."""
+    print("\n| zero-bubble run | published peak (GB) | predicted peak (GB) | error |")
+    print("| --- | ---: | ---: | ---: |")
+    errors = []
+    for case, published in zero_bubble_memory():
+        layout = Layout(**{k: v for k, v in case.fixed.items()})
+        predicted = evaluate(Workload(case.spec, case.batch, "bf16", case.kernels), case.hardware(), case.gpus,
+                             layout).peak_memory_bytes / 1e9
+        errors.append(predicted / published - 1)
+        print(f"| {case.name.split(', m ')[0]}, b {case.micro_batch} | {published} | {predicted:.1f} | {errors[-1]:+.1%} |")
+    print(f"\nzero-bubble peaks: median |error| {statistics.median(abs(e) for e in errors):.1%} over {len(errors)}, "
+          f"from {min(errors):+.1%} to {max(errors):+.1%}")
 
 
 def print_table_4() -> None:
