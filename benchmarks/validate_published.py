@@ -589,9 +589,8 @@ def print_zero_bubble_memory() -> None:
     print("| --- | ---: | ---: | ---: |")
     errors = []
     for case, published in zero_bubble_memory():
-        layout = Layout(**{k: v for k, v in case.fixed.items()})
         predicted = evaluate(Workload(case.spec, case.batch, "bf16", case.kernels), case.hardware(), case.gpus,
-                             layout).peak_memory_bytes / 1e9
+                             Layout(**case.fixed)).peak_memory_bytes / 1e9
         errors.append(predicted / published - 1)
         print(f"| {case.name.split(', m ')[0]}, b {case.micro_batch} | {published} | {predicted:.1f} | {errors[-1]:+.1%} |")
     print(f"\nzero-bubble peaks: median |error| {statistics.median(abs(e) for e in errors):.1%} over {len(errors)}, "
