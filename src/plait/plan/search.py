@@ -221,9 +221,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     # 0.1% of a step) nor smaller than with it, and ZeRO-1 never beats ZeRO-2 without
     # hybrid sharding (same gathers, a reduce-scatter instead of an all-reduce, less memory). Tests
     # hold both claims.
-    # Each boundary as a stack that posts its sends times it (the whole transfer a flight), and as one
-    # that waits on every schedule's.
-    posting, waiting = replace(kernels, blocking_sends=()), replace(kernels, blocking_sends=SCHEDULES)
+    waiting = replace(kernels, blocking_sends=SCHEDULES)  # each boundary's transfer apart from its gather
     works: dict[tuple, dict] = {}
     acts: dict[tuple, float] = {}
     times_cache: dict[tuple, LayerTimes] = {}
@@ -290,8 +288,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 # The slowest boundary's transfer and gather, which the fill and drain wait on, and
                 # where a schedule's sends block, the transfer each of a middle rank's 2v sends a
                 # micro-batch keeps it busy for (the play times each boundary).
-                flight = max(stage_boundaries(spec, hw, base, mbs, precision, posting).flights)
-                waited = max(stage_boundaries(spec, hw, base, mbs, precision, waiting).sends) if kernels.blocking_sends else 0.0
+                boundaries = stage_boundaries(spec, hw, base, mbs, precision, waiting)
+                flight = max(boundaries.sends) + max(boundaries.flights)
+                waited = max(boundaries.sends) if kernels.blocking_sends else 0.0
                 head_work, embedding_work, head_act, loss_backward = end_times(tp, cp, sp, mbs)
                 times = {}  # per recomputation, filled when a layout of this micro-batch size may fit
                 for zero, replicate in _zero_options(fixed, hw, base):
