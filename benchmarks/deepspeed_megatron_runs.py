@@ -144,3 +144,22 @@ def bloom_layout_search() -> list[Ablation]:
                         for dp, tp, pp, mbs, gbs, seconds in rows), key=lambda case: case.measured_step_s / case.batch)
         out.append(Ablation(f"BLOOM {size} prototype{model}: {section}", source, tuple(cases)))
     return out
+
+
+# The memory column ("Mem", GB) of the 181B model's tables 'GBS variations', 'some more configs with
+# lower PP' and 'tweaking TP', beside each timed row: the most a GPU of the first or last nodes (those
+# holding the word embeddings) used, how it was read unstated. "tweaking TP" gives dp8·tp4·pp12 at
+# micro-batch 2 twice, at 44 and 38 GB; the first is kept, as for its timing.
+BLOOM_PREQUEL_MEMORY_GB = {
+    (8, 8, 6, 4, 1568): 56, (8, 8, 6, 4, 2048): 55, (8, 8, 6, 6, 2016): 66, (4, 8, 12, 4, 2048): 49,
+    (6, 8, 8, 4, 2016): 52, (12, 8, 4, 2, 2016): 53, (12, 8, 4, 4, 2016): 59, (24, 8, 2, 1, 2016): 65,
+    (24, 8, 2, 2, 2016): 76, (8, 4, 12, 4, 2048): 60, (8, 4, 12, 2, 2048): 44, (16, 4, 6, 4, 2048): 75,
+    (16, 4, 6, 2, 2048): 57, (16, 2, 12, 2, 2048): 63, (8, 2, 24, 1, 2048): 44, (8, 2, 24, 2, 2048): 53,
+}
+
+
+def bloom_memory() -> list[tuple[Case, int]]:
+    """The 181B prequel runs whose tables give the memory they used, each with it."""
+    spec = ModelSpec("gpt2", 72, 14336, 64, 64, 4 * 14336, BLOOM_VOCAB, 2048, tie_embeddings=True)
+    return [(bloom_case(f"dp{dp}·tp{tp}·pp{pp} mbs {mbs} gbs {gbs}", BLOOM_PREQUEL, spec, dp, tp, pp, mbs, gbs, 0.0), gb)
+            for (dp, tp, pp, mbs, gbs), gb in BLOOM_PREQUEL_MEMORY_GB.items()]

@@ -16,7 +16,7 @@ import statistics
 import sys
 from dataclasses import replace
 
-from benchmarks.deepspeed_megatron_runs import bloom, bloom_layout_search, mt_nlg
+from benchmarks.deepspeed_megatron_runs import bloom, bloom_layout_search, bloom_memory, mt_nlg
 from benchmarks.nemo_recipes import DGXC, nemo_dgxc
 from benchmarks.published_case import EAGER, Ablation, Case, gpt
 from benchmarks.zero_bubble_runs import ZERO_BUBBLE_MEGATRON, zero_bubble_ablations, zero_bubble_memory, zero_bubble_runs
@@ -562,6 +562,7 @@ def main() -> None:
     print_ablations()
     print_fsdp_bandwidth_bound()
     print_zero_bubble_memory()
+    print_bloom_memory()
 
 
 # The FSDP runs whose per-layer gathers would show at a fraction of the ring's bandwidth: many
@@ -581,6 +582,21 @@ def print_fsdp_bandwidth_bound() -> None:
             slowed = replace(case, kernels=replace(case.kernels, zero3_collective_efficiency=fraction))
             errors.append(predict(slowed, slowed.hardware())[0] / case.measured_step_s - 1)
         print(f"| {fraction} | " + " | ".join(f"{e:+.1%}" for e in errors) + " |")
+
+
+def print_bloom_memory() -> None:
+    """The BLOOM prequel's memory column against the planner's peak for the same pinned layout."""
+    print("\n| BLOOM 181B prototype layout | published memory (GB) | predicted peak (GB) | error |")
+    print("| --- | ---: | ---: | ---: |")
+    errors = []
+    for case, published in bloom_memory():
+        predicted = evaluate(Workload(case.spec, case.batch, "bf16", case.kernels), case.hardware(), case.gpus,
+                             Layout(**case.fixed, microbatches=case.batch // (case.fixed["dp"] * case.micro_batch))
+                             ).peak_memory_bytes / 1e9
+        errors.append(predicted / published - 1)
+        print(f"| {case.name} | {published} | {predicted:.1f} | {errors[-1]:+.1%} |")
+    print(f"\nBLOOM prequel memory: median |error| {statistics.median(abs(e) for e in errors):.1%} over {len(errors)}, "
+          f"from {min(errors):+.1%} to {max(errors):+.1%}")
 
 
 def print_zero_bubble_memory() -> None:

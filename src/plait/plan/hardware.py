@@ -17,6 +17,17 @@ from plait.errors import ConfigError
 from plait.facts.stack import Kernels
 
 GB = 10**9
+GIB = 2**30
+# Vendors size HBM in GiB: an A100 80GB holds 80 GiB (nvidia-smi: 81,920 MiB), an A100 40GB 40 GiB.
+# Of it a process may allocate what PyTorch's out-of-memory reports call the total capacity
+# (torch.cuda.get_device_properties().total_memory), 79.25 GiB on an A100 80GB; the driver keeps
+# the rest. Every part here takes that share of its marketed size.
+CUDA_VISIBLE_SHARE = 79.25 / 80
+
+
+def device_memory(marketed_gb: float) -> float:
+    """Bytes a process can allocate on a GPU sold as ``marketed_gb`` GB: vendors size HBM in GiB."""
+    return marketed_gb * GIB * CUDA_VISIBLE_SHARE
 
 
 @dataclass(frozen=True)
@@ -96,8 +107,8 @@ class Hardware:
     # allocator rounds every block up (to 512 bytes, and large ones into 2 MiB-aligned segments it
     # splits and caches), so on a long run the memory it reserves exceeds what tensors hold by a
     # few percent to over ten ("Memory management" in the torch.cuda documentation; the
-    # `expandable_segments` option exists to cut this fragmentation). A plan at 79.9 of 80 GB fails
-    # there, so at least 5% stays free; `--memory-headroom` changes it.
+    # `expandable_segments` option exists to cut this fragmentation). A plan at 85.0 of an A100
+    # 80GB's 85.1 GB fails there, so at least 5% stays free; `--memory-headroom` changes it.
     memory_headroom: float = 0.05
     # Host overhead by model family ("gpt2"), and what each parallel wrapper adds to it
     # ("gpt2/tp"; styles in plait.plan.costs.parallel_styles). Empty in the catalog: a GPU's host
@@ -150,45 +161,45 @@ CATALOG: dict[str, Hardware] = {
     # mixed precision runs fp16, at the same rate), FP32 15.7 TFLOPS, 32 GB HBM2 at 900 GB/s; NVLink 2
     # 300 GB/s bidirectional = 150 per direction. Nodes as DGX-2H (Shoeybi et al. 2019, Megatron-LM):
     # 16 GPUs on NVSwitch, 8 × 100 Gb/s InfiniBand per node = 6.25 GB/s per GPU.
-    "v100": Hardware("v100", 125, 15.7, 32 * GB, 900, 150, 6.25, gpus_per_node=16, host_link_gbps=PCIE_GEN3),
+    "v100": Hardware("v100", 125, 15.7, device_memory(32), 900, 150, 6.25, gpus_per_node=16, host_link_gbps=PCIE_GEN3),
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, FP32 19.5 TFLOPS,
     # 40 GB HBM2 at 1,555 GB/s; NVLink 3 600 GB/s bidirectional = 300 GB/s per direction.
     # DGX A100 user guide: 8× ConnectX-6 200 Gb/s HDR InfiniBand → 25 GB/s per GPU.
-    "a100-40gb": Hardware("a100-40gb", 312, 19.5, 40 * GB, 1555, 300, 25, host_link_gbps=PCIE_GEN4),
+    "a100-40gb": Hardware("a100-40gb", 312, 19.5, device_memory(40), 1555, 300, 25, host_link_gbps=PCIE_GEN4),
     # Same datasheet, 80 GB HBM2e at 2,039 GB/s.
-    "a100-80gb": Hardware("a100-80gb", 312, 19.5, 80 * GB, 2039, 300, 25, host_link_gbps=PCIE_GEN4),
+    "a100-80gb": Hardware("a100-80gb", 312, 19.5, device_memory(80), 2039, 300, 25, host_link_gbps=PCIE_GEN4),
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 989 TFLOPS dense, FP32 67 TFLOPS,
     # 80 GB HBM3 at 3.35 TB/s; NVLink 4 900 GB/s bidirectional.
     # DGX H100: 8× ConnectX-7 400 Gb/s NDR → 50 GB/s per GPU.
-    "h100-sxm": Hardware("h100-sxm", 989, 67, 80 * GB, 3350, 450, 50, host_link_gbps=PCIE_GEN5),
+    "h100-sxm": Hardware("h100-sxm", 989, 67, device_memory(80), 3350, 450, 50, host_link_gbps=PCIE_GEN5),
     # H100 datasheet (PCIe): BF16 756 TFLOPS dense, FP32 51 TFLOPS, 80 GB HBM2e at 2.0 TB/s;
     # no NVSwitch: peers talk over PCIe Gen5 x16, 64 GB/s per direction; one 400 Gb/s NIC per GPU.
-    "h100-pcie": Hardware("h100-pcie", 756, 51, 80 * GB, 2000, 64, 50, host_link_gbps=PCIE_GEN5),
+    "h100-pcie": Hardware("h100-pcie", 756, 51, device_memory(80), 2000, 64, 50, host_link_gbps=PCIE_GEN5),
     # The H100 of Meta's Grand Teton hosts (torchtitan's benchmarks/llama3_h100_202412_torchtitan.md):
     # 96 GB HBM2e at 2.4 TB/s, 500 W; 8 per host on NVLink, 400 Gb/s RDMA per GPU. Its sustained peak
     # lies between the NVL's and the SXM's (the same note); the SXM's nominal figures stand here, as
     # torchtitan's MFU takes them, and a stack's efficiency fitted on this part absorbs the cap.
-    "h100-96gb": Hardware("h100-96gb", 989, 67, 96 * GB, 2400, 450, 50, host_link_gbps=PCIE_GEN5),
+    "h100-96gb": Hardware("h100-96gb", 989, 67, device_memory(96), 2400, 450, 50, host_link_gbps=PCIE_GEN5),
     # NVIDIA H100 NVL (H100 datasheet, NVL column): BF16 1,671 TFLOPS with sparsity (835.5 dense),
     # FP32 60 TFLOPS, 94 GB HBM3 at 3.9 TB/s; NVLink bridges join pairs of GPUs only (600 GB/s
     # bidirectional), so groups of more than two talk over PCIe Gen5 x16, 64 GB/s per direction (for a
     # tp2 group on a bridged pair pass --intra-node-gbps 300); one 400 Gb/s NIC per GPU.
-    "h100-nvl": Hardware("h100-nvl", 835.5, 60, 94 * GB, 3900, 64, 50, host_link_gbps=PCIE_GEN5),
+    "h100-nvl": Hardware("h100-nvl", 835.5, 60, device_memory(94), 3900, 64, 50, host_link_gbps=PCIE_GEN5),
     # NVIDIA H800 SXM5 (the export part of H100 SXM5): the same tensor cores and HBM3 (BF16 989 TFLOPS
     # dense, FP32 67, 80 GB at 3.35 TB/s), NVLink cut to 400 GB/s bidirectional = 200 per direction;
     # 8 × 400 Gb/s NDR per node as in DGX H100.
-    "h800": Hardware("h800", 989, 67, 80 * GB, 3350, 200, 50, host_link_gbps=PCIE_GEN5),
+    "h800": Hardware("h800", 989, 67, device_memory(80), 3350, 200, 50, host_link_gbps=PCIE_GEN5),
     # NVIDIA H200 datasheet (SXM): BF16 989 TFLOPS dense, FP32 67 TFLOPS, 141 GB HBM3e at
     # 4.8 TB/s, NVLink 900 GB/s bidirectional; HGX H200 with 400 Gb/s per GPU.
-    "h200": Hardware("h200", 989, 67, 141 * GB, 4800, 450, 50, host_link_gbps=PCIE_GEN5),
+    "h200": Hardware("h200", 989, 67, device_memory(141), 4800, 450, 50, host_link_gbps=PCIE_GEN5),
     # NVIDIA HGX B200 datasheet: per GPU BF16 2.25 PFLOPS dense, FP32 75 TFLOPS (600 per 8 GPUs),
     # 180 GB HBM3e (1,440 GB per 8) at 7.7 TB/s; NVLink 5 1.8 TB/s bidirectional;
     # DGX B200: 8× ConnectX-7 400 Gb/s.
-    "b200": Hardware("b200", 2250, 75, 180 * GB, 7700, 900, 50, host_link_gbps=PCIE_GEN5),
+    "b200": Hardware("b200", 2250, 75, device_memory(180), 7700, 900, 50, host_link_gbps=PCIE_GEN5),
     # AMD Instinct MI300X datasheet: BF16 1,307.4 TFLOPS dense, FP32 (matrix) 163.4 TFLOPS,
     # 192 GB HBM3 at 5.3 TB/s; 7 Infinity Fabric links of 64 GB/s per direction to the other
     # 7 GPUs of an 8-GPU platform → 448 GB/s; 400 Gb/s NIC per GPU.
-    "mi300x": Hardware("mi300x", 1307.4, 163.4, 192 * GB, 5300, 448, 50, host_link_gbps=PCIE_GEN5),
+    "mi300x": Hardware("mi300x", 1307.4, 163.4, device_memory(192), 5300, 448, 50, host_link_gbps=PCIE_GEN5),
 }
 
 MEASURED_ONLY = ("name", "host_overhead", "layer_kernel_scale", "reduce_scatter_scale", "all_gather_scale")
