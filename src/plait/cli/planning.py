@@ -34,7 +34,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--intra-node-gbps", type=float, help="per-device bandwidth inside a node, GB/s each way")
     group.add_argument("--inter-node-gbps", type=float, help="per-device network bandwidth between nodes, GB/s each way")
     group.add_argument("--peak-tflops", type=float, help="dense peak TFLOP/s at --precision")
-    group.add_argument("--memory-gb", type=float, help="device memory in GB (10^9 bytes)")
+    group.add_argument("--memory-gb", type=float, help="device memory a process may allocate, in GB (10^9 bytes): "
+                       "what torch.cuda.get_device_properties().total_memory reports (an A100 80GB: 85.1)")
     group.add_argument("--memory-bandwidth", type=float, metavar="GBPS",
                        help="device memory bandwidth in GB/s (an HBM2e or power-capped part of a catalog GPU)")
     group.add_argument("--global-batch", type=int, help="sequences per step (default: ~1M tokens, a multiple of --gpus)")
