@@ -4,6 +4,8 @@ megatron-deepspeed stack by benchmarks/validate_published.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from benchmarks.published_case import Ablation, Case, gpt
 from plait.facts.stack import STACKS
 from plait.models.spec import ModelSpec
@@ -16,7 +18,7 @@ def bloom() -> list[Case]:
     """BLOOM 176B on Megatron-DeepSpeed: 384 A100 80GB, TP4 PP12 DP8, micro-batch 2, 2,048 sequences of
     2,048 tokens; 104.70 s per iteration at iteration 85,376 (train/tr11-176B-ml/README.md)."""
     spec = ModelSpec("gpt2", 70, 14336, 112, 112, 4 * 14336, BLOOM_VOCAB, 2048, tie_embeddings=True)
-    return [bloom_case("BLOOM 176B", BLOOM, spec, 8, 4, 12, 2, 2048, 104.70, embeddings_counted=True)]
+    return [bloom_case("BLOOM 176B", BLOOM, spec, 8, 4, 12, 2, 2048, 104.70, rebalanced=True)]
 
 
 # Megatron-Turing NLG 530B (Smith et al. 2022, §2.3-2.4) on Megatron-DeepSpeed: 105 blocks of hidden
@@ -65,66 +67,76 @@ def deepspeed_stage_layers(layers: int, pp: int, embeddings_counted: bool = Fals
 
 
 def bloom_case(name: str, source: str, spec: ModelSpec, dp: int, tp: int, pp: int, mbs: int, batch: int,
-               step_s: float, embeddings_counted: bool = False) -> Case:
-    """A Megatron-DeepSpeed run on Jean Zay, its stages cut as DeepSpeed cut them."""
-    stages = {"schedule": "1f1b", "stage_layers": deepspeed_stage_layers(spec.layers, pp, embeddings_counted)}
+               step_s: float, rebalanced: bool = False) -> Case:
+    """A Megatron-DeepSpeed run on Jean Zay, its stages cut as DeepSpeed cut them; ``rebalanced``: from
+    the prequel's "Rebalancing layers" on, the embeddings count as pipeline units and DeepSpeed's
+    BF16 optimizer accumulates the gradients in fp32."""
+    stages = {"schedule": "1f1b", "stage_layers": deepspeed_stage_layers(spec.layers, pp, rebalanced)}
     fixed = {"tp": tp, "pp": pp, "dp": dp, "cp": 1, "zero": 1 if dp > 1 else 0, "dp_replicate": 1, "sp": False,
              "recompute": "full", **(stages if pp > 1 else {})}
-    return Case(name, source, spec, dp * tp * pp, batch, fixed, step_s, micro_batch=mbs,
-                kernels=STACKS["megatron-deepspeed"], hardware_overrides=JEAN_ZAY_A100)
+    kernels = replace(STACKS["megatron-deepspeed"], fp32_grad_accumulation=rebalanced)
+    return Case(name, source, spec, dp * tp * pp, batch, fixed, step_s, micro_batch=mbs, kernels=kernels,
+                hardware_overrides=JEAN_ZAY_A100)
 
 
 # The prequel's tables that time two or more layouts of one model, each with its section, the model
-# (size as printed, hidden, layers, heads), whether the embeddings count as pipeline units, and its
-# rows of DP, TP, PP, MBS, GBS and seconds per iteration (iteration 2). A table timing several head
-# counts gives one ablation per count. Left out: the first tables ("Choosing the fastest 3D
-# Topology"), whose model changes with the layout; rows without a timing (out of memory); tables of
-# one layout (head counts, the batch warm-up); and the ZeRO-stage table, whose columns are swapped
-# and which its author marks for a retest. From "Rebalancing layers" on, the embeddings count as
-# pipeline units ('type:transformer|embedding') and a BF16 optimizer accumulates the gradients in
-# fp32, which the megatron-deepspeed stack does not tell apart.
+# (size as printed, hidden, layers, heads), whether it ran rebalanced (``bloom_case``), and its
+# rows of DP, TP, PP, MBS, GBS, seconds per iteration (iteration 2) and the memory column ("Mem", GB,
+# None where the table leaves it blank): the most a GPU of the nodes holding the word embeddings
+# used, as nvidia-smi showed it (the prequel's "memory snapshot with ... nvidia-smi"), so with the
+# CUDA context (1,271 MiB by its own reading), NCCL's buffers and all the caching allocator holds. A
+# table timing several head counts gives one ablation per count. Left out: the first tables
+# ("Choosing the fastest 3D Topology"), whose model changes with the layout; rows without a timing
+# (out of memory); tables of one layout (head counts, the batch warm-up); and the ZeRO-stage table,
+# whose columns are swapped and which its author marks for a retest. Before "Rebalancing layers" the
+# prequel ran fp16, whose gradients accumulate in fp16.
 BLOOM_PREQUEL_TABLES = [
     ("48 node contenders", "181B", 14336, 72, 64, False, [
-        (4, 8, 12, 1, 2048, 143.31), (4, 8, 12, 2, 2048, 134.02), (4, 8, 12, 4, 2048, 123.69),
-        (4, 8, 12, 8, 2048, 129.26), (8, 8, 6, 1, 2048, 139.82), (8, 8, 6, 2, 2048, 131.02),
-        (8, 8, 6, 4, 2048, 121.48)]),
+        (4, 8, 12, 1, 2048, 143.31, 29), (4, 8, 12, 2, 2048, 134.02, 37), (4, 8, 12, 4, 2048, 123.69, 49),
+        (4, 8, 12, 8, 2048, 129.26, 69), (8, 8, 6, 1, 2048, 139.82, 38), (8, 8, 6, 2, 2048, 131.02, 44),
+        (8, 8, 6, 4, 2048, 121.48, 56)]),
     ("GBS variations", "181B", 14336, 72, 64, False, [
-        (8, 8, 6, 4, 1568, 113.01), (8, 8, 6, 4, 2048, 114.11), (8, 8, 6, 6, 2016, 123.57),
-        (4, 8, 12, 4, 1568, 92.75), (4, 8, 12, 4, 2048, 117.07), (4, 8, 12, 2, 1568, 99.93),
-        (4, 8, 12, 2, 2048, 128.82)]),
+        (8, 8, 6, 4, 1568, 113.01, 56), (8, 8, 6, 4, 2048, 114.11, 55), (8, 8, 6, 6, 2016, 123.57, 66),
+        (4, 8, 12, 4, 1568, 92.75, None), (4, 8, 12, 4, 2048, 117.07, 49), (4, 8, 12, 2, 1568, 99.93, None),
+        (4, 8, 12, 2, 2048, 128.82, None)]),
     ("some more configs with lower PP", "181B", 14336, 72, 64, False, [
-        (6, 8, 8, 4, 2016, 113.16), (12, 8, 4, 2, 2016, 125.52), (12, 8, 4, 4, 2016, 114.81),
-        (24, 8, 2, 1, 2016, 145.45), (24, 8, 2, 2, 2016, 136.13)]),
+        (6, 8, 8, 4, 2016, 113.16, 52), (12, 8, 4, 2, 2016, 125.52, 53), (12, 8, 4, 4, 2016, 114.81, 59),
+        (24, 8, 2, 1, 2016, 145.45, 65), (24, 8, 2, 2, 2016, 136.13, 76)]),
     ("tweaking TP", "181B", 14336, 72, 64, False, [
-        (8, 4, 12, 4, 2048, 111.89), (8, 4, 12, 2, 2048, 110.48), (16, 4, 6, 4, 2048, 117.11),
-        (16, 4, 6, 2, 2048, 111.71), (16, 2, 12, 2, 2048, 112.50), (8, 2, 24, 1, 2048, 119.53),
-        (8, 2, 24, 2, 2048, 122.75), (4, 4, 24, 1, 2048, 130.60)]),
+        (8, 4, 12, 4, 2048, 111.89, 60), (8, 4, 12, 2, 2048, 110.48, 44), (16, 4, 6, 4, 2048, 117.11, 75),
+        (16, 4, 6, 2, 2048, 111.71, 57), (16, 2, 12, 2, 2048, 112.50, 63), (8, 2, 24, 1, 2048, 119.53, 44),
+        (8, 2, 24, 2, 2048, 122.75, 53), (4, 4, 24, 1, 2048, 130.60, None)]),
     ("48 node contenders", "196B", 13824, 84, 64, False, [
-        (4, 8, 12, 2, 2048, 143.89), (4, 8, 12, 4, 2048, 133.12), (8, 8, 6, 2, 2048, 141.41),
-        (8, 8, 6, 4, 2048, 130.31)]),
-    ("final round comparison", "177B", 12288, 96, 64, False, [(8, 8, 6, 2, 2048, 136.73), (8, 8, 6, 4, 2048, 122.96)]),
+        (4, 8, 12, 2, 2048, 143.89, 39), (4, 8, 12, 4, 2048, 133.12, 52), (8, 8, 6, 2, 2048, 141.41, 65),
+        (8, 8, 6, 4, 2048, 130.31, 56)]),
+    ("final round comparison", "177B", 12288, 96, 64, False, [(8, 8, 6, 2, 2048, 136.73, None),
+                                                             (8, 8, 6, 4, 2048, 122.96, None)]),
     ("final round comparison", "182B", 13312, 84, 64, False, [
-        (4, 8, 12, 4, 2048, 125.52), (8, 8, 6, 2, 2048, 135.55), (8, 8, 6, 4, 2048, 122.93)]),
-    ("final round comparison", "181B", 14336, 72, 64, False, [(4, 8, 12, 4, 2048, 123.79), (8, 8, 6, 4, 2048, 120.85)]),
+        (4, 8, 12, 4, 2048, 125.52, None), (8, 8, 6, 2, 2048, 135.55, None), (8, 8, 6, 4, 2048, 122.93, None)]),
+    ("final round comparison", "181B", 14336, 72, 64, False, [(4, 8, 12, 4, 2048, 123.79, None),
+                                                             (8, 8, 6, 4, 2048, 120.85, None)]),
     ("another round of NHEADS", "182B", 13824, 78, 64, False, [
-        (8, 4, 12, 1, 2048, 148.24), (8, 4, 12, 2, 2048, 103.51), (8, 4, 12, 4, 2048, 106.72)]),
+        (8, 4, 12, 1, 2048, 148.24, None), (8, 4, 12, 2, 2048, 103.51, 48), (8, 4, 12, 4, 2048, 106.72, None)]),
     ("another round of NHEADS", "182B", 13824, 78, 96, False, [
-        (8, 4, 12, 2, 2048, 107.12), (8, 4, 12, 4, 2048, 110.31), (8, 8, 6, 4, 2048, 118.12)]),
+        (8, 4, 12, 2, 2048, 107.12, 48), (8, 4, 12, 4, 2048, 110.31, None), (8, 8, 6, 4, 2048, 118.12, None)]),
     ("another round of NHEADS", "182B", 13824, 78, 128, False, [
-        (8, 4, 12, 2, 2048, 147.41), (8, 4, 12, 4, 2048, 153.90), (8, 8, 6, 4, 2048, 156.84)]),
-    ("another round of NHEADS", "181B", 14336, 72, 64, False, [(8, 4, 12, 2, 2048, 110.42), (8, 8, 6, 4, 2048, 113.95)]),
+        (8, 4, 12, 2, 2048, 147.41, None), (8, 4, 12, 4, 2048, 153.90, None), (8, 8, 6, 4, 2048, 156.84, None)]),
+    ("another round of NHEADS", "181B", 14336, 72, 64, False, [(8, 4, 12, 2, 2048, 110.42, None),
+                                                              (8, 8, 6, 4, 2048, 113.95, None)]),
     ("another round of NHEADS", "181B", 14336, 72, 128, False, [
-        (8, 4, 12, 2, 2048, 114.02), (8, 4, 12, 4, 2048, 137.53), (8, 8, 6, 4, 2048, 116.06)]),
+        (8, 4, 12, 2, 2048, 114.02, None), (8, 4, 12, 4, 2048, 137.53, None), (8, 8, 6, 4, 2048, 116.06, None)]),
     ("another round of NHEADS", "182B", 13312, 84, 64, False, [
-        (8, 4, 12, 2, 2048, 103.82), (8, 4, 12, 4, 2048, 113.21), (8, 8, 6, 2, 2048, 129.61)]),
+        (8, 4, 12, 2, 2048, 103.82, None), (8, 4, 12, 4, 2048, 113.21, None), (8, 8, 6, 2, 2048, 129.61, None)]),
     ("re-do", "182B", 13824, 78, 96, False, [
-        (8, 8, 6, 2, 2048, 133.57), (8, 8, 6, 4, 2048, 118.24), (16, 4, 6, 4, 2048, 115.55)]),
-    ("rebalancing layers", "195B", 12288, 106, 96, True, [(8, 4, 12, 2, 2048, 118.79), (8, 4, 12, 4, 2048, 120.34)]),
-    ("rebalancing layers", "184B", 12288, 100, 64, True, [(8, 8, 6, 2, 2048, 139.72), (8, 8, 6, 4, 2048, 120.96)]),
+        (8, 8, 6, 2, 2048, 133.57, None), (8, 8, 6, 4, 2048, 118.24, 59), (16, 4, 6, 4, 2048, 115.55, 75)]),
+    ("rebalancing layers", "195B", 12288, 106, 96, True, [(8, 4, 12, 2, 2048, 118.79, 65),
+                                                         (8, 4, 12, 4, 2048, 120.34, 79)]),
+    ("rebalancing layers", "184B", 12288, 100, 64, True, [(8, 8, 6, 2, 2048, 139.72, 61),
+                                                         (8, 8, 6, 4, 2048, 120.96, 72)]),
     ("rebalancing layers", "178B", 13312, 82, 64, True, [
-        (4, 8, 12, 4, 2048, 111.79), (8, 4, 12, 2, 2048, 104.45), (8, 4, 12, 4, 2048, 104.82)]),
+        (4, 8, 12, 4, 2048, 111.79, 52), (8, 4, 12, 2, 2048, 104.45, 63), (8, 4, 12, 4, 2048, 104.82, 74)]),
     ("rebalancing layers", "176B", 14336, 70, 64, True, [
-        (4, 8, 12, 2, 2048, 121.63), (8, 4, 12, 2, 2048, 102.03), (8, 4, 12, 4, 2048, 102.27)]),
+        (4, 8, 12, 2, 2048, 121.63, 40), (8, 4, 12, 2, 2048, 102.03, 59), (8, 4, 12, 4, 2048, 102.27, 73)]),
 ]
 
 
@@ -132,34 +144,27 @@ def bloom_layout_search() -> list[Ablation]:
     """The BLOOM prequel's search for a 3D layout on 48 nodes of 8 A100 80GB (chronicles-prequel.md),
     one ablation per table of ``BLOOM_PREQUEL_TABLES``; the first, '48 node contenders' of the 181B
     model (hidden 14,336, 72 layers, 64 heads), is what megatron-deepspeed's host time was fitted on.
-    "tweaking TP" lists dp8·tp4·pp12 at micro-batch 2 twice (110.48 s and 113.54 s, the difference
-    unstated); the first is kept."""
+    "tweaking TP" lists dp8·tp4·pp12 at micro-batch 2 twice (110.48 s at 44 GB and 113.54 s at 38 GB,
+    the difference unstated); the first is kept."""
+    return [Ablation(name, cases[0][0].source, tuple(sorted((case for case, _ in cases),
+                                                            key=lambda case: case.measured_step_s / case.batch)))
+            for name, cases in prequel_tables()]
+
+
+def bloom_memory() -> list[tuple[str, Case, int]]:
+    """Every prequel row whose table gives the memory it used: its table's name, the run and the GB."""
+    return [(name, case, memory) for name, cases in prequel_tables() for case, memory in cases if memory is not None]
+
+
+def prequel_tables() -> list[tuple[str, list[tuple[Case, int | None]]]]:
+    """Each table of ``BLOOM_PREQUEL_TABLES``, named, with its runs and their memory column."""
     out = []
-    for section, size, hidden, layers, heads, embeddings_counted, rows in BLOOM_PREQUEL_TABLES:
+    for section, size, hidden, layers, heads, rebalanced, rows in BLOOM_PREQUEL_TABLES:
         spec = ModelSpec("gpt2", layers, hidden, heads, heads, 4 * hidden, BLOOM_VOCAB, 2048, tie_embeddings=True)
         model = "" if (hidden, layers, heads) == (14336, 72, 64) else f" ({layers} × {hidden}, {heads} heads)"
         source = f"{BLOOM_PREQUEL}, '{section}'"
-        cases = sorted((bloom_case(f"dp{dp}·tp{tp}·pp{pp} mbs {mbs} gbs {gbs}", source, spec, dp, tp, pp, mbs, gbs,
-                                   seconds, embeddings_counted)
-                        for dp, tp, pp, mbs, gbs, seconds in rows), key=lambda case: case.measured_step_s / case.batch)
-        out.append(Ablation(f"BLOOM {size} prototype{model}: {section}", source, tuple(cases)))
+        out.append((f"BLOOM {size} prototype{model}: {section}",
+                    [(bloom_case(f"dp{dp}·tp{tp}·pp{pp} mbs {mbs} gbs {gbs}", source, spec, dp, tp, pp, mbs, gbs,
+                                 seconds, rebalanced), memory)
+                     for dp, tp, pp, mbs, gbs, seconds, memory in rows]))
     return out
-
-
-# The memory column ("Mem", GB) of the 181B model's tables 'GBS variations', 'some more configs with
-# lower PP' and 'tweaking TP', beside each timed row: the most a GPU of the first or last nodes (those
-# holding the word embeddings) used, how it was read unstated. "tweaking TP" gives dp8·tp4·pp12 at
-# micro-batch 2 twice, at 44 and 38 GB; the first is kept, as for its timing.
-BLOOM_PREQUEL_MEMORY_GB = {
-    (8, 8, 6, 4, 1568): 56, (8, 8, 6, 4, 2048): 55, (8, 8, 6, 6, 2016): 66, (4, 8, 12, 4, 2048): 49,
-    (6, 8, 8, 4, 2016): 52, (12, 8, 4, 2, 2016): 53, (12, 8, 4, 4, 2016): 59, (24, 8, 2, 1, 2016): 65,
-    (24, 8, 2, 2, 2016): 76, (8, 4, 12, 4, 2048): 60, (8, 4, 12, 2, 2048): 44, (16, 4, 6, 4, 2048): 75,
-    (16, 4, 6, 2, 2048): 57, (16, 2, 12, 2, 2048): 63, (8, 2, 24, 1, 2048): 44, (8, 2, 24, 2, 2048): 53,
-}
-
-
-def bloom_memory() -> list[tuple[Case, int]]:
-    """The 181B prequel runs whose tables give the memory they used, each with it."""
-    spec = ModelSpec("gpt2", 72, 14336, 64, 64, 4 * 14336, BLOOM_VOCAB, 2048, tie_embeddings=True)
-    return [(bloom_case(f"dp{dp}·tp{tp}·pp{pp} mbs {mbs} gbs {gbs}", BLOOM_PREQUEL, spec, dp, tp, pp, mbs, gbs, 0.0), gb)
-            for (dp, tp, pp, mbs, gbs), gb in BLOOM_PREQUEL_MEMORY_GB.items()]

@@ -26,7 +26,7 @@ from plait.layout import Layout
 from plait.models.flops import flops_per_sequence
 from plait.models.spec import ModelSpec, model_spec
 from plait.plan.costs import layer_cost
-from plait.plan.hardware import Hardware, hardware
+from plait.plan.hardware import Hardware, device_memory, hardware
 from plait.plan.search import best_layout
 from plait.plan.simulate import Workload, evaluate
 
@@ -428,7 +428,7 @@ def torchtitan_schedules() -> Ablation:
         step = 256 * spec.seq_len / (tokens_per_s * 512)
         cases.append(Case(f"405B {schedule}", TORCHTITAN, spec, 512, 256, {**base, "schedule": schedule}, step,
                           gpu="h100-sxm", kernels=STACKS["megatron-core"],
-                          hardware_overrides=(("memory_bytes", 96e9), ("memory_gbps", 2400))))
+                          hardware_overrides=(("memory_bytes", device_memory(96)), ("memory_gbps", 2400))))
     return Ablation("Llama 3.1 405B: interleaved 1F1B against 1F1B", TORCHTITAN, tuple(cases))
 
 
@@ -586,17 +586,22 @@ def print_fsdp_bandwidth_bound() -> None:
 
 def print_bloom_memory() -> None:
     """The BLOOM prequel's memory column against the planner's peak for the same pinned layout."""
-    print("\n| BLOOM 181B prototype layout | published memory (GB) | predicted peak (GB) | error |")
-    print("| --- | ---: | ---: | ---: |")
+    print("\n| BLOOM prequel table | layout | published memory (GB) | predicted peak (GB) | error |")
+    print("| --- | --- | ---: | ---: | ---: |")
     errors = []
-    for case, published in bloom_memory():
-        predicted = evaluate(Workload(case.spec, case.batch, "bf16", case.kernels), case.hardware(), case.gpus,
-                             Layout(**case.fixed, microbatches=case.batch // (case.fixed["dp"] * case.micro_batch))
-                             ).peak_memory_bytes / 1e9
+    for table, case, published in bloom_memory():
+        predicted = predicted_peak(case) / 1e9
         errors.append(predicted / published - 1)
-        print(f"| {case.name} | {published} | {predicted:.1f} | {errors[-1]:+.1%} |")
+        print(f"| {table} | {case.name} | {published} | {predicted:.1f} | {errors[-1]:+.1%} |")
     print(f"\nBLOOM prequel memory: median |error| {statistics.median(abs(e) for e in errors):.1%} over {len(errors)}, "
           f"from {min(errors):+.1%} to {max(errors):+.1%}")
+
+
+def predicted_peak(case: Case) -> float:
+    """The planner's peak bytes for the case's pinned layout at its micro-batch, fitting or not."""
+    layout = Layout(**case.fixed, microbatches=case.batch // (case.fixed["dp"] * case.micro_batch))
+    workload = Workload(case.spec, case.batch, "bf16", case.kernels)
+    return evaluate(workload, case.hardware(), case.gpus, layout).peak_memory_bytes
 
 
 def print_zero_bubble_memory() -> None:
@@ -632,6 +637,8 @@ def stack_of(case: Case) -> str:
         return "pytorch --unfused"
     if case.kernels == ZERO_BUBBLE_MEGATRON:
         return "megatron (zero-bubble fork)"
+    if case.kernels == replace(STACKS["megatron-deepspeed"], fp32_grad_accumulation=True):
+        return "megatron-deepspeed, BF16 optimizer"
     return next((name for name, kernels in STACKS.items() if kernels == case.kernels), "megatron (eager, dropout)")
 
 

@@ -1,5 +1,6 @@
 """Memory model against the ZeRO paper's accounting and Korthikanti et al.'s activation formulas."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -10,7 +11,7 @@ from plait.facts.model_state import model_state_bytes
 from plait.facts.stack import STACKS, Kernels
 from plait.layout import Layout
 from plait.models.spec import ModelSpec, model_spec
-from plait.plan.hardware import hardware, stack_hardware
+from plait.plan.hardware import GIB, hardware, stack_hardware
 from plait.plan.simulate import Workload, evaluate
 from plait.schedules import generate, peak_in_flight
 
@@ -104,8 +105,6 @@ def test_interleaved_in_flight_closed_form_matches_the_lists(p, m, v):
     assert [in_flight_chunks("interleaved-1f1b", p, v, m, r) for r in range(p)] == list(peaks)
 
 
-GIB = 2**30
-
 
 @pytest.mark.parametrize("gpus,reported_gib", [(8, 77.0), (128, 62.0)])
 def test_torchtitans_8b_with_per_op_checkpointing_fits_where_it_ran(gpus, reported_gib):
@@ -152,31 +151,40 @@ def test_autocasts_weight_copies_can_need_less_memory_with_larger_micro_batches(
     assert peaks[-1] < peaks[0]
 
 
-# BLOOM's search for its 181B layout on 48 nodes of eight A100 80GB (the bigscience repository's
-# train/tr11-176B-ml/chronicles-prequel.md, 'GBS variations' and after): (dp, tp, pp, micro-batch,
-# global batch), the layouts that ran and two of the three that ran out of memory. The third,
-# dp32·tp2·pp6 at micro-batch 1, plait predicts at 79.0 GB, under the 80.9 GB of an A100 80GB it
-# lets a plan fill: for every layout that ran plait's peak lies 10-28% under the team's own memory
-# column (benchmarks/validate_published.py), an undercount of this stack it does not explain.
-BLOOM_RAN = [(8, 8, 6, 4, 1568), (8, 8, 6, 4, 2048), (8, 8, 6, 6, 2016), (4, 8, 12, 4, 2048), (6, 8, 8, 4, 2016),
-             (12, 8, 4, 2, 2016), (12, 8, 4, 4, 2016), (24, 8, 2, 1, 2016), (24, 8, 2, 2, 2016), (8, 4, 12, 4, 2048),
-             (8, 4, 12, 2, 2048), (16, 4, 6, 4, 2048), (16, 4, 6, 2, 2048), (16, 2, 12, 2, 2048), (8, 2, 24, 1, 2048),
-             (8, 2, 24, 2, 2048)]
-BLOOM_OUT_OF_MEMORY = [(48, 8, 1, 1, 2016), (32, 2, 6, 2, 2048)]
+# BLOOM's search for its layout on 48 nodes of eight A100 80GB (the bigscience repository's
+# train/tr11-176B-ml/chronicles-prequel.md): every timed row whose table gives the memory it used
+# ran (benchmarks/deepspeed_megatron_runs.py), and three layouts of the 181B model ran out of memory
+# ('some more configs with lower PP', 'tweaking TP'): (dp, tp, pp, micro-batch, global batch).
+BLOOM_OUT_OF_MEMORY = [(48, 8, 1, 1, 2016), (32, 2, 6, 2, 2048),
+                       pytest.param(32, 2, 6, 1, 2048, marks=pytest.mark.xfail(strict=True, reason=(
+                           "predicted at 79.0 GB, under the 80.8 GB a plan may fill on an A100 80GB: the planner's "
+                           "peaks lie a median 23% under the memory BLOOM's runs that fit were read to hold")))]
 
 
-@pytest.mark.parametrize("dp,tp,pp,micro_batch,batch", BLOOM_RAN + BLOOM_OUT_OF_MEMORY)
-def test_blooms_layouts_fit_where_they_ran_and_not_where_they_ran_out_of_memory(dp, tp, pp, micro_batch, batch):
+def _bloom_ran():
+    from benchmarks.deepspeed_megatron_runs import bloom_memory
+
+    return [pytest.param(case, id=f"{table}: {case.name}") for table, case, _ in bloom_memory()]
+
+
+@pytest.mark.parametrize("case", _bloom_ran())
+def test_blooms_layouts_fit_where_they_ran(case):
     """Megatron-DeepSpeed with ZeRO-1 and full recomputation, as BLOOM's team ran them (the
-    validation's stack, Jean Zay's nodes and DeepSpeed's cut of the stages, benchmarks/deepspeed_megatron_runs.py)."""
+    validation's stack, Jean Zay's nodes and DeepSpeed's cut of the stages)."""
+    from benchmarks.validate_published import predicted_peak
+
+    assert predicted_peak(case) <= case.hardware().usable_memory_bytes
+
+
+@pytest.mark.parametrize("dp,tp,pp,micro_batch,batch", BLOOM_OUT_OF_MEMORY)
+def test_blooms_layouts_do_not_fit_where_they_ran_out_of_memory(dp, tp, pp, micro_batch, batch):
     from benchmarks.deepspeed_megatron_runs import BLOOM_VOCAB, JEAN_ZAY_A100, deepspeed_stage_layers
 
     spec = ModelSpec("gpt2", 72, 14336, 64, 64, 4 * 14336, BLOOM_VOCAB, 2048, tie_embeddings=True)
     workload = Workload(spec, batch, "bf16", STACKS["megatron-deepspeed"])
     layout = Layout(dp=dp, tp=tp, pp=pp, zero=1, recompute="full", microbatches=batch // (dp * micro_batch),
                     stage_layers=deepspeed_stage_layers(72, pp) if pp > 1 else None)
-    predicted = evaluate(workload, hardware("a100-80gb", **dict(JEAN_ZAY_A100)), dp * tp * pp, layout)
-    assert predicted.fits == ((dp, tp, pp, micro_batch, batch) in BLOOM_RAN)
+    assert not evaluate(workload, hardware("a100-80gb", **dict(JEAN_ZAY_A100)), dp * tp * pp, layout).fits
 
 
 @pytest.mark.parametrize("sequences,fits", [(1, True), (2, False)])
@@ -207,14 +215,12 @@ def test_the_zero_bubble_papers_peaks_follow_each_schedules_micro_batches_in_fli
 
 
 def test_every_published_run_fits_the_gpu_it_ran_on():
-    """Every run of the validation ran, so the planner must let its layout fit: its GPU holds what
-    CUDA reports (an A100 80GB 79.25 GiB, 85.1 × 10⁹ bytes, not 80 × 10⁹). Among them the zero-bubble
-    paper's 28.3B ZB-1p runs, whose peak it measured at 73 GB, and llm-foundry's 1B and 3B runs on
-    A100s of 40 GB."""
-    from benchmarks.validate_published import predict, published_runs
+    """Every run of the validation ran, the ablations' included, so the planner must let its layout
+    fit: its GPU holds what CUDA reports (an A100 80GB 79.25 GiB, 85.1 × 10⁹ bytes, not 80 × 10⁹).
+    Among them the zero-bubble paper's 28.3B ZB-1p runs, whose peak it measured at 73 GB, and
+    llm-foundry's 1B and 3B runs on A100s of 40 GB."""
+    from benchmarks.validate_published import ablations, published_runs, refused_or_predicted
 
-    cases = sum(published_runs(), [])
-    assert len(cases) > 100
-    for case in cases:
-        step_s, _ = predict(case, case.hardware())  # raises where no layout of the pinned mesh fits
-        assert step_s > 0
+    cases = sum(published_runs(), []) + [case for ablation in ablations() for case in ablation.fastest_first]
+    assert len(cases) > 200
+    assert [case.name for case in cases if not math.isfinite(refused_or_predicted(case))] == []

@@ -129,7 +129,7 @@ def test_the_search_scores_a_layout_as_the_play_predicts_it(model, batch, gpu, s
 
 def test_the_search_recomputes_the_fewest_blocks_that_fit():
     """llama-70b on 64 H100 as plain FSDP at 8k tokens: keeping every block's activations needs far
-    more than 80 GB, recomputing every block fits with room to spare. The search recomputes the
+    more than the 85 GB an H100 holds, recomputing every block fits with room to spare. The search recomputes the
     first N blocks, where N − 1 would not fit, and that is faster than recomputing all 80."""
     workload = Workload(model_spec("llama-70b"), 64, "bf16", STACKS["megatron"])
     hw = hardware("h100-sxm")

@@ -126,6 +126,20 @@ def test_under_interleaving_a_chunks_overlapped_gather_hides_under_the_forwards_
     assert interleaved < 0.8 * plain
 
 
+@pytest.mark.parametrize("dp", [1, 8, 64])
+def test_deepspeeds_bf16_optimizer_holds_an_fp32_gradient_copy_sharded_over_nothing(dp):
+    """BLOOM's prequel ("Rebalancing layers"): the BF16 optimizer accumulates the gradients in fp32,
+    "The additional memory usage is 4bytes x params and it's not sharded across gpus"."""
+    from plait.facts.model_state import rank_model_states, rank_parameters
+
+    spec, layout = model_spec("gpt3-175b"), Layout(dp=dp, tp=4, pp=12, zero=1)
+    bf16_optimizer = replace(STACKS["megatron-deepspeed"], fp32_grad_accumulation=True)
+    plain, extra = (rank_model_states(spec, layout, "bf16", 8, False, False, kernels)
+                    for kernels in (STACKS["megatron-deepspeed"], bf16_optimizer))
+    assert extra.grads - plain.grads == pytest.approx(4 * rank_parameters(spec, 8, False, False, 4, 12))
+    assert (extra.params, extra.optimizer) == (plain.params, plain.optimizer)
+
+
 def test_deepspeeds_pipeline_engine_reduces_gradients_after_its_schedule():
     """DeepSpeed's ReduceGrads instruction follows the schedule's last backward: with stages its
     whole gradient all-reduce waits after backward, where a stack reducing buckets from hooks hides

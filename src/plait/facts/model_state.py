@@ -201,12 +201,16 @@ def rank_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: i
 
     plait's own (``kernels`` None or ``plait_engine``): what plait's engine holds (``plait_model_states``).
     A reference stack: the ZeRO paper's split of ``rank_parameters`` sharded over dp·cp (Megatron-LM's
-    distributed optimizer shards over the data- and context-parallel ranks together).
+    distributed optimizer shards over the data- and context-parallel ranks together), and an fp32
+    copy of every gradient where the stack accumulates in one (``Kernels.fp32_grad_accumulation``).
     """
     if kernels is None or kernels.plait_engine:
         return plait_model_states(spec, layout, precision, layers, first, last, dp_rank)
     params = rank_parameters(spec, layers, first, last, layout.tp, layout.pp)
-    return model_state_bytes(params, precision, layout.zero, layout.dp * layout.cp)
+    states = model_state_bytes(params, precision, layout.zero, layout.dp * layout.cp)
+    if kernels.fp32_grad_accumulation:
+        return ModelStates(states.params, states.grads + FP32 * params, states.optimizer)
+    return states
 
 
 def zero_group(layout: Layout, kernels: Kernels) -> tuple[int, int]:

@@ -98,6 +98,10 @@ class Kernels:
     # the schedule's last backward (deepspeed/runtime/pipe/schedule.py), so none of it hides under
     # backward; elsewhere hooks reduce buckets as backward produces them.
     reduce_after_schedule: bool = False
+    # DeepSpeed's BF16_Optimizer adds each micro-batch's 16-bit gradients into an fp32 copy of every
+    # gradient the rank holds, unsharded: 4 bytes a parameter more (BLOOM's prequel, "Rebalancing
+    # layers": "The additional memory usage is 4bytes x params and it's not sharded across gpus").
+    fp32_grad_accumulation: bool = False
     # A stage's boundary tensor crosses the pipeline in 1/tp pieces, one from each tensor-parallel rank,
     # the receiving stage all-gathering them over tp: Megatron-LM's scatter/gather before Megatron-Core
     # (Narayanan et al. 2021, §4.1) and DeepSpeed's partitioned pipe buffers

@@ -18,16 +18,17 @@ from plait.facts.stack import Kernels
 
 GB = 10**9
 GIB = 2**30
-# Vendors size HBM in GiB: an A100 80GB holds 80 GiB (nvidia-smi: 81,920 MiB), an A100 40GB 40 GiB.
-# Of it a process may allocate what PyTorch's out-of-memory reports call the total capacity
-# (torch.cuda.get_device_properties().total_memory), 79.25 GiB on an A100 80GB; the driver keeps
-# the rest. Every part here takes that share of its marketed size.
-CUDA_VISIBLE_SHARE = 79.25 / 80
+# A GPU's memory is what the runtime lets a process allocate (torch.cuda.get_device_properties()
+# .total_memory). NVIDIA's marketed size is, within about 1%, the GiB nvidia-smi shows (an A100 80GB:
+# 81,920 MiB), of which CUDA leaves a process about 99%: PyTorch's out-of-memory reports read 79.25
+# GiB on an A100 80GB and 79.1 on an H100 80GB. Every part takes the A100's share; ROCm leaves
+# nearly all of an MI300X's 192 GiB, so it reads about 1% low.
+ALLOCATABLE_SHARE = 79.25 / 80
 
 
-def device_memory(marketed_gb: float) -> float:
-    """Bytes a process can allocate on a GPU sold as ``marketed_gb`` GB: vendors size HBM in GiB."""
-    return marketed_gb * GIB * CUDA_VISIBLE_SHARE
+def device_memory(marketed_size: float) -> float:
+    """Bytes a process can allocate on a GPU sold with ``marketed_size`` GB (read as GiB)."""
+    return marketed_size * GIB * ALLOCATABLE_SHARE
 
 
 @dataclass(frozen=True)
