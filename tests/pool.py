@@ -4,6 +4,11 @@ Starting a torch process costs seconds on a 2-core machine, so the session spawn
 processes once; each case then forms a fresh gloo world of just the ranks it needs (a new TCP
 rendezvous per case), runs a module-level function on every rank, and tears the world down.
 
+A worker that dies before answering (a long-lived torch process has been seen to abort once in
+some thousand worlds on glibc's "malloc(): unaligned tcache chunk detected") is noticed within
+seconds; the pool restarts every worker and runs the case once more in fresh processes, saying so
+on stderr, and a second death fails the case with the worker's exit code.
+
 A torn-down world does not give back all its gloo threads and sockets (DTensor's caches keep
 device meshes, and so their process groups, alive), so a worker that holds more than
 ``RETIRE_AT_OPEN_FILES`` open files retires after its case and the pool starts a fresh one; a
@@ -16,11 +21,14 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import sys
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
 
 CASE_TIMEOUT_S = 300
+POLL_S = 2
 RETIRE_AT_OPEN_FILES = 1000
 
 
@@ -76,6 +84,10 @@ def _forget_meshes() -> None:
     MeshTopoInfo.build_from_mesh.cache_clear()
 
 
+class WorkerDied(RuntimeError):
+    """A worker process ended before answering its case."""
+
+
 class WorkerPool:
     """``run(fn, world_size, *args)`` calls ``fn(*args)`` on ranks 0..world_size-1 of a new world."""
 
@@ -98,19 +110,33 @@ class WorkerPool:
         """Per-rank return values, in rank order; raises with the rank's traceback if any failed."""
         if world_size > self.size:
             raise ValueError(f"the pool has {self.size} ranks, the case needs {world_size}")
+        try:
+            return self._run_once(function, world_size, args)
+        except WorkerDied as died:
+            print(f"\n{died}; running {function.__name__} again in fresh workers", file=sys.stderr)
+            return self._run_once(function, world_size, args)
+
+    def _run_once(self, function: Callable, world_size: int, args: tuple) -> list:
         port = _free_port()
         for rank in range(world_size):
             self.tasks[rank].put((function, args, world_size, port))
         values: dict[int, object] = {}
         failures = []
         answered: set[int] = set()
-        for _ in range(world_size):
+        deadline = time.monotonic() + CASE_TIMEOUT_S
+        while len(answered) < world_size:
             try:
-                rank, ok, value, retired = self.results.get(timeout=CASE_TIMEOUT_S)
+                rank, ok, value, retired = self.results.get(timeout=POLL_S)
             except queue.Empty:
                 missing = sorted(set(range(world_size)) - answered)
-                self._replace_all()
-                raise TimeoutError(f"ranks {missing} gave no answer to {function.__name__} in {CASE_TIMEOUT_S}s")
+                dead = [(r, self.processes[r].exitcode) for r in missing if not self.processes[r].is_alive()]
+                if dead:
+                    self._replace_all()
+                    raise WorkerDied(f"rank {dead[0][0]} died (exit code {dead[0][1]}) running {function.__name__}")
+                if time.monotonic() > deadline:
+                    self._replace_all()
+                    raise TimeoutError(f"ranks {missing} gave no answer to {function.__name__} in {CASE_TIMEOUT_S}s")
+                continue
             answered.add(rank)
             if retired:
                 self.processes[rank].join()
