@@ -51,6 +51,19 @@ def activation_bytes_per_layer(
     return korthikanti_bytes_per_layer(spec, micro_batch, tp, sp, cp, recompute, precision, kernels)
 
 
+def recompute_working_bytes(spec: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False, cp: int = 1,
+                            recompute: str = "none", precision: str = "bf16", kernels: Kernels = STACKS[DEFAULT_STACK],
+                            zero: int = 0, pp: int = 1, cp_algorithm: str = "all-to-all") -> float:
+    """What one recomputed block holds beyond what it kept while its backward runs: the recomputed
+    forward brings back every tensor a block without recomputation would have saved, one block at
+    a time, beside everything the other blocks keep. Nothing without recomputation."""
+    if recompute == "none":
+        return 0.0
+    args = (spec, micro_batch, tp, sp, cp)
+    rest = (precision, kernels, zero, pp, cp_algorithm)
+    return max(0.0, activation_bytes_per_layer(*args, "none", *rest) - activation_bytes_per_layer(*args, recompute, *rest))
+
+
 def held_between_passes(saved: float, offload: bool) -> float:
     """What a block's ``saved`` bytes hold on the device from its forward to its backward: all of
     them, or none under activation offload (plait.parallel.offload), where they wait in host memory.

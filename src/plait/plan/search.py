@@ -22,6 +22,7 @@ from typing import Iterator
 from plait.errors import ConfigError
 from plait.facts.activations import (
     activation_bytes_per_layer, autocast_copies_weights, head_activation_bytes, held_between_passes, loss_backward_bytes,
+    recompute_working_bytes,
 )
 from plait.facts.in_flight import in_flight_chunks
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors, zero_group
@@ -223,7 +224,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     # hold both claims.
     waiting = replace(kernels, blocking_sends=SCHEDULES)  # each boundary's transfer apart from its gather
     works: dict[tuple, dict] = {}
-    acts: dict[tuple, float] = {}
+    acts: dict[tuple, tuple[float, float]] = {}
     times_cache: dict[tuple, LayerTimes] = {}
     flushes: dict[tuple, FlushCosts] = {}
     states: dict[tuple, tuple[float, float]] = {}
@@ -323,13 +324,14 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # A stage's activations per micro-batch under each recomputation (what they read of
                     # the ZeRO stage and the stages on plait's engine).
                     weights = (autocast_copies_weights(precision, zero, pp), zero == 3) if kernels.plait_engine else None
-                    held = {}
+                    held, working = {}, {}
                     for rc in costed:
                         act_key = (tp, sp, cp, rc, mbs, weights, algorithm)
                         if act_key not in acts:
-                            acts[act_key] = held_between_passes(activation_bytes_per_layer(
-                                spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp, algorithm), offload)
-                        held[rc] = acts[act_key]
+                            acts[act_key] = (held_between_passes(activation_bytes_per_layer(
+                                spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp, algorithm), offload),
+                                recompute_working_bytes(spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp, algorithm))
+                        held[rc], working[rc] = acts[act_key]
                     # (held chunks, layers, bytes besides the activations) of each schedule's first,
                     # fullest middle and last rank; with the least any recomputation keeps, the
                     # schedules' smallest peak: above the memory there is, none of them can fit.
@@ -405,17 +407,20 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                             found.oversized += 1
                             continue
                         for rc in tried:
-                            peak = _peak(ranks, per_rc[rc][0] / v)
+                            peak = _peak(ranks, per_rc[rc][0] / v) + working[rc]
                             if peak <= capacity:
                                 break
-                        else:  # zb-h1 without the recomputation that keeps the least
+                            found.note_smallest(peak, (dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm,
+                                                       replicate, 0, offload))
+                        else:  # none fits with its recomputed block, or zb-h1 without the one that keeps the least
                             found.oversized += 1
                             continue
                         candidates = [] if pinned_blocks is not None else [(rc, per_rc[rc], peak, None)]
                         if some and rc in ("op", "full"):
-                            blocks = pinned_blocks or _fewest_recomputed(ranks, v, per_rc["none"][0], per_rc["full"][0], capacity)
+                            blocks = pinned_blocks or _fewest_recomputed(ranks, v, per_rc["none"][0], per_rc["full"][0],
+                                                                         capacity - working["full"])
                             if pinned_blocks or blocks is not None and blocks * v < min(n for _, n, _ in ranks if n):
-                                candidates.append(_partial(ranks, v, per_rc, blocks, per_rank))
+                                candidates.append(_partial(ranks, v, per_rc, blocks, per_rank, working["full"]))
                         for rc, (_, mean, work, embedding_extra, fill_zb, flushed, backward, forward), peak, blocks in candidates:
                             if gathered and v > 1:
                                 flushed = flush.exposed(per_rank * backward, gather_window(per_rank * forward, v, pp, m)) + flush.optimizer
@@ -473,14 +478,15 @@ def _fewest_recomputed(ranks: tuple, v: int, kept: float, recomputed: float, cap
     return blocks
 
 
-def _partial(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank: int) -> tuple:
-    """(``full``, the per-layer figures of a chunk recomputing its first ``blocks`` blocks, its peak,
-    ``blocks``): time a blend of none and full by the share of a rank's blocks recomputed."""
+def _partial(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank: int, working: float) -> tuple:
+    """(``full``, the per-layer figures of a chunk recomputing its first ``blocks`` blocks, its peak
+    with the ``working`` bytes of the block being recomputed, ``blocks``): time a blend of none and
+    full by the share of a rank's blocks recomputed."""
     kept, recomputed = per_rc["none"], per_rc["full"]
     share = min(1.0, blocks * v / per_rank)
     blend = tuple(share * r + (1 - share) * k for k, r in zip(kept, recomputed))
-    peak = max(besides + held * (min(blocks, layers / v) * recomputed[0] + max(0.0, layers / v - blocks) * kept[0])
-               for held, layers, besides in ranks if layers)
+    peak = working + max(besides + held * (min(blocks, layers / v) * recomputed[0] + max(0.0, layers / v - blocks) * kept[0])
+                         for held, layers, besides in ranks if layers)
     return "full", blend, peak, blocks
 
 

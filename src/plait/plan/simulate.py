@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from plait.facts.activations import (
     activation_bytes_per_layer, head_activation_bytes, held_between_passes, loss_backward_bytes, op_keeps_attention,
+    recompute_working_bytes,
 )
 from plait.facts.buckets import BUCKET_CAP_BYTES, bucket_bytes
 from plait.facts.collectives import tied_embedding_bytes
@@ -87,13 +88,16 @@ def check_layout(workload: Workload, gpus: int, layout: Layout) -> int:
 
 def stage_memory(workload: Workload, hw: Hardware, layout: Layout, micro_batch: int, layers: int,
                  first: bool, last: bool, activations: float) -> RankMemory:
-    """Peak bytes of one rank of a pipeline stage holding ``layers`` layers and ``activations``."""
+    """Peak bytes of one rank of a pipeline stage holding ``layers`` layers and ``activations``, and
+    under recomputation the one block its backward recomputes."""
     spec, precision = workload.spec, workload.precision
     states = rank_model_states(spec, layout, precision, layers, first, last, workload.kernels)
     other = other_bytes(spec, layout, micro_batch, precision, hw.reserved_bytes, workload.kernels)
     if last:
         other += loss_backward_bytes(spec, micro_batch, layout.tp, layout.cp, workload.kernels)
-    return RankMemory(states.params, states.grads, states.optimizer, activations, other)
+    working = recompute_working_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, precision,
+                                      workload.kernels, layout.zero, layout.pp, layout.cp_algorithm) if layers else 0.0
+    return RankMemory(states.params, states.grads, states.optimizer, activations + working, other)
 
 
 def chunk_activation_bytes(workload: Workload, layout: Layout, micro_batch: int, counts: tuple[int, ...]) -> list[float]:
