@@ -6,8 +6,9 @@ rendezvous per case), runs a module-level function on every rank, and tears the 
 
 A worker that dies before answering (a long-lived torch process has been seen to abort once in
 some thousand worlds on glibc's "malloc(): unaligned tcache chunk detected") is noticed within
-seconds; the pool restarts every worker and runs the case once more in fresh processes, saying so
-on stderr, and a second death fails the case with the worker's exit code.
+seconds; the pool restarts every worker and runs the case once more in fresh processes, with a
+warning in the session's summary, and a second death fails the case with the worker's exit code. A
+case that writes files meets what its first try left.
 
 A torn-down world does not give back all its gloo threads and sockets (DTensor's caches keep
 device meshes, and so their process groups, alive), so a worker that holds more than
@@ -21,9 +22,9 @@ import multiprocessing as mp
 import os
 import queue
 import socket
-import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -110,10 +111,12 @@ class WorkerPool:
         """Per-rank return values, in rank order; raises with the rank's traceback if any failed."""
         if world_size > self.size:
             raise ValueError(f"the pool has {self.size} ranks, the case needs {world_size}")
+        if any(not process.is_alive() for process in self.processes):  # died since its last case
+            self._replace_all()
         try:
             return self._run_once(function, world_size, args)
         except WorkerDied as died:
-            print(f"\n{died}; running {function.__name__} again in fresh workers", file=sys.stderr)
+            warnings.warn(f"{died}; ran it again in fresh workers", stacklevel=2)
             return self._run_once(function, world_size, args)
 
     def _run_once(self, function: Callable, world_size: int, args: tuple) -> list:
@@ -130,7 +133,7 @@ class WorkerPool:
             except queue.Empty:
                 missing = sorted(set(range(world_size)) - answered)
                 dead = [(r, self.processes[r].exitcode) for r in missing if not self.processes[r].is_alive()]
-                if dead:
+                if dead and self.results.empty():  # (an answer sent just before a retiring worker exits)
                     self._replace_all()
                     raise WorkerDied(f"rank {dead[0][0]} died (exit code {dead[0][1]}) running {function.__name__}")
                 if time.monotonic() > deadline:

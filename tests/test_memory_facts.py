@@ -156,6 +156,6 @@ def test_the_planner_predicts_plaits_own_figures(model, precision, layout):
     assert chunks[-1] >= layers[-1]
     for rank in range(lay.pp):
         layers, first, last = pipeline_share(spec, lay, rank)
-        memory = stage_memory(workload, hardware("a100-80gb"), lay, micro_batch, layers, first, last, 0.0)
+        memory = stage_memory(workload, hardware("a100-80gb"), lay, micro_batch, layers, first, last, 0.0, False)
         fact = rank_model_states(spec, lay, precision, layers, first, last)
         assert (memory.params, memory.grads, memory.optimizer) == (fact.params, fact.grads, fact.optimizer)

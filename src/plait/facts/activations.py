@@ -54,14 +54,31 @@ def activation_bytes_per_layer(
 def recompute_working_bytes(spec: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False, cp: int = 1,
                             recompute: str = "none", precision: str = "bf16", kernels: Kernels = STACKS[DEFAULT_STACK],
                             zero: int = 0, pp: int = 1, cp_algorithm: str = "all-to-all") -> float:
-    """What one recomputed block holds beyond what it kept while its backward runs: the recomputed
-    forward brings back every tensor a block without recomputation would have saved, one block at
-    a time, beside everything the other blocks keep. Nothing without recomputation."""
+    """What one recomputed block holds beyond what it kept while its backward runs: its replayed
+    forward brings back every tensor a block without recomputation saves. Nothing without
+    recomputation."""
     if recompute == "none":
         return 0.0
-    args = (spec, micro_batch, tp, sp, cp)
-    rest = (precision, kernels, zero, pp, cp_algorithm)
-    return max(0.0, activation_bytes_per_layer(*args, "none", *rest) - activation_bytes_per_layer(*args, recompute, *rest))
+    kept, whole = (activation_bytes_per_layer(spec, micro_batch, tp, sp, cp, mode, precision, kernels, zero, pp, cp_algorithm)
+                   for mode in (recompute, "none"))
+    return max(0.0, whole - kept)
+
+
+def replayed_block_bytes(working: float, schedule: str, kept_in_every_chunk: bool, last_chunk_alone: bool,
+                         freed_before_blocks: float) -> float:
+    """What a rank's peak gains from the block its backward replays (``working``,
+    ``recompute_working_bytes``), one block at a time beside everything else held. Nothing where every
+    chunk of the rank keeps a block (partial recomputation keeps a chunk's last blocks, whose backward
+    runs first and frees more); on a rank holding the last chunk alone, only what exceeds the head's
+    and the loss's bytes (``freed_before_blocks``), freed before any block's backward. zb-h1 keeps
+    each graph until its weight pass, so there every byte of it counts."""
+    if schedule == "zb-h1":
+        return working
+    if kept_in_every_chunk:
+        return 0.0
+    if last_chunk_alone:
+        return max(0.0, working - freed_before_blocks)
+    return working
 
 
 def held_between_passes(saved: float, offload: bool) -> float:

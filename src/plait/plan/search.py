@@ -22,7 +22,7 @@ from typing import Iterator
 from plait.errors import ConfigError
 from plait.facts.activations import (
     activation_bytes_per_layer, autocast_copies_weights, head_activation_bytes, held_between_passes, loss_backward_bytes,
-    recompute_working_bytes,
+    recompute_working_bytes, replayed_block_bytes,
 )
 from plait.facts.in_flight import in_flight_chunks
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors, zero_group
@@ -342,16 +342,19 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                 for _, v, held_first, held_second, held_last, first_layers, middle_layers, last_layers
                                 in schedules]
                     least = min(held[rc] for rc in recomputes)
-                    lightest = [_peak(ranks, least / sched[1]) for ranks, sched in zip(ranks_of, schedules)]
+                    lightest = [_peak(ranks, least / sched[1], (0.0, 0.0, 0.0)) for ranks, sched in zip(ranks_of, schedules)]
+                    freed = loss_backward + head_act  # what the last stage frees before any block's backward
                     examined = True
                     larger_may_fit = larger_may_fit or beyond(lightest, middle_full + other, pp > 1 and weights is not None
                                                               and weights[0]) <= capacity
                     if lightest and min(lightest) > capacity:
                         found.oversized += len(schedules)
                         smallest = min(range(len(schedules)), key=lightest.__getitem__)
-                        found.note_smallest(lightest[smallest], (dp, tp, cp, pp, sp, zero, *schedules[smallest][:2], m,
-                                                                 min(recomputes, key=held.__getitem__), compression,
-                                                                 algorithm, replicate, 0, offload))
+                        name, v = schedules[smallest][:2]
+                        rc = min(recomputes, key=held.__getitem__)
+                        found.note_smallest(_peak(ranks_of[smallest], held[rc] / v, _replayed(working[rc], name, v, pp, freed)),
+                                            (dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
+                                             0, offload))
                         continue
                     if not times:
                         for rc in costed:
@@ -407,7 +410,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                             found.oversized += 1
                             continue
                         for rc in tried:
-                            peak = _peak(ranks, per_rc[rc][0] / v) + working[rc]
+                            peak = _peak(ranks, per_rc[rc][0] / v, _replayed(working[rc], name, v, pp, freed))
                             if peak <= capacity:
                                 break
                             found.note_smallest(peak, (dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm,
@@ -417,10 +420,12 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                             continue
                         candidates = [] if pinned_blocks is not None else [(rc, per_rc[rc], peak, None)]
                         if some and rc in ("op", "full"):
+                            # (every chunk keeping a block, only zb-h1 adds the replayed one: replayed_block_bytes)
+                            replayed = working["full"] if name == "zb-h1" else 0.0
                             blocks = pinned_blocks or _fewest_recomputed(ranks, v, per_rc["none"][0], per_rc["full"][0],
-                                                                         capacity - working["full"])
+                                                                         capacity - replayed)
                             if pinned_blocks or blocks is not None and blocks * v < min(n for _, n, _ in ranks if n):
-                                candidates.append(_partial(ranks, v, per_rc, blocks, per_rank, working["full"]))
+                                candidates.append(_partial(ranks, v, per_rc, blocks, per_rank, replayed))
                         for rc, (_, mean, work, embedding_extra, fill_zb, flushed, backward, forward), peak, blocks in candidates:
                             if gathered and v > 1:
                                 flushed = flush.exposed(per_rank * backward, gather_window(per_rank * forward, v, pp, m)) + flush.optimizer
@@ -452,16 +457,27 @@ def beyond(lightest: list[float], states: float, weight_copies: bool) -> float:
     return states if weight_copies else min(lightest, default=0.0)
 
 
-def _peak(ranks: tuple, act: float) -> float:
+def _peak(ranks: tuple, act: float, replayed: tuple[float, float, float]) -> float:
     """The fullest of a schedule's ranks (held chunks, layers, bytes besides the activations), each
-    chunk holding ``act`` bytes a layer."""
+    chunk holding ``act`` bytes a layer, and each rank what the block its backward replays adds."""
     peak = 0.0
-    for held, layers, besides in ranks:
+    for (held, layers, besides), extra in zip(ranks, replayed):
         if layers:
-            bytes_ = besides + held * layers * act
+            bytes_ = besides + held * layers * act + extra
             if bytes_ > peak:
                 peak = bytes_
     return peak
+
+
+def _replayed(working: float, schedule: str, v: int, pp: int, freed: float) -> tuple[float, float, float]:
+    """What the replayed block adds on a schedule's first, fullest middle and last rank
+    (plait.facts.activations.replayed_block_bytes): the last rank holds the last chunk alone when
+    v is 1, and with one stage every entry is that rank."""
+    last = replayed_block_bytes(working, schedule, False, v == 1, freed)
+    if pp == 1:
+        return last, last, last
+    other = replayed_block_bytes(working, schedule, False, False, freed)
+    return other, other, last
 
 
 def _fewest_recomputed(ranks: tuple, v: int, kept: float, recomputed: float, capacity: float) -> int | None:
@@ -478,15 +494,15 @@ def _fewest_recomputed(ranks: tuple, v: int, kept: float, recomputed: float, cap
     return blocks
 
 
-def _partial(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank: int, working: float) -> tuple:
+def _partial(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank: int, replayed: float) -> tuple:
     """(``full``, the per-layer figures of a chunk recomputing its first ``blocks`` blocks, its peak
-    with the ``working`` bytes of the block being recomputed, ``blocks``): time a blend of none and
-    full by the share of a rank's blocks recomputed."""
+    with what the ``replayed`` block adds, ``blocks``): time a blend of none and full by the share of
+    a rank's blocks recomputed."""
     kept, recomputed = per_rc["none"], per_rc["full"]
     share = min(1.0, blocks * v / per_rank)
     blend = tuple(share * r + (1 - share) * k for k, r in zip(kept, recomputed))
-    peak = working + max(besides + held * (min(blocks, layers / v) * recomputed[0] + max(0.0, layers / v - blocks) * kept[0])
-                         for held, layers, besides in ranks if layers)
+    peak = replayed + max(besides + held * (min(blocks, layers / v) * recomputed[0] + max(0.0, layers / v - blocks) * kept[0])
+                          for held, layers, besides in ranks if layers)
     return "full", blend, peak, blocks
 
 

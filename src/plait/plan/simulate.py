@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from plait.facts.activations import (
     activation_bytes_per_layer, head_activation_bytes, held_between_passes, loss_backward_bytes, op_keeps_attention,
-    recompute_working_bytes,
+    recompute_working_bytes, replayed_block_bytes,
 )
 from plait.facts.buckets import BUCKET_CAP_BYTES, bucket_bytes
 from plait.facts.collectives import tied_embedding_bytes
@@ -87,17 +87,19 @@ def check_layout(workload: Workload, gpus: int, layout: Layout) -> int:
 
 
 def stage_memory(workload: Workload, hw: Hardware, layout: Layout, micro_batch: int, layers: int,
-                 first: bool, last: bool, activations: float) -> RankMemory:
+                 first: bool, last: bool, activations: float, kept_in_every_chunk: bool) -> RankMemory:
     """Peak bytes of one rank of a pipeline stage holding ``layers`` layers and ``activations``, and
-    under recomputation the one block its backward recomputes."""
-    spec, precision = workload.spec, workload.precision
-    states = rank_model_states(spec, layout, precision, layers, first, last, workload.kernels)
-    other = other_bytes(spec, layout, micro_batch, precision, hw.reserved_bytes, workload.kernels)
-    if last:
-        other += loss_backward_bytes(spec, micro_batch, layout.tp, layout.cp, workload.kernels)
+    under recomputation what the block its backward replays adds (``replayed_block_bytes``)."""
+    spec, precision, kernels = workload.spec, workload.precision, workload.kernels
+    states = rank_model_states(spec, layout, precision, layers, first, last, kernels)
+    other = other_bytes(spec, layout, micro_batch, precision, hw.reserved_bytes, kernels)
+    loss = loss_backward_bytes(spec, micro_batch, layout.tp, layout.cp, kernels) if last else 0.0
+    head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision) if last else 0.0
     working = recompute_working_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, precision,
-                                      workload.kernels, layout.zero, layout.pp, layout.cp_algorithm) if layers else 0.0
-    return RankMemory(states.params, states.grads, states.optimizer, activations + working, other)
+                                      kernels, layout.zero, layout.pp, layout.cp_algorithm) if layers else 0.0
+    replayed = replayed_block_bytes(working, layout.schedule, kept_in_every_chunk,
+                                    last and layout.virtual_stages == 1, head + loss)
+    return RankMemory(states.params, states.grads, states.optimizer, activations + replayed, other + loss)
 
 
 def chunk_activation_bytes(workload: Workload, layout: Layout, micro_batch: int, counts: tuple[int, ...]) -> list[float]:
@@ -263,7 +265,9 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp))
         forward = gather_window(sum(chunks[c].forward for c in mine), v, pp, m)
         tails.append((flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer))
-        memories.append(stage_memory(workload, hw, layout, micro_batch, layers, first, last, played.peak_activations[rank]))
+        kept = layout.recompute_layers is not None and min(counts[c] for c in mine if counts[c]) > layout.recompute_layers
+        memories.append(stage_memory(workload, hw, layout, micro_batch, layers, first, last, played.peak_activations[rank],
+                                     kept))
     step = played.step_time + max(comm + opt for comm, opt in tails)
     # Offloaded activations in host memory, at the most any rank holds (as the device's peak, from the play).
     host = max(play(layout.schedule, pp, v, m, chunks, boundaries,
