@@ -265,7 +265,8 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp))
         forward = gather_window(sum(chunks[c].forward for c in mine), v, pp, m)
         tails.append((flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer))
-        kept = layout.recompute_layers is not None and min(counts[c] for c in mine if counts[c]) > layout.recompute_layers
+        kept = (layout.recompute_layers is not None
+                and min((counts[c] for c in mine if counts[c]), default=0) > layout.recompute_layers)
         memories.append(stage_memory(workload, hw, layout, micro_batch, layers, first, last, played.peak_activations[rank],
                                      kept))
     step = played.step_time + max(comm + opt for comm, opt in tails)
