@@ -3,10 +3,11 @@
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from plait.facts.activations import activation_bytes_per_layer, head_activation_bytes
-from plait.facts.in_flight import in_flight_chunks
+from plait.facts.in_flight import held_chunk_counts, in_flight_chunks, peak_activation_bytes
 from plait.facts.model_state import model_state_bytes
 from plait.facts.stack import STACKS, Kernels
 from plait.layout import Layout
@@ -14,6 +15,7 @@ from plait.models.spec import ModelSpec, model_spec
 from plait.plan.hardware import GIB, hardware, stack_hardware
 from plait.plan.simulate import Workload, evaluate
 from plait.schedules import generate, peak_in_flight
+from plait.schedules.simulate import compile_schedule
 
 GB = 1e9
 
@@ -104,6 +106,34 @@ def test_interleaved_in_flight_closed_form_matches_the_lists(p, m, v):
     peaks = peak_in_flight(generate("interleaved-1f1b", p, m, v))
     assert [in_flight_chunks("interleaved-1f1b", p, v, m, r) for r in range(p)] == list(peaks)
 
+
+
+@pytest.mark.parametrize("name,p,v", [("interleaved-1f1b", 2, 3), ("interleaved-1f1b", 4, 2), ("interleaved-1f1b", 4, 5),
+                                      ("interleaved-1f1b", 8, 3), ("1f1b", 4, 1), ("zb-h1", 4, 1), ("gpipe", 3, 1)])
+@pytest.mark.parametrize("rounds", [1, 2, 3, 5])
+def test_held_chunk_counts_weigh_to_the_played_peak_for_any_chunk_sizes(name, p, v, rounds):
+    """Weighed by any per-chunk bytes, the most of a rank's peak counts is the most its generated list
+    holds (the peak the play reads), here for chunks of random sizes and the last one far larger."""
+    m = rounds * p
+    compiled = compile_schedule(generate(name, p, m, v))
+    rng = np.random.default_rng(rounds)
+    for sizes in (rng.uniform(1, 5, p * v), np.r_[rng.uniform(1, 5, p * v - 1), 40.0]):
+        for rank in range(p):
+            counts = held_chunk_counts(name, p, v, m, rank)
+            weighed = max(sum(n * sizes[rank + j * p] for j, n in enumerate(count)) for count in counts)
+            assert weighed == pytest.approx(peak_activation_bytes(compiled.kinds[rank], compiled.chunks[rank], sizes))
+
+
+@pytest.mark.parametrize("name,v", [("interleaved-1f1b", 2), ("interleaved-1f1b", 3), ("interleaved-1f1b", 6),
+                                    ("1f1b", 1), ("zb-h1", 1), ("gpipe", 1), ("naive", 1)])
+@pytest.mark.parametrize("p,rounds", [(3, 1), (4, 2), (8, 1), (8, 3), (13, 2)])
+def test_no_rank_holds_more_of_a_chunk_than_an_earlier_rank(name, p, v, rounds):
+    """What the search examines only the first middle rank of each cut for: at every peak of a rank,
+    an earlier rank has a peak holding at least as many of each of its chunks."""
+    held = [held_chunk_counts(name, p, v, rounds * p, rank) for rank in range(p)]
+    for earlier in range(p):
+        for later in range(earlier + 1, p):
+            assert all(any(all(e >= n for e, n in zip(before, count)) for before in held[earlier]) for count in held[later])
 
 
 @pytest.mark.parametrize("gpus,reported_gib", [(8, 77.0), (128, 62.0)])

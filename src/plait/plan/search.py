@@ -2,8 +2,9 @@
 
 Two passes. The first walks every layout (pp, dp, cp and its algorithm, tp, sp, ZeRO stage, schedule, v,
 micro-batch size, recomputation) and scores it with closed forms built from the same per-layer
-costs as the simulator: the peak memory of the first and last pipeline ranks (where embedding,
-head and the most in-flight micro-batches sit) and the pipeline's closed-form step time
+costs as the simulator: the peak memory of the first, each differently cut middle and the last
+pipeline rank, from what each holds of every chunk at its peaks (plait.facts.in_flight), and the
+pipeline's closed-form step time
 (plait.plan.pipeline.estimate_step). For each choice of everything else, recomputation is tried
 from the least work to the most and only the first that fits is scored: the later ones only add
 time. A layout that fits under none is counted, not scored. The second pass plays the real schedule (plait.plan.simulate.evaluate) for the best few and
@@ -17,14 +18,14 @@ import functools
 import heapq
 import math
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from plait.errors import ConfigError
 from plait.facts.activations import (
     activation_bytes_per_layer, autocast_copies_weights, head_activation_bytes, held_between_passes, loss_backward_bytes,
     recompute_working_bytes, replayed_block_bytes,
 )
-from plait.facts.in_flight import in_flight_chunks
+from plait.facts.in_flight import held_chunk_counts
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors, zero_group
 from plait.facts.stack import Kernels
 from plait.facts.validity import (
@@ -235,23 +236,30 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                                   stage_layers=stage_layers), kernels)
 
     @functools.cache
-    def schedule_list(pp: int, m: int) -> list[tuple[str, int, int, int]]:
-        """(schedule, v, chunks the first, the second and the last rank hold, and the layers of the
-        first, the fullest middle and the last rank) of those that can run. Every schedule holds the
-        most on the first rank and less or as much on each later one, so the second rank bounds the
-        middle ones."""
-        return [(n, v, *(in_flight_chunks(n, pp, v, m, r) for r in (0, min(1, pp - 1), pp - 1)), *rank_layers(pp, v))
+    def schedule_list(pp: int, m: int) -> list[tuple[str, int, tuple[Held, ...]]]:
+        """(schedule, v, and what the examined ranks hold at their peaks) of those that can run."""
+        return [(n, v, held_at_peaks(n, pp, v, min(m, 2 * pp) if v > 1 else m))
                 for n, v in _schedules(pp, m, layers, fixed) if pp == 1 or schedule_fits(pp, m, n, v)]
 
     @functools.cache
-    def rank_layers(pp: int, v: int) -> tuple[int, int, int]:
-        """Layers of the first rank, of the fullest rank between, and of the last, as the stage split
-        the play uses cuts them (with interleaving the ends often hold fewer than ⌈layers / pp⌉)."""
-        if pp == 1:
-            return layers, 0, layers
+    def held_at_peaks(name: str, pp: int, v: int, m: int) -> tuple[Held, ...]:
+        """What each examined rank holds at its peaks (interleaving's repeat from 2p micro-batches on)."""
+        return tuple(Held.of(held_chunk_counts(name, pp, v, m, r), chunks, r == 0, r == pp - 1)
+                     for r, chunks in examined_ranks(pp, v))
+
+    @functools.cache
+    def examined_ranks(pp: int, v: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """(rank, blocks in each of its chunks) of the first rank, of the first middle rank with each
+        cut of its chunks, and of the last, as the stage split the play uses cuts them (with
+        interleaving the ends often hold fewer than ⌈layers / pp⌉). Every schedule holds no fewer
+        of each chunk on a rank than on any later one, so a middle rank holding chunks cut as an
+        earlier one's holds no more than it."""
         counts = [len(r) for r in split_layers(spec, pp, v, stage_layers)]
-        held = [sum(counts[r::pp]) for r in range(pp)]
-        return held[0], max(held[1:-1], default=0), held[-1]
+        cuts = {}
+        for rank in range(1, pp - 1):
+            cuts.setdefault(tuple(counts[rank::pp]), rank)
+        return ((0, tuple(counts[0::pp])), *((rank, cut) for cut, rank in cuts.items()),
+                *(((pp - 1, tuple(counts[pp - 1::pp])),) if pp > 1 else ()))
 
     @functools.cache
     def end_times(tp: int, cp: int, sp: bool, mbs: int) -> tuple[float, float, float, float]:
@@ -332,17 +340,15 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                 spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp, algorithm), offload),
                                 recompute_working_bytes(spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp, algorithm))
                         held[rc], working[rc] = acts[act_key]
-                    # (held chunks, layers, bytes besides the activations) of each schedule's first,
-                    # fullest middle and last rank; with the least any recomputation keeps, the
+                    # (what it holds at its peaks, blocks, bytes besides the activations) of each
+                    # schedule's examined ranks; with the least any recomputation keeps, the
                     # schedules' smallest peak: above the memory there is, none of them can fit.
-                    ranks_of = [((held_first, first_layers, first_full - (per_rank - first_layers) * layer_states + other),
-                                 (held_second, middle_layers, middle_full - (per_rank - middle_layers) * layer_states + other),
-                                 (held_last, last_layers, last_full - (per_rank - last_layers) * layer_states + other
-                                  + loss_backward + head_act * (held_last // v or 1)))
-                                for _, v, held_first, held_second, held_last, first_layers, middle_layers, last_layers
-                                in schedules]
+                    ranks_of = [tuple((rank, rank.layers, (first_full if rank.first else last_full if rank.last else middle_full)
+                                       - (per_rank - rank.layers) * layer_states + other + (loss_backward if rank.last else 0.0))
+                                      for rank in ranks)
+                                for _, _, ranks in schedules]
                     least = min(held[rc] for rc in recomputes)
-                    lightest = [_peak(ranks, least / sched[1], (0.0, 0.0, 0.0)) for ranks, sched in zip(ranks_of, schedules)]
+                    lightest = [_peak(ranks, least, head_act, (0.0, 0.0)) for ranks in ranks_of]
                     freed = loss_backward + head_act  # what the last stage frees before any block's backward
                     examined = True
                     larger_may_fit = larger_may_fit or beyond(lightest, middle_full + other, pp > 1 and weights is not None
@@ -352,7 +358,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         smallest = min(range(len(schedules)), key=lightest.__getitem__)
                         name, v = schedules[smallest][:2]
                         rc = min(recomputes, key=held.__getitem__)
-                        found.note_smallest(_peak(ranks_of[smallest], held[rc] / v, _replayed(working[rc], name, v, pp, freed)),
+                        found.note_smallest(_peak(ranks_of[smallest], held[rc], head_act, _replayed(working[rc], name, v, freed)),
                                             (dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
                                              0, offload))
                         continue
@@ -403,14 +409,15 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         continue
                     # Recomputing some blocks is never faster than recomputing none.
                     some = partial and floors["none"] < bar
-                    for (name, v, _, _, _, first_layers, middle_layers, last_layers), ranks, light in zip(
-                            schedules, ranks_of, lightest):
+                    for (name, v, *_), ranks, light in zip(schedules, ranks_of, lightest):
+                        first_layers, last_layers = ranks[0][1], ranks[-1][1]
+                        middle_layers = max((n for rank, n, _ in ranks if not rank.first and not rank.last), default=0)
                         tried = order_zb if name == "zb-h1" else order
                         if not tried or light > capacity:  # (zb-h1's own recomputations keep no less)
                             found.oversized += 1
                             continue
                         for rc in tried:
-                            peak = _peak(ranks, per_rc[rc][0] / v, _replayed(working[rc], name, v, pp, freed))
+                            peak = _peak(ranks, per_rc[rc][0], head_act, _replayed(working[rc], name, v, freed))
                             if peak <= capacity:
                                 break
                             found.note_smallest(peak, (dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm,
@@ -422,10 +429,13 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         if some and rc in ("op", "full"):
                             # (every chunk keeping a block, only zb-h1 adds the replayed one: replayed_block_bytes)
                             replayed = working["full"] if name == "zb-h1" else 0.0
-                            blocks = pinned_blocks or _fewest_recomputed(ranks, v, per_rc["none"][0], per_rc["full"][0],
-                                                                         capacity - replayed)
+                            blocks = pinned_blocks or _fewest_recomputed(ranks, per_rc["none"][0], per_rc["full"][0],
+                                                                         head_act, capacity - replayed)
                             if pinned_blocks or blocks is not None and blocks * v < min(n for _, n, _ in ranks if n):
-                                candidates.append(_partial(ranks, v, per_rc, blocks, per_rank, replayed))
+                                candidates.append(_partial(
+                                    ranks, v, per_rc, blocks, per_rank, head_act,
+                                    lambda every, last: replayed_block_bytes(working["full"], name, every, last and v == 1,
+                                                                             freed)))
                         for rc, (_, mean, work, embedding_extra, fill_zb, flushed, backward, forward), peak, blocks in candidates:
                             if gathered and v > 1:
                                 flushed = flush.exposed(per_rank * backward, gather_window(per_rank * forward, v, pp, m)) + flush.optimizer
@@ -457,52 +467,86 @@ def beyond(lightest: list[float], states: float, weight_copies: bool) -> float:
     return states if weight_copies else min(lightest, default=0.0)
 
 
-def _peak(ranks: tuple, act: float, replayed: tuple[float, float, float]) -> float:
-    """The fullest of a schedule's ranks (held chunks, layers, bytes besides the activations), each
-    chunk holding ``act`` bytes a layer, and each rank what the block its backward replays adds."""
+class Held(NamedTuple):
+    """What one examined pipeline rank holds at its peaks (plait.facts.in_flight.held_chunk_counts):
+    each peak's count of every chunk's activations, the blocks in each chunk, whether its last chunk
+    carries the head, and per peak (blocks, head copies) held, where no other peak holds more of both."""
+
+    counts: tuple[tuple[int, ...], ...]
+    chunk_layers: tuple[int, ...]
+    first: bool
+    last: bool
+    peaks: tuple[tuple[int, int], ...]
+    layers: int
+
+    @classmethod
+    def of(cls, counts: tuple[tuple[int, ...], ...], chunk_layers: tuple[int, ...], first: bool, last: bool) -> "Held":
+        pairs = {(sum(n * blocks for n, blocks in zip(count, chunk_layers)), count[-1] if last else 0) for count in counts}
+        peaks = tuple(p for p in pairs if not any(o != p and o[0] >= p[0] and o[1] >= p[1] for o in pairs))
+        return cls(counts, chunk_layers, first, last, peaks, sum(chunk_layers))
+
+    def bytes(self, per_block: float, head: float) -> float:
+        """The most activation bytes held: ``per_block`` a block, ``head`` a copy of the head's."""
+        if len(self.peaks) == 1:  # (as on every rank but the last: a hot path of the search)
+            blocks, copies = self.peaks[0]
+            return blocks * per_block + copies * head
+        return max(blocks * per_block + copies * head for blocks, copies in self.peaks)
+
+    def partial_bytes(self, recomputed_blocks: int, kept: float, recomputed: float, head: float) -> float:
+        """As ``bytes`` where the first ``recomputed_blocks`` blocks of each chunk recompute fully
+        (``recomputed`` bytes a block) and the others keep ``kept``."""
+        chunk = [min(n, recomputed_blocks) * recomputed + max(0, n - recomputed_blocks) * kept for n in self.chunk_layers]
+        return max(sum(n * b for n, b in zip(count, chunk)) + (count[-1] * head if self.last else 0.0)
+                   for count in self.counts)
+
+
+def _peak(ranks: tuple, act: float, head: float, replayed: tuple[float, float]) -> float:
+    """The fullest of a schedule's ranks (what it holds, blocks, bytes besides the activations), each
+    block holding ``act`` bytes and each copy of the head ``head``, and what the block its backward
+    replays adds to the last rank and to the others (``replayed``)."""
     peak = 0.0
-    for (held, layers, besides), extra in zip(ranks, replayed):
+    for held, layers, besides in ranks:
         if layers:
-            bytes_ = besides + held * layers * act + extra
+            bytes_ = besides + held.bytes(act, head) + replayed[held.last]
             if bytes_ > peak:
                 peak = bytes_
     return peak
 
 
-def _replayed(working: float, schedule: str, v: int, pp: int, freed: float) -> tuple[float, float, float]:
-    """What the replayed block adds on a schedule's first, fullest middle and last rank
-    (plait.facts.activations.replayed_block_bytes): the last rank holds the last chunk alone when
-    v is 1, and with one stage every entry is that rank."""
-    last = replayed_block_bytes(working, schedule, False, v == 1, freed)
-    if pp == 1:
-        return last, last, last
-    other = replayed_block_bytes(working, schedule, False, False, freed)
-    return other, other, last
+def _replayed(working: float, schedule: str, v: int, freed: float) -> tuple[float, float]:
+    """What the replayed block adds on a rank other than the last and on the last
+    (plait.facts.activations.replayed_block_bytes), which holds the last chunk alone when v is 1."""
+    return (replayed_block_bytes(working, schedule, False, False, freed),
+            replayed_block_bytes(working, schedule, False, v == 1, freed))
 
 
-def _fewest_recomputed(ranks: tuple, v: int, kept: float, recomputed: float, capacity: float) -> int | None:
-    """The fewest blocks per chunk whose full recomputation brings every rank within ``capacity``:
-    a rank holding ``held`` chunks of L/v blocks keeps held·(N·recomputed + (L/v − N)·kept) bytes of
-    activations (``kept``, ``recomputed``: one block's without and with it). None if nothing is saved."""
+def _fewest_recomputed(ranks: tuple, kept: float, recomputed: float, head: float, capacity: float) -> int | None:
+    """The fewest blocks per chunk whose full recomputation brings every rank within ``capacity``
+    (``kept``, ``recomputed``: one block's bytes without and with it); the most a chunk holds where
+    none does. None if recomputing saves nothing."""
     if kept <= recomputed:
         return None
-    blocks = 1
-    for held, layers, besides in ranks:
-        if layers:
-            over = besides + held * layers / v * kept - capacity
-            blocks = max(blocks, math.ceil(over / (held * (kept - recomputed))))
-    return blocks
+    examined = [(held, besides) for held, layers, besides in ranks if layers]
+    low, high = 1, max(max(held.chunk_layers) for held, _ in examined)
+    while low < high:  # (fewer blocks recomputed never hold less)
+        middle = (low + high) // 2
+        if all(besides + held.partial_bytes(middle, kept, recomputed, head) <= capacity for held, besides in examined):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
-def _partial(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank: int, replayed: float) -> tuple:
+def _partial(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank: int, head: float, replay) -> tuple:
     """(``full``, the per-layer figures of a chunk recomputing its first ``blocks`` blocks, its peak
-    with what the ``replayed`` block adds, ``blocks``): time a blend of none and full by the share of
-    a rank's blocks recomputed."""
+    with what ``replay(kept in every chunk, last rank)`` adds for the replayed block, ``blocks``):
+    time a blend of none and full by the share of a rank's blocks recomputed."""
     kept, recomputed = per_rc["none"], per_rc["full"]
     share = min(1.0, blocks * v / per_rank)
     blend = tuple(share * r + (1 - share) * k for k, r in zip(kept, recomputed))
-    peak = replayed + max(besides + held * (min(blocks, layers / v) * recomputed[0] + max(0.0, layers / v - blocks) * kept[0])
-                          for held, layers, besides in ranks if layers)
+    peak = max(besides + held.partial_bytes(blocks, kept[0], recomputed[0], head)
+               + replay(min(n for n in held.chunk_layers if n) > blocks, held.last)
+               for held, layers, besides in ranks if layers)
     return "full", blend, peak, blocks
 
 
