@@ -143,14 +143,21 @@ def test_the_search_scores_a_layout_as_the_play_predicts_it(model, batch, gpu, s
                                      microbatches=32, recompute="full", recompute_layers=1)),
     ("llama-70b", 128, "h100-sxm", Layout(dp=2, tp=4, pp=8, sp=True, zero=3, microbatches=64, recompute="full",
                                       recompute_layers=6)),
+    # A last stage of the head alone holds no block and, under zb-h1 and gpipe, the most logits.
+    ("llama-8b", 48, "h100-sxm", Layout(pp=4, schedule="zb-h1", microbatches=16, recompute="full",
+                                        stage_layers=(11, 11, 10, 0))),
+    ("llama-8b", 48, "h100-sxm", Layout(pp=4, schedule="gpipe", microbatches=16, recompute="full",
+                                        stage_layers=(11, 11, 10, 0))),
+    ("llama-8b", 48, "h100-sxm", Layout(pp=4, microbatches=16, stage_layers=(0, 11, 11, 10))),
 ])
 def test_the_search_holds_on_each_rank_what_the_play_holds(model, batch, gpu, layout):
     """The search's peak is the play's on layouts whose ranks hold uneven chunk mixes at their peaks
-    (plait.facts.in_flight.held_chunk_counts): the head's copies, uneven chunks, uneven stages and
-    partial recomputation. (The closed-form step of uneven interleaved chunks is looser than 3%.)"""
+    (plait.facts.in_flight.held_chunk_counts): the head's copies, uneven chunks, uneven stages, a
+    stage without blocks and partial recomputation. (The closed-form step of uneven interleaved chunks is looser than 3%.)"""
     workload = Workload(model_spec(model), batch)
     hw = stack_hardware(hardware(gpu, memory_bytes=10**15), workload.kernels)
-    found = scan(workload, hw, layout.world_size, {f: getattr(layout, f) for f in SCANNED}, None, keep=1)
+    fixed = {f: getattr(layout, f) for f in SCANNED} | {"stage_layers": layout.stage_layers}
+    found = scan(workload, hw, layout.world_size, fixed, None, keep=1)
     assert found.scored == 1
     assert found.fastest[2] == pytest.approx(evaluate(workload, hw, layout.world_size, layout).peak_memory_bytes, rel=1e-6)
 

@@ -8,7 +8,6 @@ thousands of layouts; tests hold both equal to the counted lists.
 
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
 import numpy as np
@@ -52,7 +51,12 @@ def in_flight_chunks(name: str, pp: int, virtual_stages: int, microbatches: int,
     return total if m == p else min(2 * (p - rank - 1) + (v - 1) * p + 1, total)
 
 
-@functools.cache
+def peak_microbatches(pp: int, virtual_stages: int, microbatches: int) -> int:
+    """The micro-batch count whose peaks a schedule's repeat: interleaving's from 2p on (below,
+    m = p runs all forwards first); with one chunk a rank, the count itself."""
+    return min(microbatches, 2 * pp) if virtual_stages > 1 else microbatches
+
+
 def held_chunk_counts(name: str, pp: int, virtual_stages: int, microbatches: int, rank: int) -> tuple[tuple[int, ...], ...]:
     """How many activations of each of its chunks (local chunk j is chunk rank + j·pp) rank ``rank``
     holds at each of its peaks, those no other peak holds as many of every chunk: the most bytes it
@@ -61,18 +65,17 @@ def held_chunk_counts(name: str, pp: int, virtual_stages: int, microbatches: int
     With one chunk a rank that is ``in_flight_chunks``. With interleaving, in Megatron's order
     (plait.schedules.generators), the warm-up's forwards and then each forward before its paired
     backward end a peak: the warm-up holds the first chunks most, later peaks more of the last, whose
-    forward carries the head. The peaks repeat from m = 2p on (m = p runs all forwards first)."""
+    forward carries the head; they are counted at ``peak_microbatches``."""
     if virtual_stages == 1:
         return ((in_flight_chunks(name, pp, 1, microbatches, rank),),)
-    if microbatches > 2 * pp:
-        return held_chunk_counts(name, pp, virtual_stages, 2 * pp, rank)
     p, v = pp, virtual_stages
-    total = microbatches * v
+    counted = peak_microbatches(p, v, microbatches)
+    total = counted * v
     one_hot = np.eye(v, dtype=np.int64)
     local = np.arange(total) // p % v  # the k-th forward's chunk; the k-th backward's is v − 1 − that
     forwards = np.vstack([np.zeros(v, np.int64), np.cumsum(one_hot[local], axis=0)])
     backwards = np.vstack([np.zeros(v, np.int64), np.cumsum(one_hot[v - 1 - local], axis=0)])
-    warmup = total if microbatches == p else min(2 * (p - rank - 1) + (v - 1) * p, total)
+    warmup = total if counted == p else min(2 * (p - rank - 1) + (v - 1) * p, total)
     paired = np.arange(total - warmup)
     peaks = np.unique(forwards[warmup + 1 + paired] - backwards[paired] if len(paired) else forwards[total:], axis=0)
     covered = (peaks[:, None, :] <= peaks[None, :, :]).all(axis=2).sum(axis=1) > 1  # by another, distinct row

@@ -25,7 +25,7 @@ from plait.facts.activations import (
     activation_bytes_per_layer, autocast_copies_weights, head_activation_bytes, held_between_passes, loss_backward_bytes,
     recompute_working_bytes, replayed_block_bytes,
 )
-from plait.facts.in_flight import held_chunk_counts
+from plait.facts.in_flight import held_chunk_counts, peak_microbatches
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors, zero_group
 from plait.facts.stack import Kernels
 from plait.facts.validity import (
@@ -236,24 +236,28 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                                   stage_layers=stage_layers), kernels)
 
     @functools.cache
-    def schedule_list(pp: int, m: int) -> list[tuple[str, int, tuple[Held, ...]]]:
-        """(schedule, v, and what the examined ranks hold at their peaks) of those that can run."""
-        return [(n, v, held_at_peaks(n, pp, v, min(m, 2 * pp) if v > 1 else m))
+    def schedule_list(pp: int, m: int) -> list[tuple[str, int, tuple[RankHold, ...], int]]:
+        """(schedule, v, what the examined ranks hold at their peaks, the most layers a middle rank
+        holds) of those that can run."""
+        return [(n, v, held_at_peaks(n, pp, v, peak_microbatches(pp, v, m)), middle_layers(pp, v))
                 for n, v in _schedules(pp, m, layers, fixed) if pp == 1 or schedule_fits(pp, m, n, v)]
 
     @functools.cache
-    def held_at_peaks(name: str, pp: int, v: int, m: int) -> tuple[Held, ...]:
-        """What each examined rank holds at its peaks (interleaving's repeat from 2p micro-batches on)."""
-        return tuple(Held.of(held_chunk_counts(name, pp, v, m, r), chunks, r == 0, r == pp - 1)
+    def held_at_peaks(name: str, pp: int, v: int, m: int) -> tuple[RankHold, ...]:
+        return tuple(RankHold.of(held_chunk_counts(name, pp, v, m, r), chunks, r == 0, r == pp - 1)
                      for r, chunks in examined_ranks(pp, v))
 
     @functools.cache
+    def middle_layers(pp: int, v: int) -> int:
+        return max((sum(chunks) for r, chunks in examined_ranks(pp, v) if 0 < r < pp - 1), default=0)
+
+    @functools.cache
     def examined_ranks(pp: int, v: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
-        """(rank, blocks in each of its chunks) of the first rank, of the first middle rank with each
+        """(rank, layers in each of its chunks) of the first rank, of the first middle rank with each
         cut of its chunks, and of the last, as the stage split the play uses cuts them (with
-        interleaving the ends often hold fewer than ⌈layers / pp⌉). Every schedule holds no fewer
-        of each chunk on a rank than on any later one, so a middle rank holding chunks cut as an
-        earlier one's holds no more than it."""
+        interleaving the ends often hold fewer than ⌈layers / pp⌉). Every peak of a rank is covered
+        by a peak of each earlier rank (as many of each chunk or more: tests/test_plan_memory.py),
+        so a middle rank whose chunks are cut as an earlier one's holds no more than it."""
         counts = [len(r) for r in split_layers(spec, pp, v, stage_layers)]
         cuts = {}
         for rank in range(1, pp - 1):
@@ -343,10 +347,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # (what it holds at its peaks, blocks, bytes besides the activations) of each
                     # schedule's examined ranks; with the least any recomputation keeps, the
                     # schedules' smallest peak: above the memory there is, none of them can fit.
-                    ranks_of = [tuple((rank, rank.layers, (first_full if rank.first else last_full if rank.last else middle_full)
-                                       - (per_rank - rank.layers) * layer_states + other + (loss_backward if rank.last else 0.0))
-                                      for rank in ranks)
-                                for _, _, ranks in schedules]
+                    ranks_of = [tuple((hold, (first_full if hold.first else last_full if hold.last else middle_full)
+                                       - (per_rank - hold.layers) * layer_states + other + (loss_backward if hold.last else 0.0))
+                                      for hold in holds)
+                                for _, _, holds, _ in schedules]
                     least = min(held[rc] for rc in recomputes)
                     lightest = [_peak(ranks, least, head_act, (0.0, 0.0)) for ranks in ranks_of]
                     freed = loss_backward + head_act  # what the last stage frees before any block's backward
@@ -409,9 +413,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         continue
                     # Recomputing some blocks is never faster than recomputing none.
                     some = partial and floors["none"] < bar
-                    for (name, v, *_), ranks, light in zip(schedules, ranks_of, lightest):
-                        first_layers, last_layers = ranks[0][1], ranks[-1][1]
-                        middle_layers = max((n for rank, n, _ in ranks if not rank.first and not rank.last), default=0)
+                    for (name, v, _, middle), ranks, light in zip(schedules, ranks_of, lightest):
+                        first_layers, last_layers = ranks[0][0].layers, ranks[-1][0].layers
                         tried = order_zb if name == "zb-h1" else order
                         if not tried or light > capacity:  # (zb-h1's own recomputations keep no less)
                             found.oversized += 1
@@ -431,11 +434,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                             replayed = working["full"] if name == "zb-h1" else 0.0
                             blocks = pinned_blocks or _fewest_recomputed(ranks, per_rc["none"][0], per_rc["full"][0],
                                                                          head_act, capacity - replayed)
-                            if pinned_blocks or blocks is not None and blocks * v < min(n for _, n, _ in ranks if n):
-                                candidates.append(_partial(
-                                    ranks, v, per_rc, blocks, per_rank, head_act,
-                                    lambda every, last: replayed_block_bytes(working["full"], name, every, last and v == 1,
-                                                                             freed)))
+                            if pinned_blocks or blocks is not None and blocks * v < min(
+                                    hold.layers for hold, _ in ranks if hold.layers):
+                                candidates.append(_partial(ranks, v, per_rc, blocks, per_rank, head_act, working["full"],
+                                                           name, freed))
                         for rc, (_, mean, work, embedding_extra, fill_zb, flushed, backward, forward), peak, blocks in candidates:
                             if gathered and v > 1:
                                 flushed = flush.exposed(per_rank * backward, gather_window(per_rank * forward, v, pp, m)) + flush.optimizer
@@ -445,8 +447,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                             else:
                                 last_stage = last_layers * work + head_work
                                 slowest = first_stage if first_stage > last_stage else last_stage
-                                if middle_layers * work > slowest:
-                                    slowest = middle_layers * work
+                                if middle * work > slowest:
+                                    slowest = middle * work
                             fill = fill_zb if name == "zb-h1" else mean / v
                             sending = 2 * v * waited if name in kernels.blocking_sends else 0.0
                             step = estimate_step(name, pp, v, m, mean + sending, slowest + sending, fill, flight) + flushed
@@ -467,10 +469,11 @@ def beyond(lightest: list[float], states: float, weight_copies: bool) -> float:
     return states if weight_copies else min(lightest, default=0.0)
 
 
-class Held(NamedTuple):
+class RankHold(NamedTuple):
     """What one examined pipeline rank holds at its peaks (plait.facts.in_flight.held_chunk_counts):
-    each peak's count of every chunk's activations, the blocks in each chunk, whether its last chunk
-    carries the head, and per peak (blocks, head copies) held, where no other peak holds more of both."""
+    each peak's count of every chunk's activations, the layers in each chunk, whether it is the
+    first rank and whether the last (whose last chunk carries the head), and per peak (layers held,
+    head copies held) where no other peak holds more of both; ``layers`` in all its chunks."""
 
     counts: tuple[tuple[int, ...], ...]
     chunk_layers: tuple[int, ...]
@@ -480,73 +483,74 @@ class Held(NamedTuple):
     layers: int
 
     @classmethod
-    def of(cls, counts: tuple[tuple[int, ...], ...], chunk_layers: tuple[int, ...], first: bool, last: bool) -> "Held":
-        pairs = {(sum(n * blocks for n, blocks in zip(count, chunk_layers)), count[-1] if last else 0) for count in counts}
+    def of(cls, counts: tuple[tuple[int, ...], ...], chunk_layers: tuple[int, ...], first: bool, last: bool) -> "RankHold":
+        pairs = {(sum(n * size for n, size in zip(count, chunk_layers)), count[-1] if last else 0) for count in counts}
         peaks = tuple(p for p in pairs if not any(o != p and o[0] >= p[0] and o[1] >= p[1] for o in pairs))
         return cls(counts, chunk_layers, first, last, peaks, sum(chunk_layers))
 
-    def bytes(self, per_block: float, head: float) -> float:
-        """The most activation bytes held: ``per_block`` a block, ``head`` a copy of the head's."""
+    def bytes(self, per_layer: float, head: float) -> float:
+        """The most activation bytes held: ``per_layer`` a layer, ``head`` a copy of the head's."""
         if len(self.peaks) == 1:  # (as on every rank but the last: a hot path of the search)
-            blocks, copies = self.peaks[0]
-            return blocks * per_block + copies * head
-        return max(blocks * per_block + copies * head for blocks, copies in self.peaks)
+            held_layers, copies = self.peaks[0]
+            return held_layers * per_layer + copies * head
+        return max(held_layers * per_layer + copies * head for held_layers, copies in self.peaks)
 
-    def partial_bytes(self, recomputed_blocks: int, kept: float, recomputed: float, head: float) -> float:
-        """As ``bytes`` where the first ``recomputed_blocks`` blocks of each chunk recompute fully
-        (``recomputed`` bytes a block) and the others keep ``kept``."""
-        chunk = [min(n, recomputed_blocks) * recomputed + max(0, n - recomputed_blocks) * kept for n in self.chunk_layers]
+    def partial_bytes(self, recomputed_layers: int, kept: float, recomputed: float, head: float) -> float:
+        """As ``bytes`` where the first ``recomputed_layers`` layers of each chunk recompute fully
+        (``recomputed`` bytes a layer) and the others keep ``kept``."""
+        chunk = [min(n, recomputed_layers) * recomputed + max(0, n - recomputed_layers) * kept for n in self.chunk_layers]
         return max(sum(n * b for n, b in zip(count, chunk)) + (count[-1] * head if self.last else 0.0)
                    for count in self.counts)
 
 
 def _peak(ranks: tuple, act: float, head: float, replayed: tuple[float, float]) -> float:
-    """The fullest of a schedule's ranks (what it holds, blocks, bytes besides the activations), each
-    block holding ``act`` bytes and each copy of the head ``head``, and what the block its backward
-    replays adds to the last rank and to the others (``replayed``)."""
+    """The fullest of a schedule's examined ranks (what it holds, bytes besides the activations),
+    each layer holding ``act`` bytes and each copy of the head ``head``, and what the block its
+    backward replays adds (``replayed``: on a rank other than the last, on the last) where it has one."""
     peak = 0.0
-    for held, layers, besides in ranks:
-        if layers:
-            bytes_ = besides + held.bytes(act, head) + replayed[held.last]
-            if bytes_ > peak:
-                peak = bytes_
+    for hold, besides in ranks:
+        bytes_ = besides + hold.bytes(act, head) + (replayed[hold.last] if hold.layers else 0.0)
+        if bytes_ > peak:
+            peak = bytes_
     return peak
 
 
-def _replayed(working: float, schedule: str, v: int, freed: float) -> tuple[float, float]:
+def _replayed(working: float, schedule: str, v: int, freed: float, kept_in_every_chunk: bool = False
+              ) -> tuple[float, float]:
     """What the replayed block adds on a rank other than the last and on the last
     (plait.facts.activations.replayed_block_bytes), which holds the last chunk alone when v is 1."""
-    return (replayed_block_bytes(working, schedule, False, False, freed),
-            replayed_block_bytes(working, schedule, False, v == 1, freed))
+    return (replayed_block_bytes(working, schedule, kept_in_every_chunk, False, freed),
+            replayed_block_bytes(working, schedule, kept_in_every_chunk, v == 1, freed))
 
 
 def _fewest_recomputed(ranks: tuple, kept: float, recomputed: float, head: float, capacity: float) -> int | None:
-    """The fewest blocks per chunk whose full recomputation brings every rank within ``capacity``
-    (``kept``, ``recomputed``: one block's bytes without and with it); the most a chunk holds where
+    """The fewest layers per chunk whose full recomputation brings every rank within ``capacity``
+    (``kept``, ``recomputed``: one layer's bytes without and with it); the most a chunk holds where
     none does. None if recomputing saves nothing."""
     if kept <= recomputed:
         return None
-    examined = [(held, besides) for held, layers, besides in ranks if layers]
-    low, high = 1, max(max(held.chunk_layers) for held, _ in examined)
-    while low < high:  # (fewer blocks recomputed never hold less)
+    low, high = 1, max(max(hold.chunk_layers) for hold, _ in ranks)
+    while low < high:  # (fewer layers recomputed never hold less)
         middle = (low + high) // 2
-        if all(besides + held.partial_bytes(middle, kept, recomputed, head) <= capacity for held, besides in examined):
+        if all(besides + hold.partial_bytes(middle, kept, recomputed, head) <= capacity for hold, besides in ranks):
             high = middle
         else:
             low = middle + 1
     return low
 
 
-def _partial(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank: int, head: float, replay) -> tuple:
-    """(``full``, the per-layer figures of a chunk recomputing its first ``blocks`` blocks, its peak
-    with what ``replay(kept in every chunk, last rank)`` adds for the replayed block, ``blocks``):
-    time a blend of none and full by the share of a rank's blocks recomputed."""
+def _partial(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank: int, head: float, working: float,
+             schedule: str, freed: float) -> tuple:
+    """(``full``, the per-layer figures of a chunk recomputing its first ``blocks`` layers, its peak
+    with the replayed block's ``working`` bytes where they add, ``blocks``): time a blend of none and
+    full by the share of a rank's layers recomputed."""
     kept, recomputed = per_rc["none"], per_rc["full"]
     share = min(1.0, blocks * v / per_rank)
     blend = tuple(share * r + (1 - share) * k for k, r in zip(kept, recomputed))
-    peak = max(besides + held.partial_bytes(blocks, kept[0], recomputed[0], head)
-               + replay(min(n for n in held.chunk_layers if n) > blocks, held.last)
-               for held, layers, besides in ranks if layers)
+    peak = max(besides + hold.partial_bytes(blocks, kept[0], recomputed[0], head)
+               + (_replayed(working, schedule, v, freed, min(n for n in hold.chunk_layers if n) > blocks)[hold.last]
+                  if hold.layers else 0.0)
+               for hold, besides in ranks)
     return "full", blend, peak, blocks
 
 
