@@ -344,7 +344,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                 spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp, algorithm), offload),
                                 recompute_working_bytes(spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp, algorithm))
                         held[rc], working[rc] = acts[act_key]
-                    # (what it holds at its peaks, blocks, bytes besides the activations) of each
+                    # (what it holds at its peaks, bytes besides the activations) of each
                     # schedule's examined ranks; with the least any recomputation keeps, the
                     # schedules' smallest peak: above the memory there is, none of them can fit.
                     ranks_of = [tuple((hold, (first_full if hold.first else last_full if hold.last else middle_full)
