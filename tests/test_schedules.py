@@ -55,6 +55,30 @@ def test_every_generated_schedule_passes_the_checker(name, v, p):
         check(generate(name, p, m, v))
 
 
+@pytest.mark.parametrize("p,m", [(p, m) for p, m in CASES if m % p == 0])
+@pytest.mark.parametrize("v", [2, 3])
+def test_megatrons_interleaved_exchange_sends_a_forward_after_the_backward_paired_with_it(p, m, v):
+    """Megatron-LM's interleaved schedule without overlapped sends exchanges once a step: each
+    steady-state forward's output leaves right after the next backward and its gradient's send
+    (with m = p every forward comes first: nothing to pair). The compute order is unchanged, the
+    lists still pass the checker, and the unit-cost play is no shorter."""
+    plain, paired = generate("interleaved-1f1b", p, m, v), generate("interleaved-1f1b", p, m, v, sends_after_backward=True)
+    check(paired)
+    for before, after in zip(plain.actions, paired.actions):
+        assert [a for a in before if a.kind.is_compute] == [a for a in after if a.kind.is_compute]
+        assert sorted(map(str, before)) == sorted(map(str, after))
+        computes = [a for a in before if a.kind.is_compute]
+        for i, action in enumerate(after):
+            if action.kind is Kind.SEND_ACTIVATION:
+                made = next(k for k, c in enumerate(computes) if c.kind is Kind.FORWARD and (c.chunk, c.microbatch)
+                            == (action.chunk, action.microbatch))
+                following = computes[made + 1] if made + 1 < len(computes) else None
+                previous = next(a for a in reversed(after[:i]) if a.kind.is_compute)
+                paired_with = following if m != p and following is not None and following.kind is Kind.BACKWARD else None
+                assert previous == (paired_with or computes[made])
+    assert simulate(paired).step_time >= simulate(plain).step_time
+
+
 def test_p2p_cost_delays_only_the_receiver():
     free = simulate(generate("1f1b", 2, 2)).step_time
     assert simulate(generate("1f1b", 2, 2), p2p_cost=0.5).step_time == pytest.approx(free + 2 * 0.5)

@@ -138,6 +138,12 @@ class Kernels:
     def plait_engine(self) -> bool:
         return self.engine == "plait"
 
+    def sends_after_backward(self, schedule: str) -> bool:
+        """Whether a forward's output leaves with the next backward's gradient, after both: Megatron-LM's
+        interleaved schedule where its sends block (without --overlap-p2p-comm) exchanges once a step
+        (plait.schedules.generators.with_transfers); its 1F1B sends each output as it is made."""
+        return schedule == "interleaved-1f1b" and schedule in self.blocking_sends
+
 
 # Recomputation of whole blocks or none (DeepSpeed's activation checkpointing, Megatron-LM of 2021,
 # Composer's FSDP checkpointing of whole blocks).

@@ -87,26 +87,30 @@ def play_list(schedule: Schedule | Compiled, chunks: Sequence[ChunkCost], bounda
 
 
 @functools.lru_cache(maxsize=16)
-def action_lists(name: str, pp: int, microbatches: int, virtual_stages: int) -> Compiled:
+def action_lists(name: str, pp: int, microbatches: int, virtual_stages: int,
+                 sends_after_backward: bool = False) -> Compiled:
     """``generate``, compiled and remembered: a search plays the same schedule under several
     layouts' costs, and its lists on 64 ranks hold hundreds of thousands of actions (a pure
-    function of these four). A search plays about ten layouts, two lists each, several sharing a
+    function of these five). A search plays about ten layouts, two lists each, several sharing a
     schedule: sixteen lists of a few MB each keep those."""
-    return compile_schedule(generate(name, pp, microbatches, virtual_stages))
+    return compile_schedule(generate(name, pp, microbatches, virtual_stages, sends_after_backward))
 
 
 def play(
     name: str, pp: int, virtual_stages: int, microbatches: int,
     chunks: Sequence[ChunkCost], boundaries: Boundaries, chunk_bytes: Sequence[float],
+    sends_after_backward: bool = False,
 ) -> Played:
-    """Step time, busy time and peak activations of ``name`` played with these per-chunk costs."""
+    """Step time, busy time and peak activations of ``name`` played with these per-chunk costs
+    (``sends_after_backward``: plait.schedules.generators.with_transfers)."""
     # Interleaving with m = p runs all forwards first and zb-h1 defers weights: both settle by 2p.
     short = 2 * pp if name in ("interleaved-1f1b", "zb-h1") else pp
     longer = short + pp
     if pp == 1 or microbatches <= longer:
-        return play_list(action_lists(name, pp, microbatches, virtual_stages), chunks, boundaries, chunk_bytes)
-    a = play_list(action_lists(name, pp, short, virtual_stages), chunks, boundaries, chunk_bytes)
-    b = play_list(action_lists(name, pp, longer, virtual_stages), chunks, boundaries, chunk_bytes)
+        return play_list(action_lists(name, pp, microbatches, virtual_stages, sends_after_backward), chunks,
+                         boundaries, chunk_bytes)
+    a = play_list(action_lists(name, pp, short, virtual_stages, sends_after_backward), chunks, boundaries, chunk_bytes)
+    b = play_list(action_lists(name, pp, longer, virtual_stages, sends_after_backward), chunks, boundaries, chunk_bytes)
     scale = (microbatches - short) / (longer - short)
 
     def extend(x: float, y: float) -> float:

@@ -255,7 +255,9 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
     counts = tuple(len(r) for r in split_layers(spec, pp, v, layout.stage_layers))
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
     boundaries = stage_boundaries(spec, hw, layout, micro_batch, precision, workload.kernels)
-    played = play(layout.schedule, pp, v, m, chunks, boundaries, chunk_activation_bytes(workload, layout, micro_batch, counts))
+    paired = workload.kernels.sends_after_backward(layout.schedule)
+    played = play(layout.schedule, pp, v, m, chunks, boundaries, chunk_activation_bytes(workload, layout, micro_batch, counts),
+                  paired)
     tails, memories = [], []
     for rank in range(pp):
         mine = range(rank, pp * v, pp)
@@ -272,7 +274,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
     step = played.step_time + max(comm + opt for comm, opt in tails)
     # Offloaded activations in host memory, at the most any rank holds (as the device's peak, from the play).
     host = max(play(layout.schedule, pp, v, m, chunks, boundaries,
-                    chunk_offloaded_bytes(workload, layout, micro_batch, counts)).peak_activations) \
+                    chunk_offloaded_bytes(workload, layout, micro_batch, counts), paired).peak_activations) \
         if layout.offload_activations else 0.0
     busiest = max(range(pp), key=lambda r: played.busy[r])
     comm_inside = m * sum(chunks[c].comm for c in range(busiest, pp * v, pp))

@@ -5,6 +5,8 @@ then puts each receive immediately before the compute that consumes it and each 
 after the compute that produces it. Under the executor's rules (sends never block, receives do;
 see ``plait.schedules.simulate``) a receive then waits only on a true data dependency, so a
 compute order that respects dependencies yields a deadlock-free list; ``check`` proves it anyway.
+For the planner's model of Megatron-LM's interleaved schedule without overlapped sends, a forward's
+send can wait for the backward after it (``sends_after_backward``).
 
 Schedules (``p`` ranks, ``m`` micro-batches, ``v`` chunks per rank):
 
@@ -103,24 +105,38 @@ GENERATORS: dict[str, Callable[[int, int, int, int], list[Action]]] = {
 }
 
 
-def with_transfers(compute: list[Action], rank: int, pp: int, num_chunks: int) -> tuple[Action, ...]:
-    """Insert each receive just before its consumer and each send just after its producer."""
+def with_transfers(compute: list[Action], rank: int, pp: int, num_chunks: int,
+                   sends_after_backward: bool = False) -> tuple[Action, ...]:
+    """Insert each receive just before its consumer and each send just after its producer; with
+    ``sends_after_backward`` a forward followed by a backward sends its output after that backward's
+    own send, as Megatron-LM's interleaved schedule does without --overlap-p2p-comm: each step of
+    its steady state runs a forward and a backward, then exchanges both outputs in one batch
+    (send_forward_backward_recv_forward_backward)."""
     out: list[Action] = []
     add, last, new = out.append, num_chunks - 1, _new
-    for action in compute:
+    held = None  # a forward's send waiting for the backward after it
+    for position, action in enumerate(compute):
         kind, c, mb, _ = action
         if kind is F:
             if c > 0 and (c - 1) % pp != rank:
                 add(new(Action, (RECV_F, c, mb, (c - 1) % pp)))
             add(action)
             if c < last and (c + 1) % pp != rank:
-                add(new(Action, (SEND_F, c, mb, (c + 1) % pp)))
+                send = new(Action, (SEND_F, c, mb, (c + 1) % pp))
+                following = compute[position + 1][0] if position + 1 < len(compute) else None
+                if sends_after_backward and following is B:
+                    held = send
+                else:
+                    add(send)
         elif kind is B or kind is I:
             if c < last and (c + 1) % pp != rank:
                 add(new(Action, (RECV_B, c, mb, (c + 1) % pp)))
             add(action)
             if c > 0 and (c - 1) % pp != rank:
                 add(new(Action, (SEND_B, c, mb, (c - 1) % pp)))
+            if held is not None:
+                add(held)
+                held = None
         else:
             add(action)
     return tuple(out)
@@ -153,12 +169,16 @@ def validate(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> 
         )
 
 
-def generate(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
-    """Every rank's action list (compute and transfers) for schedule ``name``."""
+def generate(name: str, pp: int, microbatches: int, virtual_stages: int = 1,
+             sends_after_backward: bool = False) -> Schedule:
+    """Every rank's action list (compute and transfers) for schedule ``name`` (``with_transfers``
+    for ``sends_after_backward``, which has no steady state to pair in where m = p runs every
+    forward first)."""
     validate(name, pp, microbatches, virtual_stages)
     num_chunks = pp * virtual_stages
+    paired = sends_after_backward and microbatches != pp
     lists = tuple(
-        with_transfers(GENERATORS[name](pp, microbatches, virtual_stages, rank), rank, pp, num_chunks)
+        with_transfers(GENERATORS[name](pp, microbatches, virtual_stages, rank), rank, pp, num_chunks, paired)
         for rank in range(pp)
     )
     return Schedule(name, pp, virtual_stages, microbatches, lists)
