@@ -8,8 +8,12 @@ Its Megatron-LM fork (sail-sg/zero-bubble-pipeline-parallelism) of 2023 ran Mega
 of that year: its fused softmax without flash attention (flash attention was an option, and the
 paper names none) and dropout 0.1, as EAGER has them. The tables' memory column says so: it lies
 within −2% to +10% of what the planner predicts for those kernels, and 25–45% above what flash
-attention would hold. It runs 1F1B and interleaved 1F1B by Megatron-LM's schedules, which wait on each batched send and receive before the next compute, and
-ZB-1p by its own runtime, which posts them (isend/irecv) and waits only before the data is used.
+attention would hold. It runs 1F1B by Megatron-LM's schedule, which waits on each batched send and
+receive before the next compute, and interleaved 1F1B with Megatron-LM's overlapped sends, which
+post them and wait only before the data is used: the fork's paper branch (commit f68d3879,
+megatron/arguments.py) makes --overlap-p2p-communication the default and turns it off without
+interleaving, and its examples/pretrain_zero_bubble.sh leaves it on. ZB-1p runs on its own
+runtime, which posts its sends too.
 ZB-1p is the automatic schedule held to 1F1B's activation memory; its table 5 gives it the bubble
 of the handcrafted ZB-H1 in every setting, so plait's zb-h1 stands for it. ZB-2p (twice the
 memory) has no plait schedule and is left out.
@@ -24,8 +28,7 @@ from plait.models.spec import ModelSpec
 
 ZERO_BUBBLE = "Qi et al. 2024 (arXiv 2401.10241), tables 3 and 4"
 ZERO_BUBBLE_DEEPER = "Qi et al. 2024 (arXiv 2401.10241), tables 6 and 7"
-ZERO_BUBBLE_MEGATRON = replace(EAGER, schedules=("1f1b", "interleaved-1f1b", "zb-h1"),
-                               blocking_sends=("1f1b", "interleaved-1f1b"))
+ZERO_BUBBLE_MEGATRON = replace(EAGER, schedules=("1f1b", "interleaved-1f1b", "zb-h1"), blocking_sends=("1f1b",))
 
 # Table 3: layers, hidden, heads, GPUs (= pipeline stages), micro-batch size and the three
 # micro-batch counts; 1,024 tokens. The vocabulary is not stated: GPT-2's BPE as Megatron-LM pads

@@ -26,7 +26,8 @@ def simulated_timeline(workload: Workload, hw: Hardware, gpus: int, layout: Layo
     counts = tuple(len(r) for r in split_layers(spec, layout.pp, layout.virtual_stages, layout.stage_layers))
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
     boundaries = stage_boundaries(spec, hw, layout, micro_batch, precision, workload.kernels)
-    schedule = generate(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)
+    schedule = generate(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages,
+                        workload.kernels.sends_after_backward(layout.schedule))
     return simulate(schedule, action_costs(chunks, boundaries), action_flights(boundaries))
 
 

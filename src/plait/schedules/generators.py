@@ -172,11 +172,11 @@ def validate(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> 
 def generate(name: str, pp: int, microbatches: int, virtual_stages: int = 1,
              sends_after_backward: bool = False) -> Schedule:
     """Every rank's action list (compute and transfers) for schedule ``name`` (``with_transfers``
-    for ``sends_after_backward``, which has no steady state to pair in where m = p runs every
+    for ``sends_after_backward``: interleaved 1F1B's steady state, none where m = p runs every
     forward first)."""
     validate(name, pp, microbatches, virtual_stages)
     num_chunks = pp * virtual_stages
-    paired = sends_after_backward and microbatches != pp
+    paired = sends_after_backward and name == "interleaved-1f1b" and microbatches != pp
     lists = tuple(
         with_transfers(GENERATORS[name](pp, microbatches, virtual_stages, rank), rank, pp, num_chunks, paired)
         for rank in range(pp)
