@@ -334,6 +334,25 @@ def test_megatrons_interleaved_exchange_makes_a_forward_output_wait_a_backward()
     assert paired > as_made
 
 
+def test_megatron_before_megatron_core_interleaves_three_stages_or_more():
+    """Megatron-LM's README of 2021-23: "The interleaved schedule is not supported for pipelines with
+    2 stages". The planner gives Narayanan's 39.1B run on two stages (table 1) the 1F1B it ran, where
+    it had picked interleaving; Megatron-Core interleaves two stages."""
+    from benchmarks.validate_published import megatron_2021
+    from plait.facts.validity import pipeline_problems
+    from plait.plan.search import best_layout
+
+    spec = model_spec("gpt2-large")
+    two = Layout(pp=2, microbatches=4, schedule="interleaved-1f1b", virtual_stages=2)
+    assert "three stages or more" in " ".join(pipeline_problems(spec, two, STACKS["megatron-2021"]))
+    assert pipeline_problems(spec, two, CORE) == []
+    assert pipeline_problems(spec, replace(two, pp=3, microbatches=6), STACKS["megatron-2021"]) == []
+    case = next(c for c in megatron_2021() if c.name == "GPT 39.1B")
+    picked = best_layout(Workload(case.spec, case.batch, "bf16", case.kernels), case.hardware(), case.gpus, case.fixed,
+                         case.micro_batch)
+    assert picked.layout.pp == 2 and picked.layout.schedule == "1f1b"
+
+
 def test_a_waited_send_is_critical_path_communication_not_compute_or_bubble():
     """On a stack that waits on its sends the sender's transfers lengthen the step and land in
     critical-path communication; compute is unchanged and the bubble does not absorb them."""

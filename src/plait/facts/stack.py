@@ -33,6 +33,10 @@ class Kernels:
     # DeepSpeed's pipeline engine its 1F1B (TrainSchedule), torch.distributed.pipelining (plait,
     # torchtitan) GPipe, 1F1B, interleaved and zero-bubble; none where the stack has no pipeline.
     schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
+    # Interleaving over two stages: Megatron-LM before Megatron-Core refused it (its README of
+    # 2021-23: "The interleaved schedule is not supported for pipelines with 2 stages"; arguments.py
+    # asserts pp > 2), as do the releases built on it (Korthikanti's, the zero-bubble fork).
+    interleaved_two_stages: bool = True
     # The recomputation the stack has: whole blocks ("full"), the attention core ("selective",
     # Megatron-LM from its 2022 release, Korthikanti et al.), and per-operation checkpointing ("op",
     # torchtitan's default: torch's selective checkpoint keeps every second matmul's output and the
@@ -168,7 +172,7 @@ HOPPER_CAUSAL_ATTENTION = 2.0
 # TFLOP/s a GPU where this one ran 163 (Korthikanti et al. 2022, table 5, full recomputation): the
 # catalog's efficiency, fitted on that later release's own layer timings, would read it fast.
 MEGATRON_2021 = Kernels(dropout=True, flash_attention=False, pipeline_boundary_split=True,
-                        blocking_sends=("1f1b", "interleaved-1f1b"),
+                        blocking_sends=("1f1b", "interleaved-1f1b"), interleaved_two_stages=False,
                         recompute_modes=WHOLE_BLOCKS, partial_recompute=False, sequence_parallel=False,
                         cp_algorithms=(), max_zero=0, matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),))
 

@@ -117,6 +117,9 @@ def pipeline_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS
     if layout.schedule not in kernels.schedules:
         problems.append(f"this software stack has no {layout.schedule} schedule; pass --schedule "
                         f"{' or '.join(kernels.schedules)}")
+    elif layout.schedule == "interleaved-1f1b" and layout.pp == 2 and not kernels.interleaved_two_stages:
+        problems.append("this software stack interleaves only three stages or more, as Megatron-LM before "
+                        "Megatron-Core did; pass --pp 3 or more, or --schedule 1f1b")
     if not recomputes_once_per_backward(layout.schedule, layout.recompute):
         problems.append("--recompute op replays each block's forward once, and zb-h1's split backward replays it "
                         "twice (input gradients, then weight gradients); pass --recompute full or selective, or "
