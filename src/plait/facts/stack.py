@@ -131,7 +131,7 @@ class Kernels:
     # Schedules whose stage sends block the sender until the transfer is done: Megatron-LM's schedules
     # wait on each batched send and receive before the next compute (p2p_communication._communicate,
     # wait_on_reqs), as DeepSpeed's pipeline engine does on its sends; plait, torchtitan (PyTorch
-    # pipelining) and Megatron-Core's interleaved schedule under --overlap-p2p-comm (which its and
+    # pipelining) and Megatron-Core's interleaved schedule under --overlap-p2p-communication (which its and
     # NeMo's recipes set) post them and move on; Megatron-Core's 1F1B without interleaving still waits.
     blocking_sends: tuple[str, ...] = ()
     # Whose engine holds the memory: plait's own (what its runs measure: plait.facts.model_state and
@@ -144,7 +144,7 @@ class Kernels:
 
     def sends_after_backward(self, schedule: str) -> bool:
         """Whether a forward's output leaves with the next backward's gradient, after both: Megatron-LM's
-        interleaved schedule where its sends block (without --overlap-p2p-comm) exchanges once a step
+        interleaved schedule where its sends block (without --overlap-p2p-communication) exchanges once a step
         (plait.schedules.generators.with_transfers); its 1F1B sends each output as it is made."""
         return schedule == "interleaved-1f1b" and schedule in self.blocking_sends
 

@@ -109,7 +109,7 @@ def with_transfers(compute: list[Action], rank: int, pp: int, num_chunks: int,
                    sends_after_backward: bool = False) -> tuple[Action, ...]:
     """Insert each receive just before its consumer and each send just after its producer; with
     ``sends_after_backward`` a forward followed by a backward sends its output after that backward's
-    own send, as Megatron-LM's interleaved schedule does without --overlap-p2p-comm: each step of
+    own send, as Megatron-LM's interleaved schedule does without --overlap-p2p-communication: each step of
     its steady state runs a forward and a backward, then exchanges both outputs in one batch
     (send_forward_backward_recv_forward_backward)."""
     out: list[Action] = []
