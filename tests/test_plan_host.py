@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from plait.calibrate.host import (
-    PARALLEL_STYLES, PROBE_LAYERS, WORKING_MICRO_BATCH, fit_host_overhead, fit_layer_kernel_scale,
+    CPU_SIZES, PARALLEL_STYLES, PROBE_LAYERS, fit_host_overhead, fit_layer_kernel_scale,
     fit_wrapper_overhead, probe_spec, working_spec,
 )
 from plait.calibrate.machine import SIZES, fit_ring_scale
@@ -65,7 +65,7 @@ def test_the_fitted_kernel_scale_reproduces_the_working_layers(family):
     them (and the host overhead) equals the "measured" per-layer seconds."""
     host = {family: HostOverhead(layer_forward=4e-4, layer_backward=6e-4)}
     spec = working_spec(family, 1)
-    kernels = layer_times(spec, CPU_LIKE, "fp32", WORKING_MICRO_BATCH, kernels=STACKS["plait"])
+    kernels = layer_times(spec, CPU_LIKE, "fp32", CPU_SIZES.working_micro_batch, kernels=STACKS["plait"])
     forward, backward = 1.4 * kernels.forward + 4e-4, 1.2 * kernels.backward + 6e-4
     t = {}
     for n in PROBE_LAYERS:
@@ -74,7 +74,7 @@ def test_the_fitted_kernel_scale_reproduces_the_working_layers(family):
     scale = fit_layer_kernel_scale(t, kernels, host[family])
     assert (scale.forward, scale.backward) == pytest.approx((1.4, 1.2))
     fitted = layer_times(spec, replace(CPU_LIKE, host_overhead=host, layer_kernel_scale={family: scale}), "fp32",
-                         WORKING_MICRO_BATCH, kernels=STACKS["plait"])
+                         CPU_SIZES.working_micro_batch, kernels=STACKS["plait"])
     assert (fitted.forward, fitted.backward) == pytest.approx((forward, backward))
 
 

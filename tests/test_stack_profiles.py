@@ -30,19 +30,22 @@ def test_a_stack_efficiency_applies_on_the_gpu_it_was_fitted_on_only():
 def test_hopper_native_causal_attention_costs_half_a_full_shape_matmul():
     """NeMo's attention skips the score blocks above the diagonal and runs the rest at the rate of a
     large matmul: its attention core takes half the time of the two full s×s matmuls at the stack's
-    rate, on the H100 only; megatron-core, fitted on runs with the catalog's attention, keeps it."""
-    from plait.plan.compute import Gemm, gemm_seconds, layer_times
+    rate (beside the same exponentials), on the H100 only; megatron-core, fitted on runs with the
+    catalog's attention, keeps it."""
+    from plait.plan.compute import Gemm, attention_matmul_seconds, layer_times
 
     spec = model_spec("llama-8b")
     s, d, heads = spec.seq_len, spec.head_dim, spec.heads
+    exponentials = heads * s * s * hardware("h100-sxm").attention_score_s
 
     def full_shape_matmuls(hw):
-        return gemm_seconds(hw, "bf16", Gemm(s, s, d, heads)) + gemm_seconds(hw, "bf16", Gemm(s, d, s, heads))
+        return attention_matmul_seconds(hw, "bf16", Gemm(s, s, d, heads), flash=True)
 
     assert stack_hardware(hardware("a100-80gb"), STACKS["nemo"]) == hardware("a100-80gb")
     for kernels, share in ((STACKS["nemo"], 0.5), (CORE, 1.0)):
         hw = stack_hardware(hardware("h100-sxm"), kernels)
-        assert layer_times(spec, hw, "bf16", 1, kernels=kernels).attention == pytest.approx(share * full_shape_matmuls(hw))
+        assert layer_times(spec, hw, "bf16", 1, kernels=kernels).attention == pytest.approx(
+            share * full_shape_matmuls(hw) + exponentials)
 
 
 @pytest.mark.parametrize("micro_batch", [1, 4])

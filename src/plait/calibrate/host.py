@@ -1,8 +1,10 @@
-"""What a CPU spends beyond its kernels, measured with plait's own model and optimizer.
+"""What a device spends beyond its kernels, measured with plait's own model and optimizer.
 
 On a CPU the host is the device: Python, the dispatcher and autograd's bookkeeping run on the
-same core as the kernels, so a small layer costs far more than its matmuls. Four measurements
-feed the profile (plait.plan.hardware):
+same core as the kernels, so a small layer costs far more than its matmuls. (A GPU's host queues
+kernels ahead, so its time shows only where it exceeds theirs; plait.calibrate.gpu runs the same
+probes on a GPU at its own sizes, ``ProbeSizes``.) Four measurements feed the profile
+(plait.plan.hardware):
 
 * host overhead: plait's transformer at a size where kernels take microseconds, with one and with
   four layers, forward and forward + backward; the difference per layer, less what the kernel
@@ -25,7 +27,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -53,20 +55,59 @@ PROBE_LAYERS = (1, 4)
 PROBE_SHAPE = {"hidden": 64, "heads": 2, "vocab": 16, "seq_len": 8}  # kernels of a few microseconds
 
 
-def interleaved_medians(probes: dict[str, Callable[[], object]], rounds: int = 15, min_time: float = 0.02) -> dict[str, float]:
+def no_sync() -> None:
+    """A CPU's kernels are done when the call returns."""
+
+
+def interleaved_medians(probes: dict[str, Callable[[], object]], rounds: int = 15, min_time: float = 0.02,
+                        synchronize: Callable[[], None] = no_sync) -> dict[str, float]:
     """Median seconds per call of each probe, the probes taking turns so that a neighbour's burst
-    of load falls on all of them alike rather than on one."""
+    of load falls on all of them alike rather than on one. On a GPU, whose host queues kernels
+    ahead, ``synchronize`` waits for the device after each batch of calls, the batches doubling
+    (so the host never queues more than the device has done, as it would a thousand launches)."""
     for fn in probes.values():
         fn()
+    synchronize()
     samples: dict[str, list[float]] = {name: [] for name in probes}
     for _ in range(rounds):
         for name, fn in probes.items():
-            count, start = 0, time.perf_counter()
+            count, batch, start = 0, 1, time.perf_counter()
             while (elapsed := time.perf_counter() - start) < min_time or count == 0:
-                fn()
-                count += 1
+                for _ in range(batch):
+                    fn()
+                count += batch
+                synchronize()
+                batch = batch if synchronize is no_sync else 2 * batch
             samples[name].append(elapsed / count)
     return {name: statistics.median(values) for name, values in samples.items()}
+
+
+CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class ProbeSizes:
+    """Where calibrate's probes run and how large they are: kernels of milliseconds a layer on the
+    device (a CPU core's defaults; plait.calibrate.gpu has a GPU's)."""
+
+    device: torch.device = CPU
+    working_shape: dict[str, int] = field(default_factory=lambda: {"hidden": 256, "heads": 4, "vocab": 16, "seq_len": 64})
+    working_micro_batch: int = 4
+    optimizer_sets: dict[str, list[tuple[int, ...]]] = field(default_factory=lambda: {
+        "many small": [(64, 64)] * 48 + [(64,)] * 48,
+        "few large": [(1024, 1024)] * 2 + [(1024,)] * 2,
+        "mixed": [(512, 512)] * 8 + [(512,)] * 8,
+    })
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def medians(self, probes: dict[str, Callable[[], object]], rounds: int = 15, min_time: float = 0.02) -> dict[str, float]:
+        return interleaved_medians(probes, rounds, min_time, self.synchronize)
+
+
+CPU_SIZES = ProbeSizes()
 
 
 def probe_spec(family: str, layers: int) -> ModelSpec:
@@ -90,7 +131,8 @@ def fit_host_overhead(t: dict[str, float], layer: LayerTimes, head: LayerTimes) 
     )
 
 
-def _model_probes(spec_of: Callable[[int], ModelSpec], micro_batch: int, precision: str) -> dict[str, Callable[[], object]]:
+def _model_probes(spec_of: Callable[[int], ModelSpec], micro_batch: int, precision: str,
+                  device: torch.device = CPU) -> dict[str, Callable[[], object]]:
     """Forward ("forward1") and forward + backward ("both1") of plait's model, as trained (its
     seeded weights: default initialisation drives a backward into denormals, several times
     slower; bf16 under autocast), with each of PROBE_LAYERS layers."""
@@ -99,10 +141,11 @@ def _model_probes(spec_of: Callable[[int], ModelSpec], micro_batch: int, precisi
         spec = spec_of(layers)
         model = Transformer(spec)
         init_weights(model, spec, seed=0)
-        tokens = torch.randint(0, spec.vocab, (micro_batch, spec.seq_len), generator=torch.Generator().manual_seed(0))
+        model.to(device)
+        tokens = torch.randint(0, spec.vocab, (micro_batch, spec.seq_len), generator=torch.Generator().manual_seed(0)).to(device)
 
         def loss(model=model, tokens=tokens) -> torch.Tensor:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                 return F.cross_entropy(model(tokens).flatten(0, 1).float(), tokens.flatten())
 
         probes[f"forward{layers}"] = loss
@@ -116,24 +159,20 @@ def kernel_model(profile: Hardware) -> Hardware:
     return replace(profile, host_overhead={}, layer_kernel_scale={}, host_runs_ahead=False)
 
 
-def measure_host_overhead(profile: Hardware, precision: str) -> dict[str, HostOverhead]:
+def measure_host_overhead(profile: Hardware, precision: str, sizes: ProbeSizes = CPU_SIZES) -> dict[str, HostOverhead]:
     """Per family: the host seconds per layer and per model pass that the kernel model misses."""
     kernels_only = kernel_model(profile)
     out = {}
     for family in FAMILIES:
-        t = interleaved_medians(_model_probes(lambda layers: probe_spec(family, layers), 1, precision))
+        t = sizes.medians(_model_probes(lambda layers: probe_spec(family, layers), 1, precision, sizes.device))
         spec = probe_spec(family, PROBE_LAYERS[0])
         layer = layer_times(spec, kernels_only, precision, 1, kernels=STACKS["plait"])
         out[family] = fit_host_overhead(t, layer, head_times(spec, kernels_only, precision, 1, 1, 1))
     return out
 
 
-WORKING_SHAPE = {"hidden": 256, "heads": 4, "vocab": 16, "seq_len": 64}  # kernels of milliseconds a layer
-WORKING_MICRO_BATCH = 4
-
-
-def working_spec(family: str, layers: int) -> ModelSpec:
-    return model_spec(None, family=family, layers=layers, kv_heads=1 if family == "llama" else None, **WORKING_SHAPE)
+def working_spec(family: str, layers: int, sizes: ProbeSizes = CPU_SIZES) -> ModelSpec:
+    return model_spec(None, family=family, layers=layers, kv_heads=1 if family == "llama" else None, **sizes.working_shape)
 
 
 def fit_layer_kernel_scale(t: dict[str, float], kernels: LayerTimes, host: HostOverhead) -> KernelScale:
@@ -147,24 +186,29 @@ def fit_layer_kernel_scale(t: dict[str, float], kernels: LayerTimes, host: HostO
                        backward=max(backward - host.layer_backward, 0.0) / kernels.backward)
 
 
-def working_layer_probes(precision: str) -> dict[str, Callable[[], object]]:
+def working_layer_probes(precision: str, sizes: ProbeSizes = CPU_SIZES) -> dict[str, Callable[[], object]]:
     """Plait's model at the working size, per family ("gpt2/forward1", ...): to be timed in one
     interleaved pass with the matmuls whose fitted peak the kernel model then uses, so that a slow
     minute of a shared host falls on both and cancels in the scale."""
     return {f"{family}/{key}": probe
             for family in FAMILIES
-            for key, probe in _model_probes(lambda layers: working_spec(family, layers), WORKING_MICRO_BATCH, precision).items()}
+            for key, probe in _model_probes(lambda layers: working_spec(family, layers, sizes), sizes.working_micro_batch,
+                                            precision, sizes.device).items()}
 
 
-def layer_kernel_scales(times: dict[str, float], profile: Hardware, precision: str) -> dict[str, KernelScale]:
+def layer_kernel_scales(times: dict[str, float], profile: Hardware, precision: str,
+                        sizes: ProbeSizes = CPU_SIZES) -> dict[str, KernelScale]:
     """Per family: the working layers' seconds (``times``, keyed as working_layer_probes) against
     the kernel model of ``profile``, with its host overhead per layer taken off first."""
     kernels_only = kernel_model(profile)
     out = {}
     for family in FAMILIES:
         t = {key.split("/")[1]: seconds for key, seconds in times.items() if key.startswith(f"{family}/")}
-        layer = layer_times(working_spec(family, 1), kernels_only, precision, WORKING_MICRO_BATCH, kernels=STACKS["plait"])
-        out[family] = fit_layer_kernel_scale(t, layer, profile.host_overhead.get(family, HostOverhead()))
+        layer = layer_times(working_spec(family, 1, sizes), kernels_only, precision, sizes.working_micro_batch,
+                            kernels=STACKS["plait"])
+        # (a host that runs ahead of its GPU spends its time under the working layers' kernels)
+        host = HostOverhead() if profile.host_runs_ahead else profile.host_overhead.get(family, HostOverhead())
+        out[family] = fit_layer_kernel_scale(t, layer, host)
     return out
 
 
@@ -240,17 +284,13 @@ class _Parameters(nn.Module):
         self.tensors = nn.ParameterList(nn.Parameter(torch.randn(shape) * 0.02) for shape in shapes)
 
 
-def measure_optimizer() -> tuple[float, float, list[dict]]:
+def measure_optimizer(probe_sizes: ProbeSizes = CPU_SIZES) -> tuple[float, float, list[dict]]:
     """(seconds per parameter, seconds per tensor, the measured points) of plait's clipping and
     AdamW step, as ``plait train`` runs them after every step."""
-    sets = {
-        "many small": [(64, 64)] * 48 + [(64,)] * 48,
-        "few large": [(1024, 1024)] * 2 + [(1024,)] * 2,
-        "mixed": [(512, 512)] * 8 + [(512,)] * 8,
-    }
+    sets = probe_sizes.optimizer_sets
     probes, sizes = {}, {}
     for name, shapes in sets.items():
-        module = _Parameters(shapes)
+        module = _Parameters(shapes).to(probe_sizes.device)
         optimizer = build_optimizer(module, TrainSpec().lr, TrainSpec().weight_decay)
         grads = [torch.randn_like(p) * 1e-3 for p in module.parameters()]
 
@@ -263,7 +303,7 @@ def measure_optimizer() -> tuple[float, float, list[dict]]:
 
         probes[name] = step
         sizes[name] = (sum(p.numel() for p in module.parameters()), len(shapes))
-    times = interleaved_medians(probes, rounds=7, min_time=0.05)
+    times = probe_sizes.medians(probes, rounds=7, min_time=0.05)
     per_parameter, per_tensor = relative_least_squares([tuple(map(float, sizes[n])) for n in sets], [times[n] for n in sets])
     points = [{"set": n, "parameters": sizes[n][0], "tensors": sizes[n][1], "measured_s": times[n],
                "predicted_s": sizes[n][0] * per_parameter + sizes[n][1] * per_tensor} for n in sets]

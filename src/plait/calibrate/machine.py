@@ -36,12 +36,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from plait.calibrate.host import (
-    interleaved_medians, layer_kernel_scales, measure_host_overhead, measure_optimizer, measure_wrapper_overhead,
-    working_layer_probes,
+    CPU_SIZES, ProbeSizes, interleaved_medians, layer_kernel_scales, measure_host_overhead, measure_optimizer,
+    measure_wrapper_overhead, working_layer_probes,
 )
 from plait.parallel.gradient_shards import all_gather_single, reduce_scatter_single
 from plait.plan.comm import LINK_EFFICIENCY, Link, all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
-from plait.plan.compute import Gemm, gemm_seconds
+from plait.plan.compute import Gemm, attention_matmul_seconds, gemm_seconds
 from plait.plan.hardware import CollectiveScale, Hardware
 from plait.plan.least_squares import relative_least_squares
 
@@ -51,10 +51,10 @@ SIZES = [2**k for k in range(10, 26, 3)]  # bytes per all-reduce: 1 KiB … 32 M
 OVERLAP_BYTES = 4 * 2**20  # a few gradient buckets' worth of a small model
 
 
-def _typical_time(fn) -> float:
+def _typical_time(fn, sizes: ProbeSizes = CPU_SIZES) -> float:
     """Median seconds per call over 7 timed batches of at least 50 ms: on a shared machine the
     typical time, not the luckiest, is what a training step will see."""
-    return interleaved_medians({"probe": fn}, rounds=7, min_time=0.05)["probe"]
+    return sizes.medians({"probe": fn}, rounds=7, min_time=0.05)["probe"]
 
 
 def measure_matmuls_and_layers(dtype: torch.dtype, precision: str) -> tuple[list[tuple[tuple[int, int, int], float]], dict[str, float]]:
@@ -69,13 +69,14 @@ def measure_matmuls_and_layers(dtype: torch.dtype, precision: str) -> tuple[list
     return [(shape, times[shape]) for shape in SHAPES], {key: times[key] for key in layers}
 
 
-def measure_elementwise_gbps(dtype: torch.dtype) -> tuple[float, float]:
+def measure_elementwise_gbps(dtype: torch.dtype, sizes: ProbeSizes = CPU_SIZES, n: int = 2**20,
+                             width: int = 256) -> tuple[float, float]:
     """Bytes per second of a layer's non-matmul kernels, as (median over an add, a multiply and
-    a layer norm; median over GELU forward and backward and SiLU), counting reads and writes."""
-    n, width = 2**20, 256
-    a, b = torch.randn(n, dtype=dtype), torch.randn(n, dtype=dtype)
+    a layer norm; median over GELU forward and backward and SiLU), counting reads and writes, on
+    tensors of ``n`` elements (rows of ``width`` for the norm)."""
+    a, b = (torch.randn(n, dtype=dtype, device=sizes.device) for _ in range(2))
     rows = a.view(-1, width)
-    weight, bias = torch.ones(width, dtype=dtype), torch.zeros(width, dtype=dtype)
+    weight, bias = torch.ones(width, dtype=dtype, device=sizes.device), torch.zeros(width, dtype=dtype, device=sizes.device)
     size = a.numel() * a.element_size()
     simple = [  # (tensor passes read + written, kernel)
         (3, lambda: torch.add(a, b)),
@@ -87,7 +88,7 @@ def measure_elementwise_gbps(dtype: torch.dtype) -> tuple[float, float]:
         (3, lambda: torch.ops.aten.gelu_backward(a, b, approximate="tanh")),
         (2, lambda: torch.nn.functional.silu(a)),
     ]
-    return tuple(statistics.median(passes * size / _typical_time(fn) / 1e9 for passes, fn in kernels)
+    return tuple(statistics.median(passes * size / _typical_time(fn, sizes) / 1e9 for passes, fn in kernels)
                  for kernels in (simple, activations))
 
 
@@ -95,33 +96,49 @@ ATTENTION_SHAPES = [(16, 64, 32), (16, 128, 32), (64, 128, 32), (16, 128, 64), (
                     (2, 1024, 64), (8, 256, 128)]  # (batch·heads, sequence, head dim)
 
 
-def measure_attention(dtype: torch.dtype, profile: Hardware, precision: str) -> tuple[float, float, float, list[dict]]:
-    """Causal scaled-dot-product attention, forward and backward, over ``ATTENTION_SHAPES``, fitted
-    to t = (its two matmuls at ``profile``'s rate)/efficiency + scores·seconds per score. Returns
-    (efficiency, seconds per score, backward/forward ratio, the points)."""
+def time_attention(dtype: torch.dtype, sizes: ProbeSizes, shapes: list[tuple[int, int, int]]) -> list[tuple[tuple[int, int, int], float, float]]:
+    """(shape, forward seconds, backward seconds) of causal scaled-dot-product attention over
+    ``shapes`` (batch·heads, sequence, head dim); the backward as training runs it, from a given
+    output gradient into fresh input gradients."""
     probes = {}
-    for shape in ATTENTION_SHAPES:
+    for shape in shapes:
         batch_heads, seq, dim = shape
-        q, k, v = (torch.randn(1, batch_heads, seq, dim, dtype=dtype, requires_grad=True) for _ in range(3))
+        q, k, v = (torch.randn(1, batch_heads, seq, dim, dtype=dtype, device=sizes.device, requires_grad=True)
+                   for _ in range(3))
+        grad = torch.randn(1, batch_heads, seq, dim, dtype=dtype, device=sizes.device)
 
         def forward(q=q, k=k, v=v) -> torch.Tensor:
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
         probes[shape, "forward"] = forward
-        probes[shape, "both"] = lambda forward=forward: forward().sum().backward()
-    times = interleaved_medians(probes, rounds=5)
-    matmuls, scores, forward_s = [], [], []
-    for batch_heads, seq, dim in ATTENTION_SHAPES:
-        matmuls.append(gemm_seconds(profile, precision, Gemm(seq, seq, dim, batch_heads))
-                       + gemm_seconds(profile, precision, Gemm(seq, dim, seq, batch_heads)))
-        scores.append(batch_heads * seq * seq)
-        forward_s.append(times[(batch_heads, seq, dim), "forward"])
-    inverse, per_score = relative_least_squares(list(zip(matmuls, map(float, scores))), forward_s)
+        probes[shape, "both"] = lambda forward=forward, q=q, k=k, v=v, grad=grad: torch.autograd.grad(forward(), (q, k, v), grad)
+    times = sizes.medians(probes, rounds=5)
+    return [(shape, times[shape, "forward"], times[shape, "both"] - times[shape, "forward"]) for shape in shapes]
+
+
+def probe_attention_seconds(profile: Hardware, precision: str, shape: tuple[int, int, int]) -> float:
+    """Attention's two matmuls over the full square of a probe's shape, at ``profile``'s rate, as
+    plait's layers (a flash kernel) are modelled."""
+    batch_heads, seq, dim = shape
+    return attention_matmul_seconds(profile, precision, Gemm(seq, seq, dim, batch_heads), flash=True)
+
+
+def measure_attention(dtype: torch.dtype, profile: Hardware, precision: str) -> tuple[float, float, float, list[dict]]:
+    """Causal scaled-dot-product attention, forward and backward, over ``ATTENTION_SHAPES``, fitted
+    to t = (its two matmuls at ``profile``'s rate)/efficiency + scores·seconds per score. Returns
+    (efficiency, seconds per score, the backward's matmuls against the forward's, the points)."""
+    timed = time_attention(dtype, CPU_SIZES, ATTENTION_SHAPES)
+    matmuls = [probe_attention_seconds(profile, precision, shape) for shape, _, _ in timed]
+    scores = [float(batch_heads * seq * seq) for (batch_heads, seq, _), _, _ in timed]
+    forward_s = [forward for _, forward, _ in timed]
+    inverse, per_score = relative_least_squares(list(zip(matmuls, scores)), forward_s)
     if per_score < 0 or inverse <= 0:  # the softmax costs nothing measurable: efficiency alone
         inverse, per_score = statistics.median(t / m for t, m in zip(forward_s, matmuls)), 0.0
-    ratio = statistics.median(times[shape, "both"] / times[shape, "forward"] - 1 for shape in ATTENTION_SHAPES)
-    points = [{"shape": shape, "forward_s": t, "predicted_s": m * inverse + n * per_score,
-               "backward_s": times[shape, "both"] - t} for shape, t, m, n in zip(ATTENTION_SHAPES, forward_s, matmuls, scores)]
+    # (the backward's matmuls against the forward's; its exponentials cost what the forward's do)
+    ratio = statistics.median((backward - n * per_score) / (m * inverse)
+                              for (_, _, backward), m, n in zip(timed, matmuls, scores))
+    points = [{"shape": shape, "forward_s": forward, "predicted_s": m * inverse + n * per_score, "backward_s": backward}
+              for (shape, forward, backward), m, n in zip(timed, matmuls, scores)]
     return 1 / inverse, per_score, ratio, points
 
 

@@ -82,11 +82,15 @@ def add_plan_commands(subparsers) -> None:
     plan.set_defaults(handler=run_plan)
     simulate.set_defaults(handler=run_simulate)
     calibrate = subparsers.add_parser("calibrate", help="measure this machine into a hardware profile",
-                                      description="Time matmuls by shape and gloo collectives; write a JSON profile.")
+                                      description="Time plait's kernels by shape (and, on a CPU, gloo collectives); "
+                                                  "write a JSON profile.")
     calibrate.add_argument("--out", default="hardware-profile.json", help="where to write the profile")
     calibrate.add_argument("--name", default="this-machine")
-    calibrate.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    calibrate.add_argument("--threads", type=int, help="cores per device (default: half the cores, as two local ranks get)")
+    calibrate.add_argument("--device", choices=("cpu", "cuda"),
+                           help="what to measure: the first GPU, its links taken from the catalog (cuda), or two "
+                                "ranks of this CPU (cpu); default: cuda where torch sees a GPU")
+    calibrate.add_argument("--precision", choices=PRECISIONS, help="default: bf16 on a GPU, fp32 on a CPU")
+    calibrate.add_argument("--threads", type=int, help="cores per CPU device (default: half the cores, as two local ranks get)")
     calibrate.set_defaults(handler=run_calibrate)
     explain = subparsers.add_parser("explain", help="set a finished run's measurements beside their prediction",
                                     description="Predict a finished run's layout and compare each figure with "
@@ -253,8 +257,18 @@ def run_calibrate(args: argparse.Namespace, argv: list[str] | None = None) -> in
     check_output_file("--out", args.out)
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be a positive number of cores, got {args.threads}")
-    from plait.calibrate.machine import calibrate
+    import torch
 
-    profile = calibrate(args.out, args.name, args.precision, args.threads)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda":
+        if args.threads is not None:
+            raise ConfigError("--threads sets the cores of a CPU calibration; drop it, or add --device cpu")
+        from plait.calibrate.gpu import calibrate_gpu
+
+        profile = calibrate_gpu(args.out, args.name, args.precision or "bf16")
+    else:
+        from plait.calibrate.machine import calibrate
+
+        profile = calibrate(args.out, args.name, args.precision or "fp32", args.threads)
     print(json.dumps(profile.to_dict(), indent=2))
     return 0

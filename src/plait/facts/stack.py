@@ -154,12 +154,12 @@ class Kernels:
 WHOLE_BLOCKS = ("none", "full")
 
 # benchmarks/validate_published.py --fit
-MEGATRON_2021_A100 = 0.588
-MEGATRON_CORE_H100 = 0.488
-PYTORCH_H100_96GB = 0.587
+MEGATRON_2021_A100 = 0.607
+MEGATRON_CORE_H100 = 0.483
+PYTORCH_H100_96GB = 0.489
 DEEPSPEED_LAYER_HOST_S = 0.0045
 DEEPSPEED_ZERO3_COLLECTIVES = 0.110
-NEMO_H100 = 0.588
+NEMO_H100 = 0.578
 # Hopper-native causal attention (Transformer Engine's cuDNN fused attention, FlashAttention-3):
 # forward 600-646 TFLOP/s at 8k tokens and head dim 128 on an H100 SXM in the FlashAttention-3
 # paper's benchmark (Shah et al. 2024, figure 5; FlashAttention-2 there 370), about the rate of

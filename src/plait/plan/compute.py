@@ -40,13 +40,31 @@ class Gemm:
         return 2 * self.m * self.n * self.k * self.batch
 
 
+def matmul_rate(hw: Hardware, precision: str, rows: int, columns: int) -> float:
+    """FLOP/s of a matmul whose output is rows × columns: the achievable peak times the share of its
+    output tiles that hold real rows and columns."""
+    tile = hw.matmul_tile
+    fill = (rows / (tile * math.ceil(rows / tile))) * (columns / (tile * math.ceil(columns / tile)))
+    return hw.peak_tflops(precision) * 1e12 * hw.matmul_efficiency * fill
+
+
 def gemm_seconds(hw: Hardware, precision: str, g: Gemm) -> float:
     """Predicted time of one matmul kernel on ``hw``."""
-    tile = hw.matmul_tile
-    fill = (g.m / (tile * math.ceil(g.m / tile))) * (g.n / (tile * math.ceil(g.n / tile)))
-    rate = hw.peak_tflops(precision) * 1e12 * hw.matmul_efficiency * fill
     traffic = ACTIVATION_BYTES[precision] * g.batch * (g.m * g.k + g.k * g.n + g.m * g.n)
-    return max(g.flops / rate, traffic / (hw.memory_gbps * 1e9)) + hw.kernel_overhead_s
+    return max(g.flops / matmul_rate(hw, precision, g.m, g.n), traffic / (hw.memory_gbps * 1e9)) + hw.kernel_overhead_s
+
+
+def attention_matmul_seconds(hw: Hardware, precision: str, scores: Gemm, flash: bool) -> float:
+    """Attention's two matmuls over the full square of ``scores`` (queries × keys, contracted over
+    the head dimension, for each of ``batch`` heads): apart, the score matrix written and read
+    through memory like any matmul's output; in one flash kernel, which keeps each tile of scores
+    on chip, only Q, K, V and the output cross memory, and the tiles span the square."""
+    if not flash:
+        return (gemm_seconds(hw, precision, scores)
+                + gemm_seconds(hw, precision, Gemm(scores.m, scores.k, scores.n, scores.batch)))
+    traffic = ACTIVATION_BYTES[precision] * scores.batch * scores.k * 2 * (scores.m + scores.n)
+    return (max(2 * scores.flops / matmul_rate(hw, precision, scores.m, scores.n), traffic / (hw.memory_gbps * 1e9))
+            + hw.kernel_overhead_s)
 
 
 @dataclass(frozen=True)
@@ -129,15 +147,23 @@ def layer_times(
     shape = layer_shape(spec, micro_batch, tp, cp, sp, precision, kernels)
     memory_rate = hw.memory_gbps * 1e9
     weights = sum(gemm_seconds(hw, precision, g) for g in shape.weights)
-    attention_matmuls = sum(gemm_seconds(hw, precision, g) for g in shape.attention) / hw.attention_efficiency
-    score_passes = shape.scores * hw.attention_score_s + shape.softmax_bytes / memory_rate
+    attention_as_matmuls = attention_matmul_seconds(hw, precision, shape.attention[0], kernels.flash_attention)
+    attention_matmuls = attention_as_matmuls / hw.attention_efficiency
+    exponentials = shape.scores * hw.attention_score_s
+    # (a softmax kernel that reads and writes the scores is bound by those bytes or its exponentials)
+    score_passes = exponentials if kernels.flash_attention else max(exponentials, shape.softmax_bytes / memory_rate)
     attention = attention_matmuls + score_passes
-    # Backward of attention: a flash kernel recomputes the scores (``attention_backward_ratio`` of its
-    # forward); without one, dQ, dK, dV and the probabilities' gradient are four matmuls against the
-    # forward's two, and the softmax's and dropout's backward pass over the score matrices as often
-    # as their forward did.
-    attention_backward = (hw.attention_backward_ratio * attention if kernels.flash_attention
-                          else 2 * attention_matmuls + score_passes)
+    # Backward of attention: a flash kernel recomputes the scores, its matmuls
+    # ``attention_backward_ratio`` of the forward's and its exponentials once more (or its own fit,
+    # where calibrate measured one on a GPU); without one, dQ, dK, dV and the probabilities' gradient
+    # are four matmuls against the forward's two, and the softmax's and dropout's backward pass over
+    # the score matrices as often as their forward did.
+    if not kernels.flash_attention:
+        attention_backward = 2 * attention_matmuls + score_passes
+    elif hw.attention_backward_efficiency is not None:
+        attention_backward = attention_as_matmuls / hw.attention_backward_efficiency + shape.scores * hw.attention_backward_score_s
+    else:
+        attention_backward = hw.attention_backward_ratio * attention_matmuls + exponentials
     activation_rate = (hw.activation_gbps or hw.memory_gbps) * 1e9
     elementwise = (shape.elementwise_bytes / memory_rate + shape.activation_bytes / activation_rate
                    + ELEMENTWISE_KERNELS * hw.kernel_overhead_s)

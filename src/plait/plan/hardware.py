@@ -88,12 +88,21 @@ class Hardware:
     # Attention kernels' throughput relative to a plain matmul of the same shape (1.0 in the
     # catalog: the published runs it is validated on use batched-matmul attention).
     attention_efficiency: float = 1.0
-    # Seconds per attention score beyond the matmuls (the softmax's exponentials), and the
-    # backward's time as a multiple of the forward's. 0 and 2.5 in the catalog: flash kernels hide
-    # the softmax under tensor-core matmuls, and the backward does 2.5× the forward's FLOPs. A
-    # CPU's vector units pay for every exponential, so calibrate measures both.
+    # Seconds per attention score (of the full square) beyond the matmuls: the softmax's
+    # exponentials, which a flash kernel runs on special-function units far slower than its tensor
+    # cores (the catalog's from each GPU's throughput: causal_exponentials; a kernel that writes the
+    # scores out is bound by those bytes instead). The backward runs its matmuls at this multiple of
+    # the forward's time and its exponentials once more: 2.5 in the catalog, as its FLOPs are 2.5×
+    # the forward's. A CPU's vector units pay for every exponential, so calibrate measures both.
     attention_score_s: float = 0.0
     attention_backward_ratio: float = 2.5
+    # The backward's own fit, where calibrate measured one on a GPU: its matmuls (the forward's two)
+    # over this efficiency plus this many seconds per score. Its FLOPs are 2.5× the forward's, but
+    # its exponentials are fewer than the forward's matmul share, so its time relative to the
+    # forward's grows with the head dimension (on an H100: 2.6× at 64, 3.4× at 128, 8k tokens).
+    # None: ``attention_backward_ratio`` times the forward.
+    attention_backward_efficiency: float | None = None
+    attention_backward_score_s: float = 0.0
     # Bytes per second one device copies to or from host memory, each way, into pinned buffers (what
     # activation offload moves over). None: a CPU, whose host memory is its own: a copy reads and
     # writes it (``host_link_bytes_per_s``).
@@ -152,6 +161,20 @@ class Hardware:
         return asdict(self)
 
 
+def causal_exponentials(special_function_tflops: float) -> float:
+    """``attention_score_s`` of a flash kernel's causal softmax: one exponential for each score of
+    the square's lower half, on special-function units of this throughput (TFLOP/s)."""
+    return 0.5 / (special_function_tflops * 1e12)
+
+
+# A flash kernel's exponentials run on the special-function units, 16 per SM a clock on Volta,
+# Ampere and Hopper (CUDA C++ Programming Guide, "Arithmetic Instructions" throughput table), so
+# SMs × 16 × clock: V100 80 SMs at 1.53 GHz → 1.96 TFLOP/s; A100 108 at 1.41 → 2.44; H100 SXM5 132
+# (the 3.9 the FlashAttention-3 paper gives against its 989 of bf16 matmul, Shah et al. 2024, §1),
+# the same die in the H800, H200 and Grand Teton's part; H100 PCIe 114 at 1.755 → 3.2; H100 NVL 132
+# at 1.785 → 3.77. An H100 measured here fits 0.15e-12 s a score beside cuDNN's matmuls, against
+# 0.128e-12 from 3.9 (docs/VALIDATION.md, "plait's own runs on one H100"). No figure is published
+# for B200 and MI300X, whose scores cost nothing beyond their matmuls here.
 # All NVIDIA server parts assume an 8-GPU HGX/DGX node with one network adapter per GPU.
 # Each GPU reaches host memory over its own PCIe x16 link: 15.75 GB/s a direction raw on Gen3,
 # 31.5 on Gen4, 63 on Gen5, of which pinned copies reach about 80% (CUDA's bandwidthTest on such
@@ -162,37 +185,46 @@ CATALOG: dict[str, Hardware] = {
     # mixed precision runs fp16, at the same rate), FP32 15.7 TFLOPS, 32 GB HBM2 at 900 GB/s; NVLink 2
     # 300 GB/s bidirectional = 150 per direction. Nodes as DGX-2H (Shoeybi et al. 2019, Megatron-LM):
     # 16 GPUs on NVSwitch, 8 × 100 Gb/s InfiniBand per node = 6.25 GB/s per GPU.
-    "v100": Hardware("v100", 125, 15.7, device_memory(32), 900, 150, 6.25, gpus_per_node=16, host_link_gbps=PCIE_GEN3),
+    "v100": Hardware("v100", 125, 15.7, device_memory(32), 900, 150, 6.25, gpus_per_node=16, host_link_gbps=PCIE_GEN3,
+            attention_score_s=causal_exponentials(1.96)),
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, FP32 19.5 TFLOPS,
     # 40 GB HBM2 at 1,555 GB/s; NVLink 3 600 GB/s bidirectional = 300 GB/s per direction.
     # DGX A100 user guide: 8× ConnectX-6 200 Gb/s HDR InfiniBand → 25 GB/s per GPU.
-    "a100-40gb": Hardware("a100-40gb", 312, 19.5, device_memory(40), 1555, 300, 25, host_link_gbps=PCIE_GEN4),
+    "a100-40gb": Hardware("a100-40gb", 312, 19.5, device_memory(40), 1555, 300, 25, host_link_gbps=PCIE_GEN4,
+            attention_score_s=causal_exponentials(2.44)),
     # Same datasheet, 80 GB HBM2e at 2,039 GB/s.
-    "a100-80gb": Hardware("a100-80gb", 312, 19.5, device_memory(80), 2039, 300, 25, host_link_gbps=PCIE_GEN4),
+    "a100-80gb": Hardware("a100-80gb", 312, 19.5, device_memory(80), 2039, 300, 25, host_link_gbps=PCIE_GEN4,
+            attention_score_s=causal_exponentials(2.44)),
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): BF16 989 TFLOPS dense, FP32 67 TFLOPS,
     # 80 GB HBM3 at 3.35 TB/s; NVLink 4 900 GB/s bidirectional.
     # DGX H100: 8× ConnectX-7 400 Gb/s NDR → 50 GB/s per GPU.
-    "h100-sxm": Hardware("h100-sxm", 989, 67, device_memory(80), 3350, 450, 50, host_link_gbps=PCIE_GEN5),
+    "h100-sxm": Hardware("h100-sxm", 989, 67, device_memory(80), 3350, 450, 50, host_link_gbps=PCIE_GEN5,
+            attention_score_s=causal_exponentials(3.9)),
     # H100 datasheet (PCIe): BF16 756 TFLOPS dense, FP32 51 TFLOPS, 80 GB HBM2e at 2.0 TB/s;
     # no NVSwitch: peers talk over PCIe Gen5 x16, 64 GB/s per direction; one 400 Gb/s NIC per GPU.
-    "h100-pcie": Hardware("h100-pcie", 756, 51, device_memory(80), 2000, 64, 50, host_link_gbps=PCIE_GEN5),
+    "h100-pcie": Hardware("h100-pcie", 756, 51, device_memory(80), 2000, 64, 50, host_link_gbps=PCIE_GEN5,
+            attention_score_s=causal_exponentials(3.2)),
     # The H100 of Meta's Grand Teton hosts (torchtitan's benchmarks/llama3_h100_202412_torchtitan.md):
     # 96 GB HBM2e at 2.4 TB/s, 500 W; 8 per host on NVLink, 400 Gb/s RDMA per GPU. Its sustained peak
     # lies between the NVL's and the SXM's (the same note); the SXM's nominal figures stand here, as
     # torchtitan's MFU takes them, and a stack's efficiency fitted on this part absorbs the cap.
-    "h100-96gb": Hardware("h100-96gb", 989, 67, device_memory(96), 2400, 450, 50, host_link_gbps=PCIE_GEN5),
+    "h100-96gb": Hardware("h100-96gb", 989, 67, device_memory(96), 2400, 450, 50, host_link_gbps=PCIE_GEN5,
+            attention_score_s=causal_exponentials(3.9)),
     # NVIDIA H100 NVL (H100 datasheet, NVL column): BF16 1,671 TFLOPS with sparsity (835.5 dense),
     # FP32 60 TFLOPS, 94 GB HBM3 at 3.9 TB/s; NVLink bridges join pairs of GPUs only (600 GB/s
     # bidirectional), so groups of more than two talk over PCIe Gen5 x16, 64 GB/s per direction (for a
     # tp2 group on a bridged pair pass --intra-node-gbps 300); one 400 Gb/s NIC per GPU.
-    "h100-nvl": Hardware("h100-nvl", 835.5, 60, device_memory(94), 3900, 64, 50, host_link_gbps=PCIE_GEN5),
+    "h100-nvl": Hardware("h100-nvl", 835.5, 60, device_memory(94), 3900, 64, 50, host_link_gbps=PCIE_GEN5,
+            attention_score_s=causal_exponentials(3.77)),
     # NVIDIA H800 SXM5 (the export part of H100 SXM5): the same tensor cores and HBM3 (BF16 989 TFLOPS
     # dense, FP32 67, 80 GB at 3.35 TB/s), NVLink cut to 400 GB/s bidirectional = 200 per direction;
     # 8 × 400 Gb/s NDR per node as in DGX H100.
-    "h800": Hardware("h800", 989, 67, device_memory(80), 3350, 200, 50, host_link_gbps=PCIE_GEN5),
+    "h800": Hardware("h800", 989, 67, device_memory(80), 3350, 200, 50, host_link_gbps=PCIE_GEN5,
+            attention_score_s=causal_exponentials(3.9)),
     # NVIDIA H200 datasheet (SXM): BF16 989 TFLOPS dense, FP32 67 TFLOPS, 141 GB HBM3e at
     # 4.8 TB/s, NVLink 900 GB/s bidirectional; HGX H200 with 400 Gb/s per GPU.
-    "h200": Hardware("h200", 989, 67, device_memory(141), 4800, 450, 50, host_link_gbps=PCIE_GEN5),
+    "h200": Hardware("h200", 989, 67, device_memory(141), 4800, 450, 50, host_link_gbps=PCIE_GEN5,
+            attention_score_s=causal_exponentials(3.9)),
     # NVIDIA HGX B200 datasheet: per GPU BF16 2.25 PFLOPS dense, FP32 75 TFLOPS (600 per 8 GPUs),
     # 180 GB HBM3e (1,440 GB per 8) at 7.7 TB/s; NVLink 5 1.8 TB/s bidirectional;
     # DGX B200: 8× ConnectX-7 400 Gb/s.
@@ -249,7 +281,7 @@ def apply_overrides(base: Hardware, **overrides: float | None) -> Hardware:
 
 # Figures that may be zero (no launch cost, nothing reserved, no overlap, no per-tensor cost, no headroom).
 MAY_BE_ZERO = ("kernel_overhead_s", "reserved_bytes", "comm_overlap", "optimizer_tensor_s", "memory_headroom",
-               "attention_score_s")
+               "attention_score_s", "attention_backward_score_s")
 
 
 def check_figure(key: str, value) -> None:
@@ -258,7 +290,7 @@ def check_figure(key: str, value) -> None:
         if not isinstance(value, bool):
             raise ConfigError(f"hardware figure host_runs_ahead must be true or false, got {value!r}")
         return
-    if value is None and key in ("activation_gbps", "optimizer_parameter_s", "host_link_gbps"):
+    if value is None and key in ("activation_gbps", "optimizer_parameter_s", "host_link_gbps", "attention_backward_efficiency"):
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"hardware figure {key} must be a finite number, got {value!r}")

@@ -1,14 +1,13 @@
-"""The one fit calibration uses: linear least squares on relative errors (pure Python)."""
+"""The one fit calibration uses: linear least squares on relative errors."""
 
 from __future__ import annotations
 
+import numpy as np
 
-def relative_least_squares(rows: list[tuple[float, float]], times: list[float]) -> tuple[float, float]:
-    """(x, y) minimising Σ((a·x + b·y − t)/t)² over rows (a, b) and times t: relative errors count."""
-    aa = sum((a / t) ** 2 for (a, _), t in zip(rows, times))
-    bb = sum((b / t) ** 2 for (_, b), t in zip(rows, times))
-    ab = sum(a * b / t**2 for (a, b), t in zip(rows, times))
-    at = sum(a / t for (a, _), t in zip(rows, times))
-    bt = sum(b / t for (_, b), t in zip(rows, times))
-    det = aa * bb - ab * ab
-    return (at * bb - bt * ab) / det, (aa * bt - ab * at) / det
+
+def relative_least_squares(rows: list[tuple[float, ...]], times: list[float]) -> tuple[float, ...]:
+    """The coefficients x minimising Σ((row·x − t)/t)² over rows and times t: relative errors count,
+    so short and long probes weigh alike."""
+    scaled = np.asarray(rows, dtype=float) / np.asarray(times, dtype=float)[:, None]
+    solution, *_ = np.linalg.lstsq(scaled, np.ones(len(times)), rcond=None)
+    return tuple(float(x) for x in solution)
