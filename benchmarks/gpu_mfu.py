@@ -6,7 +6,10 @@ catalog entry: step time, tokens per second and MFU (model FLOPs per second over
 bf16 peak). Needs a GPU; on a machine without one it says so and exits.
 
     python benchmarks/gpu_mfu.py [--model llama-1b] [--steps 30] [--global-batch 8] [--microbatches 8]
-                                 [--recompute none|selective|op|full]
+                                 [--recompute none|selective|op|full] [--hardware-profile FILE]
+
+With ``--hardware-profile`` (a profile ``plait calibrate`` measured on this GPU) the prediction is
+that profile's instead of the catalog entry's.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 import torch
 
 from plait.observe.explain import explain
+from plait.plan.hardware import load_profile
 
 
 def main() -> int:
@@ -29,6 +33,7 @@ def main() -> int:
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--microbatches", type=int, default=8)  # micro-batch 1: 8k tokens fit 80 GB
     parser.add_argument("--recompute", default="none", choices=("none", "selective", "op", "full"))
+    parser.add_argument("--hardware-profile", metavar="FILE", help="predict with this calibrated profile")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("gpu_mfu: no CUDA device here; run it on a machine with a GPU", file=sys.stderr)
@@ -40,8 +45,8 @@ def main() -> int:
                         "--global-batch", str(args.global_batch), "--microbatches", str(args.microbatches),
                         "--recompute", args.recompute, "--run-dir", str(run_dir), "--no-final-checkpoint"],
                        check=True)
-        explanation = explain(run_dir)
-        print(f"{args.model} on {explanation.summary['device_name']} (catalog {explanation.hardware.name}, "
+        explanation = explain(run_dir, profile=load_profile(args.hardware_profile) if args.hardware_profile else None)
+        print(f"{args.model} on {explanation.summary['device_name']} (predicted as {explanation.hardware.name}, "
               f"{explanation.hardware.bf16_tflops:.0f} dense bf16 TFLOP/s), global batch {args.global_batch} "
               f"in {args.microbatches} micro-batches, recompute {args.recompute}, median of {args.steps} steps")
         print("| quantity | predicted | measured |\n| --- | ---: | ---: |")
