@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from plait.calibrate.gpu import fit_attention, fit_matmul_efficiency, measure_device
-from plait.calibrate.host import ProbeSizes, interleaved_medians
+from plait.calibrate.host import (
+    PROBE_LAYERS, ProbeSizes, fit_host_overhead, host_probe_kernels, interleaved_medians, probe_spec,
+)
 from plait.calibrate.machine import probe_attention_seconds
 from plait.facts.activations import ACTIVATION_BYTES
 from plait.facts.stack import STACKS
@@ -83,6 +85,22 @@ def test_the_attention_fit_recovers_forward_and_backward_apart_from_a_per_call_c
     times = layer_times(spec, profile, "bf16", 1, kernels=STACKS["plait"])
     matmul = attention_matmul_seconds(profile, "bf16", Gemm(8192, 8192, 64, 32), flash=True)
     assert times.attention_backward == pytest.approx(matmul / 0.5 + 32 * 8192 * 8192 * 0.04e-12)
+
+
+def test_a_gpus_host_time_is_taken_whole_and_predicted_where_it_exceeds_the_kernels():
+    """At the probe's size a GPU's kernels take microseconds and its host milliseconds a layer: the
+    measured per-layer time is the host's, all of it (the kernels ran under it), and the planner's
+    layer, the longer of kernels and host, gives it back."""
+    host_forward, host_backward = 1.5e-3, 2.0e-3
+    t = {}
+    for n in PROBE_LAYERS:
+        t[f"forward{n}"] = n * host_forward + 4e-4
+        t[f"both{n}"] = n * (host_forward + host_backward) + 1.2e-3
+    host = fit_host_overhead(t, *host_probe_kernels(H100, "llama", "bf16"))
+    assert (host.layer_forward, host.layer_backward) == pytest.approx((host_forward, host_backward))
+    profile = replace(H100, host_overhead={"llama": host})
+    times = layer_times(probe_spec("llama", 1), profile, "bf16", 1, kernels=STACKS["plait"])
+    assert (times.forward, times.backward_input) == pytest.approx((host_forward, host_backward))
 
 
 def test_timing_waits_for_a_device_that_runs_behind_its_host():

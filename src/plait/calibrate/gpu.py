@@ -22,6 +22,7 @@ come from the catalog entry the driver's device name gives (plait.plan.hardware.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,7 +47,7 @@ GPU_MATMULS = [(8192, 3072, 2048), (8192, 2048, 2048), (8192, 16384, 2048), (819
 GPU_ATTENTION = [(32, 1024, 128), (32, 2048, 64), (32, 2048, 128), (32, 4096, 64), (32, 4096, 128),
                  (32, 8192, 64), (32, 8192, 128), (64, 4096, 128)]
 # The working layers must keep the device busier than the host, whose Python and dispatch take
-# 1.4 ms a forward of plait's Llama layer on an H100's host: layers of 2,048 × 2,048 tokens at
+# 1.4–1.6 ms a forward of plait's Llama layer on an H100's host: layers of 2,048 × 2,048 tokens at
 # micro-batch 2 (4k tokens) took that long, so their fitted scale was the host's time, not the
 # kernels'. At 4,096 wide over 4k tokens a layer's forward kernels take about 3 ms.
 GPU_SIZES = ProbeSizes(
@@ -76,8 +77,9 @@ def fit_attention(timed: list[tuple[tuple[int, int, int], float, float]], profil
                   precision: str) -> tuple[dict[str, float], list[dict]]:
     """Hardware's attention figures from timed (shape, forward s, backward s): the forward and the
     backward each fitted to t = (the two matmuls at ``profile``'s rate)/efficiency + scores·seconds
-    per score + a per-call constant. The constant (launches, the last partial wave) is fitted only so
-    that it does not bend the other two: a layer charges launches through kernel_overhead_s."""
+    per score + a per-call constant. The constant (what a short kernel loses to its first and last
+    waves, beyond the launch the matmul time holds) is fitted only so that it does not bend the
+    other two, and is not charged: a layer's kernels are long."""
     matmuls = [probe_attention_seconds(profile, precision, shape) for shape, _, _ in timed]
     scores = [float(batch_heads * seq * seq) for (batch_heads, seq, _), _, _ in timed]
     fitted = []
@@ -87,9 +89,12 @@ def fit_attention(timed: list[tuple[tuple[int, int, int], float, float]], profil
             (inverse, _), per_score = relative_least_squares([(m, 1.0) for m in matmuls], times), 0.0
         fitted.append((1 / inverse, per_score))
     (efficiency, per_score), (backward_efficiency, backward_per_score) = fitted
+    # (the ratio, which the backward's own fit supersedes, as a CPU calibration reads it)
+    ratio = statistics.median((backward - n * per_score) * efficiency / m
+                              for (_, _, backward), m, n in zip(timed, matmuls, scores))
     figures = {"attention_efficiency": efficiency, "attention_score_s": per_score,
                "attention_backward_efficiency": backward_efficiency, "attention_backward_score_s": backward_per_score,
-               "attention_backward_ratio": sum(b for _, _, b in timed) / sum(f for _, f, _ in timed)}
+               "attention_backward_ratio": ratio}
     points = [{"shape": shape, "forward_s": forward, "predicted_s": m / efficiency + n * per_score,
                "backward_s": backward, "predicted_backward_s": m / backward_efficiency + n * backward_per_score}
               for (shape, forward, backward), m, n in zip(timed, matmuls, scores)]
@@ -106,6 +111,10 @@ def measure_device(base: Hardware, name: str, precision: str, sizes: ProbeSizes,
         probes[m, n, k] = lambda x=x, w=w: F.linear(x, w)
     layers = working_layer_probes(precision, sizes)
     times = sizes.medians({**probes, **layers}, rounds=7, min_time=0.05)  # one pass: the same minute for both
+    working = {key: times[key] for key in layers}
+    del probes, layers  # (their tensors and four models: 15 GB at a GPU's sizes)
+    if sizes.device.type == "cuda":
+        torch.cuda.empty_cache()
     matmuls = [(shape, times[shape]) for shape in matmul_shapes]
     efficiency, launch = fit_matmul_efficiency(base, precision, matmuls)
     memory_gbps, activation_gbps = measure_elementwise_gbps(dtype, sizes, elements, width)
@@ -115,11 +124,10 @@ def measure_device(base: Hardware, name: str, precision: str, sizes: ProbeSizes,
     per_parameter, per_tensor, optimizer_points = measure_optimizer(sizes)
     profile = replace(profile, **attention, optimizer_parameter_s=per_parameter, optimizer_tensor_s=per_tensor)
     profile = replace(profile, host_overhead=measure_host_overhead(profile, precision, sizes))
-    profile = replace(profile, layer_kernel_scale=layer_kernel_scales(
-        {key: seconds for key, seconds in times.items() if key in layers}, profile, precision, sizes))
+    profile = replace(profile, layer_kernel_scale=layer_kernel_scales(working, profile, precision, sizes))
     fits = {
         "device": str(sizes.device),
-        "working_layers": {key: seconds for key, seconds in times.items() if key in layers},
+        "working_layers": working,
         "matmul": [{"shape": s, "measured_s": t, "predicted_s": gemm_seconds(profile, precision, Gemm(*s))} for s, t in matmuls],
         "attention": attention_points,
         "optimizer": optimizer_points,

@@ -88,7 +88,7 @@ def add_plan_commands(subparsers) -> None:
     calibrate.add_argument("--name", default="this-machine")
     calibrate.add_argument("--device", choices=("cpu", "cuda"),
                            help="what to measure: the first GPU, its links taken from the catalog (cuda), or two "
-                                "ranks of this CPU (cpu); default: cuda where torch sees a GPU")
+                                "ranks of this CPU (cpu); default: cuda where torch sees a GPU and --threads is not given")
     calibrate.add_argument("--precision", choices=PRECISIONS, help="default: bf16 on a GPU, fp32 on a CPU")
     calibrate.add_argument("--threads", type=int, help="cores per CPU device (default: half the cores, as two local ranks get)")
     calibrate.set_defaults(handler=run_calibrate)
@@ -259,7 +259,7 @@ def run_calibrate(args: argparse.Namespace, argv: list[str] | None = None) -> in
         raise ConfigError(f"--threads must be a positive number of cores, got {args.threads}")
     import torch
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device or ("cuda" if torch.cuda.is_available() and args.threads is None else "cpu")
     if device == "cuda":
         if args.threads is not None:
             raise ConfigError("--threads sets the cores of a CPU calibration; drop it, or add --device cpu")

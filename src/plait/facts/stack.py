@@ -158,8 +158,8 @@ MEGATRON_2021_A100 = 0.607
 MEGATRON_CORE_H100 = 0.483
 PYTORCH_H100_96GB = 0.489
 DEEPSPEED_LAYER_HOST_S = 0.0045
-DEEPSPEED_ZERO3_COLLECTIVES = 0.110
-NEMO_H100 = 0.578
+DEEPSPEED_ZERO3_COLLECTIVES = 0.108
+NEMO_H100 = 0.572
 # Hopper-native causal attention (Transformer Engine's cuDNN fused attention, FlashAttention-3):
 # forward 600-646 TFLOP/s at 8k tokens and head dim 128 on an H100 SXM in the FlashAttention-3
 # paper's benchmark (Shah et al. 2024, figure 5; FlashAttention-2 there 370), about the rate of
@@ -215,7 +215,7 @@ STACKS = {
     # linear's weight and prefetches the next, the layer released after its forward is gathered
     # again for the recomputed one (stage3.py, April 2021), and its gathers and reduce-scatters reach
     # a fraction of the bus bandwidth NCCL's rings give, fitted on the paper's three 175B runs
-    # (benchmarks/validate_published.py; the three 530B runs held out). That fraction, 0.110 of
+    # (benchmarks/validate_published.py; the three 530B runs held out). That fraction, 0.108 of
     # 192 GB/s, is ~21 GB/s: each GPU moved its parameters at about one adapter's rate. Why is not
     # measured; candidates are its one collective per tensor, each launched after a device-wide
     # torch.cuda.synchronize.

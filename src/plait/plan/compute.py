@@ -5,7 +5,8 @@ A matmul takes the longer of its FLOPs at the achievable peak and its bytes at m
 times the fraction of its output tiles that hold real rows and columns, so thin shards (high tp,
 small micro-batches, short sequences per cp rank) fall off the peak as they do on real devices.
 Norms, activations, residual adds, RoPE and (without flash attention) softmax are bound by memory
-traffic. The FLOPs these times cover are exactly plait.models.flops's: tests hold the two equal.
+traffic. A flash kernel's attention is bound by its FLOPs (its scores never leave the chip) plus its
+softmax's exponentials on the special-function units. The FLOPs these times cover are exactly plait.models.flops's: tests hold the two equal.
 """
 
 from __future__ import annotations
@@ -148,7 +149,8 @@ def layer_times(
     memory_rate = hw.memory_gbps * 1e9
     weights = sum(gemm_seconds(hw, precision, g) for g in shape.weights)
     attention_as_matmuls = attention_matmul_seconds(hw, precision, shape.attention[0], kernels.flash_attention)
-    attention_matmuls = attention_as_matmuls / hw.attention_efficiency
+    # (the attention figures describe the device's flash kernel; written-out scores run as matmuls)
+    attention_matmuls = attention_as_matmuls / (hw.attention_efficiency if kernels.flash_attention else 1.0)
     exponentials = shape.scores * hw.attention_score_s
     # (a softmax kernel that reads and writes the scores is bound by those bytes or its exponentials)
     score_passes = exponentials if kernels.flash_attention else max(exponentials, shape.softmax_bytes / memory_rate)

@@ -85,8 +85,9 @@ class Hardware:
     # Bytes per second of activation functions (GELU, SiLU); None: as memory_gbps (on GPUs they
     # are bandwidth-bound; on a CPU their transcendentals make them slower, so calibrate measures).
     activation_gbps: float | None = None
-    # Attention kernels' throughput relative to a plain matmul of the same shape (1.0 in the
-    # catalog: the published runs it is validated on use batched-matmul attention).
+    # A flash attention kernel's two matmuls over the full score square against a plain matmul's
+    # rate (1.0 in the catalog: FlashAttention-2 runs its causal half at about half a matmul's rate;
+    # Hopper-native kernels, plait.facts.stack.HOPPER_CAUSAL_ATTENTION, and calibrate measure their own).
     attention_efficiency: float = 1.0
     # Seconds per attention score (of the full square) beyond the matmuls: the softmax's
     # exponentials, which a flash kernel runs on special-function units far slower than its tensor
@@ -96,11 +97,11 @@ class Hardware:
     # the forward's. A CPU's vector units pay for every exponential, so calibrate measures both.
     attention_score_s: float = 0.0
     attention_backward_ratio: float = 2.5
-    # The backward's own fit, where calibrate measured one on a GPU: its matmuls (the forward's two)
-    # over this efficiency plus this many seconds per score. Its FLOPs are 2.5× the forward's, but
-    # its exponentials are fewer than the forward's matmul share, so its time relative to the
-    # forward's grows with the head dimension (on an H100: 2.6× at 64, 3.4× at 128, 8k tokens).
-    # None: ``attention_backward_ratio`` times the forward.
+    # The backward's own fit, where calibrate measured one on a GPU: the forward's two full-square
+    # matmuls' time over this factor (not the backward's own FLOPs, 2.5× those) plus this many
+    # seconds per score. Measured so, its time against the forward's grows with the head dimension
+    # (on an H100: 2.6× at 64, 3.4× at 128, 8k tokens), which one ratio cannot say. None: the
+    # forward's matmuls times ``attention_backward_ratio``, plus the exponentials once more.
     attention_backward_efficiency: float | None = None
     attention_backward_score_s: float = 0.0
     # Bytes per second one device copies to or from host memory, each way, into pinned buffers (what
@@ -262,9 +263,12 @@ def hardware(name: str, **overrides: float | None) -> Hardware:
 
 def stack_hardware(hw: Hardware, kernels: Kernels) -> Hardware:
     """``hw`` with the matmul efficiency the software stack was fitted to on it, and its attention
-    kernels' efficiency, where the stack has them for that GPU."""
-    figures = {"matmul_efficiency": dict(kernels.matmul_efficiency).get(hw.name),
-               "attention_efficiency": dict(kernels.attention_efficiency).get(hw.name)}
+    kernels' efficiency, where the stack has them for that GPU. A stack's attention figure is its
+    kernel's whole rate, exponentials included (measured kernels overlap them with the matmuls), so
+    none is charged beside it."""
+    attention = dict(kernels.attention_efficiency).get(hw.name)
+    figures = {"matmul_efficiency": dict(kernels.matmul_efficiency).get(hw.name), "attention_efficiency": attention,
+               "attention_score_s": None if attention is None else 0.0}
     return replace(hw, **{name: value for name, value in figures.items() if value is not None})
 
 
