@@ -31,10 +31,12 @@ def _one_step(config: RunConfig, layers: int, topology) -> tuple[CollectiveBytes
     inputs, targets, positions = context_shard(tokens, tokens.roll(-1, dims=1), topology)
     saved = SavedBytes(model, model.layers["0"])
     with CollectiveBytes() as comm, saved.recording():
-        with autocast(config, CPU):  # as the training loop runs it: bf16 autocast over fp32 weights
+        with autocast(config, CPU):  # as the training loop runs it: bf16 autocast over fp32 weights, the forward
             logits = model(inputs, positions)
             with vocab_parallel_loss(topology):
-                F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()).backward()
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        with vocab_parallel_loss(topology):
+            loss.backward()
         finish_gradients(model, build_optimizer(model, 1e-3, 0.0), topology, gradient_reduction(topology))
     return comm, saved
 
@@ -73,11 +75,30 @@ def saved_activation_bytes(config: RunConfig) -> list[int]:
                            generator=generator)
     inputs, targets, positions = context_shard(tokens, tokens.roll(-1, dims=1), topology)
     saved = SavedBytes(model, *inner.layers.values())
-    with saved.recording(), autocast(config, CPU):
-        logits = model(inputs, positions)
+    with saved.recording():
+        with autocast(config, CPU):  # the forward, as the training loop runs it
+            logits = model(inputs, positions)
+            with vocab_parallel_loss(topology):
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         with vocab_parallel_loss(topology):
-            F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()).backward()
+            loss.backward()
     return saved.totals
+
+
+def autocast_during_backward(config: RunConfig) -> list[bool]:
+    """Whether autocast was on as each parameter's gradient arrived, over one ``train_step`` of ``config``
+    (no pipeline) with its precision's autocast."""
+    from plait.train.loop import parallelize_run, train_step
+
+    topology = build_topology(config.layout, CPU)
+    parallel = parallelize_run(build_model(config, CPU), config, topology)
+    states: list[bool] = []
+    for param in parallel.model.parameters():
+        param.register_hook(lambda grad: states.append(torch.is_autocast_enabled("cpu")))
+    tokens = torch.randint(0, config.model.vocab, (config.train.global_batch // config.layout.dp, config.model.seq_len),
+                           generator=torch.Generator().manual_seed(0))
+    train_step(parallel, [(tokens, tokens.roll(-1, dims=1))], config.train.grad_clip, lambda: autocast(config, CPU))
+    return states
 
 
 def held_model_state(config: RunConfig) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 
 from plait.facts.activations import activation_bytes_per_layer, autocast_copies_weights, saved_bytes_per_layer
 from plait.facts.model_state import pipeline_share, rank_model_states
@@ -20,8 +21,9 @@ from plait.facts.stack import STACKS
 from plait.plan.hardware import hardware
 from plait.plan.simulate import Workload, chunk_activation_bytes, stage_memory
 from plait.schedules.split import split_layers
+from plait.train.loop import build_model
 from tests.cases import layout_world_size, run_config
-from tests.probes import held_model_state, saved_activation_bytes
+from tests.probes import autocast_during_backward, held_model_state, saved_activation_bytes
 from tests.test_pipeline_parity import SCHEDULES, layers_for, small_config
 from tests.test_tensor_context_parity import LAYOUTS as TENSOR_CONTEXT_LAYOUTS
 
@@ -125,6 +127,16 @@ def test_under_recompute_layers_the_first_blocks_of_a_chunk_keep_only_their_inpu
     facts = [activation_bytes_per_layer(config.model, micro_batch, lay.tp, lay.sp, lay.cp, mode, "fp32", STACKS["plait"],
                                         lay.zero, lay.pp, lay.cp_algorithm) for mode in modes]
     assert pool.run(saved_activation_bytes, 1, config)[0] == facts
+
+
+@pytest.mark.parametrize("recompute", ["full", "op"])
+def test_the_backward_runs_outside_autocast_so_its_weight_casts_are_freed(pool, recompute):
+    """Autocast caches the bf16 cast of every weight until its context ends: around the backward too,
+    recomputed blocks would hold all of them through it, which the planner's facts (a recomputed
+    block keeps its input alone) do not count. Every gradient arrives with autocast off."""
+    config = run_config("tiny-llama", precision="bf16", recompute=recompute)
+    states = pool.run(autocast_during_backward, 1, config)[0]
+    assert len(states) == len(list(build_model(config, torch.device("cpu")).parameters())) and not any(states)
 
 
 def test_bf16_autocast_keeps_bf16_copies_of_the_weights_only_over_fp32_weights():
