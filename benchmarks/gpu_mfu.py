@@ -26,6 +26,12 @@ from plait.observe.explain import explain
 from plait.plan.hardware import load_profile
 
 
+def train_one_rank(run_dir: Path, flags: list[str]) -> None:
+    """``plait train`` on this machine's first GPU, every layout dimension 1, bf16, no checkpoint kept."""
+    subprocess.run([sys.executable, "-m", "plait", "train", "--dp", "1", "--tp", "1", "--pp", "1", "--cp", "1",
+                    "--precision", "bf16", "--run-dir", str(run_dir), "--no-final-checkpoint", *flags], check=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-1b")
@@ -40,11 +46,8 @@ def main() -> int:
         return 1
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        subprocess.run([sys.executable, "-m", "plait", "train", "--model", args.model, "--dp", "1", "--tp", "1",
-                        "--pp", "1", "--cp", "1", "--precision", "bf16", "--steps", str(args.steps),
-                        "--global-batch", str(args.global_batch), "--microbatches", str(args.microbatches),
-                        "--recompute", args.recompute, "--run-dir", str(run_dir), "--no-final-checkpoint"],
-                       check=True)
+        train_one_rank(run_dir, ["--model", args.model, "--steps", str(args.steps), "--global-batch", str(args.global_batch),
+                                 "--microbatches", str(args.microbatches), "--recompute", args.recompute])
         explanation = explain(run_dir, profile=load_profile(args.hardware_profile) if args.hardware_profile else None)
         print(f"{args.model} on {explanation.summary['device_name']} (predicted as {explanation.hardware.name}, "
               f"{explanation.hardware.bf16_tflops:.0f} dense bf16 TFLOP/s), global batch {args.global_batch} "
