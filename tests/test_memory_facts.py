@@ -32,8 +32,10 @@ PRECISIONS = ("fp32", "bf16")
 # test_data_parallel_parity.py and test_zero.py: dp 2 and 4 under every ZeRO stage, with accumulation.
 DATA_PARALLEL = [{"dp": dp, "zero": stage} for dp in (2, 4) for stage in (0, 1, 2, 3)]
 DATA_PARALLEL += [{"dp": 2, "microbatches": 2}, {"dp": 4, "zero": 2, "microbatches": 2}]
-# tests/test_ring_attention.py: ring context parallelism keeps k, v with their kv-heads.
-RING = [{"cp": 2, "cp_algorithm": "ring"}, {"cp": 4, "tp": 2, "cp_algorithm": "ring"}]
+# tests/test_ring_attention.py: ring context parallelism keeps k, v with their kv-heads; and
+# tests/test_gathered_attention.py: all-gather keeps every rank's.
+RING = [{"cp": 2, "cp_algorithm": "ring"}, {"cp": 4, "tp": 2, "cp_algorithm": "ring"},
+        {"cp": 4, "tp": 2, "cp_algorithm": "all-gather"}, {"cp": 2, "cp_algorithm": "all-gather", "recompute": "op"}]
 # Per-operation checkpointing under each precision's weights: autocast over fp32 (ZeRO 0), bf16 weights
 # (ZeRO 1) and FSDP2's bf16 gathers (ZeRO-3); with sp's reduce-scatters and the head exchange kept.
 OP_RECOMPUTE = [{"recompute": "op"}, {"dp": 2, "zero": 1, "recompute": "op"}, {"dp": 2, "zero": 3, "recompute": "op"},

@@ -186,7 +186,9 @@ def test_zero_collectives_carry_the_model_states_bytes(pool, tmp_path, zero):
         assert {t["op"] for t in transfers if t["group"] == "dp"} == set(expected)
 
 
-@pytest.mark.parametrize("layout, op", [({"cp": 2}, "all_to_all"), ({"cp": 2, "cp_algorithm": "ring"}, "send")])
+@pytest.mark.parametrize("layout, op", [({"cp": 2}, "all_to_all"), ({"cp": 2, "cp_algorithm": "ring"}, "send"),
+                                        ({"cp": 2, "cp_algorithm": "all-gather"}, "all_gather"),
+                                        ({"cp": 2, "cp_algorithm": "all-gather"}, "reduce_scatter")])
 def test_context_collectives_carry_the_analytic_bytes(pool, tmp_path, layout, op):
     """Per step: every layer's collective bytes (plait.facts.collectives); only the layers exchange over cp."""
     traces = pool.run(traced_run, layout_world_size(layout), run_config("tiny", steps=2, **layout), str(tmp_path))[0][0]

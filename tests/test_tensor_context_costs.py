@@ -31,6 +31,9 @@ LAYOUTS = [
     {"cp": 2, "cp_algorithm": "ring"},
     {"tp": 2, "cp": 2, "cp_algorithm": "ring"},
     {"cp": 2, "cp_algorithm": "ring", "recompute": "selective"},
+    # All-gather context parallelism: one K/V gather forward, one fp32 reduce-scatter backward
+    {"cp": 2, "cp_algorithm": "all-gather"},
+    {"tp": 2, "cp": 2, "cp_algorithm": "all-gather", "recompute": "selective"},
     {"tp": 2, "sp": True, "cp": 2},
     # Per-operation checkpointing: sp's reduce-scatters and the head exchange kept, not sent again
     {"recompute": "op"},
@@ -38,6 +41,7 @@ LAYOUTS = [
     {"tp": 2, "sp": True, "recompute": "op"},
     {"cp": 2, "recompute": "op"},
     {"cp": 2, "cp_algorithm": "ring", "recompute": "op"},
+    {"cp": 2, "cp_algorithm": "all-gather", "recompute": "op"},
 ]
 
 

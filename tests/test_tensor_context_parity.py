@@ -37,6 +37,7 @@ LAYOUTS = [
     {"tp": 2, "sp": True, "dp": 2, "zero": 3, "recompute": "op"},
     {"cp": 2, "recompute": "op"},
     {"cp": 2, "cp_algorithm": "ring", "recompute": "op"},  # the ring reruns whole, K/V sent again
+    {"cp": 2, "cp_algorithm": "all-gather", "recompute": "op"},  # the replay gathers K/V again
     # Pipeline stages cut from the tensor- or context-parallel model
     {"pp": 2, "tp": 2, "schedule": "1f1b", "microbatches": 4},
     {"pp": 2, "tp": 2, "sp": True, "schedule": "zb-h1", "microbatches": 4},

@@ -17,9 +17,12 @@ PRECISIONS = ("fp32", "bf16")
 # How the data-parallel gradient reduction travels (plait.parallel.compression): as computed, cast
 # to bf16 for the wire, or PowerSGD's low-rank factors with error feedback (lossy).
 GRAD_COMPRESSIONS = ("none", "bf16", "powersgd")
-# How context-parallel attention sees the whole sequence: heads exchanged all-to-all (Ulysses) or
-# K/V blocks passed round a ring (plait.parallel.context says when each wins).
-CP_ALGORITHMS = ("all-to-all", "ring")
+# How context-parallel attention sees the whole sequence: heads exchanged all-to-all (Ulysses), K/V
+# blocks passed round a ring, or all K/V gathered at once (Llama 3); plait.parallel.context says
+# when each wins.
+CP_ALGORITHMS = ("all-to-all", "ring", "all-gather")
+# The algorithms that cut the sequence into 2·cp chunks, rank r holding chunks r and 2cp-1-r.
+ZIGZAG_ALGORITHMS = ("ring", "all-gather")
 # Mesh dimension order, outermost first: tensor parallel is innermost so its heavy traffic stays
 # on the fastest links (inside a node), pipeline outermost as it moves the least.
 MESH_DIMS = ("pp", "dp", "cp", "tp")
@@ -94,8 +97,8 @@ class Layout:
             extras.append("offload")
         if self.grad_compression != "none":
             extras.append(f"grads {self.grad_compression}")
-        if self.cp > 1 and self.cp_algorithm == "ring":
-            extras.append("ring")
+        if self.cp > 1 and self.cp_algorithm != CP_ALGORITHMS[0]:
+            extras.append(self.cp_algorithm)
         return f"{text} ({', '.join(extras)})" if extras else text
 
     def to_dict(self) -> dict:

@@ -16,6 +16,7 @@ score matrices.
 from __future__ import annotations
 
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
+from plait.layout import ZIGZAG_ALGORITHMS
 from plait.models.flops import block_norms, kept_linears, kv_heads_per_rank, linear_shapes
 from plait.models.spec import ModelSpec
 
@@ -159,8 +160,9 @@ def layer_weight_elements(spec: ModelSpec, tp: int) -> int:
 
 def op_keeps_attention(kernels: Kernels, cp: int, cp_algorithm: str) -> bool:
     """Whether ``--recompute op`` keeps the attention's output: where attention is one kernel, which
-    the policy keeps; plait's ring runs many (a block per ring step), which the replay runs again."""
-    return not (kernels.plait_engine and cp > 1 and cp_algorithm == "ring")
+    the policy keeps; plait's ring and all-gather run many (a block per rank), which the replay runs
+    again."""
+    return not (kernels.plait_engine and cp > 1 and cp_algorithm in ZIGZAG_ALGORITHMS)
 
 
 def op_recompute_bytes(spec: ModelSpec, tokens: int, tp: int, sp: bool, cp: int, e: int, input_bytes: int,
@@ -201,7 +203,8 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
       each gather their own copy). bf16: autocast casts the input once per linear, so one bf16 copy
       per linear that reads it (3 for attention, 1 or 2 for the MLP);
     - attention (sharded over tp), in the activation precision: q, k, v (grouped-query k, v
-      expanded to the query heads, save under ring context parallelism, which keeps their kv-heads),
+      expanded to the query heads, save under ring context parallelism, which keeps their kv-heads,
+      and all-gather, which keeps every rank's kv-heads),
       the output, a copy of the output re-laid for wo when the kernel returns it head-major (Llama,
       whose rotary q is head-major, or cp) with >1 head a rank; and one fp32 log-sum-exp per head
       and query;
@@ -237,11 +240,12 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     if recompute == "op":
         return op_recompute_bytes(spec, s * b, tp, sp, cp, e, block_input,
                                   kernel_attention=op_keeps_attention(STACKS["plait"], cp, cp_algorithm),
-                                  cp_exchanges=cp_algorithm != "ring")
+                                  cp_exchanges=cp_algorithm == "all-to-all")
     norms = block_norms(spec) * ((sbh + 2 * s * b) if spec.family == "gpt2" else (2 * sbh + s * b))
     relaid = (spec.family == "llama" or cp > 1) and heads > 1
     kv = s * b * kv_heads_per_rank(spec, tp) * spec.head_dim  # one of k, v with its kv-heads
-    kept_kv = kv if cp > 1 and cp_algorithm == "ring" else sbh // tp  # the kernel's k, v: expanded or not
+    # the kernel's k, v: expanded to the query heads (all-to-all), this rank's kv-heads (ring) or every rank's (all-gather)
+    kept_kv = {"ring": kv, "all-gather": cp * kv}.get(cp_algorithm, sbh // tp) if cp > 1 else sbh // tp
     attention = ((2 + relaid) * sbh // tp + 2 * kept_kv) * e + heads * s * b * FP32
     if recompute == "selective":
         attention = (2 * sbh // tp + 2 * kv) * e  # q, k, v kept for the recomputation, and wo's input

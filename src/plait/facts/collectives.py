@@ -53,7 +53,9 @@ def layer_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bo
     (mirrored in backward). Context parallel, all-to-all: q, k, v (grouped-query k, v expanded to the
     query heads) and the output exchanged over heads, forward and backward. Ring: each rank sends its
     neighbour cp-1 K/V blocks (k and v in one tensor, kv-heads only) forward and again in backward,
-    and the blocks' fp32 gradients cp times in backward (the last hop takes them home). Recomputation
+    and the blocks' fp32 gradients cp times in backward (the last hop takes them home). All-gather: the
+K/V blocks of every rank gathered once forward, their fp32 gradients reduce-scattered once in
+backward; every recomputation reruns the gather with the attention it feeds. Recomputation
     issues the recomputed forward's collectives again in backward; PyTorch's checkpoint (plait)
     stops at the last tensor backward needs: under ``full`` every one but the MLP's closing
     all-reduce or reduce-scatter, under ``selective`` the exchange of q, k and v (the output's comes
@@ -78,6 +80,10 @@ def layer_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bo
         again = 0 if recompute == "none" else cp - 1
         out.append(Collective("send", "cp", cp, kv_elements * element_bytes, cp - 1, cp - 1 + again))
         out.append(Collective("send", "cp", cp, kv_elements * FP32, 0, cp))
+    elif cp > 1 and cp_algorithm == "all-gather":
+        kv_elements = 2 * batch * seq * kv_heads_per_rank(spec, tp) * spec.head_dim  # every rank's block
+        out.append(Collective("all_gather", "cp", cp, kv_elements * element_bytes, 1, 0 if recompute == "none" else 1))
+        out.append(Collective("reduce_scatter", "cp", cp, kv_elements * FP32, 0, 1))
     elif cp > 1:
         again = {"none": 0, "selective": 3, "op": 0, "full": 4}[recompute]
         out.append(Collective("all_to_all", "cp", cp, stream // tp, 4, 4 + again))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from plait.layout import RECOMPUTE, SCHEDULES
+from plait.layout import CP_ALGORITHMS, RECOMPUTE, SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -21,9 +21,9 @@ class Kernels:
     flash_attention: bool = True
     fused: bool = True
     # The context-parallel algorithms the stack runs (``Layout.cp_algorithm`` picks one): K/V blocks
-    # round a ring (Megatron-Core, torchtitan, plait) or an all-to-all of heads (DeepSpeed-Ulysses,
-    # plait); none in the stacks of 2021-22 (Megatron-LM, Megatron-DeepSpeed, DeepSpeed's ZeRO-3) and
-    # Composer.
+    # round a ring (Megatron-Core, torchtitan, plait), an all-to-all of heads (DeepSpeed-Ulysses,
+    # plait) or every rank's K/V gathered at once (Llama 3's stack, plait); none in the stacks of
+    # 2021-22 (Megatron-LM, Megatron-DeepSpeed, DeepSpeed's ZeRO-3) and Composer.
     cp_algorithms: tuple[str, ...] = ("ring",)
     # Full recomputation reruns a block's forward in backward. PyTorch's checkpoint stops at the last
     # tensor backward needs, so the block's closing collective is not issued again (plait);
@@ -182,8 +182,8 @@ MEGATRON_CORE = Kernels(tp_comm_overlap=True, param_gather_overlap=True, activat
 
 STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
-    # query kept, no scores), one eager kernel per elementwise op, either context-parallel algorithm.
-    "plait": Kernels(fused=False, cp_algorithms=("all-to-all", "ring"), recompute_whole_forward=False,
+    # query kept, no scores), one eager kernel per elementwise op, every context-parallel algorithm.
+    "plait": Kernels(fused=False, cp_algorithms=CP_ALGORITHMS, recompute_whole_forward=False,
                      schedules=SCHEDULES, recompute_modes=RECOMPUTE, activation_offload="serial",
                      tp_backward_overlap=False, loss_backward_copies=2, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.

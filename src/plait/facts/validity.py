@@ -12,7 +12,7 @@ from typing import Callable
 
 from plait.errors import ConfigError
 from plait.facts.stack import STACKS, Kernels
-from plait.layout import Layout
+from plait.layout import ZIGZAG_ALGORITHMS, Layout
 from plait.models.spec import ModelSpec
 from plait.schedules.generators import validate as validate_schedule
 from plait.schedules.split import split_problems
@@ -49,10 +49,10 @@ def fit_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["pla
     elif cp > 1 and layout.cp_algorithm not in kernels.cp_algorithms:
         problems.append(f"this software stack runs context parallelism only as {' or '.join(kernels.cp_algorithms)}, "
                         f"not {layout.cp_algorithm}; pass --cp-algorithm {kernels.cp_algorithms[0]}")
-    if layout.cp_algorithm == "ring":
+    if layout.cp_algorithm in ZIGZAG_ALGORITHMS:
         if cp > 1 and spec.seq_len % (2 * cp):
-            problems.append(f"ring context parallelism cuts the sequence into 2·cp chunks: sequence length "
-                            f"{spec.seq_len} is not divisible by 2 × --cp {cp}; choose a seq-len that is")
+            problems.append(f"{layout.cp_algorithm} context parallelism cuts the sequence into 2·cp chunks: sequence "
+                            f"length {spec.seq_len} is not divisible by 2 × --cp {cp}; choose a seq-len that is")
     else:
         if spec.seq_len % cp:
             problems.append(f"sequence length {spec.seq_len} is not divisible by --cp {cp}; "

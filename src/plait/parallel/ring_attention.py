@@ -84,23 +84,55 @@ def block_gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out:
     return grad_q, grad_k, grad_v
 
 
-def _by_kv_head(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
+def by_kv_head(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """(batch, heads, seq, d) → (batch, kv_heads, heads/kv_heads, seq, d): a view."""
     return x.unflatten(1, (kv_heads, x.shape[1] // kv_heads))
 
 
+def attend_block(queries: torch.Tensor, kv: torch.Tensor, rank: int, source: int, out: torch.Tensor,
+                 lse: torch.Tensor) -> None:
+    """In place: ``out`` and ``lse`` (fp32, queries' shape) take in this rank's attention over the K/V
+    block ``kv`` (k and v stacked, kv-heads) that rank ``source`` holds."""
+    rows, cols, causal = step_blocks(rank, source, queries.shape[-2])
+    block = block_attention(queries[..., rows, :], kv[0, ..., cols, :].unsqueeze(2), kv[1, ..., cols, :].unsqueeze(2),
+                            causal, queries.shape[-1] ** -0.5)
+    merge_into(out[..., rows, :], lse[..., rows], *block)
+
+
+def empty_attention(queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 output and log-sum-exp over no keys yet, for ``attend_block`` to fill."""
+    return (torch.zeros(queries.shape, dtype=torch.float32, device=queries.device),
+            torch.full(queries.shape[:-1], -math.inf, dtype=torch.float32, device=queries.device))
+
+
+def block_backward(queries: torch.Tensor, kv: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
+                   delta: torch.Tensor, rank: int, source: int, grad_q: torch.Tensor) -> tuple[slice, torch.Tensor]:
+    """Adds to ``grad_q`` the gradient through ``source``'s K/V block and returns (its rows of the
+    block, the fp32 dK and dV of those rows stacked) for the block's holder to accumulate."""
+    rows, cols, causal = step_blocks(rank, source, queries.shape[-2])
+    block_q, block_k, block_v = block_gradients(
+        queries[..., rows, :], kv[0, ..., cols, :].unsqueeze(2), kv[1, ..., cols, :].unsqueeze(2),
+        grad_out[..., rows, :], lse[..., rows], delta[..., rows], causal, queries.shape[-1] ** -0.5)
+    grad_q[..., rows, :] += block_q
+    return cols, torch.stack((block_k, block_v))
+
+
+def backward_start(grad_out: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
+                   kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(queries, grad_out by kv-head, delta = rowsum(dO·O), an fp32 dQ of zeros) for ``block_backward``."""
+    queries, grad_out = by_kv_head(q, kv_heads), by_kv_head(grad_out, kv_heads)
+    delta = (grad_out.float() * by_kv_head(out, kv_heads).float()).sum(-1)
+    return queries, grad_out, delta, torch.zeros(queries.shape, dtype=torch.float32, device=q.device)
+
+
 def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring) -> tuple[torch.Tensor, torch.Tensor]:
     """Output (q's shape and dtype) and fp32 log-sum-exp of this rank's queries over every rank's keys."""
-    queries, scale, length = _by_kv_head(q, k.shape[1]), q.shape[-1] ** -0.5, q.shape[2]
-    out = torch.zeros(queries.shape, dtype=torch.float32, device=q.device)
-    lse = torch.full(queries.shape[:-1], -math.inf, dtype=torch.float32, device=q.device)
+    queries = by_kv_head(q, k.shape[1])
+    out, lse = empty_attention(queries)
     kv = torch.stack((k, v))
     for step in range(ring.size):
         transfer = ring.pass_on(kv) if step + 1 < ring.size else None  # the next block, under this one
-        rows, cols, causal = step_blocks(ring.rank, (ring.rank - step) % ring.size, length)
-        block = block_attention(queries[..., rows, :], kv[0, ..., cols, :].unsqueeze(2),
-                                kv[1, ..., cols, :].unsqueeze(2), causal, scale)
-        merge_into(out[..., rows, :], lse[..., rows], *block)
+        attend_block(queries, kv, ring.rank, (ring.rank - step) % ring.size, out, lse)
         if transfer is not None:
             kv = transfer.wait()
     return out.to(q.dtype).flatten(1, 2), lse
@@ -109,24 +141,17 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring) 
 def ring_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                   lse: torch.Tensor, ring: Ring) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the inputs' dtypes: K/V go round again, each block's fp32 dK/dV travelling with it."""
-    kv_heads, scale, length = k.shape[1], q.shape[-1] ** -0.5, q.shape[2]
-    queries, grad_out = _by_kv_head(q, kv_heads), _by_kv_head(grad_out, kv_heads)
-    delta = (grad_out.float() * _by_kv_head(out, kv_heads).float()).sum(-1)
-    grad_q = torch.zeros(queries.shape, dtype=torch.float32, device=q.device)
+    queries, grad_out, delta, grad_q = backward_start(grad_out, q, out, k.shape[1])
     kv = torch.stack((k, v))
     grad_kv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)  # for the K/V block held now
     returning = None
     for step in range(ring.size):
         transfer = ring.pass_on(kv) if step + 1 < ring.size else None
-        rows, cols, causal = step_blocks(ring.rank, (ring.rank - step) % ring.size, length)
-        block_q, block_k, block_v = block_gradients(
-            queries[..., rows, :], kv[0, ..., cols, :].unsqueeze(2), kv[1, ..., cols, :].unsqueeze(2),
-            grad_out[..., rows, :], lse[..., rows], delta[..., rows], causal, scale)
-        grad_q[..., rows, :] += block_q
+        cols, block_kv = block_backward(queries, kv, grad_out, lse, delta, ring.rank, (ring.rank - step) % ring.size,
+                                        grad_q)
         if returning is not None:
             grad_kv = returning.wait()  # the gradient of the block just received, from the previous rank
-        grad_kv[0, ..., cols, :] += block_k
-        grad_kv[1, ..., cols, :] += block_v
+        grad_kv[..., cols, :] += block_kv
         returning = ring.pass_on(grad_kv)  # on to the next holder; after cp hops, home
         if transfer is not None:
             kv = transfer.wait()

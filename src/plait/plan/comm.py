@@ -36,6 +36,7 @@ on a CPU, whose cores run both):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from plait.layout import MESH_DIMS, Layout
@@ -107,17 +108,36 @@ def strided_link(hw: Hardware, size: int, stride: int) -> Link:
 def pipeline_link(hw: Hardware, layout: Layout, boundary: int) -> Link:
     """The link one send between pp ranks ``boundary`` and ``boundary + 1`` (mod pp) runs on: NVLink
     inside a node, else the sender's own network adapter (a point-to-point transfer is one GPU's,
-    not a ring's over every adapter of the node). The stages' ``stride`` rank pairs send side by side;
-    the boundary is as slow as any pair that leaves its node."""
+    not a ring's over every adapter of the node)."""
+    return boundary_link(hw, boundaries_leaving(hw, layout)[boundary])
+
+
+def boundaries_leaving(hw: Hardware, layout: Layout) -> tuple[bool, ...]:
+    """For each stage boundary r (between pp ranks r and r + 1 mod pp), whether its sends leave a node."""
     stride = 1
     for name in MESH_DIMS[MESH_DIMS.index("pp") + 1:]:
         stride *= getattr(layout, name)
-    first, second = boundary * stride, (boundary + 1) % layout.pp * stride
-    node = hw.gpus_per_node
-    if all((first + k) // node == (second + k) // node for k in range(min(stride, node))):  # (repeats by node)
-        return Link(hw.intra_node_gbps * 1e9 * LINK_EFFICIENCY, hw.intra_node_latency_s, False)
-    return Link(hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY, hw.intra_node_latency_s, True, nodes=2,
-                network_latency=hw.inter_node_latency_s)
+    return boundaries_leaving_node(layout.pp, stride, hw.gpus_per_node)
+
+
+@functools.lru_cache(maxsize=1024)
+def boundaries_leaving_node(pp: int, stride: int, node: int) -> tuple[bool, ...]:
+    """For each stage boundary, whether its sends leave a node: the stages' ``stride`` rank pairs
+    send side by side, and the boundary is as slow as any pair that leaves its node. (Remembered: a
+    search asks for the same few meshes thousands of times.)"""
+    def leaves(boundary: int) -> bool:
+        first, second = boundary * stride, (boundary + 1) % pp * stride
+        return not all((first + k) // node == (second + k) // node for k in range(min(stride, node)))  # (repeats by node)
+
+    return tuple(leaves(boundary) for boundary in range(pp))
+
+
+def boundary_link(hw: Hardware, leaves_node: bool) -> Link:
+    """A stage boundary's link: the sender's network adapter, or NVLink inside its node."""
+    if leaves_node:
+        return Link(hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY, hw.intra_node_latency_s, True, nodes=2,
+                    network_latency=hw.inter_node_latency_s)
+    return Link(hw.intra_node_gbps * 1e9 * LINK_EFFICIENCY, hw.intra_node_latency_s, False)
 
 
 def all_reduce_seconds(nbytes: float, n: int, link: Link) -> float:

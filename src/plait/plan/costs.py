@@ -16,8 +16,8 @@ from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
-    all_gather_seconds, all_reduce_seconds, all_to_all_seconds, exposed_under, group_link, pipeline_link,
-    reduce_scatter_seconds, send_seconds,
+    all_gather_seconds, all_reduce_seconds, all_to_all_seconds, boundaries_leaving, boundary_link, exposed_under,
+    group_link, reduce_scatter_seconds, send_seconds,
 )
 from plait.plan.compute import NO_OVERHEAD, LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
@@ -253,14 +253,15 @@ class Boundaries:
 def stage_boundaries(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str,
                      kernels: Kernels) -> Boundaries:
     """One activation (or its gradient) across each stage boundary: the send on that boundary's link
-    (plait.plan.comm.pipeline_link), and where the stack splits the boundary over tp the receiver's
+    (plait.plan.comm.boundary_link), and where the stack splits the boundary over tp the receiver's
     all-gather of the pieces. A blocking send keeps its sender busy for the transfer."""
     if layout.pp == 1:
         return Boundaries.uniform(1, 0.0)
     nbytes = stage_boundary_bytes(spec, layout, micro_batch, precision, kernels)
     gather = (all_gather_seconds(nbytes * layout.tp, layout.tp, group_link(hw, layout, "tp"))
               if boundary_split_over_tp(layout, kernels) else 0.0)
-    transfers = tuple(send_seconds(nbytes, pipeline_link(hw, layout, r)) for r in range(layout.pp))
+    seconds = {leaves: send_seconds(nbytes, boundary_link(hw, leaves)) for leaves in (False, True)}
+    transfers = tuple(seconds[leaves] for leaves in boundaries_leaving(hw, layout))
     if layout.schedule in kernels.blocking_sends:
         return Boundaries((gather,) * layout.pp, transfers)
     return Boundaries(tuple(t + gather for t in transfers), (0.0,) * layout.pp)

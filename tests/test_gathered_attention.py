@@ -1,0 +1,112 @@
+"""All-gather context parallelism (``--cp-algorithm all-gather``, Llama 3's): attention over gathered K/V
+blocks equals one attention kernel, training under it gives the single-process losses step for step,
+and the planner prices and searches it as the engine runs it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from plait.facts.collectives import layer_collectives
+from plait.facts.stack import STACKS
+from plait.facts.validity import fit_problems
+from plait.layout import Layout
+from plait.models.spec import model_spec
+from plait.models.transformer import expand_kv_heads
+from plait.parallel.gathered_attention import gathered_backward, gathered_forward
+from plait.parallel.ring_attention import zigzag_positions
+from plait.plan.comm import all_gather_seconds, group_link, reduce_scatter_seconds
+from plait.plan.costs import layer_cost
+from plait.plan.hardware import hardware
+from tests.cases import layout_world_size, run_config, train_losses
+from tests.test_data_parallel_parity import assert_same_losses
+from tests.test_ring_attention import _algorithms
+
+GATHER = {"cp_algorithm": "all-gather"}
+LAYOUTS = [
+    {"cp": 2},
+    {"cp": 4, "tp": 2},  # cp 4 over 2 heads a tensor-parallel rank: beyond what the all-to-all can split
+    {"cp": 2, "tp": 2, "sp": True},
+    {"cp": 2, "recompute": "selective"},  # the recomputed core gathers K/V again
+]
+
+
+@pytest.mark.parametrize("cp", [1, 2, 3, 4])
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2)], ids=["mha", "gqa"])
+def test_attention_over_gathered_blocks_equals_one_causal_kernel(cp, heads, kv_heads):
+    """Each rank's output and dq, and the sum over ranks of each block's dK/dV (what the reduce-scatter
+    hands its holder), equal scaled_dot_product_attention over the whole sequence (fp64 reference)."""
+    generator = torch.Generator().manual_seed(10 + cp)
+    batch, seq, dim = 2, 24, 8
+    q = torch.randn(batch, heads, seq, dim, generator=generator, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(batch, kv_heads, seq, dim, generator=generator, dtype=torch.float64, requires_grad=True)
+            for _ in range(2))
+    grad_out = torch.randn(batch, heads, seq, dim, generator=generator, dtype=torch.float64)
+    expected = F.scaled_dot_product_attention(q, *expand_kv_heads(q, k, v), is_causal=True)
+    expected.backward(grad_out)
+
+    shards = [zigzag_positions(seq, rank, cp) for rank in range(cp)]
+    blocks = torch.stack([torch.stack((k.detach()[:, :, mine], v.detach()[:, :, mine])) for mine in shards])
+    got = {name: torch.zeros_like(t) for name, t in (("out", q), ("q", q), ("k", k), ("v", v))}
+    summed = torch.zeros(blocks.shape, dtype=torch.float32)
+    for rank, mine in enumerate(shards):
+        out, lse = gathered_forward(q.detach()[:, :, mine], blocks, rank)
+        grad_q, grad_blocks = gathered_backward(grad_out[:, :, mine], q.detach()[:, :, mine], blocks, out, lse, rank)
+        got["out"][:, :, mine], got["q"][:, :, mine] = out, grad_q
+        summed += grad_blocks
+    for rank, mine in enumerate(shards):
+        got["k"][:, :, mine], got["v"][:, :, mine] = summed[rank, 0].double(), summed[rank, 1].double()
+    torch.testing.assert_close(got["out"], expected.detach(), rtol=1e-5, atol=1e-5)
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        torch.testing.assert_close(got[name], tensor.grad, rtol=1e-5, atol=1e-5, msg=lambda m: f"d{name}: {m}")
+
+
+@pytest.fixture(scope="module")
+def single_process(pool):
+    return {model: pool.run(train_losses, 1, run_config(model))[0] for model in ("tiny", "tiny-llama")}
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: "-".join(f"{k}{v}" for k, v in layout.items()))
+def test_all_gather_layout_matches_single_process(pool, single_process, model, layout):
+    reference = single_process[model]
+    for losses in pool.run(train_losses, layout_world_size(layout), run_config(model, **layout, **GATHER)):
+        assert_same_losses(reference, losses)
+
+
+def test_the_layout_names_it_and_the_fit_rule_is_the_rings():
+    assert Layout(cp=2, cp_algorithm="all-gather").describe() == "cp2 (all-gather)"
+    spec = model_spec("tiny-llama", seq_len=64)  # 4 heads, 2 kv-heads
+    assert fit_problems(spec, Layout(tp=2, cp=4, cp_algorithm="all-gather")) == []
+    assert ("all-gather context parallelism cuts the sequence into 2·cp chunks"
+            in fit_problems(spec, Layout(cp=3, cp_algorithm="all-gather"))[0])
+    refused = fit_problems(spec, Layout(cp=2, cp_algorithm="all-gather"), STACKS["megatron"])
+    assert refused == ["this software stack runs context parallelism only as ring, not all-gather; "
+                       "pass --cp-algorithm ring"]
+
+
+def test_plan_tries_every_algorithm_for_plait():
+    assert _algorithms({"cp": 4}) == {"all-to-all", "ring", "all-gather"}
+    assert _algorithms({"cp": 4, "cp_algorithm": "all-gather"}) == {"all-gather"}
+
+
+def test_the_gather_precedes_the_attention_so_nothing_hides_it():
+    """First principles: the ring's hops go under the attention, the gather and the reduce-scatter
+    do not. Where the network is slow against the attention the ring is cheaper; where the ring's
+    per-hop launches outweigh one collective (many ranks, short blocks), the gather is."""
+    spec = model_spec("llama-8b", seq_len=131072)
+    hw = hardware("h100-sxm")
+
+    def comm(layout: Layout) -> float:
+        cost = layer_cost(spec, hw, layout, 1, "bf16", STACKS["plait"])
+        return cost.comm_forward + cost.comm_backward
+    for cp in (2, 8):
+        calls = {call.op: call for call in layer_collectives(spec, 1, spec.seq_len, 1, False, cp, "none", 2,
+                                                              cp_algorithm="all-gather")}
+        gathered = Layout(cp=cp, cp_algorithm="all-gather")
+        # exposed: exactly the gather forward and the fp32 reduce-scatter backward, at the cp group's link
+        link = group_link(hw, gathered, "cp")
+        assert comm(gathered) == pytest.approx(all_gather_seconds(calls["all_gather"].tensor_bytes, cp, link)
+                                               + reduce_scatter_seconds(calls["reduce_scatter"].tensor_bytes, cp, link))
+        assert comm(Layout(cp=cp, cp_algorithm="ring")) < comm(gathered)  # 128k tokens: the ring hides its hops
