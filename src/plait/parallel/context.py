@@ -22,12 +22,14 @@ the all-to-all hands 4 tensors of s·b·h/tp, of which (cp-1)/cp leaves the rank
 grow with cp; the ring sends (cp-1) K/V blocks of 2·s·b·kv, growing with cp, but hidden under the
 attention of the block before; the all-gather receives the same (cp-1) blocks at once, before the
 attention. Backward: the all-to-all mirrors its forward; the ring sends K/V (cp-1) times again and
-their fp32 gradients cp times; the all-gather reduce-scatters the fp32 gradients of all cp blocks. Measured side by side on a 2-core CPU
-(``python -m benchmarks.ring_vs_all_to_all``, docs/context_parallel.md), tiny-llama, cp 2: the ring
-sends half the bytes (kv-heads only) but takes 1.31× the all-to-all's step at seq-len 256 and
-2.31× at 1024, its blockwise kernel being plain PyTorch against the fused one, with nothing for
-its transfers to hide under. So the all-to-all stays the default; the ring is for cp beyond
-heads/tp and for slow cp links.
+their fp32 gradients cp times; the all-gather reduce-scatters the fp32 gradients of all cp blocks.
+Measured side by side on a 2-core CPU (``python -m benchmarks.cp_algorithms``,
+docs/context_parallel.md), tiny-llama, cp 2: the ring sends half the bytes (kv-heads only) but takes
+1.18× the all-to-all's step at seq-len 256 and 2.24× at 1024, its blockwise kernel being plain
+PyTorch against the fused one, with nothing for its transfers to hide under; the all-gather, on the
+same kernel, takes the ring's time. So the all-to-all stays the default; the ring and the all-gather
+are for cp beyond heads/tp and grouped-query models, the ring where its hops hide under long
+attention, the all-gather where many ranks would make them many small steps.
 
 Every rank of a cp group holds the same weights; each computes gradients from its own tokens, so
 gradients are averaged over cp after backward (``plait.parallel.gradients``).
