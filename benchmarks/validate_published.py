@@ -645,7 +645,7 @@ def stack_of(case: Case) -> str:
     if case.kernels == replace(STACKS["megatron-deepspeed"], fp32_grad_accumulation=True):
         return "megatron-deepspeed, BF16 optimizer"
     if case.kernels == LLAMA_3_STACK:
-        return "megatron, all-gather cp"
+        return "Meta's (megatron kernels, all-gather cp)"
     return next((name for name, kernels in STACKS.items() if kernels == case.kernels), "megatron (eager, dropout)")
 
 

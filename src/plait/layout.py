@@ -97,7 +97,7 @@ class Layout:
             extras.append("offload")
         if self.grad_compression != "none":
             extras.append(f"grads {self.grad_compression}")
-        if self.cp > 1 and self.cp_algorithm != CP_ALGORITHMS[0]:
+        if self.cp > 1 and self.cp_algorithm != Layout.cp_algorithm:
             extras.append(self.cp_algorithm)
         return f"{text} ({', '.join(extras)})" if extras else text
 

@@ -46,7 +46,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                        help="default: what plait train uses on the device (bf16 on GPUs, fp32 on a CPU profile)")
     stack = parser.add_argument_group("software stack (default: plait train's own run)")
     stack.add_argument("--stack", choices=tuple(STACKS), default=DEFAULT_STACK,
-                       help="plait: plait's own kernels (eager elementwise, all-to-all or ring context parallelism); "
+                       help="plait: plait's own kernels (eager elementwise, all-to-all, ring or all-gather context parallelism); "
                             "megatron: fused kernels and ring context parallelism only, as Megatron-LM and torchtitan run; "
                             "megatron-core: as megatron with Transformer Engine's tensor-parallel communication inside "
                             "the matmuls and its own H100 efficiency; nemo: as megatron-core with Hopper-native causal attention "

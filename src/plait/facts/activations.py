@@ -170,7 +170,7 @@ def op_recompute_bytes(spec: ModelSpec, tokens: int, tp: int, sp: bool, cp: int,
     """What ``--recompute op`` keeps of one layer (plait.parallel.recompute's policy, torchtitan's):
     the block's input; the outputs of the matmuls it keeps (plait.models.flops.kept_linears),
     each its rank's width; the attention kernel's output and fp32 log-sum-exp when attention is one
-    kernel (``kernel_attention``; plait's ring runs many, all recomputed); the head exchange's four
+    kernel (``kernel_attention``; plait's ring and all-gather run many, all recomputed); the head exchange's four
     all-to-all results (q, k and v expanded to the query heads, and the output) under all-to-all
     context parallelism; and sequence parallelism's two reduce-scatter results."""
     shapes = linear_shapes(spec, tp)
@@ -244,7 +244,8 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     norms = block_norms(spec) * ((sbh + 2 * s * b) if spec.family == "gpt2" else (2 * sbh + s * b))
     relaid = (spec.family == "llama" or cp > 1) and heads > 1
     kv = s * b * kv_heads_per_rank(spec, tp) * spec.head_dim  # one of k, v with its kv-heads
-    # the kernel's k, v: expanded to the query heads (all-to-all), this rank's kv-heads (ring) or every rank's (all-gather)
+    # the kernel's k, v: expanded to the query heads (all-to-all), this rank's kv-heads (ring) or
+    # every rank's (all-gather)
     kept_kv = {"ring": kv, "all-gather": cp * kv}.get(cp_algorithm, sbh // tp) if cp > 1 else sbh // tp
     attention = ((2 + relaid) * sbh // tp + 2 * kept_kv) * e + heads * s * b * FP32
     if recompute == "selective":

@@ -53,16 +53,16 @@ def layer_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bo
     (mirrored in backward). Context parallel, all-to-all: q, k, v (grouped-query k, v expanded to the
     query heads) and the output exchanged over heads, forward and backward. Ring: each rank sends its
     neighbour cp-1 K/V blocks (k and v in one tensor, kv-heads only) forward and again in backward,
-    and the blocks' fp32 gradients cp times in backward (the last hop takes them home). All-gather: the
-K/V blocks of every rank gathered once forward, their fp32 gradients reduce-scattered once in
-backward; every recomputation reruns the gather with the attention it feeds. Recomputation
+    and the blocks' fp32 gradients cp times in backward (the last hop takes them home). All-gather:
+    the K/V blocks of every rank gathered once forward, their fp32 gradients reduce-scattered once in
+    backward; every recomputation reruns the gather with the attention it feeds. Recomputation
     issues the recomputed forward's collectives again in backward; PyTorch's checkpoint (plait)
     stops at the last tensor backward needs: under ``full`` every one but the MLP's closing
     all-reduce or reduce-scatter, under ``selective`` the exchange of q, k and v (the output's comes
     after the attention kernel's last saved tensor; the ring's K/V all go round before its outputs are
     saved, so both modes send them again). ``recompute_whole_forward`` (Megatron-LM) reissues all of them.
     ``op`` keeps the reduce-scatters' and all-to-alls' results (plait.facts.activations.op_recompute_bytes)
-    and reissues the rest as ``full`` does: sp's two all-gathers, or wo's all-reduce, and the ring.
+    and reissues the rest as ``full`` does: sp's two all-gathers, or wo's all-reduce, and the ring or the K/V gather.
     """
     stream = batch * (seq // cp) * spec.hidden * element_bytes  # the residual stream this rank holds, whole over tp
     full = recompute == "full"

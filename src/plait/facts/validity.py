@@ -60,7 +60,7 @@ def fit_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["pla
         if not spec.heads % tp and (spec.heads // tp) % cp:
             problems.append(
                 f"context parallel exchanges heads: the {spec.heads // tp} heads per tensor-parallel rank "
-                f"are not divisible by --cp {cp}; choose cp dividing heads/tp, or --cp-algorithm ring"
+                f"are not divisible by --cp {cp}; choose cp dividing heads/tp, or --cp-algorithm ring or all-gather"
             )
     if layout.sp and not spec.seq_len % cp and (spec.seq_len // cp) % tp:
         problems.append(

@@ -1,17 +1,20 @@
 """All-gather context parallelism: every rank gathers the whole sequence's K/V, then attends its own
 queries over it.
 
-Llama 3's (Dubey et al. 2024, §3.3.2) and Transformer Engine's ``cp_comm_type="all_gather"``. The
-sequence is cut as the ring cuts it (``plait.parallel.ring_attention.zigzag_positions``: chunks r
-and 2cp-1-r on rank r, so the causal work is equal on every rank). Forward: one all-gather of the
+Llama 3's (Dubey et al. 2024, §3.3.2). The sequence is cut as the ring cuts it
+(``plait.parallel.ring_attention.zigzag_positions``: chunks r and 2cp-1-r on rank r, so the causal
+work is equal on every rank). Forward: one all-gather of the
 K/V blocks (k and v stacked, kv-heads only), then the ring's blockwise attention over the cp blocks
 already at hand. Backward: the same blocks' gradients, accumulated per block in fp32, then one
 reduce-scatter that sums every rank's share of each block's dK/dV on its holder.
 
-Against the ring: two collectives a layer instead of 2(cp-1) hops each way, nothing to hide
-under the attention (the gather precedes it, the reduce-scatter follows it), and the whole
-sequence's K/V kept for backward (cp times the ring's). With grouped-query attention K/V are a
-small share of the activations, which is why Llama 3 chose it at 128k tokens.
+Against the ring: two collectives a layer instead of cp-1 hops forward and 2cp-1 backward, nothing
+to hide under the attention (the gather precedes it, the reduce-scatter follows it), and the whole
+sequence's K/V kept for backward (cp times the ring's; Transformer Engine's variant gathers them
+again in backward instead). Backward also holds every block's fp32 dK/dV until the reduce-scatter,
+twice the kept blocks' bytes under bf16, for the span of one layer's attention backward. With
+grouped-query attention K/V are a small share of the activations, which is why Llama 3 chose it at
+128k tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 
 from plait.parallel.ring_attention import attend_block, backward_start, block_backward, by_kv_head, empty_attention
+
+# torch 2.13 renamed the functional single-tensor collectives and warns under the old names; torch
+# before 2.13 has only those (same arguments).
+all_gather_single = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+reduce_scatter_single = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
 
 
 def gathered_forward(q: torch.Tensor, blocks: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,11 +58,12 @@ class _GatheredAttention(torch.autograd.Function):
     K/V, the output and the log-sum-exp."""
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group, ctx.rank = group, dist.get_rank(group)
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup,
+                rank: int) -> torch.Tensor:
+        ctx.group, ctx.rank = group, rank
         with torch.autocast(q.device.type, enabled=False):  # the precision is chosen above, per product
-            blocks = funcol.all_gather_single(torch.stack((k, v)).unsqueeze(0).contiguous(), 0, group).wait()
-            out, lse = gathered_forward(q, blocks, ctx.rank)
+            blocks = all_gather_single(torch.stack((k, v)).unsqueeze(0), 0, group).wait()
+            out, lse = gathered_forward(q, blocks, rank)
         ctx.save_for_backward(q, blocks, out, lse)
         return out
 
@@ -62,8 +71,8 @@ class _GatheredAttention(torch.autograd.Function):
     def backward(ctx, grad_out: torch.Tensor):
         q, blocks, out, lse = ctx.saved_tensors
         grad_q, grad_blocks = gathered_backward(grad_out.contiguous(), q, blocks, out, lse, ctx.rank)
-        mine = funcol.reduce_scatter_single(grad_blocks, "sum", 0, ctx.group).wait()[0]
-        return grad_q, mine[0].to(blocks.dtype), mine[1].to(blocks.dtype), None
+        mine = reduce_scatter_single(grad_blocks, "sum", 0, ctx.group).wait()[0]
+        return grad_q, mine[0].to(blocks.dtype), mine[1].to(blocks.dtype), None, None
 
 
 class GatheredAttention(nn.Module):
@@ -71,7 +80,7 @@ class GatheredAttention(nn.Module):
 
     def __init__(self, group: dist.ProcessGroup):
         super().__init__()
-        self.group = group
+        self.group, self.rank = group, dist.get_rank(group)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return _GatheredAttention.apply(q, k, v, self.group)
+        return _GatheredAttention.apply(q, k, v, self.group, self.rank)

@@ -127,7 +127,8 @@ def boundaries_leaving_node(pp: int, stride: int, node: int) -> tuple[bool, ...]
     search asks for the same few meshes thousands of times.)"""
     def leaves(boundary: int) -> bool:
         first, second = boundary * stride, (boundary + 1) % pp * stride
-        return not all((first + k) // node == (second + k) // node for k in range(min(stride, node)))  # (repeats by node)
+        # (the pattern repeats by node)
+        return not all((first + k) // node == (second + k) // node for k in range(min(stride, node)))
 
     return tuple(leaves(boundary) for boundary in range(pp))
 

@@ -98,9 +98,10 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         times = with_offload_copies(times, layer_saved_bytes(spec, layout, micro_batch, precision, kernels)
                                     / hw.host_link_bytes_per_s, kernels)
     e = ACTIVATION_BYTES[precision]
-    # The calls plait.facts lists: tensor-parallel collectives and the all-to-all head exchange, each
-    # on the critical path of the layer; a ring's K/V (and backward's dK/dV) hops, which go round
-    # under the attention they feed (and under its recomputation, which sends them again).
+    # The calls plait.facts lists: tensor-parallel collectives, the all-to-all head exchange and the
+    # all-gather of K/V with its gradients' reduce-scatter, each on the critical path of the layer; a
+    # ring's K/V (and backward's dK/dV) hops, which go round under the attention they feed (and under
+    # its recomputation, which sends them again).
     on_path = {"forward": 0.0, "backward": 0.0}
     ring = {"forward": 0.0, "backward": 0.0}
     tp_backward = 0.0  # the backward's own tensor-parallel collectives (not the recomputed forward's)
@@ -143,6 +144,11 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         cp_forward = exposed_under(ring["forward"], covered * times.attention, hw.comm_overlap) + steps
         cp_backward = exposed_under(ring["backward"], covered * (times.attention_backward + recomputed * times.attention),
                                     hw.comm_overlap) + (2 + recomputed) * steps
+    elif layout.cp > 1 and layout.cp_algorithm == "all-gather" and kernels.plait_engine:
+        # plait's gathered attention runs the ring's block kernels and merges over the cp blocks at
+        # hand: each block's launches but its exchange.
+        steps = layout.cp * (RING_STEP_KERNELS - 1) * hw.kernel_overhead_s
+        cp_forward, cp_backward = steps, (2 + recomputed) * steps
     zero_forward = zero_backward = gather = 0.0
     if layout.zero == 3 and layout.pp == 1:  # a pipeline stage gathers once per step (plan.simulate.flush_costs)
         gather, scatter = zero3_layer_seconds(spec, hw, layout, precision, kernels)

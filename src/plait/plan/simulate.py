@@ -236,7 +236,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
 
 def hardware_flops(spec: ModelSpec, layout: Layout, kernels: Kernels) -> float:
     """FLOPs one sequence costs with each block's recomputation (plait.facts.recompute) on ``kernels``'
-    stack; under ``op`` plait's ring attention runs again (plait.facts.activations.op_keeps_attention)."""
+    stack; under ``op`` plait's ring or gathered attention runs again (plait.facts.activations.op_keeps_attention)."""
     def rerun(mode: str) -> int:
         flops = layer_flops(spec, spec.seq_len, mode, kernels.recompute_whole_forward).recompute
         if mode == "op" and not op_keeps_attention(kernels, layout.cp, layout.cp_algorithm):
