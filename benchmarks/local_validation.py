@@ -34,6 +34,7 @@ MODELS = {
 RUNS = [  # model, layout on two ranks, global batch
     ("tiny", Layout(dp=2), 8), ("tiny", Layout(dp=2, microbatches=2), 16), ("tiny", Layout(dp=2), 32),
     ("gpt-small", Layout(tp=2), 16), ("gpt-small", Layout(tp=2, sp=True), 16), ("gpt-small", Layout(cp=2), 16),
+    ("gpt-small", Layout(cp=2, cp_algorithm="ring"), 16), ("gpt-small", Layout(cp=2, cp_algorithm="all-gather"), 16),
     ("gpt-small", Layout(dp=2, zero=2), 16), ("tiny", Layout(dp=2, microbatches=4), 32),
     ("tiny-llama", Layout(dp=2), 8), ("tiny-llama", Layout(dp=2, microbatches=2), 16),
     ("gpt-small", Layout(dp=2), 8), ("gpt-small", Layout(dp=2, microbatches=2), 16),
@@ -58,12 +59,15 @@ def layout_flags(layout: Layout) -> list[str]:
     flags = [f"--{k}={getattr(layout, k)}" for k in ("dp", "tp", "cp", "pp", "microbatches")]
     if layout.sp:
         flags.append("--sp")
+    if layout.cp > 1 and layout.cp_algorithm != Layout.cp_algorithm:
+        flags.append(f"--cp-algorithm={layout.cp_algorithm}")
     return flags + ([f"--zero={layout.zero}"] if layout.zero else [])
 
 
 def measure(out: Path, name: str, layout: Layout, batch: int) -> float:
     extras = "".join(f"-{k}{getattr(layout, k)}" for k in ("tp", "cp", "pp", "zero") if getattr(layout, k) > (0 if k == "zero" else 1))
-    run_dir = out / f"{name}-dp{layout.dp}-m{layout.microbatches}-b{batch}{extras}{'-sp' if layout.sp else ''}"
+    algorithm = f"-{layout.cp_algorithm}" if layout.cp > 1 and layout.cp_algorithm != Layout.cp_algorithm else ""
+    run_dir = out / f"{name}-dp{layout.dp}-m{layout.microbatches}-b{batch}{extras}{algorithm}{'-sp' if layout.sp else ''}"
     if not (run_dir / "metrics.jsonl").exists():  # measured before: predict again without re-running
         command = [sys.executable, "-m", "plait", "train", *model_flags(name), *layout_flags(layout),
                    "--global-batch", str(batch), "--steps", str(STEPS), "--run-dir", str(run_dir)]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from plait.facts.collectives import layer_collectives
 from plait.facts.stack import STACKS
@@ -15,8 +17,9 @@ from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.models.transformer import expand_kv_heads
 from plait.parallel.gathered_attention import gathered_backward, gathered_forward
-from plait.parallel.ring_attention import zigzag_positions
+from plait.parallel.ring_attention import block_attention, block_gradients, zigzag_positions
 from plait.plan.comm import all_gather_seconds, group_link, reduce_scatter_seconds
+from plait.plan.compute import CAUSAL_MASK_BYTES, block_score_bytes, blockwise_attention_seconds, layer_times
 from plait.plan.costs import RING_STEP_KERNELS, layer_cost
 from plait.plan.hardware import hardware
 from tests.cases import layout_world_size, run_config, train_losses
@@ -120,3 +123,54 @@ def test_the_gather_precedes_the_attention_so_nothing_hides_it():
                                                + reduce_scatter_seconds(calls["reduce_scatter"].tensor_bytes, cp, link)
                                                + blocks)
         assert comm(Layout(cp=cp, cp_algorithm="ring")) < comm(gathered)  # 128k tokens: the ring hides its hops
+
+
+class ElementwiseBytes(TorchDispatchMode):
+    """Bytes read and written by every op that is neither a matmul nor a view (``_unsafe_view``, how
+    matmul reshapes its result, is one without the flag)."""
+
+    SKIPPED = {torch.ops.aten.bmm.default, torch.ops.aten.mm.default, torch.ops.aten._unsafe_view.default}
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func not in self.SKIPPED and not func.is_view:
+            tensors = [t for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+            self.bytes += sum(t.numel() * t.element_size() for t in tensors)
+        return out
+
+
+@pytest.mark.parametrize("precision, dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_the_planner_counts_the_bytes_the_blockwise_kernel_moves_a_score(precision, dtype):
+    """plait.plan.compute prices the ring's and the all-gather's blockwise attention by the bytes its
+    elementwise ops move a score; counted here from the ops the kernel dispatches (a long block and a
+    narrow head, so what scales with the output rather than the scores stays under half a byte)."""
+    rows, keys, dim = 1024, 1024, 8
+    q = torch.randn(1, 1, 4, rows, dim, dtype=dtype)
+    k, v = (torch.randn(1, 1, 1, keys, dim, dtype=dtype) for _ in range(2))
+    scores = 4 * rows * keys
+    for causal in (False, True):
+        with ElementwiseBytes() as forward:
+            out, lse = block_attention(q, k, v, causal, dim ** -0.5)
+        with ElementwiseBytes() as backward:
+            block_gradients(q, k, v, torch.randn_like(q), lse, torch.randn(lse.shape), causal, dim ** -0.5)
+        mask = CAUSAL_MASK_BYTES if causal else 0
+        assert forward.bytes / scores == pytest.approx(block_score_bytes("forward", precision) + mask, abs=0.5)
+        assert backward.bytes / scores == pytest.approx(block_score_bytes("backward", precision) + mask, abs=0.5)
+
+
+def test_plaits_zigzag_attention_is_priced_as_its_blockwise_kernel_and_a_fused_stacks_is_not():
+    """On plait's engine the ring and the all-gather run the blockwise kernel, whose scores go through
+    memory: slower than the fused kernel the all-to-all calls. Megatron's ring runs a flash kernel."""
+    spec, hw = model_spec("llama-1b", seq_len=8192), hardware("h100-sxm")
+    blockwise = blockwise_attention_seconds(spec, hw, "bf16", 1, 1, 4)
+    for algorithm in ("ring", "all-gather"):
+        times = layer_times(spec, hw, "bf16", 1, 1, 4, False, "none", STACKS["plait"], algorithm)
+        assert (times.attention, times.attention_backward) == pytest.approx(blockwise)
+    fused = layer_times(spec, hw, "bf16", 1, 1, 4, False, "none", STACKS["plait"], "all-to-all")
+    assert fused.attention < blockwise[0] and fused.attention_backward < blockwise[1]
+    megatron = layer_times(spec, hw, "bf16", 1, 1, 4, False, "none", STACKS["megatron"], "ring")
+    assert megatron.attention == pytest.approx(fused.attention)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from plait.facts.activations import ACTIVATION_BYTES, op_keeps_attention
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
+from plait.layout import ZIGZAG_ALGORITHMS
 from plait.models.flops import block_norms, kv_heads_per_rank, linear_shapes, recomputed_linears
 from plait.models.spec import ModelSpec
 from plait.plan.hardware import Hardware, HostOverhead, KernelScale
@@ -25,6 +26,16 @@ from plait.plan.hardware import Hardware, HostOverhead, KernelScale
 ELEMENTWISE_KERNELS = 12
 # A dropout mask's bytes in passes of a 16-bit tensor of its shape (one byte an element).
 MASK_PASS = 0.5
+# plait's blockwise attention (plait.parallel.ring_attention; its ring and all-gather context
+# parallelism run it) is plain PyTorch: per K/V block, batched matmuls whose scores go through
+# memory, then fp32 passes over every score: forward scaled, shifted by the log-sum-exp and
+# exponentiated (7 passes of 4 bytes), backward the same recomputed and the probabilities' gradient
+# formed (13); at half precision two casts to and from fp32 a score forward and four backward (4 + 2
+# bytes each); a causal block's mask fill and mask (9 bytes). tests/test_gathered_attention.py counts
+# them from the ops the kernel dispatches.
+BLOCK_PASSES = {"forward": 7, "backward": 13}
+BLOCK_CASTS = {"forward": 2, "backward": 4}
+CAUSAL_MASK_BYTES = 9
 
 
 @dataclass(frozen=True)
@@ -132,6 +143,29 @@ class LayerTimes:
         return self.backward_input + self.backward_weight
 
 
+def block_score_bytes(direction: str, precision: str) -> int:
+    """Bytes plait's blockwise attention moves a score outside its matmuls, forward or backward."""
+    e = ACTIVATION_BYTES[precision]
+    return 4 * BLOCK_PASSES[direction] + (BLOCK_CASTS[direction] * (4 + e) if e != 4 else 0)
+
+
+def blockwise_attention_seconds(spec: ModelSpec, hw: Hardware, precision: str, micro_batch: int, tp: int,
+                                cp: int) -> tuple[float, float]:
+    """(forward, backward) of plait's blockwise attention over cp blocks of s/cp keys: its own block
+    whole under the causal mask, each other rank's half (plait.parallel.ring_attention.step_blocks).
+    Forward: two matmuls writing and reading the scores; backward five (the scores again, dV, dP,
+    dQ, dK); and the fp32 passes of ``block_score_bytes`` over every score."""
+    local, heads = spec.seq_len // cp, micro_batch * spec.heads // tp
+    keys = local * (cp + 1) // 2
+    # (passes over tensors of activation size, exponentials among them: the rate of activations)
+    scores, memory_rate = heads * local * keys, (hw.activation_gbps or hw.memory_gbps) * 1e9
+    masked = heads * local * local * CAUSAL_MASK_BYTES / memory_rate
+    matmuls = attention_matmul_seconds(hw, precision, Gemm(local, keys, spec.head_dim, heads), flash=False)
+    forward = matmuls + scores * block_score_bytes("forward", precision) / memory_rate + masked
+    backward = 2.5 * matmuls + scores * block_score_bytes("backward", precision) / memory_rate + masked
+    return forward, backward
+
+
 def layer_times(
     spec: ModelSpec,
     hw: Hardware,
@@ -160,7 +194,9 @@ def layer_times(
     # where calibrate measured one on a GPU); without one, dQ, dK, dV and the probabilities' gradient
     # are four matmuls against the forward's two, and the softmax's and dropout's backward pass over
     # the score matrices as often as their forward did.
-    if not kernels.flash_attention:
+    if kernels.plait_engine and cp > 1 and cp_algorithm in ZIGZAG_ALGORITHMS:
+        attention, attention_backward = blockwise_attention_seconds(spec, hw, precision, micro_batch, tp, cp)
+    elif not kernels.flash_attention:
         attention_backward = 2 * attention_matmuls + score_passes
     elif hw.attention_backward_efficiency is not None:
         attention_backward = attention_as_matmuls / hw.attention_backward_efficiency + shape.scores * hw.attention_backward_score_s

@@ -368,8 +368,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         continue
                     if not times:
                         for rc in costed:
-                            # (the algorithm changes a layer's compute only where op recomputation reruns plait's ring or gather)
-                            time_key = (tp, cp, sp, mbs, rc, algorithm if rc == "op" and cp > 1 else None)
+                            # (the algorithm changes a layer's compute where plait runs its blockwise attention
+                            # or op recomputation reruns it)
+                            time_key = (tp, cp, sp, mbs, rc, algorithm if cp > 1 else None)
                             if time_key not in times_cache:
                                 times_cache[time_key] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels,
                                                                     algorithm)
