@@ -32,7 +32,7 @@ from plait.facts.validity import (
     compression_problems, fit_problems, layout_problems, mesh_problems, pipeline_problems, reads_saved_once_per_backward,
     recomputes_once_per_backward, run_problems, spec_problems,
 )
-from plait.layout import RECOMPUTE, SCHEDULES, Layout
+from plait.layout import RECOMPUTE, SCHEDULES, ZIGZAG_ALGORITHMS, Layout
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.costs import end_collectives, layer_cost, stage_boundaries
 from plait.plan.hardware import Hardware, stack_hardware
@@ -368,9 +368,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         continue
                     if not times:
                         for rc in costed:
-                            # (the algorithm changes a layer's compute where plait runs its blockwise attention
-                            # or op recomputation reruns it)
-                            time_key = (tp, cp, sp, mbs, rc, algorithm if cp > 1 else None)
+                            # (a layer's compute reads the algorithm only as zig-zag or not: plait runs the
+                            # ring's and the all-gather's attention as one blockwise kernel)
+                            time_key = (tp, cp, sp, mbs, rc, algorithm in ZIGZAG_ALGORITHMS if cp > 1 else None)
                             if time_key not in times_cache:
                                 times_cache[time_key] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels,
                                                                     algorithm)
