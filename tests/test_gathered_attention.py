@@ -4,6 +4,8 @@ and the planner prices and searches it as the engine runs it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -174,3 +176,12 @@ def test_plaits_zigzag_attention_is_priced_as_its_blockwise_kernel_and_a_fused_s
     assert fused.attention < blockwise[0] and fused.attention_backward < blockwise[1]
     megatron = layer_times(spec, hw, "bf16", 1, 1, 4, False, "none", STACKS["megatron"], "ring")
     assert megatron.attention == pytest.approx(fused.attention)
+
+
+def test_calibrate_s_measured_scales_reach_the_blockwise_price():
+    """calibrate times plait's blockwise kernel against this model (plait.calibrate.machine.
+    measure_block_attention); the planner multiplies its forward and backward by what it measured."""
+    spec, hw = model_spec("llama-1b", seq_len=8192), hardware("h100-sxm")
+    forward, backward = blockwise_attention_seconds(spec, hw, "bf16", 1, 1, 4)
+    measured = replace(hw, block_attention_scale=1.7, block_attention_backward_scale=0.8)
+    assert blockwise_attention_seconds(spec, measured, "bf16", 1, 1, 4) == pytest.approx((1.7 * forward, 0.8 * backward))

@@ -4,6 +4,7 @@ cases and synthetic timings the fits must recover (CI has no GPU; the same code 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import replace
 
@@ -122,12 +123,19 @@ def test_a_device_calibration_writes_a_profile_the_planner_reads_back(tmp_path):
     """The whole single-device path on this CPU at small sizes: every figure is measured, the fits'
     points are the measurements, and the profile round-trips through its file."""
     sizes = ProbeSizes(working_shape={"hidden": 64, "heads": 2, "vocab": 32, "seq_len": 32}, working_micro_batch=1,
-                       optimizer_sets={"small": [(32, 32)] * 4, "large": [(128, 128)] * 2, "mixed": [(64, 64)] * 3})
+                       optimizer_sets={"small": [(32, 32)] * 4, "large": [(128, 128)] * 2, "mixed": [(64, 64)] * 3},
+                       block_shapes=((2, 128, 128, 16, False), (2, 128, 128, 16, True), (2, 256, 128, 32, False)))
     profile, fits = measure_device(H100, "probe", "fp32", sizes, [(128, 128, 128), (256, 128, 64), (64, 64, 64)],
                                    [(2, 64, 16), (2, 128, 16), (4, 64, 32)], 2**12, 64)
     assert profile.name == "probe" and profile.matmul_efficiency > 0 and profile.attention_backward_efficiency > 0
     assert set(profile.layer_kernel_scale) == set(profile.host_overhead) == {"gpt2", "llama"}
     assert len(fits["matmul"]) == 3 and len(fits["attention"]) == 3 and len(fits["working_layers"]) == 8
+    # plait's blockwise attention: each scale is the median of its points' measured over modelled
+    blocks = fits["blockwise_attention"]
+    assert len(blocks) == 3 and all(p["forward_s"] > 0 and p["backward_s"] > 0 for p in blocks)
+    assert profile.block_attention_scale == statistics.median(p["forward_s"] / p["modelled_forward_s"] for p in blocks)
+    assert profile.block_attention_backward_scale == statistics.median(p["backward_s"] / p["modelled_backward_s"]
+                                                                       for p in blocks)
     path = tmp_path / "profile.json"
     save_profile(profile, path)
     assert load_profile(path) == profile

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from plait.calibrate.host import (
     ProbeSizes, layer_kernel_scales, measure_host_overhead, measure_optimizer, working_layer_probes,
 )
-from plait.calibrate.machine import measure_elementwise_gbps, probe_attention_seconds, time_attention
+from plait.calibrate.machine import measure_block_attention, measure_elementwise_gbps, probe_attention_seconds, time_attention
 from plait.errors import ConfigError
 from plait.plan.compute import Gemm, gemm_seconds, matmul_rate
 from plait.plan.hardware import Hardware, catalog_name_of, hardware
@@ -54,6 +54,8 @@ GPU_SIZES = ProbeSizes(
     device=torch.device("cuda"),
     working_shape={"hidden": 4096, "heads": 32, "vocab": 2048, "seq_len": 4096},
     working_micro_batch=1,
+    # score blocks of a ring step at 8k-32k tokens: milliseconds each on an H100
+    block_shapes=((16, 2048, 2048, 64, False), (16, 2048, 2048, 64, True), (16, 4096, 4096, 128, False)),
     optimizer_sets={
         "many small": [(256, 256)] * 96 + [(256,)] * 96,
         "few large": [(4096, 4096)] * 4 + [(4096,)] * 4,
@@ -121,8 +123,10 @@ def measure_device(base: Hardware, name: str, precision: str, sizes: ProbeSizes,
     profile = replace(base, name=name, matmul_efficiency=efficiency, kernel_overhead_s=launch, memory_gbps=memory_gbps,
                       activation_gbps=activation_gbps, host_overhead={}, layer_kernel_scale={})
     attention, attention_points = fit_attention(time_attention(dtype, sizes, attention_shapes), profile, precision)
+    block_forward, block_backward, block_points = measure_block_attention(dtype, sizes, profile, precision)
     per_parameter, per_tensor, optimizer_points = measure_optimizer(sizes)
-    profile = replace(profile, **attention, optimizer_parameter_s=per_parameter, optimizer_tensor_s=per_tensor)
+    profile = replace(profile, **attention, block_attention_scale=block_forward, block_attention_backward_scale=block_backward,
+                      optimizer_parameter_s=per_parameter, optimizer_tensor_s=per_tensor)
     profile = replace(profile, host_overhead=measure_host_overhead(profile, precision, sizes))
     profile = replace(profile, layer_kernel_scale=layer_kernel_scales(working, profile, precision, sizes))
     fits = {
@@ -130,6 +134,7 @@ def measure_device(base: Hardware, name: str, precision: str, sizes: ProbeSizes,
         "working_layers": working,
         "matmul": [{"shape": s, "measured_s": t, "predicted_s": gemm_seconds(profile, precision, Gemm(*s))} for s, t in matmuls],
         "attention": attention_points,
+        "blockwise_attention": block_points,
         "optimizer": optimizer_points,
     }
     return profile, fits

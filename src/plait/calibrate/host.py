@@ -98,6 +98,11 @@ class ProbeSizes:
         "few large": [(1024, 1024)] * 2 + [(1024,)] * 2,
         "mixed": [(512, 512)] * 8 + [(512,)] * 8,
     })
+    # plait's blockwise attention probes (plait.calibrate.machine.measure_block_attention): (heads,
+    # queries, keys, head dim, causal), from a ring step's score block at a short sequence to one at
+    # 8k tokens over cp 4.
+    block_shapes: tuple[tuple[int, int, int, int, bool], ...] = (
+        (4, 256, 256, 32, False), (4, 512, 512, 64, False), (4, 512, 512, 64, True), (4, 1024, 1024, 64, False))
 
     @property
     def synchronize(self) -> Callable[[], None]:

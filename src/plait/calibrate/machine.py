@@ -10,7 +10,8 @@ while the other works, as two training ranks share caches, memory bandwidth and 
 * the bandwidth a layer's non-matmul kernels reach (add, multiply, layer norm; and apart, GELU and
   SiLU, whose transcendentals make them slower on a CPU);
 * causal attention against the two matmuls of its shapes, plus a cost per score (a CPU pays for
-  every exponential), and its backward's time as a multiple of its forward's;
+  every exponential), and its backward's time as a multiple of its forward's; and plait's own
+  blockwise attention (its ring's and all-gather's) against the planner's model of it;
 * all-reduce time over the two ranks, fitted to t = 2α + S/β (the two-rank ring of
   plait.plan.comm); reduce-scatter and all-gather time as multiples of that ring's one pass
   (gloo's are not rings); and the share of an all-reduce that hides under compute;
@@ -41,7 +42,8 @@ from plait.calibrate.host import (
 )
 from plait.parallel.gradient_shards import all_gather_single, reduce_scatter_single
 from plait.plan.comm import LINK_EFFICIENCY, Link, all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
-from plait.plan.compute import Gemm, attention_matmul_seconds, gemm_seconds
+from plait.parallel.ring_attention import block_attention, block_gradients
+from plait.plan.compute import Gemm, attention_matmul_seconds, block_kernel_seconds, gemm_seconds
 from plait.plan.hardware import CollectiveScale, Hardware
 from plait.plan.least_squares import relative_least_squares
 
@@ -140,6 +142,32 @@ def measure_attention(dtype: torch.dtype, profile: Hardware, precision: str) -> 
     points = [{"shape": shape, "forward_s": forward, "predicted_s": m * inverse + n * per_score, "backward_s": backward}
               for (shape, forward, backward), m, n in zip(timed, matmuls, scores)]
     return 1 / inverse, per_score, ratio, points
+
+
+def measure_block_attention(dtype: torch.dtype, sizes: ProbeSizes, profile: Hardware,
+                            precision: str) -> tuple[float, float, list[dict]]:
+    """plait's blockwise attention (plait.parallel.ring_attention's kernels), forward and backward,
+    over ``sizes.block_shapes``, against the planner's model of it at ``profile``'s rates: (forward scale,
+    backward scale, the points), each scale the median of measured over modelled."""
+    probes = {}
+    for shape in sizes.block_shapes:
+        heads, rows, keys, dim, causal = shape
+        q = torch.randn(1, 1, heads, rows, dim, dtype=dtype, device=sizes.device)
+        k, v = (torch.randn(1, 1, 1, keys, dim, dtype=dtype, device=sizes.device) for _ in range(2))
+        grad, delta = torch.randn_like(q), torch.randn(1, 1, heads, rows, device=sizes.device)
+        lse = block_attention(q, k, v, causal, dim ** -0.5)[1]
+        probes[shape, "forward"] = lambda q=q, k=k, v=v, causal=causal: block_attention(q, k, v, causal, q.shape[-1] ** -0.5)
+        probes[shape, "backward"] = lambda q=q, k=k, v=v, grad=grad, lse=lse, delta=delta, causal=causal: \
+            block_gradients(q, k, v, grad, lse, delta, causal, q.shape[-1] ** -0.5)
+    times = sizes.medians(probes, rounds=5)
+    points = []
+    for shape in sizes.block_shapes:
+        heads, rows, keys, dim, causal = shape
+        forward, backward = block_kernel_seconds(profile, precision, heads, rows, keys, dim, heads * rows * keys * causal)
+        points.append({"shape": shape, "forward_s": times[shape, "forward"], "modelled_forward_s": forward,
+                       "backward_s": times[shape, "backward"], "modelled_backward_s": backward})
+    return (statistics.median(p["forward_s"] / p["modelled_forward_s"] for p in points),
+            statistics.median(p["backward_s"] / p["modelled_backward_s"] for p in points), points)
 
 
 def _two_rank_worker(rank: int, port: int, threads: int, results, job, *args) -> None:
@@ -262,6 +290,8 @@ def _calibration_job(name: str, precision: str, threads: int) -> tuple[Hardware,
     efficiency, per_score, backward_ratio, attention_points = measure_attention(dtype, profile, precision)
     profile = replace(profile, attention_efficiency=efficiency, attention_score_s=per_score,
                       attention_backward_ratio=backward_ratio)
+    block_forward, block_backward, block_points = measure_block_attention(dtype, CPU_SIZES, profile, precision)
+    profile = replace(profile, block_attention_scale=block_forward, block_attention_backward_scale=block_backward)
     dist.barrier()
     per_parameter, per_tensor, optimizer_points = measure_optimizer()
     profile = replace(profile, optimizer_parameter_s=per_parameter, optimizer_tensor_s=per_tensor)
@@ -276,6 +306,7 @@ def _calibration_job(name: str, precision: str, threads: int) -> tuple[Hardware,
         "threads_per_device": threads,
         "optimizer": optimizer_points,
         "attention": attention_points,
+        "blockwise_attention": block_points,
         "matmul": [{"shape": s, "measured_s": t, "predicted_s": gemm_seconds(profile, precision, Gemm(*s))} for s, t in matmuls],
         **{kind: [{"bytes": s, "measured_s": t, "predicted_s": predictors[kind](s, 2, link)} for s, t in times.items()]
            for kind, times in collectives.items()},

@@ -149,21 +149,29 @@ def block_score_bytes(direction: str, precision: str) -> int:
     return 4 * BLOCK_PASSES[direction] + (BLOCK_CASTS[direction] * (4 + e) if e != 4 else 0)
 
 
+def block_kernel_seconds(hw: Hardware, precision: str, heads: int, rows: int, keys: int, dim: int,
+                         masked: int) -> tuple[float, float]:
+    """(forward, backward) of plait's blockwise attention of ``rows`` queries over ``keys`` keys for
+    each of ``heads`` heads, ``masked`` of the scores in causal blocks, as modelled: forward two
+    matmuls writing and reading the scores, backward five (the scores again, dV, dP, dQ, dK), and
+    the fp32 passes of ``block_score_bytes`` over every score."""
+    # (passes over tensors of activation size, exponentials among them: the rate of activations)
+    scores, memory_rate = heads * rows * keys, (hw.activation_gbps or hw.memory_gbps) * 1e9
+    mask = masked * CAUSAL_MASK_BYTES / memory_rate
+    matmuls = attention_matmul_seconds(hw, precision, Gemm(rows, keys, dim, heads), flash=False)
+    return (matmuls + scores * block_score_bytes("forward", precision) / memory_rate + mask,
+            2.5 * matmuls + scores * block_score_bytes("backward", precision) / memory_rate + mask)
+
+
 def blockwise_attention_seconds(spec: ModelSpec, hw: Hardware, precision: str, micro_batch: int, tp: int,
                                 cp: int) -> tuple[float, float]:
     """(forward, backward) of plait's blockwise attention over cp blocks of s/cp keys: its own block
-    whole under the causal mask, each other rank's half (plait.parallel.ring_attention.step_blocks).
-    Forward: two matmuls writing and reading the scores; backward five (the scores again, dV, dP,
-    dQ, dK); and the fp32 passes of ``block_score_bytes`` over every score."""
+    whole under the causal mask, each other rank's half (plait.parallel.ring_attention.step_blocks);
+    scaled as calibrate measured the kernel (``Hardware.block_attention_scale``)."""
     local, heads = spec.seq_len // cp, micro_batch * spec.heads // tp
-    keys = local * (cp + 1) // 2
-    # (passes over tensors of activation size, exponentials among them: the rate of activations)
-    scores, memory_rate = heads * local * keys, (hw.activation_gbps or hw.memory_gbps) * 1e9
-    masked = heads * local * local * CAUSAL_MASK_BYTES / memory_rate
-    matmuls = attention_matmul_seconds(hw, precision, Gemm(local, keys, spec.head_dim, heads), flash=False)
-    forward = matmuls + scores * block_score_bytes("forward", precision) / memory_rate + masked
-    backward = 2.5 * matmuls + scores * block_score_bytes("backward", precision) / memory_rate + masked
-    return forward, backward
+    forward, backward = block_kernel_seconds(hw, precision, heads, local, local * (cp + 1) // 2, spec.head_dim,
+                                             heads * local * local)
+    return forward * hw.block_attention_scale, backward * hw.block_attention_backward_scale
 
 
 def layer_times(

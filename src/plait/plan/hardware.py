@@ -127,6 +127,11 @@ class Hardware:
     # device, so calibrate measures it with plait's own model and it adds to the kernels' time.
     host_overhead: dict[str, HostOverhead] = field(default_factory=dict, hash=False)
     host_runs_ahead: bool = True
+    # plait's blockwise attention (its ring's and all-gather's) against the planner's model of it
+    # (plait.plan.compute.block_kernel_seconds), forward and backward: 1 in the catalog; calibrate
+    # times the kernel itself, whose score blocks may outgrow what the bandwidth probes measured.
+    block_attention_scale: float = 1.0
+    block_attention_backward_scale: float = 1.0
     # By model family: a whole layer's kernels against the sum of their microbenchmarks. Empty
     # (1) in the catalog, whose matmul efficiency is fitted to whole published runs; calibrate
     # times plait's own layers at a working size.
