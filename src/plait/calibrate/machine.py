@@ -41,8 +41,8 @@ from plait.calibrate.host import (
     measure_wrapper_overhead, working_layer_probes,
 )
 from plait.parallel.gradient_shards import all_gather_single, reduce_scatter_single
-from plait.plan.comm import LINK_EFFICIENCY, Link, all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
 from plait.parallel.ring_attention import block_attention, block_gradients
+from plait.plan.comm import LINK_EFFICIENCY, Link, all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
 from plait.plan.compute import Gemm, attention_matmul_seconds, block_kernel_seconds, gemm_seconds
 from plait.plan.hardware import CollectiveScale, Hardware
 from plait.plan.least_squares import relative_least_squares
