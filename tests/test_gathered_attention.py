@@ -26,7 +26,7 @@ from plait.plan.costs import RING_STEP_KERNELS, layer_cost
 from plait.plan.hardware import hardware
 from tests.cases import layout_world_size, run_config, train_losses
 from tests.test_data_parallel_parity import assert_same_losses
-from tests.test_ring_attention import BF16_TOLERANCE, _algorithms
+from tests.test_ring_attention import _algorithms, assert_bf16_cp2_within_rounding
 
 GATHER = {"cp_algorithm": "all-gather"}
 LAYOUTS = [
@@ -82,11 +82,7 @@ def test_all_gather_layout_matches_single_process(pool, single_process, model, l
 
 
 def test_bf16_all_gather_stays_within_bf16_rounding_of_the_single_process(pool):
-    single = pool.run(train_losses, 1, run_config("tiny-llama", precision="bf16"))[0]
-    for losses in pool.run(train_losses, 2, run_config("tiny-llama", precision="bf16", cp=2, **GATHER)):
-        assert losses[-1] < losses[0]
-        for a, b in zip(single, losses):
-            assert abs(a - b) < BF16_TOLERANCE * a
+    assert_bf16_cp2_within_rounding(pool, "all-gather")
 
 
 def test_the_layout_names_it_and_the_fit_rule_is_the_rings():
