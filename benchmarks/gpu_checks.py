@@ -1,6 +1,6 @@
 """One GPU's checks in one command: calibrate it, train plait's single-rank runs of
 docs/VALIDATION.md ("plait's own runs on one H100"), and set each run's step time and peak memory
-beside the catalog entry's prediction and the calibrated profile's.
+beside the catalog entry's prediction and the calibrated profile's, a row as each run ends.
 
     python benchmarks/gpu_checks.py [--out DIR] [--steps 8]
 
@@ -55,19 +55,18 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "plait", "calibrate", "--device", "cuda", "--out", str(out / "profile.json")],
                        check=True, stdout=subprocess.DEVNULL)
         profile = load_profile(out / "profile.json")
-        rows = []
+        print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, median of {args.steps} steps each")
+        print("| run | measured (s) | catalog (s) | calibrated (s) | peak measured (GB) | peak predicted (GB) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |", flush=True)
         for name, flags in RUNS.items():
             run_dir = out / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
             train_one_rank(run_dir, [*flags, "--steps", str(args.steps)])
             catalog, calibrated = explain(run_dir), explain(run_dir, profile=profile)
             measured = catalog.summary["step_time_s"]
-            rows.append(f"| {name} | {measured:.3f} | {percent(catalog.prediction.step_time_s, measured)} | "
-                        f"{percent(calibrated.prediction.step_time_s, measured)} | "
-                        f"{catalog.summary['peak_memory_bytes'] / 1e9:.1f} | {catalog.prediction.peak_memory_bytes / 1e9:.1f} |")
-        print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, median of {args.steps} steps each")
-        print("| run | measured (s) | catalog (s) | calibrated (s) | peak measured (GB) | peak predicted (GB) |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: |")
-        print("\n".join(rows))
+            print(f"| {name} | {measured:.3f} | {percent(catalog.prediction.step_time_s, measured)} | "
+                  f"{percent(calibrated.prediction.step_time_s, measured)} | "
+                  f"{catalog.summary['peak_memory_bytes'] / 1e9:.1f} | {catalog.prediction.peak_memory_bytes / 1e9:.1f} |",
+                  flush=True)
     return 0
 
 
