@@ -96,11 +96,20 @@ def test_a_data_parallel_run_is_explained_with_where_its_time_went(dp_run_dir, p
     from plait.plan.hardware import load_profile
 
     explanation = explain(dp_run_dir, profile=load_profile(profile))
-    split = json.loads((dp_run_dir / "summary.json").read_text())["time_split"]
+    summary = json.loads((dp_run_dir / "summary.json").read_text())
+    split = summary["time_split"]
     measured = {quantity: value for quantity, _, value, _ in explanation.rows()}
-    assert measured["compute"] == split["compute_s"]["median"]
-    assert measured["exposed dp communication"] == split["exposed_comm_by_group_s"]["dp"] > 0
+    # Step 1 is traced, step 2 plain: the traced parts are scaled to the plain step.
+    plain = [row["step_time_s"] for row in map(json.loads, (dp_run_dir / "metrics.jsonl").read_text().splitlines())
+             if row.get("step") == 2]
+    assert summary["step_time_s"] == pytest.approx(plain[0])
+    assert summary["trace_slowdown"] == pytest.approx(split["step_s"]["median"] / plain[0])
+    assert measured["compute"] == pytest.approx(split["compute_s"]["median"] / summary["trace_slowdown"])
+    assert split["exposed_comm_by_group_s"]["dp"] > 0
+    assert measured["exposed dp communication"] == pytest.approx(
+        split["exposed_comm_by_group_s"]["dp"] / summary["trace_slowdown"])
     report = explanation.report()
+    assert f"traced steps ran {summary['trace_slowdown']:.2f}× a plain step" in report
     assert f"bottleneck: {bottleneck(split)}" in report
     assert "the planner" in report
     assert explanation.draw() is None  # the measured-beside-simulated picture is of pipeline schedules
@@ -124,3 +133,17 @@ def test_the_bottleneck_is_what_holds_the_step_above_its_compute(split, named):
     """The largest exposed part if it is a tenth of the step or more, else compute: a light model's
     exposed all-reduce is named even though compute is larger, a heavy model is compute-bound."""
     assert bottleneck(split).startswith(named), bottleneck(split)
+
+
+def test_the_step_time_is_the_median_plain_step_and_the_slowdown_the_traced_one_over_it():
+    """Warm-up, traced and profiled steps are left out of the step time while a plain step remains."""
+    from plait.observe.summary import steady_step_time, trace_slowdown
+
+    times, observed = [9.0, 4.0, 1.0, 5.0, 2.0], [False, True, False, True, False]
+    assert steady_step_time(times, observed) == 1.5
+    assert steady_step_time(times, [False, True, True, True, True]) == 3.0  # no plain step: every step after the first
+    assert steady_step_time([3.0], [True]) == 3.0
+    traced = {"step_s": {"median": 4.5}}
+    assert trace_slowdown(traced, times, observed) == 3.0
+    assert trace_slowdown(traced, times, [False, True, True, True, True]) is None
+    assert trace_slowdown(None, times, observed) is None

@@ -64,23 +64,31 @@ class Explanation:
         rows.append(("MFU", p.mfu if s.get("device") == "cuda" else None, s.get("mfu"), "fraction"))
         return rows
 
+    @property
+    def trace_scale(self) -> float:
+        """What a traced second is of a plain step's: the tracer's call into Python on every operator
+        slows the steps it traces (``trace_slowdown``), so their parts are set to the plain step's time
+        in proportion (1 for a run whose summary has no plain step to compare)."""
+        return 1 / (self.summary.get("trace_slowdown") or 1.0)
+
     def time_rows(self) -> list[tuple[str, float | None, float | None, str]]:
-        """Where the step's time went, predicted and measured (the median traced step), when traced."""
-        split, predicted = self.summary.get("time_split"), self.prediction.time_breakdown
+        """Where the step's time went, predicted and measured (the median traced step's parts, scaled
+        to the median plain step: ``trace_scale``), when traced."""
+        split, predicted, scale = self.summary.get("time_split"), self.prediction.time_breakdown, self.trace_scale
         if not split:
             return []
         exposed = split["exposed_comm_by_group_s"]
 
         def measured(*groups: str) -> float:
-            return sum(exposed.get(group, 0.0) for group in groups)
+            return scale * sum(exposed.get(group, 0.0) for group in groups)
 
         return [
-            ("compute", predicted["compute_s"] + predicted["optimizer_s"], split["compute_s"]["median"], "s"),
+            ("compute", predicted["compute_s"] + predicted["optimizer_s"], scale * split["compute_s"]["median"], "s"),
             ("exposed dp communication", predicted["exposed_dp_comm_s"], measured("dp", "dp_shard", "dp_replicate"), "s"),
             ("exposed tp and cp communication", predicted["critical_path_comm_s"], measured("tp", "cp"), "s"),
             ("exposed pp communication", None, measured("pp"), "s"),
-            ("bubble", predicted["bubble_s"], split["bubble_s"]["median"], "s"),
-            ("other", None, split["other_s"]["median"], "s"),
+            ("bubble", predicted["bubble_s"], scale * split["bubble_s"]["median"], "s"),
+            ("other", None, scale * split["other_s"]["median"], "s"),
             ("exposed communication share", (predicted["exposed_dp_comm_s"] + predicted["critical_path_comm_s"])
              / self.prediction.step_time_s, self.summary["comm_fraction"], "fraction"),
         ]
@@ -143,6 +151,9 @@ class Explanation:
         if s.get("bubble_fraction_theory"):
             lines.append(f"\nthe schedule's bubble with equal stage costs: {s['bubble_fraction_theory']:.1%}")
         if s.get("time_split"):
+            if s.get("trace_slowdown"):
+                lines.append(f"traced steps ran {s['trace_slowdown']:.2f}× a plain step (the tracer's Python call on "
+                             "every operator); their parts above are scaled to the plain step")
             lines.append(f"bottleneck: {bottleneck(s['time_split'])}")
         if (choice := self.planner_choice()) is not None:
             lines.append(choice)

@@ -60,6 +60,11 @@ class StepTracer:
         after = step - self.first_step
         return (after >= 1 and (after - 1) % self.every == 0) or self.end_step - self.first_step == 1
 
+    def observes(self, step: int) -> bool:
+        """Whether the step runs traced or under torch.profiler, and so slower than a plain step: the
+        tracer's dispatch mode calls into Python on every operator."""
+        return self.traces(step) or (step in self.profiled and self.profile_dir is not None)
+
     @contextlib.contextmanager
     def step(self, step: int) -> Iterator[None]:
         with self._profiled(step), self._traced(step):

@@ -67,6 +67,7 @@ class TrainResult:
 
     losses: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
+    observed: list[bool] = field(default_factory=list)  # per step: traced or profiled (StepTracer.observes)
     first_step: int = 0
     model: nn.Module | None = None
     model_state_bytes: dict[str, int] = field(default_factory=dict)
@@ -229,6 +230,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
             elapsed = time.perf_counter() - started
             result.losses.append(loss)
             result.step_times.append(elapsed)
+            result.observed.append(tracer.observes(step))
             bar.set_postfix(loss=f"{loss:.3f}")
             evaluated = {}
             if evaluator is not None and ((step + 1) % train_spec.eval_every == 0 or step == train_spec.steps - 1):
