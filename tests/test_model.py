@@ -43,6 +43,49 @@ def test_small_presets_build_and_run_on_cpu():
         assert torch.isfinite(logits).all()
 
 
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_an_unaligned_vocabulary_projects_through_aligned_rows_to_the_same_logits_and_gradients(tied):
+    """Vocabulary 257 under bf16 autocast: the output matmul runs over 264 rows (a multiple of 8,
+    tensor cores' alignment), and the logits and every gradient equal the plain projection's; in
+    fp64 the matmul is left as it is."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class MatmulColumns(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.columns = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in (aten.mm.default, aten.addmm.default, aten.bmm.default):
+                self.columns.add(out.shape[-1])
+            return out
+
+    spec = model_spec("tiny", vocab=257, tie_embeddings=tied)
+    torch.manual_seed(0)
+    model = Transformer(spec)
+    inputs = torch.randint(0, 257, (2, 16), generator=torch.Generator().manual_seed(1))
+    normed = []
+    model.norm.register_forward_hook(lambda module, args, output: normed.append(output))
+    head = model.tok_embeddings.weight if tied else model.output.weight
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with MatmulColumns() as seen:
+            logits = model(inputs)
+        plain = F.linear(normed[0], head)
+    assert 264 in seen.columns and 257 not in seen.columns
+    assert logits.shape == (2, 16, 257) and torch.allclose(logits.float(), plain.float(), rtol=1e-2, atol=1e-2)
+
+    def gradients(out: torch.Tensor) -> list[torch.Tensor]:
+        loss = F.cross_entropy(out.flatten(0, 1).float(), inputs.flatten())
+        return torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)
+
+    for padded, straight in zip(gradients(logits), gradients(plain)):
+        assert torch.allclose(padded, straight, rtol=2e-2, atol=1e-4)
+    with MatmulColumns() as seen:
+        model.double()(inputs)
+    assert 257 in seen.columns and 264 not in seen.columns
+
+
 # The CPU attention kernel has no formula registered; give it PyTorch's own SDPA formulas.
 CPU_ATTENTION = {
     aten._scaled_dot_product_flash_attention_for_cpu: sdpa_flop.__wrapped__,

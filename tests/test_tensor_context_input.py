@@ -30,7 +30,9 @@ def test_bad_split_is_one_clear_line(case, capsys, monkeypatch, tmp_path):
     assert_refused_in_one_line(["train", "--steps", "2", *flags], expected, capsys, tmp_path)
 
 
-def test_vocabulary_not_divisible_by_tp_is_padded_not_refused():
-    assert padded_vocab(model_spec("tiny", vocab=257).vocab, 2) == 258
+def test_vocabulary_is_padded_to_aligned_rows_a_rank_not_refused():
+    """Each tp rank's rows a multiple of 8 (16 bytes of bf16); without tp the weights keep the vocabulary."""
+    assert padded_vocab(model_spec("tiny", vocab=257).vocab, 2) == 272
     assert padded_vocab(256, 4) == 256
-    assert padded_vocab(50257, 8) == 50264
+    assert padded_vocab(50257, 8) == 50304
+    assert padded_vocab(50257, 1) == 50257

@@ -72,7 +72,7 @@ def test_layout_matches_single_process(pool, single_process, model, layout):
 
 
 def test_padded_vocabulary_and_replicated_kv_heads_with_biases_train_as_single_process(pool):
-    """Vocabulary 257 over tp = 2 is padded to 258 (the padded logit masked out of the loss), and a
+    """Vocabulary 257 over tp = 2 is padded to 272 (the padded logits masked out of the loss), and a
     GPT-2 with one kv-head (biases on wk, wv) replicates it on both ranks, with sp on top."""
     def config(**layout):
         base = run_config("tiny", steps=4, **layout)

@@ -17,7 +17,7 @@ from plait.layout import Layout
 from plait.models.flops import (
     block_norms, embedding_tensor_count, head_tensor_count, layer_parameter_count, layer_tensor_count, norm_parameter_count,
 )
-from plait.models.spec import ModelSpec
+from plait.models.spec import ALIGNED_ROWS, ModelSpec
 
 ADAM_MOMENTS = 2
 FP32 = 4
@@ -84,9 +84,14 @@ def rank_tensors(spec: ModelSpec, layers: int, first: bool, last: bool, pp: int)
 
 
 def padded_vocab(vocab: int, tp: int) -> int:
-    """The vocabulary rounded up to a multiple of tp, as Megatron pads it (the extra rows are zero and
-    their logits are masked out of the loss, so training is unchanged)."""
-    return -(-vocab // tp) * tp
+    """The embedding's and output projection's rows under tensor parallelism: the vocabulary rounded up
+    so that each rank's share is a multiple of ``ALIGNED_ROWS``, as Megatron pads it (the extra rows are
+    zero and their logits are masked out of the loss, so training is unchanged). Without tensor
+    parallelism the weights keep the vocabulary's rows and the output's matmul alone is padded
+    (``plait.models.transformer.vocabulary_logits``)."""
+    if tp == 1:
+        return vocab
+    return -(-vocab // (ALIGNED_ROWS * tp)) * ALIGNED_ROWS * tp
 
 
 def rank_tensor_shapes(spec: ModelSpec, layers: int, first: bool, last: bool, tp: int, pp: int) -> list[tuple[int, int]]:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plait.models.spec import ModelSpec
+from plait.models.spec import ALIGNED_ROWS, ModelSpec
 
 
 class RMSNorm(nn.Module):
@@ -122,6 +122,18 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def vocabulary_logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """h · weightᵀ, one logit a row of ``weight``. In 16-bit (autocast or 16-bit weights), where tensor
+    cores run it, rows not in a multiple of ``ALIGNED_ROWS`` get zero rows for the matmul alone, whose
+    logits are dropped again (a view: the loss reads it in place). The matmul keeps the padded 16-bit
+    weight for its backward where it kept the cast one, so memory is unchanged."""
+    rows = weight.shape[0]
+    half = torch.is_autocast_enabled(h.device.type) or weight.dtype in (torch.bfloat16, torch.float16)
+    if rows % ALIGNED_ROWS == 0 or not half:
+        return F.linear(h, weight)
+    return F.linear(h, F.pad(weight, (0, 0, 0, -rows % ALIGNED_ROWS)))[..., :rows]
+
+
 class Transformer(nn.Module):
     """Token ids (batch, seq) → logits (batch, seq, vocab); hidden states in and out on inner stages."""
 
@@ -154,6 +166,8 @@ class Transformer(nn.Module):
         if self.norm is None:
             return h
         h = self.norm(h)
-        if self.output is not None:
-            return self.output(h)
-        return F.linear(h, self.tok_embeddings.weight)
+        if self.output is None:
+            return vocabulary_logits(h, self.tok_embeddings.weight)
+        if isinstance(self.output, nn.Linear) and self.output.weight.shape[0] % ALIGNED_ROWS:
+            return vocabulary_logits(h, self.output.weight)  # (tensor parallelism, which hooks the module, aligns it)
+        return self.output(h)

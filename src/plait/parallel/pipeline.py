@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from plait.models.transformer import vocabulary_logits
 from plait.observe.progress import Progress
 from plait.parallel.pipeline_executor import ChunkReduction, Executor, StepRecord
 from plait.parallel.tensor import vocab_parallel_loss
@@ -79,7 +80,7 @@ class TiedHead(nn.Module):
         self.embedding = embedding
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.embedding.weight)
+        return vocabulary_logits(hidden, self.embedding.weight)
 
 
 def chunk_views(model: nn.Module, schedule: Schedule, rank: int, split: tuple[range, ...]) -> dict[int, nn.Module]:
