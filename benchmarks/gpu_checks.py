@@ -55,7 +55,7 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "plait", "calibrate", "--device", "cuda", "--out", str(out / "profile.json")],
                        check=True, stdout=subprocess.DEVNULL)
         profile = load_profile(out / "profile.json")
-        print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, median of {args.steps} steps each")
+        print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, median of the plain steps of {args.steps} each")
         print("| run | measured (s) | catalog (s) | calibrated (s) | peak measured (GB) | peak predicted (GB) |")
         print("| --- | ---: | ---: | ---: | ---: | ---: |", flush=True)
         for name, flags in RUNS.items():

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop, sdpa_flop
 
 from plait.models.flops import flops_per_sequence, parameter_count
@@ -43,36 +44,44 @@ def test_small_presets_build_and_run_on_cpu():
         assert torch.isfinite(logits).all()
 
 
+class MatmulColumns(TorchDispatchMode):
+    """The output widths of every matmul run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.columns = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (aten.mm.default, aten.addmm.default, aten.bmm.default):
+            self.columns.add(out.shape[-1])
+        return out
+
+
+def unaligned_vocabulary_model(tied: bool) -> tuple[Transformer, torch.Tensor, list[torch.Tensor]]:
+    """tiny with a vocabulary of 257, a batch of its ids, and where its final norm's outputs land."""
+    torch.manual_seed(0)
+    model = Transformer(model_spec("tiny", vocab=257, tie_embeddings=tied))
+    normed = []
+    model.norm.register_forward_hook(lambda module, args, output: normed.append(output))
+    return model, torch.randint(0, 257, (2, 16), generator=torch.Generator().manual_seed(1)), normed
+
+
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_an_unaligned_vocabulary_projects_through_aligned_rows_to_the_same_logits_and_gradients(tied):
     """Vocabulary 257 under bf16 autocast: the output matmul runs over 264 rows (a multiple of 8,
-    tensor cores' alignment), and the logits and every gradient equal the plain projection's; in
-    fp64 the matmul is left as it is."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class MatmulColumns(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.columns = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func in (aten.mm.default, aten.addmm.default, aten.bmm.default):
-                self.columns.add(out.shape[-1])
-            return out
-
-    spec = model_spec("tiny", vocab=257, tie_embeddings=tied)
-    torch.manual_seed(0)
-    model = Transformer(spec)
-    inputs = torch.randint(0, 257, (2, 16), generator=torch.Generator().manual_seed(1))
-    normed = []
-    model.norm.register_forward_hook(lambda module, args, output: normed.append(output))
+    tensor cores' alignment) and keeps no padded weight for backward; the logits and every gradient
+    equal the plain projection's. In fp64 the matmul is left as it is."""
+    model, inputs, normed = unaligned_vocabulary_model(tied)
     head = model.tok_embeddings.weight if tied else model.output.weight
+    saved = []
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        with MatmulColumns() as seen:
+        with MatmulColumns() as seen, torch.autograd.graph.saved_tensors_hooks(
+                lambda tensor: saved.append(tuple(tensor.shape)) or tensor, lambda tensor: tensor):
             logits = model(inputs)
         plain = F.linear(normed[0], head)
     assert 264 in seen.columns and 257 not in seen.columns
+    assert (257, 128) in saved and (264, 128) not in saved  # the bf16 cast of the weight, unpadded
     assert logits.shape == (2, 16, 257) and torch.allclose(logits.float(), plain.float(), rtol=1e-2, atol=1e-2)
 
     def gradients(out: torch.Tensor) -> list[torch.Tensor]:
@@ -84,6 +93,22 @@ def test_an_unaligned_vocabulary_projects_through_aligned_rows_to_the_same_logit
     with MatmulColumns() as seen:
         model.double()(inputs)
     assert 257 in seen.columns and 264 not in seen.columns
+
+
+def test_bf16_weights_project_through_aligned_rows_keeping_the_weight_itself():
+    """With the weights themselves in bf16 (ZeRO 1-2, FSDP2) the matmul is aligned too, and what it keeps
+    for backward is the parameter, not a padded copy."""
+    model, inputs, _ = unaligned_vocabulary_model(tied=False)
+    model.bfloat16()
+    kept = []
+    with MatmulColumns() as seen, torch.autograd.graph.saved_tensors_hooks(
+            lambda tensor: kept.append(tensor) or tensor, lambda tensor: tensor):
+        logits = model(inputs)
+    assert 264 in seen.columns and 257 not in seen.columns
+    assert any(tensor.data_ptr() == model.output.weight.data_ptr() for tensor in kept)
+    assert not any(tensor.shape[0] == 264 for tensor in kept if tensor.dim() == 2)
+    F.cross_entropy(logits.flatten(0, 1).float(), inputs.flatten()).backward()
+    assert model.output.weight.grad.shape == (257, 128)
 
 
 # The CPU attention kernel has no formula registered; give it PyTorch's own SDPA formulas.

@@ -234,11 +234,15 @@ def test_pipeline_transfers_carry_the_stage_boundary_bytes(runs, name):
 
 
 def test_profile_steps_writes_a_torch_profiler_trace_per_rank_and_step(pool, tmp_path):
-    pool.run(profiled_run, 2, run_config("tiny", steps=3, dp=2), str(tmp_path), "1:2")
+    """Steps 1 and 2 profiled (step 1 also traced): the run's step time is step 3's, the one plain step."""
+    pool.run(profiled_run, 2, run_config("tiny", steps=4, dp=2), str(tmp_path), "1:2")
     files = sorted(path.name for path in (tmp_path / "profile").iterdir())
     assert files == ["rank0_step1.json", "rank0_step2.json", "rank1_step1.json", "rank1_step2.json"]
     events = json.loads((tmp_path / "profile" / "rank1_step2.json").read_text())["traceEvents"]
     assert any(event.get("name") == "c10d::allreduce_" for event in events)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["step_time_s"] == pytest.approx(next(r["step_time_s"] for r in rows if r["step"] == 3))
 
 
 @pytest.mark.parametrize("shape, global_batch, named", [

@@ -15,6 +15,7 @@ score matrices.
 
 from __future__ import annotations
 
+from plait.facts.model_state import padded_vocab
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.layout import ZIGZAG_ALGORITHMS
 from plait.models.flops import block_norms, kept_linears, kv_heads_per_rank, linear_shapes
@@ -135,13 +136,13 @@ def head_activation_bytes(spec: ModelSpec, micro_batch: int, tp: int, sp: bool, 
     """The last stage's extra activations: final-norm input, head input and fp32 logits."""
     tokens = spec.seq_len // cp * micro_batch
     e = ACTIVATION_BYTES[precision]
-    return 2 * tokens * spec.hidden * e / (tp if sp else 1) + tokens * spec.vocab * 4 / tp
+    return 2 * tokens * spec.hidden * e / (tp if sp else 1) + tokens * padded_vocab(spec.vocab, tp) * 4 / tp
 
 
 def loss_backward_bytes(spec: ModelSpec, micro_batch: int, tp: int, cp: int, kernels: Kernels) -> float:
     """What the last stage's loss backward holds for a moment beside its activations: ``kernels``'
     fp32 copies of the logits' width (``Kernels.loss_backward_copies``), one micro-batch's."""
-    return kernels.loss_backward_copies * spec.seq_len // cp * micro_batch * spec.vocab * FP32 / tp
+    return kernels.loss_backward_copies * spec.seq_len // cp * micro_batch * padded_vocab(spec.vocab, tp) * FP32 / tp
 
 
 def autocast_copies_weights(precision: str, zero: int = 0, pp: int = 1) -> bool:

@@ -58,18 +58,19 @@ def model_state_bytes(parameters: float, precision: str, zero: int, shards: int)
 def rank_parameters(spec: ModelSpec, layers: int, first: bool, last: bool, tp: int, pp: int) -> float:
     """Parameters one tensor-parallel rank of a pipeline stage holds.
 
-    Weights and biases are split over tp (the embedding and head by vocabulary rows), norms are
+    Weights and biases are split over tp (the embedding and head by ``padded_vocab``'s rows), norms are
     replicated. With tied embeddings and pp > 1 the last stage keeps its own copy of the
     embedding matrix for the head, as Megatron-LM does.
     """
     norms = block_norms(spec) * norm_parameter_count(spec)
     count = layers * ((layer_parameter_count(spec) - norms) / tp + norms)
+    vocabulary = padded_vocab(spec.vocab, tp) * spec.hidden / tp
     if first:
-        count += spec.vocab * spec.hidden / tp + (spec.seq_len * spec.hidden if spec.learned_positions else 0)
+        count += vocabulary + (spec.seq_len * spec.hidden if spec.learned_positions else 0)
     if last:
         count += norm_parameter_count(spec)
         if not spec.tie_embeddings or pp > 1:
-            count += spec.vocab * spec.hidden / tp
+            count += vocabulary
     return count
 
 
@@ -98,8 +99,8 @@ def rank_tensor_shapes(spec: ModelSpec, layers: int, first: bool, last: bool, tp
     """(rows, columns) of every parameter tensor one tensor-parallel rank of a pipeline stage holds,
     as plait lays them out: column-parallel weights and biases (wq, wk, wv, w1, w3) by rows, row-
     parallel weights (wo, w2) by columns with whole biases, norms whole, kv-heads fewer than tp
-    whole (``ReplicatedKVHeads``), embedding and head by rows of the vocabulary padded to a multiple
-    of tp, learned positions whole; a tied head on a stage without the embedding keeps its own copy.
+    whole (``ReplicatedKVHeads``), embedding and head by rows of the vocabulary as ``padded_vocab``
+    pads it, learned positions whole; a tied head on a stage without the embedding keeps its own copy.
     A vector is one column."""
     block, ends = _block_and_end_shapes(spec, first, last, tp)
     return block * layers + ends

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plait.models.spec import ALIGNED_ROWS, ModelSpec
+from plait.models.spec import ModelSpec
+from plait.models.vocabulary import VocabularyHead, vocabulary_logits
 
 
 class RMSNorm(nn.Module):
@@ -122,18 +123,6 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-def vocabulary_logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """h · weightᵀ, one logit a row of ``weight``. In 16-bit (autocast or 16-bit weights), where tensor
-    cores run it, rows not in a multiple of ``ALIGNED_ROWS`` get zero rows for the matmul alone, whose
-    logits are dropped again (a view: the loss reads it in place). The matmul keeps the padded 16-bit
-    weight for its backward where it kept the cast one, so memory is unchanged."""
-    rows = weight.shape[0]
-    half = torch.is_autocast_enabled(h.device.type) or weight.dtype in (torch.bfloat16, torch.float16)
-    if rows % ALIGNED_ROWS == 0 or not half:
-        return F.linear(h, weight)
-    return F.linear(h, F.pad(weight, (0, 0, 0, -rows % ALIGNED_ROWS)))[..., :rows]
-
-
 class Transformer(nn.Module):
     """Token ids (batch, seq) → logits (batch, seq, vocab); hidden states in and out on inner stages."""
 
@@ -144,7 +133,7 @@ class Transformer(nn.Module):
         self.pos_embeddings = nn.Embedding(spec.seq_len, spec.hidden) if spec.learned_positions else None
         self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.layers)})
         self.norm = make_norm(spec)
-        self.output = None if spec.tie_embeddings else nn.Linear(spec.hidden, spec.vocab, bias=False)
+        self.output = None if spec.tie_embeddings else VocabularyHead(spec.hidden, spec.vocab)
         if not spec.learned_positions:
             cos, sin = rotary_tables(spec, spec.seq_len)
             self.register_buffer("rope_cos", cos, persistent=False)
@@ -168,6 +157,4 @@ class Transformer(nn.Module):
         h = self.norm(h)
         if self.output is None:
             return vocabulary_logits(h, self.tok_embeddings.weight)
-        if isinstance(self.output, nn.Linear) and self.output.weight.shape[0] % ALIGNED_ROWS:
-            return vocabulary_logits(h, self.output.weight)  # (tensor parallelism, which hooks the module, aligns it)
         return self.output(h)

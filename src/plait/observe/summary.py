@@ -5,8 +5,8 @@
 (``plait.plan.hardware``), null on a device the catalog does not hold (any CPU). ``time_split`` is
 where the traced steps' time went (``plait.observe.time_split``): compute, exposed communication
 (per group), overlapped communication, bubble and other, medians over the traced steps with their
-min and max, and per rank; ``comm_fraction`` is its exposed communication over the step time
-(median), null when no step was traced. ``step_time_s`` is the median plain step: neither the first
+min and max, and per rank; ``comm_fraction`` is its exposed communication over the traced step's
+time (median), null when no step was traced. ``step_time_s`` is the median plain step: neither the first
 nor traced nor profiled while others ran; ``trace_slowdown`` is the median traced step over it (the
 tracer calls into Python on every operator: 1.1–1.3× on a CPU, 1.8× for a host-heavy model on a
 GPU), null without both. Without pipeline parallelism there is no bubble, so
@@ -51,18 +51,21 @@ def catalog_peak_tflops(device: torch.device, precision: str) -> float | None:
     return None if name is None else hardware(name).peak_tflops(precision)
 
 
+def plain_step_times(step_times: list[float], observed: list[bool]) -> list[float]:
+    """The steps after the first (warm-up) that were neither traced nor profiled (``observed``: their
+    observers slow them)."""
+    return [time for time, seen in list(zip(step_times, observed))[1:] if not seen]
+
+
 def steady_step_time(step_times: list[float], observed: list[bool]) -> float:
-    """Median time of the plain steps: the first step (warm-up) and the traced or profiled steps
-    (``observed``, slowed by their observers) left out while any other step remains."""
-    after_warm_up = list(zip(step_times, observed))[1:] or list(zip(step_times, observed))
-    plain = [time for time, seen in after_warm_up if not seen]
-    return statistics.median(plain or [time for time, _ in after_warm_up])
+    """Median time of the plain steps; without one, of every step after the first (or the only one)."""
+    return statistics.median(plain_step_times(step_times, observed) or step_times[1:] or step_times)
 
 
 def trace_slowdown(split: dict | None, step_times: list[float], observed: list[bool]) -> float | None:
-    """The median traced step over the median plain step after warm-up: what the tracer's Python call
-    on every operator costs this run (None without a traced step or a plain one to compare)."""
-    plain = [time for time, seen in list(zip(step_times, observed))[1:] if not seen]
+    """The median traced step over the median plain step: what the tracer's Python call on every
+    operator costs this run (None without a traced step or a plain one to compare)."""
+    plain = plain_step_times(step_times, observed)
     return None if split is None or not plain else split["step_s"]["median"] / statistics.median(plain)
 
 

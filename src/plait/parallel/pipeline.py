@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from plait.models.transformer import vocabulary_logits
+from plait.models.vocabulary import vocabulary_logits
 from plait.observe.progress import Progress
 from plait.parallel.pipeline_executor import ChunkReduction, Executor, StepRecord
 from plait.parallel.tensor import vocab_parallel_loss

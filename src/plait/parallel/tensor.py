@@ -12,8 +12,9 @@ all-gather (before the column-parallel linears).
 Grouped-query attention with fewer kv-heads than tp ranks keeps wk/wv whole on every rank; each
 rank uses the rows of the one kv-head its query heads read (``ReplicatedKVHeads``).
 
-A vocabulary not divisible by tp is padded with zero rows, as Megatron pads it; the padded
-logits are set to -inf so they take no probability and the loss is unchanged.
+The vocabulary is padded with zero rows until each rank's share is a multiple of ``ALIGNED_ROWS``,
+as Megatron pads it (``plait.facts.model_state.padded_vocab``); the padded logits are set to -inf
+so they take no probability and the loss is unchanged.
 """
 
 from __future__ import annotations

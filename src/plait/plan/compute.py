@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from plait.facts.activations import ACTIVATION_BYTES, op_keeps_attention
+from plait.facts.model_state import padded_vocab
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.layout import ZIGZAG_ALGORITHMS
 from plait.models.flops import block_norms, kv_heads_per_rank, linear_shapes, recomputed_linears
@@ -253,8 +254,9 @@ def with_host(hw: Hardware, device_s: float, host_s: float) -> float:
 def head_times(spec: ModelSpec, hw: Hardware, precision: str, micro_batch: int, tp: int, cp: int) -> LayerTimes:
     """The output projection and its loss on the last stage (vocabulary split over tp)."""
     tokens = micro_batch * spec.seq_len // cp
-    g = Gemm(tokens, spec.vocab // tp, spec.hidden)
-    loss = 3 * tokens * spec.vocab / tp * 4 / (hw.memory_gbps * 1e9)  # fp32 softmax cross-entropy
+    rows = padded_vocab(spec.vocab, tp) // tp
+    g = Gemm(tokens, rows, spec.hidden)
+    loss = 3 * tokens * rows * 4 / (hw.memory_gbps * 1e9)  # fp32 softmax cross-entropy
     host = host_overhead(hw, spec)  # embedding, head and loss: counted with the head
     forward = with_host(hw, gemm_seconds(hw, precision, g) + loss, host.model_forward)
     backward_input = with_host(hw, gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n)) + loss, host.model_backward)
