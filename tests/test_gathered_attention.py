@@ -174,6 +174,20 @@ def test_plaits_zigzag_attention_is_priced_as_its_blockwise_kernel_and_a_fused_s
     assert megatron.attention == pytest.approx(fused.attention)
 
 
+def test_the_blockwise_scale_is_read_at_the_size_of_a_ring_steps_own_block():
+    """Between calibrated block sizes the scale moves on a log scale of the scores, held at the ends;
+    the price reads it at heads × (s/cp)² scores."""
+    spec, hw = model_spec("llama-1b", seq_len=8192), hardware("h100-sxm")
+    sized = replace(hw, block_attention_points=((1e6, 1.2, 0.8), (1e8, 1.8, 1.4)))
+    assert sized.block_scales(1e5) == (1.2, 0.8) and sized.block_scales(1e9) == (1.8, 1.4)
+    assert sized.block_scales(1e7) == pytest.approx((1.5, 1.1))
+    scores = spec.heads * (8192 // 4) ** 2  # one micro-batch, cp 4: 32 heads of 2,048 × 2,048
+    forward, backward = blockwise_attention_seconds(spec, hw, "bf16", 1, 1, 4)
+    scale = sized.block_scales(scores)
+    assert blockwise_attention_seconds(spec, sized, "bf16", 1, 1, 4) == pytest.approx((scale[0] * forward,
+                                                                                       scale[1] * backward))
+
+
 def test_calibrate_s_measured_scales_reach_the_blockwise_price():
     """calibrate times plait's blockwise kernel against this model (plait.calibrate.machine.
     measure_block_attention); the planner multiplies its forward and backward by what it measured."""

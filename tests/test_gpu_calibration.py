@@ -136,6 +136,11 @@ def test_a_device_calibration_writes_a_profile_the_planner_reads_back(tmp_path):
     assert profile.block_attention_scale == statistics.median(p["forward_s"] / p["modelled_forward_s"] for p in blocks)
     assert profile.block_attention_backward_scale == statistics.median(p["backward_s"] / p["modelled_backward_s"]
                                                                        for p in blocks)
+    # and block size by block size: the causal and the full 2 × 128 × 128 block share one point
+    small, large = profile.block_attention_points
+    assert small[0] == 2 * 128 * 128 and large[0] == 2 * 256 * 128
+    assert small[1] == statistics.median(p["forward_s"] / p["modelled_forward_s"] for p in blocks[:2])
+    assert large[2] == blocks[2]["backward_s"] / blocks[2]["modelled_backward_s"]
     path = tmp_path / "profile.json"
     save_profile(profile, path)
     assert load_profile(path) == profile

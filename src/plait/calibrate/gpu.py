@@ -32,7 +32,13 @@ import torch.nn.functional as F
 from plait.calibrate.host import (
     ProbeSizes, layer_kernel_scales, measure_host_overhead, measure_optimizer, working_layer_probes,
 )
-from plait.calibrate.machine import measure_block_attention, measure_elementwise_gbps, probe_attention_seconds, time_attention
+from plait.calibrate.machine import (
+    block_scale_points,
+    measure_block_attention,
+    measure_elementwise_gbps,
+    probe_attention_seconds,
+    time_attention,
+)
 from plait.errors import ConfigError
 from plait.plan.compute import Gemm, gemm_seconds, matmul_rate
 from plait.plan.hardware import Hardware, catalog_name_of, hardware
@@ -126,7 +132,8 @@ def measure_device(base: Hardware, name: str, precision: str, sizes: ProbeSizes,
     block_forward, block_backward, block_points = measure_block_attention(dtype, sizes, profile, precision)
     per_parameter, per_tensor, optimizer_points = measure_optimizer(sizes)
     profile = replace(profile, **attention, block_attention_scale=block_forward, block_attention_backward_scale=block_backward,
-                      optimizer_parameter_s=per_parameter, optimizer_tensor_s=per_tensor)
+                      block_attention_points=block_scale_points(block_points), optimizer_parameter_s=per_parameter,
+                      optimizer_tensor_s=per_tensor)
     profile = replace(profile, host_overhead=measure_host_overhead(profile, precision, sizes))
     profile = replace(profile, layer_kernel_scale=layer_kernel_scales(working, profile, precision, sizes))
     fits = {

@@ -170,6 +170,19 @@ def measure_block_attention(dtype: torch.dtype, sizes: ProbeSizes, profile: Hard
             statistics.median(p["backward_s"] / p["modelled_backward_s"] for p in points), points)
 
 
+def block_scale_points(points: list[dict]) -> tuple[tuple[float, float, float], ...]:
+    """``Hardware.block_attention_points`` from ``measure_block_attention``'s points: (scores in the
+    block, forward scale, backward scale) for each size timed, fewest scores first; the blocks of one
+    size (a causal one and a full one) give their median."""
+    by_size: dict[int, list[dict]] = {}
+    for point in points:
+        heads, rows, keys, _, _ = point["shape"]
+        by_size.setdefault(heads * rows * keys, []).append(point)
+    return tuple((float(scores), statistics.median(p["forward_s"] / p["modelled_forward_s"] for p in group),
+                  statistics.median(p["backward_s"] / p["modelled_backward_s"] for p in group))
+                 for scores, group in sorted(by_size.items()))
+
+
 def _two_rank_worker(rank: int, port: int, threads: int, results, job, *args) -> None:
     """Run ``job(*args)`` on this rank of a two-rank gloo group; rank 0 keeps what it returns."""
     torch.set_num_threads(threads)
@@ -291,7 +304,8 @@ def _calibration_job(name: str, precision: str, threads: int) -> tuple[Hardware,
     profile = replace(profile, attention_efficiency=efficiency, attention_score_s=per_score,
                       attention_backward_ratio=backward_ratio)
     block_forward, block_backward, block_points = measure_block_attention(dtype, CPU_SIZES, profile, precision)
-    profile = replace(profile, block_attention_scale=block_forward, block_attention_backward_scale=block_backward)
+    profile = replace(profile, block_attention_scale=block_forward, block_attention_backward_scale=block_backward,
+                      block_attention_points=block_scale_points(block_points))
     dist.barrier()
     per_parameter, per_tensor, optimizer_points = measure_optimizer()
     profile = replace(profile, optimizer_parameter_s=per_parameter, optimizer_tensor_s=per_tensor)

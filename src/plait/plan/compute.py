@@ -168,11 +168,12 @@ def blockwise_attention_seconds(spec: ModelSpec, hw: Hardware, precision: str, m
                                 cp: int) -> tuple[float, float]:
     """(forward, backward) of plait's blockwise attention over cp blocks of s/cp keys: its own block
     whole under the causal mask, each other rank's half (plait.parallel.ring_attention.step_blocks);
-    scaled as calibrate measured the kernel (``Hardware.block_attention_scale``)."""
+    scaled as calibrate measured the kernel at blocks the size of its own (``Hardware.block_scales``)."""
     local, heads = spec.seq_len // cp, micro_batch * spec.heads // tp
     forward, backward = block_kernel_seconds(hw, precision, heads, local, local * (cp + 1) // 2, spec.head_dim,
                                              heads * local * local)
-    return forward * hw.block_attention_scale, backward * hw.block_attention_backward_scale
+    forward_scale, backward_scale = hw.block_scales(heads * local * local)
+    return forward * forward_scale, backward * backward_scale
 
 
 def layer_times(

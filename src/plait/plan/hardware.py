@@ -132,6 +132,11 @@ class Hardware:
     # times the kernel itself, whose score blocks may outgrow what the bandwidth probes measured.
     block_attention_scale: float = 1.0
     block_attention_backward_scale: float = 1.0
+    # The same block by block where calibrate timed several: (scores in one block, forward scale,
+    # backward scale), fewest scores first (``block_scales``). On this project's 2-core CPU a block of
+    # 4M fp32 scores, past the caches, ran 1.91x the model forward where one of 0.26M ran 1.27x; the
+    # medians above hide that. Empty: the medians at every size.
+    block_attention_points: tuple[tuple[float, float, float], ...] = ()
     # By model family: a whole layer's kernels against the sum of their microbenchmarks. Empty
     # (1) in the catalog, whose matmul efficiency is fitted to whole published runs; calibrate
     # times plait's own layers at a working size.
@@ -162,6 +167,22 @@ class Hardware:
 
     def peak_tflops(self, precision: str) -> float:
         return self.bf16_tflops if precision == "bf16" else self.fp32_tflops
+
+    def block_scales(self, scores: float) -> tuple[float, float]:
+        """(forward, backward) scale of plait's blockwise attention at blocks of ``scores`` scores: read
+        between ``block_attention_points`` on a log scale of the scores, held at the ends; the
+        medians without points."""
+        points = self.block_attention_points
+        if not points:
+            return self.block_attention_scale, self.block_attention_backward_scale
+        if scores <= points[0][0]:
+            return points[0][1], points[0][2]
+        for (low, *low_scales), (high, *high_scales) in zip(points, points[1:]):
+            if scores <= high:
+                weight = math.log(scores / low) / math.log(high / low)
+                forward, backward = (a + weight * (b - a) for a, b in zip(low_scales, high_scales))
+                return forward, backward
+        return points[-1][1], points[-1][2]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -241,7 +262,8 @@ CATALOG: dict[str, Hardware] = {
     "mi300x": Hardware("mi300x", 1307.4, 163.4, device_memory(192), 5300, 448, 50, host_link_gbps=PCIE_GEN5),
 }
 
-MEASURED_ONLY = ("name", "host_overhead", "layer_kernel_scale", "reduce_scatter_scale", "all_gather_scale")
+MEASURED_ONLY = ("name", "host_overhead", "layer_kernel_scale", "reduce_scatter_scale", "all_gather_scale",
+                 "block_attention_points")
 OVERRIDABLE = tuple(f.name for f in fields(Hardware) if f.name not in MEASURED_ONLY)
 
 
@@ -323,6 +345,7 @@ def load_profile(path: str | Path) -> Hardware:
                                         for family, scale in values.get("layer_kernel_scale", {}).items()}
         for name in ("reduce_scatter_scale", "all_gather_scale"):
             values[name] = CollectiveScale(**values.get(name, {}))
+        values["block_attention_points"] = tuple(tuple(point) for point in values.get("block_attention_points", ()))
         profile = Hardware(**values)
     except (TypeError, AttributeError) as error:
         raise ConfigError(f"hardware profile {path} is incomplete ({error}); rerun `plait calibrate`") from error
