@@ -37,6 +37,9 @@ def files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "seed_bool.toml").write_text("[train]\nseed = true\n")
     (tmp_path / "latin1.toml").write_bytes(b"[train]\nseed = 1 # \xe9\n")
     (tmp_path / "incomplete.json").write_text('{"name": "x"}')
+    (tmp_path / "unsorted_blocks.json").write_text(
+        '{"name": "x", "bf16_tflops": 1, "fp32_tflops": 1, "memory_bytes": 1e10, "memory_gbps": 1, "intra_node_gbps": 1, '
+        '"inter_node_gbps": 1, "block_attention_points": [[1e6, 1.2, 0.9], [1e5, 1.1, 0.8]]}')
     (tmp_path / "not_json.json").write_text("bf16_tflops: 1")
     (tmp_path / "folder").mkdir()
     damaged_run = tmp_path / "damaged_run"
@@ -166,6 +169,8 @@ BAD_COMMANDS = {
                                     "cannot read hardware profile"),
     "plan with an incomplete profile": (["plan", "--model", "tiny", "--hardware-profile", "{incomplete}"],
                                         "is incomplete"),
+    "plan with blockwise scales out of order": (["plan", "--model", "tiny", "--hardware-profile", "{unsorted_blocks}"],
+                                                "fewest scores first"),
     "plan keeping all memory free": (["plan", "--model", "tiny", "--memory-headroom", "1.5"], "in [0, 1)"),
     "plan listing no layouts": (["plan", "--model", "tiny", "--top", "0"], "--top must be a positive integer"),
     "plan with negative bandwidth": (["plan", "--model", "tiny", "--intra-node-gbps", "-1"],

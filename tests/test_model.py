@@ -70,18 +70,18 @@ def unaligned_vocabulary_model(tied: bool) -> tuple[Transformer, torch.Tensor, l
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_an_unaligned_vocabulary_projects_through_aligned_rows_to_the_same_logits_and_gradients(tied):
     """Vocabulary 257 under bf16 autocast: the output matmul runs over 264 rows (a multiple of 8,
-    tensor cores' alignment) and keeps no padded weight for backward; the logits and every gradient
-    equal the plain projection's. In fp64 the matmul is left as it is."""
+    tensor cores' alignment) and keeps the padded bf16 cast of the weight in place of the cast; the
+    logits and every gradient equal the plain projection's. In fp64 the matmul is left as it is."""
     model, inputs, normed = unaligned_vocabulary_model(tied)
     head = model.tok_embeddings.weight if tied else model.output.weight
     saved = []
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with MatmulColumns() as seen, torch.autograd.graph.saved_tensors_hooks(
-                lambda tensor: saved.append(tuple(tensor.shape)) or tensor, lambda tensor: tensor):
+                lambda tensor: saved.append((tuple(tensor.shape), tensor.dtype)) or tensor, lambda tensor: tensor):
             logits = model(inputs)
         plain = F.linear(normed[0], head)
     assert 264 in seen.columns and 257 not in seen.columns
-    assert (257, 128) in saved and (264, 128) not in saved  # the bf16 cast of the weight, unpadded
+    assert ((128, 264), torch.bfloat16) in saved and ((128, 257), torch.bfloat16) not in saved  # kept transposed
     assert logits.shape == (2, 16, 257) and torch.allclose(logits.float(), plain.float(), rtol=1e-2, atol=1e-2)
 
     def gradients(out: torch.Tensor) -> list[torch.Tensor]:
@@ -95,20 +95,18 @@ def test_an_unaligned_vocabulary_projects_through_aligned_rows_to_the_same_logit
     assert 257 in seen.columns and 264 not in seen.columns
 
 
-def test_bf16_weights_project_through_aligned_rows_keeping_the_weight_itself():
-    """With the weights themselves in bf16 (ZeRO 1-2, FSDP2) the matmul is aligned too, and what it keeps
-    for backward is the parameter, not a padded copy."""
+def test_bf16_weights_project_as_they_are_keeping_the_weight_itself():
+    """With the weights themselves in bf16 (ZeRO 1-2, FSDP2), with autocast on or off, padding would keep
+    a copy beside the parameter: the matmul runs the vocabulary's rows and keeps the parameter."""
     model, inputs, _ = unaligned_vocabulary_model(tied=False)
     model.bfloat16()
-    kept = []
-    with MatmulColumns() as seen, torch.autograd.graph.saved_tensors_hooks(
-            lambda tensor: kept.append(tensor) or tensor, lambda tensor: tensor):
-        logits = model(inputs)
-    assert 264 in seen.columns and 257 not in seen.columns
-    assert any(tensor.data_ptr() == model.output.weight.data_ptr() for tensor in kept)
-    assert not any(tensor.shape[0] == 264 for tensor in kept if tensor.dim() == 2)
-    F.cross_entropy(logits.flatten(0, 1).float(), inputs.flatten()).backward()
-    assert model.output.weight.grad.shape == (257, 128)
+    for autocast in (False, True):
+        kept = []
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), MatmulColumns() as seen, \
+                torch.autograd.graph.saved_tensors_hooks(lambda tensor: kept.append(tensor) or tensor, lambda tensor: tensor):
+            model(inputs)
+        assert 257 in seen.columns and 264 not in seen.columns
+        assert any(tensor.data_ptr() == model.output.weight.data_ptr() for tensor in kept)
 
 
 # The CPU attention kernel has no formula registered; give it PyTorch's own SDPA formulas.

@@ -89,7 +89,7 @@ def padded_vocab(vocab: int, tp: int) -> int:
     so that each rank's share is a multiple of ``ALIGNED_ROWS``, as Megatron pads it (the extra rows are
     zero and their logits are masked out of the loss, so training is unchanged). Without tensor
     parallelism the weights keep the vocabulary's rows and the output's matmul alone is padded
-    (``plait.models.transformer.vocabulary_logits``)."""
+    (``plait.models.vocabulary``)."""
     if tp == 1:
         return vocab
     return -(-vocab // (ALIGNED_ROWS * tp)) * ALIGNED_ROWS * tp

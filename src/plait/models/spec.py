@@ -14,7 +14,7 @@ FAMILIES = ("gpt2", "llama")
 # The output projection's rows in a multiple of this: 16 bytes of bf16, what cuBLAS's tensor-core
 # kernels load at a time. GPT-2's 50,257 rows otherwise ran an align-1 kernel at 0.10-0.14 of the
 # H200's dense peak, a ninth of gpt2-xl's step (docs/VALIDATION.md). Without tensor parallelism only
-# the matmul is padded (plait.models.transformer.vocabulary_logits); tensor parallelism pads the
+# the matmul's bf16 cast of the weight is padded (plait.models.vocabulary); tensor parallelism pads the
 # weights to a multiple of this a rank (plait.facts.model_state.padded_vocab).
 ALIGNED_ROWS = 8
 

@@ -2,10 +2,12 @@
 
 A vocabulary such as GPT-2's 50,257 is no multiple of 8, so in 16-bit cuBLAS cannot run the
 projection with its tensor-core kernels' 16-byte loads and picks an align-1 kernel, several times
-slower (``plait.models.spec.ALIGNED_ROWS``). The projection here pads the weight with zero rows for
-the matmul alone and drops their logits again; it keeps the unpadded weight for its backward and
-pads it again there, so it holds what a plain ``F.linear`` holds. Tensor parallelism pads the
-weights themselves (``plait.facts.model_state.padded_vocab``) and so never needs it.
+slower (``plait.models.spec.ALIGNED_ROWS``). Under autocast over fp32 weights the matmul keeps a
+16-bit cast of the weight for its backward anyway; here that cast is padded with zero rows before
+the matmul, so the padded cast takes the cast's place, and the padded logits are dropped again.
+Weights already in 16-bit (ZeRO 1 and 2, FSDP2) project as they are: padding them would keep a
+copy beside the parameter. Tensor parallelism pads the weights themselves
+(``plait.facts.model_state.padded_vocab``) and so never needs this.
 """
 
 from __future__ import annotations
@@ -16,45 +18,17 @@ from torch import nn
 
 from plait.models.spec import ALIGNED_ROWS
 
-HALF = (torch.bfloat16, torch.float16)
-
-
-def _aligned(weight: torch.Tensor) -> torch.Tensor:
-    return F.pad(weight, (0, 0, 0, -weight.shape[0] % ALIGNED_ROWS))
-
-
-class _AlignedProjection(torch.autograd.Function):
-    """h · weightᵀ over ``weight`` padded to aligned rows (their logits included), both in one dtype."""
-
-    @staticmethod
-    def forward(ctx, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(h, weight)
-        return F.linear(h, _aligned(weight))
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        h, weight = ctx.saved_tensors
-        grad_h = grad @ _aligned(weight) if ctx.needs_input_grad[0] else None
-        grad_weight = None
-        if ctx.needs_input_grad[1]:
-            grad_weight = (grad.flatten(0, -2).T @ h.flatten(0, -2))[:weight.shape[0]]
-        return grad_h, grad_weight
-
 
 def vocabulary_logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """h · weightᵀ, one logit a row of ``weight``; in 16-bit (autocast or 16-bit weights) over aligned
-    rows when the vocabulary's are not (the logits a view of the padded ones: the loss reads it in
-    place). Under autocast both are cast first, as autocast's own linear casts them."""
-    device = h.device.type
-    autocast = torch.is_autocast_enabled(device)
-    rows = weight.shape[0]
-    if rows % ALIGNED_ROWS == 0 or not (autocast or weight.dtype in HALF):
+    """h · weightᵀ, one logit a row of ``weight``: over aligned rows where autocast casts the weight
+    (the logits then a view of the padded ones, which the loss reads in place), else as it is."""
+    device, rows = h.device.type, weight.shape[0]
+    if rows % ALIGNED_ROWS == 0 or not torch.is_autocast_enabled(device):
         return F.linear(h, weight)
-    if autocast:
-        dtype = torch.get_autocast_dtype(device)
-        h, weight = h.to(dtype), weight.to(dtype)
-    with torch.autocast(device, enabled=False):
-        return _AlignedProjection.apply(h, weight)[..., :rows]
+    dtype = torch.get_autocast_dtype(device)
+    if weight.dtype == dtype:  # autocast would keep the weight itself, not a cast
+        return F.linear(h, weight)
+    return F.linear(h, F.pad(weight.to(dtype), (0, 0, 0, -rows % ALIGNED_ROWS)))[..., :rows]
 
 
 class VocabularyHead(nn.Linear):

@@ -134,8 +134,8 @@ class Hardware:
     block_attention_backward_scale: float = 1.0
     # The same block by block where calibrate timed several: (scores in one block, forward scale,
     # backward scale), fewest scores first (``block_scales``). On this project's 2-core CPU a block of
-    # 4M fp32 scores, past the caches, ran 1.91x the model forward where one of 0.26M ran 1.27x; the
-    # medians above hide that. Empty: the medians at every size.
+    # 4M fp32 scores ran 1.91x the model forward where one of 1M ran 1.09x; the medians above hide
+    # that, and apply only where this is empty.
     block_attention_points: tuple[tuple[float, float, float], ...] = ()
     # By model family: a whole layer's kernels against the sum of their microbenchmarks. Empty
     # (1) in the catalog, whose matmul efficiency is fitted to whole published runs; calibrate
@@ -315,6 +315,17 @@ MAY_BE_ZERO = ("kernel_overhead_s", "reserved_bytes", "comm_overlap", "optimizer
                "attention_score_s", "attention_backward_score_s")
 
 
+def check_block_points(points: tuple) -> None:
+    """ConfigError unless ``points`` are (scores, forward scale, backward scale) of positive finite
+    numbers, fewest scores first, no size twice."""
+    for point in points:
+        if len(point) != 3 or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in point):
+            raise ConfigError(f"block_attention_points holds {list(point)}, not three positive numbers "
+                              "(scores, forward scale, backward scale)")
+    if any(low[0] >= high[0] for low, high in zip(points, points[1:])):
+        raise ConfigError("block_attention_points must list each block size once, fewest scores first")
+
+
 def check_figure(key: str, value) -> None:
     """ConfigError unless hardware figure ``key`` is a finite number of the right sign (or None where allowed)."""
     if key == "host_runs_ahead":
@@ -352,6 +363,7 @@ def load_profile(path: str | Path) -> Hardware:
     try:
         for key in OVERRIDABLE:
             check_figure(key, getattr(profile, key))
+        check_block_points(profile.block_attention_points)
     except ConfigError as error:
         raise ConfigError(f"hardware profile {path}: {error}; rerun `plait calibrate`") from None
     return profile
