@@ -33,7 +33,7 @@ from plait.calibrate.host import (
     ProbeSizes, layer_kernel_scales, measure_host_overhead, measure_optimizer, working_layer_probes,
 )
 from plait.calibrate.machine import (
-    block_scale_points,
+    block_attention_fields,
     measure_block_attention,
     measure_elementwise_gbps,
     probe_attention_seconds,
@@ -129,10 +129,9 @@ def measure_device(base: Hardware, name: str, precision: str, sizes: ProbeSizes,
     profile = replace(base, name=name, matmul_efficiency=efficiency, kernel_overhead_s=launch, memory_gbps=memory_gbps,
                       activation_gbps=activation_gbps, host_overhead={}, layer_kernel_scale={})
     attention, attention_points = fit_attention(time_attention(dtype, sizes, attention_shapes), profile, precision)
-    block_forward, block_backward, block_points = measure_block_attention(dtype, sizes, profile, precision)
+    block_points = measure_block_attention(dtype, sizes, profile, precision)
     per_parameter, per_tensor, optimizer_points = measure_optimizer(sizes)
-    profile = replace(profile, **attention, block_attention_scale=block_forward, block_attention_backward_scale=block_backward,
-                      block_attention_points=block_scale_points(block_points), optimizer_parameter_s=per_parameter,
+    profile = replace(profile, **attention, **block_attention_fields(block_points), optimizer_parameter_s=per_parameter,
                       optimizer_tensor_s=per_tensor)
     profile = replace(profile, host_overhead=measure_host_overhead(profile, precision, sizes))
     profile = replace(profile, layer_kernel_scale=layer_kernel_scales(working, profile, precision, sizes))

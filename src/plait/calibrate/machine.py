@@ -144,11 +144,10 @@ def measure_attention(dtype: torch.dtype, profile: Hardware, precision: str) -> 
     return 1 / inverse, per_score, ratio, points
 
 
-def measure_block_attention(dtype: torch.dtype, sizes: ProbeSizes, profile: Hardware,
-                            precision: str) -> tuple[float, float, list[dict]]:
+def measure_block_attention(dtype: torch.dtype, sizes: ProbeSizes, profile: Hardware, precision: str) -> list[dict]:
     """plait's blockwise attention (plait.parallel.ring_attention's kernels), forward and backward,
-    over ``sizes.block_shapes``, against the planner's model of it at ``profile``'s rates: (forward scale,
-    backward scale, the points), each scale the median of measured over modelled."""
+    over ``sizes.block_shapes``: each shape's times beside the planner's model of it at ``profile``'s
+    rates."""
     probes = {}
     for shape in sizes.block_shapes:
         heads, rows, keys, dim, causal = shape
@@ -166,21 +165,27 @@ def measure_block_attention(dtype: torch.dtype, sizes: ProbeSizes, profile: Hard
         forward, backward = block_kernel_seconds(profile, precision, heads, rows, keys, dim, heads * rows * keys * causal)
         points.append({"shape": shape, "forward_s": times[shape, "forward"], "modelled_forward_s": forward,
                        "backward_s": times[shape, "backward"], "modelled_backward_s": backward})
+    return points
+
+
+def _scales(points: list[dict]) -> tuple[float, float]:
+    """Median measured over modelled, forward and backward."""
     return (statistics.median(p["forward_s"] / p["modelled_forward_s"] for p in points),
-            statistics.median(p["backward_s"] / p["modelled_backward_s"] for p in points), points)
+            statistics.median(p["backward_s"] / p["modelled_backward_s"] for p in points))
 
 
-def block_scale_points(points: list[dict]) -> tuple[tuple[float, float, float], ...]:
-    """``Hardware.block_attention_points`` from ``measure_block_attention``'s points: (scores in the
-    block, forward scale, backward scale) for each size timed, fewest scores first; the blocks of one
-    size (a causal one and a full one) give their median."""
+def block_attention_fields(points: list[dict]) -> dict:
+    """The profile's blockwise-attention figures from ``measure_block_attention``'s points: the median
+    scales over every shape (``Hardware.block_attention_scale``, ``..._backward_scale``) and, per size
+    timed, (scores in the block, forward scale, backward scale), fewest scores first, the blocks of one
+    size (a causal one and a full one) giving their median (``Hardware.block_attention_points``)."""
     by_size: dict[int, list[dict]] = {}
     for point in points:
         heads, rows, keys, _, _ = point["shape"]
         by_size.setdefault(heads * rows * keys, []).append(point)
-    return tuple((float(scores), statistics.median(p["forward_s"] / p["modelled_forward_s"] for p in group),
-                  statistics.median(p["backward_s"] / p["modelled_backward_s"] for p in group))
-                 for scores, group in sorted(by_size.items()))
+    forward, backward = _scales(points)
+    return {"block_attention_scale": forward, "block_attention_backward_scale": backward,
+            "block_attention_points": tuple((float(scores), *_scales(group)) for scores, group in sorted(by_size.items()))}
 
 
 def _two_rank_worker(rank: int, port: int, threads: int, results, job, *args) -> None:
@@ -303,9 +308,8 @@ def _calibration_job(name: str, precision: str, threads: int) -> tuple[Hardware,
     efficiency, per_score, backward_ratio, attention_points = measure_attention(dtype, profile, precision)
     profile = replace(profile, attention_efficiency=efficiency, attention_score_s=per_score,
                       attention_backward_ratio=backward_ratio)
-    block_forward, block_backward, block_points = measure_block_attention(dtype, CPU_SIZES, profile, precision)
-    profile = replace(profile, block_attention_scale=block_forward, block_attention_backward_scale=block_backward,
-                      block_attention_points=block_scale_points(block_points))
+    block_points = measure_block_attention(dtype, CPU_SIZES, profile, precision)
+    profile = replace(profile, **block_attention_fields(block_points))
     dist.barrier()
     per_parameter, per_tensor, optimizer_points = measure_optimizer()
     profile = replace(profile, optimizer_parameter_s=per_parameter, optimizer_tensor_s=per_tensor)

@@ -4,8 +4,9 @@ queries over it.
 Llama 3's (Dubey et al. 2024, §3.3.2). The sequence is cut as the ring cuts it
 (``plait.parallel.ring_attention.zigzag_positions``: chunks r and 2cp-1-r on rank r, so the causal
 work is equal on every rank). Forward: one all-gather of the K/V blocks (k and v stacked, kv-heads
-only), then the ring's blockwise attention over the cp blocks already at hand. Backward: the same blocks' gradients, accumulated per block in fp32, then one
-reduce-scatter that sums every rank's share of each block's dK/dV on its holder.
+only), then the ring's blockwise attention over the cp blocks already at hand. Backward: the same
+blocks' gradients, accumulated per block in fp32, then one reduce-scatter that sums every rank's
+share of each block's dK/dV on its holder.
 
 Against the ring: two collectives a layer instead of cp-1 hops forward and 2cp-1 backward, nothing
 to hide under the attention (the gather precedes it, the reduce-scatter follows it), and the whole
