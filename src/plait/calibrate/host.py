@@ -35,7 +35,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from plait.config import RunConfig, TrainSpec
+from plait.facts.activations import FP32
 from plait.facts.stack import STACKS
+from plait.facts.weight_passes import passes_bytes
 from plait.layout import Layout
 from plait.models.init import init_weights
 from plait.models.spec import ModelSpec, model_spec
@@ -185,8 +187,15 @@ def host_probe_kernels(profile: Hardware, family: str, precision: str) -> tuple[
     if profile.host_runs_ahead:
         return LayerTimes(0.0, 0.0, 0.0, 0.0), LayerTimes(0.0, 0.0, 0.0, 0.0)
     spec, kernels_only = probe_spec(family, PROBE_LAYERS[0]), kernel_model(profile)
-    return (layer_times(spec, kernels_only, precision, 1, kernels=STACKS["plait"]),
+    return (layer_times(spec, kernels_only, precision, 1, kernels=STACKS["plait"], weight_passes=probe_passes(spec, precision)),
             head_times(spec, kernels_only, precision, 1, 1, 1))
+
+
+def probe_passes(spec: ModelSpec, precision: str) -> tuple[float, float]:
+    """The weight passes of one of a probe's layers (plait.facts.weight_passes): its fp32 weights cast
+    under bf16 autocast, and its gradients accumulated on every call but the first, as the probes
+    never clear them."""
+    return passes_bytes(spec, 1, precision == "bf16", FP32, 1.0)
 
 
 def working_spec(family: str, layers: int, sizes: ProbeSizes = CPU_SIZES) -> ModelSpec:
@@ -222,8 +231,9 @@ def layer_kernel_scales(times: dict[str, float], profile: Hardware, precision: s
     out = {}
     for family in FAMILIES:
         t = {key.split("/")[1]: seconds for key, seconds in times.items() if key.startswith(f"{family}/")}
-        layer = layer_times(working_spec(family, 1, sizes), kernels_only, precision, sizes.working_micro_batch,
-                            kernels=STACKS["plait"])
+        spec = working_spec(family, 1, sizes)
+        layer = layer_times(spec, kernels_only, precision, sizes.working_micro_batch, kernels=STACKS["plait"],
+                            weight_passes=probe_passes(spec, precision))
         # (a host that runs ahead of its GPU spends its time under the working layers' kernels)
         host = HostOverhead() if profile.host_runs_ahead else profile.host_overhead.get(family, HostOverhead())
         out[family] = fit_layer_kernel_scale(t, layer, host)

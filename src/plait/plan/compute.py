@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from plait.facts.activations import ACTIVATION_BYTES, op_keeps_attention
 from plait.facts.model_state import padded_vocab
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
-from plait.layout import ZIGZAG_ALGORITHMS
+from plait.facts.weight_passes import NO_PASSES, accumulation_bytes
+from plait.layout import ZIGZAG_ALGORITHMS, Layout
 from plait.models.flops import block_norms, kv_heads_per_rank, linear_shapes, recomputed_linears
 from plait.models.spec import ModelSpec
 from plait.plan.hardware import Hardware, HostOverhead, KernelScale
@@ -187,8 +188,10 @@ def layer_times(
     recompute: str = "none",
     kernels: Kernels = STACKS[DEFAULT_STACK],
     cp_algorithm: str = "all-to-all",
+    weight_passes: tuple[float, float] = NO_PASSES,
 ) -> LayerTimes:
-    """Predicted compute time of one transformer layer on one rank (no communication)."""
+    """Predicted compute time of one transformer layer on one rank (no communication), with the
+    bytes of the engine's passes over its weights, forward and backward (plait.facts.weight_passes)."""
     shape = layer_shape(spec, micro_batch, tp, cp, sp, precision, kernels)
     memory_rate = hw.memory_gbps * 1e9
     weights = sum(gemm_seconds(hw, precision, g) for g in shape.weights)
@@ -215,12 +218,15 @@ def layer_times(
     activation_rate = (hw.activation_gbps or hw.memory_gbps) * 1e9
     elementwise = (shape.elementwise_bytes / memory_rate + shape.activation_bytes / activation_rate
                    + ELEMENTWISE_KERNELS * hw.kernel_overhead_s)
+    weight_forward, weight_backward = (passed / memory_rate for passed in weight_passes)
     host, scale = host_overhead(hw, spec), hw.layer_kernel_scale.get(spec.family, UNSCALED)
     # (a stack whose host cannot run ahead adds its own time to each layer's forward and backward)
-    forward = with_host(hw, scale.forward * (weights + attention + elementwise), host.layer_forward) + kernels.layer_host_s
+    forward = with_host(hw, scale.forward * (weights + attention + elementwise + weight_forward),
+                        host.layer_forward) + kernels.layer_host_s
     # Backward: dX = dY·Wᵀ is an (m×n)·(n×k) product, dW = Xᵀ·dY a (k×m)·(m×n) one.
     grad_input = sum(gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n, g.batch)) for g in shape.weights)
-    grad_weight = scale.backward * sum(gemm_seconds(hw, precision, Gemm(g.k, g.n, g.m, g.batch)) for g in shape.weights)
+    grad_weight = scale.backward * (sum(gemm_seconds(hw, precision, Gemm(g.k, g.n, g.m, g.batch)) for g in shape.weights)
+                                    + weight_backward)
     backward_input = with_host(hw, scale.backward * (grad_input + attention_backward + 2 * elementwise),
                                host.layer_backward) + kernels.layer_host_s
     attention *= scale.forward
@@ -236,6 +242,18 @@ def layer_times(
         if not op_keeps_attention(kernels, cp, cp_algorithm):
             extra += attention
     return LayerTimes(forward, backward_input, grad_weight, extra, attention, scale.backward * attention_backward)
+
+
+def accumulation_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str, kernels: Kernels,
+                         layers: int) -> float:
+    """A step's gradient accumulation on a rank of ``layers`` layers (plait.facts.weight_passes): in the
+    backward of every micro-batch but the first, at the layer kernels' backward scale. Charged to the
+    step, not to each micro-batch's backward, it leaves the pipeline's bubble as it is."""
+    if layout.microbatches == 1:
+        return 0.0
+    scale = hw.layer_kernel_scale.get(spec.family, UNSCALED)
+    return ((layout.microbatches - 1) * layers * scale.backward * accumulation_bytes(spec, layout, precision, kernels)
+            / (hw.memory_gbps * 1e9))
 
 
 NO_OVERHEAD = HostOverhead()

@@ -32,8 +32,9 @@ from plait.facts.validity import (
     compression_problems, fit_problems, layout_problems, mesh_problems, pipeline_problems, reads_saved_once_per_backward,
     recomputes_once_per_backward, run_problems, spec_problems,
 )
+from plait.facts.weight_passes import weight_pass_bytes
 from plait.layout import RECOMPUTE, SCHEDULES, ZIGZAG_ALGORITHMS, Layout
-from plait.plan.compute import LayerTimes, head_times, layer_times
+from plait.plan.compute import LayerTimes, accumulation_seconds, head_times, layer_times
 from plait.plan.costs import end_collectives, layer_cost, stage_boundaries
 from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.memory import other_bytes
@@ -248,6 +249,13 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                      for r, chunks in examined_ranks(pp, v))
 
     @functools.cache
+    def weight_passes(tp: int, pp: int, zero: int, shards: int) -> tuple[float, float]:
+        """A layer's weight passes in each micro-batch (plait.facts.weight_passes): they read the mesh's
+        tp and pp, the ZeRO stage and its group (the compression is the scan's)."""
+        return weight_pass_bytes(spec, Layout(tp=tp, pp=pp, dp=shards, zero=zero, grad_compression=compression),
+                                 precision, kernels)
+
+    @functools.cache
     def middle_layers(pp: int, v: int) -> int:
         return max((sum(chunks) for r, chunks in examined_ranks(pp, v) if 0 < r < pp - 1), default=0)
 
@@ -305,7 +313,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 flight = max(boundaries.sends) + max(boundaries.flights)
                 waited = max(boundaries.sends) if kernels.blocking_sends else 0.0
                 head_work, embedding_work, head_act, loss_backward = end_times(tp, cp, sp, mbs)
-                times = {}  # per recomputation, filled when a layout of this micro-batch size may fit
+                times_of: dict[tuple, dict] = {}  # per weight passes and recomputation, filled when a layout may fit
                 for zero, replicate in _zero_options(fixed, hw, base):
                     if zero == 1 and replicate == 1 and "zero" not in fixed and compression == "none":
                         continue
@@ -366,19 +374,22 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                             (dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
                                              0, offload))
                         continue
+                    passes = weight_passes(tp, pp, zero, dp // replicate)
+                    accumulation = accumulation_seconds(spec, hw, staged, precision, kernels, per_rank)
+                    times = times_of.setdefault(passes, {})
                     if not times:
                         for rc in costed:
                             # (a layer's compute reads the algorithm only as zig-zag or not: plait runs the
                             # ring's and the all-gather's attention as one blockwise kernel)
-                            time_key = (tp, cp, sp, mbs, rc, algorithm in ZIGZAG_ALGORITHMS if cp > 1 else None)
+                            time_key = (tp, cp, sp, mbs, rc, algorithm in ZIGZAG_ALGORITHMS if cp > 1 else None, passes)
                             if time_key not in times_cache:
                                 times_cache[time_key] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels,
-                                                                    algorithm)
+                                                                    algorithm, passes)
                             times[rc] = times_cache[time_key]
                     # ZeRO-3's per-layer gathers (without stages) depend on its group; a measured host's
                     # wrapper overhead on the stage.
                     key = (tp, cp, sp, mbs, (dp, replicate) if zero == 3 and pp == 1 else 0,
-                           (zero, dp > 1) if hw.host_overhead else None, algorithm)
+                           (zero, dp > 1) if hw.host_overhead else None, algorithm, passes)
                     if key not in works:
                         works[key] = {rc: _layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in costed}
                     if mesh_key not in flushes:
@@ -399,7 +410,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # (an overlapped parameter gather hides more under interleaving: its floor has it all hidden)
                     gathered = flush.first_gather is not None and pp > 1
                     floors = {rc: m * (max(per_rank * r[2], r[1]) if pp > 1 else layers * r[2] + r[3] + head_work)
-                              + min(0.0, (pp - 1) * r[4])
+                              + min(0.0, (pp - 1) * r[4]) + accumulation
                               + (flush.exposed(per_rank * r[6], math.inf) + flush.optimizer if gathered else r[5])
                               for rc, r in per_rc.items()}
                     # Each schedule takes the fastest recomputation that fits (zb-h1 one it can replay twice).
@@ -452,7 +463,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                     slowest = middle * work
                             fill = fill_zb if name == "zb-h1" else mean / v
                             sending = 2 * v * waited if name in kernels.blocking_sends else 0.0
-                            step = estimate_step(name, pp, v, m, mean + sending, slowest + sending, fill, flight) + flushed
+                            step = (estimate_step(name, pp, v, m, mean + sending, slowest + sending, fill, flight) + flushed
+                                    + accumulation)
                             found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
                                           blocks or 0, offload), step, peak, capacity, keep, level)
             if examined and not larger_may_fit:

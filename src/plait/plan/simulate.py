@@ -30,7 +30,7 @@ from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, pipeline_link, reduce_scatter_seconds,
     send_seconds, strided_link,
 )
-from plait.plan.compute import optimizer_seconds
+from plait.plan.compute import accumulation_seconds, optimizer_seconds
 from plait.plan.costs import chunk_costs, stage_boundaries, wrapper_overhead
 from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.memory import RankMemory, layer_saved_bytes, other_bytes
@@ -266,12 +266,13 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         params = rank_parameters(spec, layers, first, last, layout.tp, pp)
         flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp))
         forward = gather_window(sum(chunks[c].forward for c in mine), v, pp, m)
-        tails.append((flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer))
+        accumulation = accumulation_seconds(spec, hw, layout, precision, workload.kernels, layers)
+        tails.append((flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer, accumulation))
         kept = (layout.recompute_layers is not None
                 and min((counts[c] for c in mine if counts[c]), default=0) > layout.recompute_layers)
         memories.append(stage_memory(workload, hw, layout, micro_batch, layers, first, last, played.peak_activations[rank],
                                      kept))
-    step = played.step_time + max(comm + opt for comm, opt in tails)
+    step = played.step_time + max(sum(tail) for tail in tails)
     # Offloaded activations in host memory, at the most any rank holds (as the device's peak, from the play).
     host = max(play(layout.schedule, pp, v, m, chunks, boundaries,
                     chunk_offloaded_bytes(workload, layout, micro_batch, counts), paired).peak_activations) \
@@ -288,7 +289,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         peak_memory_bytes=int(peak.total), memory_breakdown=peak.breakdown(), fits=peak.total <= hw.usable_memory_bytes,
         host_memory_bytes=int(host),
         time_breakdown={
-            "compute_s": played.busy[busiest] - comm_inside,
+            "compute_s": played.busy[busiest] - comm_inside + tails[busiest][2],
             "critical_path_comm_s": comm_inside + played.sending[busiest],
             "bubble_s": max(0.0, played.step_time - played.busy[busiest] - played.sending[busiest]),  # (rounding leaves a hair without stages)
             "exposed_dp_comm_s": tails[busiest][0],

@@ -1,0 +1,75 @@
+"""plait.facts.weight_passes against the real model: the bytes autocast's weight casts and the
+gradients' accumulation move in a block's ops, counted op by op, are the planner's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from plait.facts.stack import STACKS
+from plait.facts.weight_passes import accumulation_bytes, weight_pass_bytes
+from plait.layout import Layout
+from plait.models.init import init_weights
+from plait.models.spec import model_spec
+from plait.models.transformer import Block, Transformer, rotary_tables
+
+
+class WeightPassTally(TorchDispatchMode):
+    """Bytes read and written by casts of tensors shaped as a parameter (weights to bf16, their
+    gradients back to fp32) and by in-place adds into a parameter's gradient."""
+
+    def __init__(self, block: torch.nn.Module):
+        super().__init__()
+        self.shapes = {tuple(p.shape) for p in block.parameters()}
+        self.grads = block
+        self.casts = self.accumulations = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        if name == "_to_copy" and tuple(args[0].shape) in self.shapes and args[0].dtype != out.dtype:
+            self.casts += nbytes
+        elif name == "add_" and any(p.grad is not None and args[0].data_ptr() == p.grad.data_ptr()
+                                    for p in self.grads.parameters()):
+            self.accumulations += nbytes
+        return out
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_blocks_casts_and_gradient_accumulation_move_what_the_planner_counts(family):
+    """Two micro-batches of one block in bf16 autocast over fp32 weights, the backward outside
+    autocast as plait's loop runs it: each casts every linear's weight (and GPT-2's biases) forward
+    and its gradient back, and the second adds every gradient into the first's. Shapes are chosen so
+    that no activation has a parameter's shape."""
+    spec = model_spec(None, family=family, layers=1, hidden=64, heads=4, vocab=16, seq_len=24,
+                      kv_heads=2 if family == "llama" else None)
+    model = Transformer(spec)
+    init_weights(model, spec, seed=0)
+    block = model.layers["0"]
+    rotary = rotary_tables(spec, spec.seq_len) if family == "llama" else None
+    tally = WeightPassTally(block)
+    with tally:
+        for micro_batch in range(2):
+            x = torch.randn(2, spec.seq_len, spec.hidden, generator=torch.Generator().manual_seed(micro_batch))
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = block(x, rotary)
+            y.float().square().mean().backward()
+    layout = Layout(microbatches=2)
+    forward, backward = weight_pass_bytes(spec, layout, "bf16", STACKS["plait"])
+    assert forward > 0 and tally.casts == 2 * (forward + backward)
+    assert tally.accumulations == accumulation_bytes(spec, layout, "bf16", STACKS["plait"]) > 0
+
+
+def test_weights_already_in_bf16_are_not_cast_and_their_gradients_accumulate_in_bf16():
+    """ZeRO 1 and 2 without stages hold bf16 weights: nothing to cast, half the accumulation; a
+    reference stack's fitted figures already hold its own passes."""
+    spec = model_spec("tiny")
+    plait, zero2 = STACKS["plait"], Layout(dp=2, zero=2, microbatches=2)
+    assert weight_pass_bytes(spec, zero2, "bf16", plait) == (0.0, 0.0)
+    assert 2 * accumulation_bytes(spec, zero2, "bf16", plait) == accumulation_bytes(spec, Layout(microbatches=2), "bf16", plait)
+    assert weight_pass_bytes(spec, Layout(), "bf16", STACKS["megatron"]) == (0.0, 0.0)
+    assert accumulation_bytes(spec, Layout(), "bf16", STACKS["megatron"]) == 0.0
