@@ -9,11 +9,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from plait.facts.stack import STACKS
-from plait.facts.weight_passes import accumulation_bytes, weight_pass_bytes
+from plait.facts.weight_passes import accumulation_bytes, end_accumulation_bytes, end_pass_bytes, weight_pass_bytes
 from plait.layout import Layout
 from plait.models.init import init_weights
 from plait.models.spec import model_spec
-from plait.models.transformer import Block, Transformer, rotary_tables
+from plait.models.transformer import Transformer, rotary_tables
 
 
 class WeightPassTally(TorchDispatchMode):
@@ -73,3 +73,46 @@ def test_weights_already_in_bf16_are_not_cast_and_their_gradients_accumulate_in_
     assert 2 * accumulation_bytes(spec, zero2, "bf16", plait) == accumulation_bytes(spec, Layout(microbatches=2), "bf16", plait)
     assert weight_pass_bytes(spec, Layout(), "bf16", STACKS["megatron"]) == (0.0, 0.0)
     assert accumulation_bytes(spec, Layout(), "bf16", STACKS["megatron"]) == 0.0
+
+
+class EndPassTally(TorchDispatchMode):
+    """Bytes of the passes over tensors shaped as the vocabulary table (as held, or as the aligned
+    projection pads its cast): casts, the padding and its cut, the sum of a tied weight's two
+    gradients, the embedding's dense gradient (written) and the accumulation into a gradient."""
+
+    def __init__(self, shapes: set[tuple[int, ...]]):
+        super().__init__()
+        self.shapes = shapes
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+        if name == "embedding_dense_backward" and tuple(out.shape) in self.shapes:  # (not the positions')
+            self.bytes += out.numel() * out.element_size()
+        elif name in ("_to_copy", "constant_pad_nd", "add", "add_") and all(tuple(t.shape) in self.shapes for t in tensors):
+            self.bytes += sum(t.numel() * t.element_size() for t in tensors)
+        return out
+
+
+@pytest.mark.parametrize("family, vocab, tied", [("llama", 200, False), ("gpt2", 203, True)])
+def test_the_embedding_and_heads_passes_move_what_the_planner_counts(family, vocab, tied):
+    """A whole one-layer model, two micro-batches in bf16 autocast over fp32 weights: Llama's untied
+    table of 200 rows, GPT-2's tied one of 203 (no multiple of 8: the projection pads its cast to 208
+    rows, the planner counts the padding's passes over 203, so 1% apart)."""
+    spec = model_spec(None, family=family, layers=1, hidden=64, heads=4, vocab=vocab, seq_len=24,
+                      kv_heads=2 if family == "llama" else None, tie_embeddings=tied)
+    model = Transformer(spec)
+    init_weights(model, spec, seed=0)
+    tally = EndPassTally({(vocab, spec.hidden), (vocab + -vocab % 8, spec.hidden)})
+    tokens = torch.randint(0, vocab, (2, spec.seq_len), generator=torch.Generator().manual_seed(0))
+    with tally:
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(tokens)
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten()).backward()
+    layout, plait = Layout(microbatches=2), STACKS["plait"]
+    expected = (2 * sum(end_pass_bytes(spec, layout, "bf16", plait, True, True))
+                + end_accumulation_bytes(spec, layout, "bf16", plait, True, True))
+    assert tally.bytes == pytest.approx(expected, rel=0.0 if vocab % 8 == 0 else 0.01)

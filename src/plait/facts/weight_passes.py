@@ -28,11 +28,11 @@ from __future__ import annotations
 import functools
 
 from plait.facts.activations import BF16, FP32, autocast_copies_weights
-from plait.facts.model_state import rank_tensor_shape_counts
+from plait.facts.model_state import padded_vocab, rank_tensor_shape_counts
 from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.flops import block_norms
-from plait.models.spec import ModelSpec
+from plait.models.spec import ALIGNED_ROWS, ModelSpec
 
 CAST_BYTES = FP32 + BF16  # one element read in one dtype and written in the other
 NO_PASSES = (0.0, 0.0)
@@ -48,23 +48,32 @@ def layer_elements(spec: ModelSpec, tp: int) -> tuple[int, int]:
     return elements, elements - norms
 
 
-def passes_bytes(spec: ModelSpec, tp: int, casts: bool, gradient_bytes: int, accumulating: float) -> tuple[float, float]:
+def passes_bytes(spec: ModelSpec, tp: int, casts: bool, grad_bytes: int, accumulating: float) -> tuple[float, float]:
     """(forward, backward) bytes of one layer's weight passes in one micro-batch: autocast's casts where
     ``casts``, and where ``accumulating`` (1: it does; 0: the step's first) the accumulation of
-    ``gradient_bytes``-byte gradients."""
+    ``grad_bytes``-byte gradients."""
     elements, linear = layer_elements(spec, tp)
     cast = CAST_BYTES * linear if casts else 0.0
-    return cast, cast + 3 * gradient_bytes * elements * accumulating
+    return cast, cast + 3 * grad_bytes * elements * accumulating
 
 
-def fsdp2_copies_bytes(spec: ModelSpec, tp: int, shards: int, precision: str, reduce_bytes: int) -> tuple[float, float]:
-    """(forward, backward) bytes of FSDP2's copies of one layer in one micro-batch over ``shards`` ranks:
-    a gather's copy in (the fp32 shard cast to the parameters' dtype) and out (every element) in the
-    forward and again in the backward, and the gradients' copy into the reduce dtype."""
-    elements, _ = layer_elements(spec, tp)
-    unsharded = BF16 if precision == "bf16" else FP32
+def fsdp2_copies_bytes(elements: float, shards: int, precision: str, reduce_bytes: int) -> tuple[float, float]:
+    """(forward, backward) bytes of FSDP2's copies of a module's ``elements`` in one micro-batch over
+    ``shards`` ranks: a gather's copy in (the fp32 shard cast to the parameters' dtype) and out (every
+    element) in the forward and again in the backward, and the gradients' copy into the reduce dtype."""
+    unsharded = unsharded_bytes(precision)
     gather = elements / shards * (FP32 + unsharded) + elements * 2 * unsharded
     return gather, gather + elements * (unsharded + reduce_bytes)
+
+
+def unsharded_bytes(precision: str) -> int:
+    """Bytes an element of the parameters FSDP2 gathers, and of their gradients, in plait's policy."""
+    return BF16 if precision == "bf16" else FP32
+
+
+def reduce_bytes_of(layout: Layout) -> int:
+    """Bytes an element of FSDP2's reduce-scatter: fp32, bf16 under bf16 gradient compression."""
+    return BF16 if layout.grad_compression == "bf16" else FP32
 
 
 def fsdp2_without_stages(layout: Layout) -> bool:
@@ -80,21 +89,77 @@ def weight_pass_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: 
     if not kernels.plait_engine:
         return NO_PASSES
     if fsdp2_without_stages(layout):
-        return fsdp2_copies_bytes(spec, layout.tp, layout.dp_shard, precision,
-                                  BF16 if layout.grad_compression == "bf16" else FP32)
+        return fsdp2_copies_bytes(layer_elements(spec, layout.tp)[0], layout.dp_shard, precision, reduce_bytes_of(layout))
     return passes_bytes(spec, layout.tp, autocast_copies_weights(precision, layout.zero, layout.pp), FP32, 0.0)
+
+
+def gradient_bytes(layout: Layout, precision: str) -> int:
+    """Bytes an element of the gradients a rank computes and accumulates, as
+    plait.facts.model_state.plait_model_states holds them: fp32, but bf16 for ZeRO 1 and 2 without
+    stages (bf16 weights), for FSDP2's gathered parameters under bf16 and for a stage's FSDP2 under
+    bf16 gradient compression (its reduce dtype)."""
+    if fsdp2_without_stages(layout):
+        return unsharded_bytes(precision)
+    half = precision == "bf16" and (layout.zero in (1, 2) and layout.pp == 1
+                                    or layout.zero == 3 and layout.grad_compression == "bf16")
+    return BF16 if half else FP32
+
+
+def accumulated_bytes(elements: float, layout: Layout, precision: str) -> float:
+    """Bytes the accumulation of ``elements`` gradients moves in one micro-batch: in their own dtype,
+    or FSDP2's reduced fp32 shard where it reduce-scatters every micro-batch."""
+    if fsdp2_without_stages(layout):
+        return 3 * FP32 * elements / layout.dp_shard
+    return 3 * gradient_bytes(layout, precision) * elements
 
 
 def accumulation_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels) -> float:
     """Bytes one layer's gradient accumulation moves in each micro-batch of a step but the first, on
-    plait's engine, in the gradients' dtype as plait.facts.model_state.plait_model_states holds them:
-    fp32, but bf16 for ZeRO 1 and 2 without stages (bf16 weights) and for a stage's FSDP2 under bf16
-    gradient compression (its reduce dtype); FSDP2 without stages adds the reduced fp32 shard."""
+    plait's engine."""
     if not kernels.plait_engine:
         return 0.0
-    elements, _ = layer_elements(spec, layout.tp)
+    return accumulated_bytes(layer_elements(spec, layout.tp)[0], layout, precision)
+
+
+def end_elements(spec: ModelSpec, tp: int, first: bool, last: bool) -> tuple[int, int]:
+    """(the embedding's, the output projection's own) elements a rank holding the first and the last
+    stage (as ``first`` and ``last`` say) keeps, their rows as ``padded_vocab`` pads them; a tied
+    head on the embedding's rank holds none of its own."""
+    table = padded_vocab(spec.vocab, tp) // tp * spec.hidden
+    return (table if first else 0), (table if last and not (spec.tie_embeddings and first) else 0)
+
+
+def end_pass_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels, first: bool,
+                   last: bool) -> tuple[float, float]:
+    """(forward, backward) bytes per micro-batch of the passes over the embedding and the output
+    projection that a rank of the first and last stage (as ``first`` and ``last`` say) makes, the
+    accumulation apart: the embedding's backward writes its whole gradient table; the head's weight is
+    cast as a layer's is, and where GPT-2's vocabulary is no multiple of ``ALIGNED_ROWS`` its cast
+    padded and the padding's gradient cut off (plait.models.vocabulary), one more bf16 pass each
+    way; a tied weight's two gradients are summed; FSDP2 copies them as a layer's."""
+    if not kernels.plait_engine or not (first or last):
+        return NO_PASSES
+    embedding, head = end_elements(spec, layout.tp, first, last)
+    table = padded_vocab(spec.vocab, layout.tp) // layout.tp * spec.hidden
+    grad = gradient_bytes(layout, precision)
+    forward, backward = 0.0, grad * embedding
+    if last:
+        if autocast_copies_weights(precision, layout.zero, layout.pp) and not fsdp2_without_stages(layout):
+            padded = 2 * BF16 if table % (ALIGNED_ROWS * spec.hidden) else 0
+            forward += (CAST_BYTES + padded) * table
+            backward += (CAST_BYTES + padded) * table
+        if spec.tie_embeddings and first:
+            backward += 3 * grad * table
     if fsdp2_without_stages(layout):
-        return 3 * FP32 * elements / layout.dp_shard
-    half = precision == "bf16" and (layout.zero in (1, 2) and layout.pp == 1
-                                    or layout.zero == 3 and layout.grad_compression == "bf16")
-    return 3 * (BF16 if half else FP32) * elements
+        copies = fsdp2_copies_bytes(embedding + head, layout.dp_shard, precision, reduce_bytes_of(layout))
+        forward, backward = forward + copies[0], backward + copies[1]
+    return forward, backward
+
+
+def end_accumulation_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels, first: bool,
+                           last: bool) -> float:
+    """Bytes the accumulation of the embedding's and output projection's gradients a rank holds moves
+    in each micro-batch of a step but the first."""
+    if not kernels.plait_engine:
+        return 0.0
+    return accumulated_bytes(sum(end_elements(spec, layout.tp, first, last)), layout, precision)

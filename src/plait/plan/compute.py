@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from plait.facts.activations import ACTIVATION_BYTES, op_keeps_attention
 from plait.facts.model_state import padded_vocab
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
-from plait.facts.weight_passes import NO_PASSES, accumulation_bytes
+from plait.facts.weight_passes import NO_PASSES, accumulation_bytes, end_accumulation_bytes, end_pass_bytes
 from plait.layout import ZIGZAG_ALGORITHMS, Layout
 from plait.models.flops import block_norms, kv_heads_per_rank, linear_shapes, recomputed_linears
 from plait.models.spec import ModelSpec
@@ -245,15 +245,25 @@ def layer_times(
 
 
 def accumulation_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str, kernels: Kernels,
-                         layers: int) -> float:
-    """A step's gradient accumulation on a rank of ``layers`` layers (plait.facts.weight_passes): in the
-    backward of every micro-batch but the first, at the layer kernels' backward scale. Charged to the
-    step, not to each micro-batch's backward, it leaves the pipeline's bubble as it is."""
+                         layers: int, first: bool, last: bool) -> float:
+    """A step's gradient accumulation on a rank of ``layers`` layers, and of the embedding and head
+    where it holds the first and last stage (plait.facts.weight_passes): in the backward of every
+    micro-batch but the first, the layers' at their kernels' backward scale. Charged to the step, not
+    to each micro-batch's backward, it leaves the pipeline's bubble as it is."""
     if layout.microbatches == 1:
         return 0.0
     scale = hw.layer_kernel_scale.get(spec.family, UNSCALED)
-    return ((layout.microbatches - 1) * layers * scale.backward * accumulation_bytes(spec, layout, precision, kernels)
-            / (hw.memory_gbps * 1e9))
+    per_micro_batch = (layers * scale.backward * accumulation_bytes(spec, layout, precision, kernels)
+                       + end_accumulation_bytes(spec, layout, precision, kernels, first, last))
+    return (layout.microbatches - 1) * per_micro_batch / (hw.memory_gbps * 1e9)
+
+
+def end_pass_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str, kernels: Kernels, first: bool,
+                     last: bool) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch of the passes over the embedding and head of a rank
+    holding the first and last stage, as ``first`` and ``last`` say (plait.facts.weight_passes)."""
+    forward, backward = end_pass_bytes(spec, layout, precision, kernels, first, last)
+    return forward / (hw.memory_gbps * 1e9), backward / (hw.memory_gbps * 1e9)
 
 
 NO_OVERHEAD = HostOverhead()

@@ -20,7 +20,7 @@ from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, all_to_all_seconds, boundaries_leaving, boundary_link, exposed_under,
     group_link, reduce_scatter_seconds, send_seconds,
 )
-from plait.plan.compute import NO_OVERHEAD, LayerTimes, head_times, layer_times
+from plait.plan.compute import NO_OVERHEAD, LayerTimes, end_pass_seconds, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead
 from plait.plan.memory import layer_saved_bytes
 from plait.plan.zero3 import first_gather, zero3_exposed, zero3_layer_seconds
@@ -221,7 +221,9 @@ def chunk_costs(
     head = head_times(spec, hw, precision, micro_batch, layout.tp, layout.cp)
     out = []
     for c, blocks in enumerate(counts):
-        forward = backward_input = backward_weight = comm = 0.0
+        # (the embedding's and head's own passes, on the chunks that hold them)
+        forward, backward_weight = end_pass_seconds(spec, hw, layout, precision, kernels, c == 0, c == len(counts) - 1)
+        backward_input = comm = 0.0
         for mode, n in chunk_recompute(layout, blocks):
             layer = layers[mode]
             t = layer.times

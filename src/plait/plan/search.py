@@ -34,7 +34,7 @@ from plait.facts.validity import (
 )
 from plait.facts.weight_passes import weight_pass_bytes
 from plait.layout import RECOMPUTE, SCHEDULES, ZIGZAG_ALGORITHMS, Layout
-from plait.plan.compute import LayerTimes, accumulation_seconds, head_times, layer_times
+from plait.plan.compute import LayerTimes, accumulation_seconds, end_pass_seconds, head_times, layer_times
 from plait.plan.costs import end_collectives, layer_cost, stage_boundaries
 from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.memory import other_bytes
@@ -256,6 +256,13 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                  precision, kernels)
 
     @functools.cache
+    def end_passes(tp: int, pp: int, zero: int, shards: int, first: bool, last: bool) -> float:
+        """The ends' passes per micro-batch on a rank holding the first and last stage as ``first`` and
+        ``last`` say (plait.facts.weight_passes)."""
+        layout = Layout(tp=tp, pp=pp, dp=shards, zero=zero, grad_compression=compression)
+        return sum(end_pass_seconds(spec, hw, layout, precision, kernels, first, last))
+
+    @functools.cache
     def middle_layers(pp: int, v: int) -> int:
         return max((sum(chunks) for r, chunks in examined_ranks(pp, v) if 0 < r < pp - 1), default=0)
 
@@ -312,7 +319,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 boundaries = stage_boundaries(spec, hw, base, mbs, precision, waiting)
                 flight = max(boundaries.sends) + max(boundaries.flights)
                 waited = max(boundaries.sends) if kernels.blocking_sends else 0.0
-                head_work, embedding_work, head_act, loss_backward = end_times(tp, cp, sp, mbs)
+                head_kernels, embedding_kernels, head_act, loss_backward = end_times(tp, cp, sp, mbs)
                 times_of: dict[tuple, dict] = {}  # per weight passes and recomputation, filled when a layout may fit
                 for zero, replicate in _zero_options(fixed, hw, base):
                     if zero == 1 and replicate == 1 and "zero" not in fixed and compression == "none":
@@ -375,7 +382,13 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                              0, offload))
                         continue
                     passes = weight_passes(tp, pp, zero, dp // replicate)
-                    accumulation = accumulation_seconds(spec, hw, staged, precision, kernels, per_rank)
+                    # The slowest rank's accumulation (the first or the last, with their ends), and the
+                    # ends' own passes each micro-batch (with no stages one rank holds both ends).
+                    accumulation = max(accumulation_seconds(spec, hw, staged, precision, kernels, per_rank, True, pp == 1),
+                                       accumulation_seconds(spec, hw, staged, precision, kernels, per_rank, pp == 1, True))
+                    head_passes = end_passes(tp, pp, zero, dp // replicate, pp == 1, True)
+                    embedding_passes = end_passes(tp, pp, zero, dp // replicate, True, False) if pp > 1 else 0.0
+                    head_work, embedding_work = head_kernels + head_passes, embedding_kernels + embedding_passes
                     times = times_of.setdefault(passes, {})
                     if not times:
                         for rc in costed:

@@ -266,7 +266,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         params = rank_parameters(spec, layers, first, last, layout.tp, pp)
         flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp))
         forward = gather_window(sum(chunks[c].forward for c in mine), v, pp, m)
-        accumulation = accumulation_seconds(spec, hw, layout, precision, workload.kernels, layers)
+        accumulation = accumulation_seconds(spec, hw, layout, precision, workload.kernels, layers, first, last)
         tails.append((flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer, accumulation))
         kept = (layout.recompute_layers is not None
                 and min((counts[c] for c in mine if counts[c]), default=0) > layout.recompute_layers)
