@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from plait.facts.stack import STACKS
-from plait.facts.weight_passes import accumulation_bytes, end_accumulation_bytes, end_pass_bytes, weight_pass_bytes
+from plait.facts.weight_passes import NO_PASSES, end_gradient_bytes, end_passes, layer_gradient_bytes, layer_passes
 from plait.layout import Layout
 from plait.models.init import init_weights
 from plait.models.spec import model_spec
@@ -59,20 +59,25 @@ def test_a_blocks_casts_and_gradient_accumulation_move_what_the_planner_counts(f
                 y = block(x, rotary)
             y.float().square().mean().backward()
     layout = Layout(microbatches=2)
-    forward, backward = weight_pass_bytes(spec, layout, "bf16", STACKS["plait"])
-    assert forward > 0 and tally.casts == 2 * (forward + backward)
-    assert tally.accumulations == accumulation_bytes(spec, layout, "bf16", STACKS["plait"]) > 0
+    passes = layer_passes(spec, layout, "bf16", STACKS["plait"])
+    assert passes.forward > 0 and tally.casts == 2 * (passes.forward + passes.backward)
+    assert tally.accumulations == layer_gradient_bytes(spec, layout, "bf16", STACKS["plait"]) > 0
 
 
 def test_weights_already_in_bf16_are_not_cast_and_their_gradients_accumulate_in_bf16():
-    """ZeRO 1 and 2 without stages hold bf16 weights: nothing to cast, half the accumulation; a
-    reference stack's fitted figures already hold its own passes."""
-    spec = model_spec("tiny")
-    plait, zero2 = STACKS["plait"], Layout(dp=2, zero=2, microbatches=2)
-    assert weight_pass_bytes(spec, zero2, "bf16", plait) == (0.0, 0.0)
-    assert 2 * accumulation_bytes(spec, zero2, "bf16", plait) == accumulation_bytes(spec, Layout(microbatches=2), "bf16", plait)
-    assert weight_pass_bytes(spec, Layout(), "bf16", STACKS["megatron"]) == (0.0, 0.0)
-    assert accumulation_bytes(spec, Layout(), "bf16", STACKS["megatron"]) == 0.0
+    """ZeRO 1 and 2 without stages hold bf16 weights: nothing to cast, half the accumulation. On a
+    pipeline stage every ZeRO stage keeps (or, under ZeRO-3, gathers) fp32 weights, cast as at ZeRO 0.
+    One micro-batch accumulates nothing; a reference stack's fitted figures already hold its passes."""
+    spec, plait = model_spec("tiny"), STACKS["plait"]
+    zero0, zero2 = Layout(microbatches=2), Layout(dp=2, zero=2, microbatches=2)
+    assert layer_passes(spec, zero2, "bf16", plait) == NO_PASSES
+    assert 2 * layer_gradient_bytes(spec, zero2, "bf16", plait) == layer_gradient_bytes(spec, zero0, "bf16", plait)
+    for zero in (1, 2, 3):
+        staged = Layout(dp=2, pp=2, zero=zero, microbatches=2)
+        assert layer_passes(spec, staged, "bf16", plait) == layer_passes(spec, zero0, "bf16", plait)
+    assert layer_gradient_bytes(spec, Layout(), "bf16", plait) == 0.0
+    assert layer_passes(spec, Layout(), "bf16", STACKS["megatron"]) == NO_PASSES
+    assert layer_gradient_bytes(spec, zero0, "bf16", STACKS["megatron"]) == 0.0
 
 
 class EndPassTally(TorchDispatchMode):
@@ -113,6 +118,6 @@ def test_the_embedding_and_heads_passes_move_what_the_planner_counts(family, voc
                 logits = model(tokens)
             torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten()).backward()
     layout, plait = Layout(microbatches=2), STACKS["plait"]
-    expected = (2 * sum(end_pass_bytes(spec, layout, "bf16", plait, True, True))
-                + end_accumulation_bytes(spec, layout, "bf16", plait, True, True))
+    passes = end_passes(spec, layout, "bf16", plait, True, True)
+    expected = 2 * (passes.forward + passes.backward) + end_gradient_bytes(spec, layout, "bf16", plait, True, True)
     assert tally.bytes == pytest.approx(expected, rel=0.0 if vocab % 8 == 0 else 0.01)

@@ -37,7 +37,7 @@ from torch import nn
 from plait.config import RunConfig, TrainSpec
 from plait.facts.activations import FP32
 from plait.facts.stack import STACKS
-from plait.facts.weight_passes import passes_bytes
+from plait.facts.weight_passes import WeightPasses, cast_passes, end_elements, end_passes, layer_elements
 from plait.layout import Layout
 from plait.models.init import init_weights
 from plait.models.spec import ModelSpec, model_spec
@@ -188,14 +188,27 @@ def host_probe_kernels(profile: Hardware, family: str, precision: str) -> tuple[
         return LayerTimes(0.0, 0.0, 0.0, 0.0), LayerTimes(0.0, 0.0, 0.0, 0.0)
     spec, kernels_only = probe_spec(family, PROBE_LAYERS[0]), kernel_model(profile)
     return (layer_times(spec, kernels_only, precision, 1, kernels=STACKS["plait"], weight_passes=probe_passes(spec, precision)),
-            head_times(spec, kernels_only, precision, 1, 1, 1))
+            probe_head(spec, kernels_only, precision))
 
 
-def probe_passes(spec: ModelSpec, precision: str) -> tuple[float, float]:
+def probe_passes(spec: ModelSpec, precision: str) -> WeightPasses:
     """The weight passes of one of a probe's layers (plait.facts.weight_passes): its fp32 weights cast
-    under bf16 autocast, and its gradients accumulated on every call but the first, as the probes
-    never clear them."""
-    return passes_bytes(spec, 1, precision == "bf16", FP32, 1.0)
+    under bf16 autocast, and its fp32 gradients accumulated in every call's backward, as the probes
+    never clear them (past the first call, which the timing leaves out)."""
+    elements, linear = layer_elements(spec, 1)
+    casts = cast_passes(linear, precision == "bf16")
+    return casts._replace(backward=casts.backward + 3 * FP32 * elements)
+
+
+def probe_head(spec: ModelSpec, profile: Hardware, precision: str) -> LayerTimes:
+    """The probe's head as the kernel model times it, with the passes over its embedding and output
+    projection (their gradients accumulated in every call, as ``probe_passes``)."""
+    head = head_times(spec, profile, precision, 1, 1, 1)
+    passes = end_passes(spec, Layout(), precision, STACKS["plait"], True, True)
+    accumulated = 3 * FP32 * sum(end_elements(spec, 1, True, True))
+    rate = profile.memory_gbps * 1e9
+    return replace(head, forward=head.forward + passes.forward / rate,
+                   backward_weight=head.backward_weight + (passes.backward + accumulated) / rate)
 
 
 def working_spec(family: str, layers: int, sizes: ProbeSizes = CPU_SIZES) -> ModelSpec:

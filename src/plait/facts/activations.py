@@ -49,7 +49,7 @@ def activation_bytes_per_layer(
     if kernels.plait_engine:
         copies = autocast_copies_weights(precision, zero, pp)
         return sum(saved_bytes_per_layer(spec, micro_batch, spec.seq_len, tp, sp, cp, recompute, precision,
-                                         copies, zero == 3, cp_algorithm).values())
+                                         copies, zero == 3 and pp == 1, cp_algorithm).values())
     return korthikanti_bytes_per_layer(spec, micro_batch, tp, sp, cp, recompute, precision, kernels)
 
 
@@ -147,10 +147,11 @@ def loss_backward_bytes(spec: ModelSpec, micro_batch: int, tp: int, cp: int, ker
 
 def autocast_copies_weights(precision: str, zero: int = 0, pp: int = 1) -> bool:
     """Whether bf16 runs as autocast over fp32 weights, which keeps a bf16 copy of each layer weight
-    per micro-batch: ZeRO 0, and every pipeline stage (whose weights stay fp32). Otherwise (ZeRO 1
-    and 2, whose weights are bf16; ZeRO-3, whose FSDP2 gathers bf16 weights, casts the inputs to bf16
-    and frees the gathered weights after each block) the whole layer runs in bf16 and keeps no copy."""
-    return precision == "bf16" and (zero == 0 or (zero == 1 and pp > 1))
+    per micro-batch: ZeRO 0, and every pipeline stage (whose weights stay fp32, gathered in fp32 under
+    ZeRO-3: plait.parallel.stage_sharding). Otherwise (ZeRO 1 and 2, whose weights are bf16; ZeRO-3,
+    whose FSDP2 gathers bf16 weights, casts the inputs to bf16 and frees the gathered weights after
+    each block) the whole layer runs in bf16 and keeps no copy."""
+    return precision == "bf16" and (zero == 0 or pp > 1)
 
 
 def layer_weight_elements(spec: ModelSpec, tp: int) -> int:

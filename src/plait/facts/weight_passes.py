@@ -1,31 +1,34 @@
-"""The elementwise passes plait's engine makes over a layer's weights every micro-batch.
+"""The elementwise passes plait's engine makes over its weights and their gradients.
 
-Two kinds, beside the matmuls, each a read and a write of every element, so bound by memory:
+Beside the matmuls, each reads and writes every element, so each is bound by memory:
 
-- autocast's casts: under bf16 over fp32 weights (``autocast_copies_weights``) each linear's
-  weight and bias are cast to bf16 for the forward (read 4 bytes, write 2), and their bf16
-  gradients back to fp32 in the backward (read 2, write 4): 6 bytes an element each way. A
-  recomputed forward casts again (plait.plan.compute.layer_times counts it with the forward).
-- the gradients' accumulation: from the second micro-batch of a step on, autograd adds each new
-  gradient into the one the parameter holds (read both, write one), in the gradients' own dtype:
-  once a step per micro-batch but the first, so the step pays it, not each micro-batch.
+- autocast's casts, where bf16 runs over fp32 weights (``autocast_copies_weights``: ZeRO 0 and
+  every pipeline stage): each linear's weight and bias cast to bf16 in every forward (read 4 bytes,
+  write 2), again in a recomputed one, and their bf16 gradients cast back to fp32 in every backward;
+- FSDP2's copies without pipeline stages (ZeRO-3; torch/distributed/fsdp/_fully_shard/
+  _fsdp_collectives.py): each all-gather, the forward's and the backward's (a recomputed forward
+  runs inside the latter), copies the rank's fp32 shard into its input in the parameters' dtype
+  (``all_gather_copy_in``) and every gathered element out into its parameter
+  (``split_with_sizes_copy``);
+- the gradients, once a step: from a step's second micro-batch on, autograd adds each new gradient
+  into the one the parameter holds (read both, write one) in the gradients' dtype. FSDP2 without
+  stages reduces only after the last micro-batch (plait.parallel.gradients turns its gradient sync
+  off before): it casts the first micro-batch's bf16 gradients to its fp32 reduce dtype, adds each
+  later one into them, and copies them into the reduce-scatter's input
+  (``foreach_reduce_scatter_copy_in``).
 
-A layer of llama-1b (60.8M weights) so moves 1.46 GB a micro-batch at ZeRO 0 in bf16, as much as
-the planner's elementwise kernels of its forward and backward over 2,048 tokens.
-
-FSDP2 without pipeline stages (ZeRO-3) casts no weight in autocast (it gathers them in bf16) and
-accumulates only its shard of the gradients; its own copies take the casts' place (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py):
-each all-gather, the forward's and the backward's, first copies the rank's shard into the gather's
-input in the parameters' dtype (``all_gather_copy_in``, cast from fp32) and then every gathered
-element out into its parameter (``split_with_sizes_copy``); each backward copies the unsharded
-gradients into the reduce-scatter's input in the reduce dtype (``foreach_reduce_scatter_copy_in``),
-and the reduced shard accumulates into the one the rank holds. tests/test_weight_passes.py counts
-the casts' and the accumulation's bytes in the real model's ops.
+A layer of llama-1b (60.8M weights) so moves 1.46 GB a micro-batch at ZeRO 0 in bf16 (casts both
+ways and the accumulation), as much as the planner's elementwise kernels of its forward and
+backward over 2,048 tokens. The embedding's backward also writes its whole gradient table every
+micro-batch, and a tied table's two gradients are summed. tests/test_weight_passes.py counts the
+casts', the padding's, the gradients' and the accumulation's bytes in the real model's ops. DDP's
+copy of each gradient into its bucket is not counted.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from plait.facts.activations import BF16, FP32, autocast_copies_weights
 from plait.facts.model_state import padded_vocab, rank_tensor_shape_counts
@@ -35,7 +38,18 @@ from plait.models.flops import block_norms
 from plait.models.spec import ALIGNED_ROWS, ModelSpec
 
 CAST_BYTES = FP32 + BF16  # one element read in one dtype and written in the other
-NO_PASSES = (0.0, 0.0)
+
+
+class WeightPasses(NamedTuple):
+    """Bytes of passes over weights in one micro-batch: its forward's, its backward's, and those a
+    recomputed forward makes again."""
+
+    forward: float = 0.0
+    backward: float = 0.0
+    recomputed: float = 0.0
+
+
+NO_PASSES = WeightPasses()
 
 
 @functools.lru_cache(maxsize=256)
@@ -48,22 +62,17 @@ def layer_elements(spec: ModelSpec, tp: int) -> tuple[int, int]:
     return elements, elements - norms
 
 
-def passes_bytes(spec: ModelSpec, tp: int, casts: bool, grad_bytes: int, accumulating: float) -> tuple[float, float]:
-    """(forward, backward) bytes of one layer's weight passes in one micro-batch: autocast's casts where
-    ``casts``, and where ``accumulating`` (1: it does; 0: the step's first) the accumulation of
-    ``grad_bytes``-byte gradients."""
-    elements, linear = layer_elements(spec, tp)
-    cast = CAST_BYTES * linear if casts else 0.0
-    return cast, cast + 3 * grad_bytes * elements * accumulating
+def cast_passes(elements: float, casts: bool) -> WeightPasses:
+    """autocast's casts of ``elements`` fp32 weights, forward (again when recomputed) and their
+    gradients' back in the backward, where it ``casts``."""
+    cast = CAST_BYTES * elements if casts else 0.0
+    return WeightPasses(cast, cast, cast)
 
 
-def fsdp2_copies_bytes(elements: float, shards: int, precision: str, reduce_bytes: int) -> tuple[float, float]:
-    """(forward, backward) bytes of FSDP2's copies of a module's ``elements`` in one micro-batch over
-    ``shards`` ranks: a gather's copy in (the fp32 shard cast to the parameters' dtype) and out (every
-    element) in the forward and again in the backward, and the gradients' copy into the reduce dtype."""
-    unsharded = unsharded_bytes(precision)
-    gather = elements / shards * (FP32 + unsharded) + elements * 2 * unsharded
-    return gather, gather + elements * (unsharded + reduce_bytes)
+def fsdp2_without_stages(layout: Layout) -> bool:
+    """ZeRO-3 without pipeline stages: FSDP2 gathers each layer every micro-batch, forward and
+    backward (on a stage, plait.parallel.stage_sharding gathers once a step)."""
+    return layout.zero == 3 and layout.pp == 1
 
 
 def unsharded_bytes(precision: str) -> int:
@@ -71,33 +80,30 @@ def unsharded_bytes(precision: str) -> int:
     return BF16 if precision == "bf16" else FP32
 
 
-def reduce_bytes_of(layout: Layout) -> int:
-    """Bytes an element of FSDP2's reduce-scatter: fp32, bf16 under bf16 gradient compression."""
-    return BF16 if layout.grad_compression == "bf16" else FP32
+def fsdp2_gather_bytes(elements: float, shards: int, precision: str) -> float:
+    """One FSDP2 gather of ``elements`` over ``shards`` ranks: the fp32 shard copied in, cast to the
+    parameters' dtype, and every element copied out."""
+    unsharded = unsharded_bytes(precision)
+    return elements / shards * (FP32 + unsharded) + elements * 2 * unsharded
 
 
-def fsdp2_without_stages(layout: Layout) -> bool:
-    """ZeRO-3 without pipeline stages: FSDP2 gathers each layer every micro-batch and reduce-scatters
-    its gradients (on a stage, plait.parallel.stage_sharding gathers once a step)."""
-    return layout.zero == 3 and layout.pp == 1
-
-
-def weight_pass_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels) -> tuple[float, float]:
-    """(forward, backward) bytes of one layer's weight passes in each micro-batch of ``layout`` on
-    plait's engine, the accumulation apart (``accumulation_bytes``); none on a reference stack, whose
-    published runs its fitted figures already hold."""
+def layer_passes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels) -> WeightPasses:
+    """One layer's passes over its weights in each micro-batch of ``layout`` on plait's engine, the
+    gradients' apart (``layer_gradient_bytes``); none on a reference stack, whose fitted figures
+    already hold what its published runs paid."""
     if not kernels.plait_engine:
         return NO_PASSES
+    elements, linear = layer_elements(spec, layout.tp)
     if fsdp2_without_stages(layout):
-        return fsdp2_copies_bytes(layer_elements(spec, layout.tp)[0], layout.dp_shard, precision, reduce_bytes_of(layout))
-    return passes_bytes(spec, layout.tp, autocast_copies_weights(precision, layout.zero, layout.pp), FP32, 0.0)
+        gather = fsdp2_gather_bytes(elements, layout.dp_shard, precision)
+        return WeightPasses(gather, gather, 0.0)
+    return cast_passes(linear, autocast_copies_weights(precision, layout.zero, layout.pp))
 
 
 def gradient_bytes(layout: Layout, precision: str) -> int:
-    """Bytes an element of the gradients a rank computes and accumulates, as
-    plait.facts.model_state.plait_model_states holds them: fp32, but bf16 for ZeRO 1 and 2 without
-    stages (bf16 weights), for FSDP2's gathered parameters under bf16 and for a stage's FSDP2 under
-    bf16 gradient compression (its reduce dtype)."""
+    """Bytes an element of the gradients a rank computes, as plait.facts.model_state.plait_model_states
+    holds them: fp32, but bf16 for ZeRO 1 and 2 without stages (bf16 weights), for FSDP2's gathered
+    bf16 parameters, and for a stage's FSDP2 under bf16 gradient compression (its reduce dtype)."""
     if fsdp2_without_stages(layout):
         return unsharded_bytes(precision)
     half = precision == "bf16" and (layout.zero in (1, 2) and layout.pp == 1
@@ -105,20 +111,25 @@ def gradient_bytes(layout: Layout, precision: str) -> int:
     return BF16 if half else FP32
 
 
-def accumulated_bytes(elements: float, layout: Layout, precision: str) -> float:
-    """Bytes the accumulation of ``elements`` gradients moves in one micro-batch: in their own dtype,
-    or FSDP2's reduced fp32 shard where it reduce-scatters every micro-batch."""
-    if fsdp2_without_stages(layout):
-        return 3 * FP32 * elements / layout.dp_shard
-    return 3 * gradient_bytes(layout, precision) * elements
+def gradient_step_bytes(elements: float, layout: Layout, precision: str) -> float:
+    """Bytes the gradients of ``elements`` parameters move in a step beyond the matmuls that compute
+    them: autograd's accumulation in every micro-batch but the first; under FSDP2 without stages its
+    cast of the first into the reduce dtype, its additions of the later ones, and the copy into the
+    reduce-scatter (of the gradients as computed where there is one micro-batch)."""
+    m, grad = layout.microbatches, gradient_bytes(layout, precision)
+    if not fsdp2_without_stages(layout):
+        return (m - 1) * 3 * grad * elements
+    reduce = BF16 if layout.grad_compression == "bf16" else FP32
+    if grad == reduce:
+        return (2 * grad + (m - 1) * 3 * grad) * elements
+    return ((grad + reduce) + (2 * reduce if m > 1 else 0) + (m - 1) * (2 * reduce + grad)) * elements
 
 
-def accumulation_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels) -> float:
-    """Bytes one layer's gradient accumulation moves in each micro-batch of a step but the first, on
-    plait's engine."""
+def layer_gradient_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels) -> float:
+    """``gradient_step_bytes`` of one layer on plait's engine; none on a reference stack."""
     if not kernels.plait_engine:
         return 0.0
-    return accumulated_bytes(layer_elements(spec, layout.tp)[0], layout, precision)
+    return gradient_step_bytes(layer_elements(spec, layout.tp)[0], layout, precision)
 
 
 def end_elements(spec: ModelSpec, tp: int, first: bool, last: bool) -> tuple[int, int]:
@@ -129,37 +140,35 @@ def end_elements(spec: ModelSpec, tp: int, first: bool, last: bool) -> tuple[int
     return (table if first else 0), (table if last and not (spec.tie_embeddings and first) else 0)
 
 
-def end_pass_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels, first: bool,
-                   last: bool) -> tuple[float, float]:
-    """(forward, backward) bytes per micro-batch of the passes over the embedding and the output
-    projection that a rank of the first and last stage (as ``first`` and ``last`` say) makes, the
-    accumulation apart: the embedding's backward writes its whole gradient table; the head's weight is
-    cast as a layer's is, and where GPT-2's vocabulary is no multiple of ``ALIGNED_ROWS`` its cast
-    padded and the padding's gradient cut off (plait.models.vocabulary), one more bf16 pass each
-    way; a tied weight's two gradients are summed; FSDP2 copies them as a layer's."""
+def end_passes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels, first: bool,
+               last: bool) -> WeightPasses:
+    """The passes over the embedding and the output projection in each micro-batch on a rank of the
+    first and last stage (as ``first`` and ``last`` say), the gradients' accumulation apart: the
+    embedding's backward writes its whole gradient table; the head's weight is cast as a layer's is,
+    and where the vocabulary is no multiple of ``ALIGNED_ROWS`` its cast is padded and the padding's
+    gradient cut off (plait.models.vocabulary), one more bf16 pass each way; a tied table's two
+    gradients are summed; FSDP2 gathers them as a layer's."""
     if not kernels.plait_engine or not (first or last):
         return NO_PASSES
     embedding, head = end_elements(spec, layout.tp, first, last)
     table = padded_vocab(spec.vocab, layout.tp) // layout.tp * spec.hidden
     grad = gradient_bytes(layout, precision)
     forward, backward = 0.0, grad * embedding
-    if last:
-        if autocast_copies_weights(precision, layout.zero, layout.pp) and not fsdp2_without_stages(layout):
-            padded = 2 * BF16 if table % (ALIGNED_ROWS * spec.hidden) else 0
-            forward += (CAST_BYTES + padded) * table
-            backward += (CAST_BYTES + padded) * table
-        if spec.tie_embeddings and first:
-            backward += 3 * grad * table
+    if last and autocast_copies_weights(precision, layout.zero, layout.pp):
+        padding = 2 * BF16 if (table // spec.hidden) % ALIGNED_ROWS else 0
+        forward += (CAST_BYTES + padding) * table
+        backward += (CAST_BYTES + padding) * table
+    if last and spec.tie_embeddings and first:
+        backward += 3 * grad * table
     if fsdp2_without_stages(layout):
-        copies = fsdp2_copies_bytes(embedding + head, layout.dp_shard, precision, reduce_bytes_of(layout))
-        forward, backward = forward + copies[0], backward + copies[1]
-    return forward, backward
+        gather = fsdp2_gather_bytes(embedding + head, layout.dp_shard, precision)
+        forward, backward = forward + gather, backward + gather
+    return WeightPasses(forward, backward, 0.0)
 
 
-def end_accumulation_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels, first: bool,
-                           last: bool) -> float:
-    """Bytes the accumulation of the embedding's and output projection's gradients a rank holds moves
-    in each micro-batch of a step but the first."""
+def end_gradient_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels, first: bool,
+                       last: bool) -> float:
+    """``gradient_step_bytes`` of the embedding and output projection a rank holds."""
     if not kernels.plait_engine:
         return 0.0
-    return accumulated_bytes(sum(end_elements(spec, layout.tp, first, last)), layout, precision)
+    return gradient_step_bytes(sum(end_elements(spec, layout.tp, first, last)), layout, precision)

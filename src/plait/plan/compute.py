@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from plait.facts.activations import ACTIVATION_BYTES, op_keeps_attention
 from plait.facts.model_state import padded_vocab
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
-from plait.facts.weight_passes import NO_PASSES, accumulation_bytes, end_accumulation_bytes, end_pass_bytes
+from plait.facts.weight_passes import (NO_PASSES, WeightPasses, end_gradient_bytes, end_passes, layer_gradient_bytes)
 from plait.layout import ZIGZAG_ALGORITHMS, Layout
 from plait.models.flops import block_norms, kv_heads_per_rank, linear_shapes, recomputed_linears
 from plait.models.spec import ModelSpec
@@ -188,10 +188,10 @@ def layer_times(
     recompute: str = "none",
     kernels: Kernels = STACKS[DEFAULT_STACK],
     cp_algorithm: str = "all-to-all",
-    weight_passes: tuple[float, float] = NO_PASSES,
+    weight_passes: WeightPasses = NO_PASSES,
 ) -> LayerTimes:
     """Predicted compute time of one transformer layer on one rank (no communication), with the
-    bytes of the engine's passes over its weights, forward and backward (plait.facts.weight_passes)."""
+    engine's passes over its weights (plait.facts.weight_passes)."""
     shape = layer_shape(spec, micro_batch, tp, cp, sp, precision, kernels)
     memory_rate = hw.memory_gbps * 1e9
     weights = sum(gemm_seconds(hw, precision, g) for g in shape.weights)
@@ -218,7 +218,7 @@ def layer_times(
     activation_rate = (hw.activation_gbps or hw.memory_gbps) * 1e9
     elementwise = (shape.elementwise_bytes / memory_rate + shape.activation_bytes / activation_rate
                    + ELEMENTWISE_KERNELS * hw.kernel_overhead_s)
-    weight_forward, weight_backward = (passed / memory_rate for passed in weight_passes)
+    weight_forward, weight_backward, weight_recomputed = (passed / memory_rate for passed in weight_passes)
     host, scale = host_overhead(hw, spec), hw.layer_kernel_scale.get(spec.family, UNSCALED)
     # (a stack whose host cannot run ahead adds its own time to each layer's forward and backward)
     forward = with_host(hw, scale.forward * (weights + attention + elementwise + weight_forward),
@@ -235,35 +235,33 @@ def layer_times(
     shapes = linear_shapes(spec, tp)
     if recompute == "full":  # the forward, but for a closing w2 no backward needs (plait.models.flops.layer_flops)
         closing = 0.0 if kernels.recompute_whole_forward else gemm_seconds(hw, precision, Gemm(tokens, *shapes["w2"][::-1]))
-        extra = forward - scale.forward * closing
+        extra = forward - scale.forward * (closing + weight_forward - weight_recomputed)
     elif recompute == "op":  # the unkept matmuls and every elementwise kernel run again
         rerun = sum(gemm_seconds(hw, precision, Gemm(tokens, *shapes[name][::-1])) for name in recomputed_linears(spec))
-        extra = with_host(hw, scale.forward * (rerun + elementwise), host.layer_forward)
+        extra = with_host(hw, scale.forward * (rerun + elementwise + weight_recomputed), host.layer_forward)
         if not op_keeps_attention(kernels, cp, cp_algorithm):
             extra += attention
     return LayerTimes(forward, backward_input, grad_weight, extra, attention, scale.backward * attention_backward)
 
 
-def accumulation_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str, kernels: Kernels,
-                         layers: int, first: bool, last: bool) -> float:
-    """A step's gradient accumulation on a rank of ``layers`` layers, and of the embedding and head
-    where it holds the first and last stage (plait.facts.weight_passes): in the backward of every
-    micro-batch but the first, the layers' at their kernels' backward scale. Charged to the step, not
-    to each micro-batch's backward, it leaves the pipeline's bubble as it is."""
-    if layout.microbatches == 1:
-        return 0.0
+def gradient_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str, kernels: Kernels,
+                     layers: int, first: bool, last: bool) -> float:
+    """A step's passes over the gradients (plait.facts.weight_passes: their accumulation, FSDP2's
+    casts and copies) on a rank of ``layers`` layers that holds the first and last stage as ``first``
+    and ``last`` say, the layers' at their kernels' backward scale. They run in the micro-batches'
+    backwards; charged to the step, they leave out what they would add to a pipeline's bubble, at
+    most (pp − 1)/m of them."""
     scale = hw.layer_kernel_scale.get(spec.family, UNSCALED)
-    per_micro_batch = (layers * scale.backward * accumulation_bytes(spec, layout, precision, kernels)
-                       + end_accumulation_bytes(spec, layout, precision, kernels, first, last))
-    return (layout.microbatches - 1) * per_micro_batch / (hw.memory_gbps * 1e9)
+    return ((layers * scale.backward * layer_gradient_bytes(spec, layout, precision, kernels)
+             + end_gradient_bytes(spec, layout, precision, kernels, first, last)) / (hw.memory_gbps * 1e9))
 
 
 def end_pass_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str, kernels: Kernels, first: bool,
                      last: bool) -> tuple[float, float]:
     """(forward, backward) seconds per micro-batch of the passes over the embedding and head of a rank
     holding the first and last stage, as ``first`` and ``last`` say (plait.facts.weight_passes)."""
-    forward, backward = end_pass_bytes(spec, layout, precision, kernels, first, last)
-    return forward / (hw.memory_gbps * 1e9), backward / (hw.memory_gbps * 1e9)
+    passes = end_passes(spec, layout, precision, kernels, first, last)
+    return passes.forward / (hw.memory_gbps * 1e9), passes.backward / (hw.memory_gbps * 1e9)
 
 
 NO_OVERHEAD = HostOverhead()

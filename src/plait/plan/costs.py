@@ -13,7 +13,7 @@ from plait.facts.collectives import (boundary_split_over_tp, embedding_collectiv
                                      stage_boundary_bytes)
 from plait.facts.recompute import chunk_recompute
 from plait.facts.stack import Kernels
-from plait.facts.weight_passes import weight_pass_bytes
+from plait.facts.weight_passes import layer_passes
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
@@ -90,7 +90,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     """
     if times is None:
         times = layer_times(spec, hw, precision, micro_batch, layout.tp, layout.cp, layout.sp, layout.recompute, kernels,
-                            layout.cp_algorithm, weight_pass_bytes(spec, layout, precision, kernels))
+                            layout.cp_algorithm, layer_passes(spec, layout, precision, kernels))
     wrappers = wrapper_overhead(hw, spec, layout)
     if wrappers.layer_forward or wrappers.layer_backward:
         times = replace(times, forward=times.forward + wrappers.layer_forward,

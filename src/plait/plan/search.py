@@ -32,9 +32,9 @@ from plait.facts.validity import (
     compression_problems, fit_problems, layout_problems, mesh_problems, pipeline_problems, reads_saved_once_per_backward,
     recomputes_once_per_backward, run_problems, spec_problems,
 )
-from plait.facts.weight_passes import weight_pass_bytes
+from plait.facts.weight_passes import WeightPasses, layer_passes
 from plait.layout import RECOMPUTE, SCHEDULES, ZIGZAG_ALGORITHMS, Layout
-from plait.plan.compute import LayerTimes, accumulation_seconds, end_pass_seconds, head_times, layer_times
+from plait.plan.compute import LayerTimes, end_pass_seconds, gradient_seconds, head_times, layer_times
 from plait.plan.costs import end_collectives, layer_cost, stage_boundaries
 from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.memory import other_bytes
@@ -249,16 +249,16 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                      for r, chunks in examined_ranks(pp, v))
 
     @functools.cache
-    def weight_passes(tp: int, pp: int, zero: int, shards: int) -> tuple[float, float]:
-        """A layer's weight passes in each micro-batch (plait.facts.weight_passes): they read the mesh's
-        tp and pp, the ZeRO stage and its group (the compression is the scan's)."""
-        return weight_pass_bytes(spec, Layout(tp=tp, pp=pp, dp=shards, zero=zero, grad_compression=compression),
-                                 precision, kernels)
+    def layer_pass_bytes(tp: int, pp: int, zero: int, shards: int) -> WeightPasses:
+        """A layer's passes over its weights in each micro-batch (plait.facts.weight_passes): they read
+        the mesh's tp and pp, the ZeRO stage and its group (the compression is the scan's)."""
+        return layer_passes(spec, Layout(tp=tp, pp=pp, dp=shards, zero=zero, grad_compression=compression),
+                            precision, kernels)
 
     @functools.cache
-    def end_passes(tp: int, pp: int, zero: int, shards: int, first: bool, last: bool) -> float:
-        """The ends' passes per micro-batch on a rank holding the first and last stage as ``first`` and
-        ``last`` say (plait.facts.weight_passes)."""
+    def end_pass_s(tp: int, pp: int, zero: int, shards: int, first: bool, last: bool) -> float:
+        """The ends' passes in each micro-batch on a rank holding the first and last stage as ``first``
+        and ``last`` say (plait.facts.weight_passes)."""
         layout = Layout(tp=tp, pp=pp, dp=shards, zero=zero, grad_compression=compression)
         return sum(end_pass_seconds(spec, hw, layout, precision, kernels, first, last))
 
@@ -350,7 +350,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     first_full, middle_full, last_full, layer_states = states[mesh_key]
                     # A stage's activations per micro-batch under each recomputation (what they read of
                     # the ZeRO stage and the stages on plait's engine).
-                    weights = (autocast_copies_weights(precision, zero, pp), zero == 3) if kernels.plait_engine else None
+                    weights = (autocast_copies_weights(precision, zero, pp), zero == 3 and pp == 1) if kernels.plait_engine else None
                     held, working = {}, {}
                     for rc in costed:
                         act_key = (tp, sp, cp, rc, mbs, weights, algorithm)
@@ -381,14 +381,15 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                             (dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
                                              0, offload))
                         continue
-                    passes = weight_passes(tp, pp, zero, dp // replicate)
-                    # The slowest rank's accumulation (the first or the last, with their ends), and the
-                    # ends' own passes each micro-batch (with no stages one rank holds both ends).
-                    accumulation = max(accumulation_seconds(spec, hw, staged, precision, kernels, per_rank, True, pp == 1),
-                                       accumulation_seconds(spec, hw, staged, precision, kernels, per_rank, pp == 1, True))
-                    head_passes = end_passes(tp, pp, zero, dp // replicate, pp == 1, True)
-                    embedding_passes = end_passes(tp, pp, zero, dp // replicate, True, False) if pp > 1 else 0.0
-                    head_work, embedding_work = head_kernels + head_passes, embedding_kernels + embedding_passes
+                    passes = layer_pass_bytes(tp, pp, zero, dp // replicate)
+                    # The ends' own passes each micro-batch (with no stages one rank holds both ends), and
+                    # the step's passes over the gradients: a layer's, and the ends' on the first and last rank.
+                    head_work = head_kernels + end_pass_s(tp, pp, zero, dp // replicate, pp == 1, True)
+                    embedding_work = embedding_kernels + (end_pass_s(tp, pp, zero, dp // replicate, True, False)
+                                                          if pp > 1 else 0.0)
+                    layer_gradients = gradient_seconds(spec, hw, staged, precision, kernels, 1, False, False)
+                    first_gradients = gradient_seconds(spec, hw, staged, precision, kernels, 0, True, pp == 1)
+                    last_gradients = gradient_seconds(spec, hw, staged, precision, kernels, 0, pp == 1, True)
                     times = times_of.setdefault(passes, {})
                     if not times:
                         for rc in costed:
@@ -423,7 +424,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # (an overlapped parameter gather hides more under interleaving: its floor has it all hidden)
                     gathered = flush.first_gather is not None and pp > 1
                     floors = {rc: m * (max(per_rank * r[2], r[1]) if pp > 1 else layers * r[2] + r[3] + head_work)
-                              + min(0.0, (pp - 1) * r[4]) + accumulation
+                              + min(0.0, (pp - 1) * r[4]) + per_rank * layer_gradients
                               + (flush.exposed(per_rank * r[6], math.inf) + flush.optimizer if gathered else r[5])
                               for rc, r in per_rc.items()}
                     # Each schedule takes the fastest recomputation that fits (zb-h1 one it can replay twice).
@@ -476,8 +477,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                     slowest = middle * work
                             fill = fill_zb if name == "zb-h1" else mean / v
                             sending = 2 * v * waited if name in kernels.blocking_sends else 0.0
+                            gradients = max(first_layers * layer_gradients + first_gradients,
+                                            last_layers * layer_gradients + last_gradients, middle * layer_gradients)
                             step = (estimate_step(name, pp, v, m, mean + sending, slowest + sending, fill, flight) + flushed
-                                    + accumulation)
+                                    + gradients)
                             found.record((dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
                                           blocks or 0, offload), step, peak, capacity, keep, level)
             if examined and not larger_may_fit:

@@ -30,7 +30,7 @@ from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, pipeline_link, reduce_scatter_seconds,
     send_seconds, strided_link,
 )
-from plait.plan.compute import accumulation_seconds, optimizer_seconds
+from plait.plan.compute import gradient_seconds, optimizer_seconds
 from plait.plan.costs import chunk_costs, stage_boundaries, wrapper_overhead
 from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.memory import RankMemory, layer_saved_bytes, other_bytes
@@ -266,8 +266,8 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         params = rank_parameters(spec, layers, first, last, layout.tp, pp)
         flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp))
         forward = gather_window(sum(chunks[c].forward for c in mine), v, pp, m)
-        accumulation = accumulation_seconds(spec, hw, layout, precision, workload.kernels, layers, first, last)
-        tails.append((flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer, accumulation))
+        gradients = gradient_seconds(spec, hw, layout, precision, workload.kernels, layers, first, last)
+        tails.append((flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer, gradients))
         kept = (layout.recompute_layers is not None
                 and min((counts[c] for c in mine if counts[c]), default=0) > layout.recompute_layers)
         memories.append(stage_memory(workload, hw, layout, micro_batch, layers, first, last, played.peak_activations[rank],
