@@ -150,34 +150,36 @@ def test_torchtitans_8b_with_per_op_checkpointing_fits_where_it_ran(gpus, report
     assert not evaluate(workload, hw, gpus, Layout(dp=gpus, zero=3, recompute="selective")).fits
 
 
-def _peaks_by_micro_batch(stack: str, zero: int, schedule: str, v: int, recompute: str) -> list[int]:
+def _peaks_by_micro_batch(stack: str, zero: int, schedule: str, v: int, recompute: str,
+                          precision: str = "bf16") -> list[int]:
     """gpt3-175b, dp2·tp8·pp8, 1,024 sequences: the peak per rank at micro-batches of 1, 2, ... 64."""
-    workload = Workload(model_spec("gpt3-175b"), 1024, "bf16", STACKS[stack])
+    workload = Workload(model_spec("gpt3-175b"), 1024, precision, STACKS[stack])
     hw = hardware("a100-80gb", memory_bytes=10**15)
     return [evaluate(workload, hw, 128, Layout(dp=2, tp=8, pp=8, sp=True, zero=zero, schedule=schedule, virtual_stages=v,
                                                microbatches=m, recompute=recompute)).peak_memory_bytes
             for m in (512, 256, 128, 64, 32, 16, 8)]
 
 
-@pytest.mark.parametrize("stack,zero,schedule,v", [
-    *[("plait", zero, schedule, v) for zero in (2, 3)
+@pytest.mark.parametrize("stack,zero,schedule,v,precision", [
+    *[("plait", zero, schedule, v, "fp32") for zero in (2, 3)
       for schedule, v in (("1f1b", 1), ("gpipe", 1), ("zb-h1", 1), ("interleaved-1f1b", 2))],
-    *[("megatron", 1, schedule, v) for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2))]])
+    *[("megatron", 1, schedule, v, "bf16") for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2))]])
 @pytest.mark.parametrize("recompute", ["none", "full"])
-def test_no_layout_needs_less_memory_with_larger_micro_batches(stack, zero, schedule, v, recompute):
+def test_no_layout_needs_less_memory_with_larger_micro_batches(stack, zero, schedule, v, precision, recompute):
     """What lets the search stop a mesh at the first micro-batch size where nothing fits
     (plait.plan.search.beyond): at a fixed global batch, each rank's peak never falls as the
     micro-batches grow and their count falls, where each micro-batch in flight holds only what
-    grows with it."""
-    peaks = _peaks_by_micro_batch(stack, zero, schedule, v, recompute)
+    grows with it (plait's pipeline stages in fp32, where autocast keeps no weight copies)."""
+    peaks = _peaks_by_micro_batch(stack, zero, schedule, v, recompute, precision)
     assert peaks == sorted(peaks) and peaks[-1] > peaks[0]
 
 
-def test_autocasts_weight_copies_can_need_less_memory_with_larger_micro_batches():
-    """Why the search does not stop there under autocast's bf16 weight copies (ZeRO-1 on a pipeline
-    stage): GPipe holds every micro-batch, each with its own copy of the stage's weights, so fewer,
-    larger micro-batches need less."""
-    peaks = _peaks_by_micro_batch("plait", 1, "gpipe", 1, "none")
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_autocasts_weight_copies_can_need_less_memory_with_larger_micro_batches(zero):
+    """Why the search does not stop there under autocast's bf16 weight copies (every ZeRO stage on a
+    pipeline stage keeps fp32 weights): GPipe holds every micro-batch, each with its own copy of the
+    stage's weights, so fewer, larger micro-batches need less."""
+    peaks = _peaks_by_micro_batch("plait", zero, "gpipe", 1, "none")
     assert peaks[-1] < peaks[0]
 
 

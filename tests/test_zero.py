@@ -26,7 +26,7 @@ def is_reduction(name: str) -> bool:
     return "reduce" in name
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", [0, 1, 2])
 def test_accumulation_reduces_gradients_only_on_the_last_microbatch(pool, stage):
     config = run_config(dp=2, zero=stage, microbatches=MICROBATCHES, steps=1)
     for counts in pool.run(collectives_per_microbatch, 2, config):
@@ -34,10 +34,18 @@ def test_accumulation_reduces_gradients_only_on_the_last_microbatch(pool, stage)
         *accumulating, last = counts
         assert sum(n for name, n in last.items() if is_reduction(name)) > 0, last
         for index, issued in enumerate(accumulating):
-            if stage <= 2:
-                assert issued == {}, f"micro-batch {index} issued {issued}"
-            else:  # FSDP2 gathers the parameters for each micro-batch but reduces nothing
-                assert issued and not any(is_reduction(name) for name in issued), f"micro-batch {index}: {issued}"
+            assert issued == {}, f"micro-batch {index} issued {issued}"
+
+
+def test_fsdp2_gathers_and_reduce_scatters_in_every_microbatch(pool):
+    """ZeRO-3 keeps its gradients sharded: each micro-batch's are reduce-scattered in its backward,
+    beside the gathers of its forward and backward, all alike."""
+    config = run_config(dp=2, zero=3, microbatches=MICROBATCHES, steps=1)
+    for counts in pool.run(collectives_per_microbatch, 2, config):
+        assert len(counts) == MICROBATCHES
+        for index, issued in enumerate(counts):
+            assert any(is_reduction(name) for name in issued), f"micro-batch {index}: {issued}"
+            assert issued == counts[0], f"micro-batch {index}: {issued} against {counts[0]}"
 
 
 @pytest.mark.parametrize("dp", [2, 4])

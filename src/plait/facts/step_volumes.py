@@ -97,9 +97,9 @@ def _data_parallel(spec: ModelSpec, layout: Layout, layers: int, first: bool, la
                    dp_rank: int, add) -> None:
     """ZeRO 0 all-reduces every gradient over dp; ZeRO 1 all-reduces them and gathers the updated
     rows each rank owns; ZeRO 2 reduce-scatters them and gathers the rows; ZeRO 3 (FSDP2) gathers
-    every parameter in each micro-batch's forward and again in its backward (once a step on a
-    pipeline stage, which keeps them for the schedule) and reduce-scatters the accumulated
-    gradients. Under hybrid sharding ZeRO's collectives run in the replica group (``dp_shard``) and
+    every parameter in each micro-batch's forward and again in its backward and reduce-scatters each
+    micro-batch's gradients (on a pipeline stage, which keeps them for the schedule, it gathers once
+    a step and reduce-scatters the accumulated gradients). Under hybrid sharding ZeRO's collectives run in the replica group (``dp_shard``) and
     the shards' gradients are all-reduced across replicas (``dp_replicate``; ZeRO 1 all-reduces over
     all of dp as before). Then cp averages the gradients this rank keeps (all of them below ZeRO 2,
     its shard from it)."""
@@ -113,9 +113,10 @@ def _data_parallel(spec: ModelSpec, layout: Layout, layers: int, first: bool, la
         add("dp", "all_reduce", whole * grad_bytes)
     if zero in (1, 2):
         add(shard_group, "all_gather", owned * param_bytes)
+    per_micro_batch = layout.microbatches if zero == 3 and layout.pp == 1 else 1
     if zero >= 2:
-        add(shard_group, "reduce_scatter", (padded * ranks if zero == 3 else whole) * grad_bytes)
-        add("dp_replicate", "all_reduce", (padded if zero == 3 else owned) * grad_bytes)
+        add(shard_group, "reduce_scatter", per_micro_batch * (padded * ranks if zero == 3 else whole) * grad_bytes)
+        add("dp_replicate", "all_reduce", per_micro_batch * (padded if zero == 3 else owned) * grad_bytes)
     if zero == 3:
-        add(shard_group, "all_gather", (2 * layout.microbatches if layout.pp == 1 else 1) * padded * param_bytes)
+        add(shard_group, "all_gather", (2 * per_micro_batch if layout.pp == 1 else 1) * padded * param_bytes)
     add("cp", "all_reduce", (whole if zero < 2 else owned) * grad_bytes)

@@ -9,13 +9,12 @@ Beside the matmuls, each reads and writes every element, so each is bound by mem
   _fsdp_collectives.py): each all-gather, the forward's and the backward's (a recomputed forward
   runs inside the latter), copies the rank's fp32 shard into its input in the parameters' dtype
   (``all_gather_copy_in``) and every gathered element out into its parameter
-  (``split_with_sizes_copy``);
-- the gradients, once a step: from a step's second micro-batch on, autograd adds each new gradient
-  into the one the parameter holds (read both, write one) in the gradients' dtype. FSDP2 without
-  stages reduces only after the last micro-batch (plait.parallel.gradients turns its gradient sync
-  off before): it casts the first micro-batch's bf16 gradients to its fp32 reduce dtype, adds each
-  later one into them, and copies them into the reduce-scatter's input
-  (``foreach_reduce_scatter_copy_in``).
+  (``split_with_sizes_copy``), and each backward copies the gradients into the reduce-scatter's
+  input in the reduce dtype (``foreach_reduce_scatter_copy_in``): it reduce-scatters every
+  micro-batch's (plait.parallel.gradients);
+- the gradients' accumulation: from a step's second micro-batch on, autograd adds each new gradient
+  into the one the parameter holds (read both, write one) in the gradients' dtype, and FSDP2 each
+  reduced fp32 shard into the rank's.
 
 A layer of llama-1b (60.8M weights) so moves 1.46 GB a micro-batch at ZeRO 0 in bf16 (casts both
 ways and the accumulation), as much as the planner's elementwise kernels of its forward and
@@ -96,7 +95,7 @@ def layer_passes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kerne
     elements, linear = layer_elements(spec, layout.tp)
     if fsdp2_without_stages(layout):
         gather = fsdp2_gather_bytes(elements, layout.dp_shard, precision)
-        return WeightPasses(gather, gather, 0.0)
+        return WeightPasses(gather, gather + fsdp2_reduce_copy_bytes(elements, layout, precision), 0.0)
     return cast_passes(linear, autocast_copies_weights(precision, layout.zero, layout.pp))
 
 
@@ -111,18 +110,19 @@ def gradient_bytes(layout: Layout, precision: str) -> int:
     return BF16 if half else FP32
 
 
+def fsdp2_reduce_copy_bytes(elements: float, layout: Layout, precision: str) -> float:
+    """FSDP2's copy of ``elements`` gradients into its reduce-scatter's input, in the reduce dtype
+    (fp32, bf16 under bf16 gradient compression)."""
+    return (unsharded_bytes(precision) + (BF16 if layout.grad_compression == "bf16" else FP32)) * elements
+
+
 def gradient_step_bytes(elements: float, layout: Layout, precision: str) -> float:
-    """Bytes the gradients of ``elements`` parameters move in a step beyond the matmuls that compute
-    them: autograd's accumulation in every micro-batch but the first; under FSDP2 without stages its
-    cast of the first into the reduce dtype, its additions of the later ones, and the copy into the
-    reduce-scatter (of the gradients as computed where there is one micro-batch)."""
-    m, grad = layout.microbatches, gradient_bytes(layout, precision)
-    if not fsdp2_without_stages(layout):
-        return (m - 1) * 3 * grad * elements
-    reduce = BF16 if layout.grad_compression == "bf16" else FP32
-    if grad == reduce:
-        return (2 * grad + (m - 1) * 3 * grad) * elements
-    return ((grad + reduce) + (2 * reduce if m > 1 else 0) + (m - 1) * (2 * reduce + grad)) * elements
+    """Bytes the accumulation of ``elements`` parameters' gradients moves in a step: in every
+    micro-batch but the first, in the gradients' dtype, or FSDP2's reduced fp32 shards without
+    stages."""
+    if fsdp2_without_stages(layout):
+        return (layout.microbatches - 1) * 3 * FP32 * elements / layout.dp_shard
+    return (layout.microbatches - 1) * 3 * gradient_bytes(layout, precision) * elements
 
 
 def layer_gradient_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels) -> float:
@@ -162,7 +162,7 @@ def end_passes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels
         backward += 3 * grad * table
     if fsdp2_without_stages(layout):
         gather = fsdp2_gather_bytes(embedding + head, layout.dp_shard, precision)
-        forward, backward = forward + gather, backward + gather
+        forward, backward = forward + gather, backward + gather + fsdp2_reduce_copy_bytes(embedding + head, layout, precision)
     return WeightPasses(forward, backward, 0.0)
 
 

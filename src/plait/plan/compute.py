@@ -246,9 +246,9 @@ def layer_times(
 
 def gradient_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str, kernels: Kernels,
                      layers: int, first: bool, last: bool) -> float:
-    """A step's passes over the gradients (plait.facts.weight_passes: their accumulation, FSDP2's
-    casts and copies) on a rank of ``layers`` layers that holds the first and last stage as ``first``
-    and ``last`` say, the layers' at their kernels' backward scale. They run in the micro-batches'
+    """A step's accumulation of the gradients (plait.facts.weight_passes) on a rank of ``layers``
+    layers that holds the first and last stage as ``first`` and ``last`` say, the layers' at their
+    kernels' backward scale. They run in the micro-batches'
     backwards; charged to the step, they leave out what they would add to a pipeline's bubble, at
     most (pp − 1)/m of them."""
     scale = hw.layer_kernel_scale.get(spec.family, UNSCALED)
