@@ -162,7 +162,7 @@ def test_the_planner_predicts_plaits_own_figures(model, precision, layout):
 
     def per_layer(mode: str) -> int:
         return sum(saved_bytes_per_layer(spec, micro_batch, spec.seq_len, lay.tp, lay.sp, lay.cp, mode, precision,
-                                         autocast_copies_weights(precision, lay.zero, lay.pp), lay.zero == 3,
+                                         autocast_copies_weights(precision, lay.zero, lay.pp), lay.zero == 3 and lay.pp == 1,
                                          lay.cp_algorithm).values())
 
     layers = [sum(n * per_layer(mode) for mode, n in chunk_recompute(lay, blocks)) for blocks in counts]

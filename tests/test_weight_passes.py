@@ -121,3 +121,17 @@ def test_the_embedding_and_heads_passes_move_what_the_planner_counts(family, voc
     passes = end_passes(spec, layout, "bf16", plait, True, True)
     expected = 2 * (passes.forward + passes.backward) + end_gradient_bytes(spec, layout, "bf16", plait, True, True)
     assert tally.bytes == pytest.approx(expected, rel=0.0 if vocab % 8 == 0 else 0.01)
+
+
+def test_the_simulated_trace_ends_with_the_steps_gradient_accumulation():
+    """`plait simulate --trace` draws the accumulation the step pays after its schedule, so the
+    trace ends where the predicted step does."""
+    from plait.observe.simulated import simulated_trace
+    from plait.plan.hardware import hardware
+    from plait.plan.simulate import Workload, evaluate
+
+    workload, hw, layout = Workload(model_spec("llama-1b"), 16, "bf16"), hardware("h100-sxm"), Layout(microbatches=16)
+    events = [event for event in simulated_trace(workload, hw, 1, layout)["traceEvents"] if event.get("ph") == "X"]
+    assert [event["dur"] for event in events if event["name"] == "gradient accumulation"][0] > 0
+    end = max(event["ts"] + event["dur"] for event in events)
+    assert end == pytest.approx(evaluate(workload, hw, 1, layout).step_time_s * 1e6, rel=1e-6)

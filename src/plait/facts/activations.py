@@ -216,11 +216,12 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     - weights (bf16 autocast over fp32 weights, ``weight_copies``; by default whenever bf16):
       the bf16 copy of every weight matrix each linear multiplies by (``layer_weight_elements``).
 
-    bf16 without ``weight_copies`` (bf16 weights: ZeRO 1–3) runs the whole layer in bf16: the fp32
-    layout at 2 bytes a value, residual stream and block input included, save the fp32 log-sum-exp,
-    the rotary tables (buffers stay fp32) and RMSNorm, which autocast runs in fp32 on an fp32 copy
-    of its input (LayerNorm it leaves in bf16). Under ZeRO-3 (``fsdp_inputs``) FSDP2's mixed precision
-    casts the block's inputs to bf16, the rotary tables among them.
+    bf16 without ``weight_copies`` (bf16 weights: ZeRO 1–3 without pipeline stages) runs the whole
+    layer in bf16: the fp32 layout at 2 bytes a value, residual stream and block input included, save
+    the fp32 log-sum-exp, the rotary tables (buffers stay fp32) and RMSNorm, which autocast runs in
+    fp32 on an fp32 copy of its input (LayerNorm it leaves in bf16). Under ZeRO-3 without stages
+    (``fsdp_inputs``) FSDP2's mixed precision casts the block's inputs to bf16, the rotary tables
+    among them.
 
     ``selective`` recomputation keeps the attention core's inputs q, k, v (k, v with their kv-heads:
     the core expands them) instead of its output and statistics (its output survives only as wo's

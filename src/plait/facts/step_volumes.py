@@ -99,9 +99,9 @@ def _data_parallel(spec: ModelSpec, layout: Layout, layers: int, first: bool, la
     rows each rank owns; ZeRO 2 reduce-scatters them and gathers the rows; ZeRO 3 (FSDP2) gathers
     every parameter in each micro-batch's forward and again in its backward and reduce-scatters each
     micro-batch's gradients (on a pipeline stage, which keeps them for the schedule, it gathers once
-    a step and reduce-scatters the accumulated gradients). Under hybrid sharding ZeRO's collectives run in the replica group (``dp_shard``) and
-    the shards' gradients are all-reduced across replicas (``dp_replicate``; ZeRO 1 all-reduces over
-    all of dp as before). Then cp averages the gradients this rank keeps (all of them below ZeRO 2,
+    a step and reduce-scatters the accumulated gradients). Under hybrid sharding ZeRO's collectives
+    run in the replica group (``dp_shard``) and the shards' gradients are all-reduced across
+    replicas (``dp_replicate``; ZeRO 1 all-reduces over all of dp as before). Then cp averages the gradients this rank keeps (all of them below ZeRO 2,
     its shard from it)."""
     counts = rank_tensor_shape_counts(spec, layers, first, last, layout.tp, layout.pp)
     grad_bytes, param_bytes = communicated_bytes(layout, precision, STACKS["plait"])

@@ -5,16 +5,16 @@ Beside the matmuls, each reads and writes every element, so each is bound by mem
 - autocast's casts, where bf16 runs over fp32 weights (``autocast_copies_weights``: ZeRO 0 and
   every pipeline stage): each linear's weight and bias cast to bf16 in every forward (read 4 bytes,
   write 2), again in a recomputed one, and their bf16 gradients cast back to fp32 in every backward;
-- FSDP2's copies without pipeline stages (ZeRO-3; torch/distributed/fsdp/_fully_shard/
-  _fsdp_collectives.py): each all-gather, the forward's and the backward's (a recomputed forward
-  runs inside the latter), copies the rank's fp32 shard into its input in the parameters' dtype
-  (``all_gather_copy_in``) and every gathered element out into its parameter
+- FSDP2's copies on the compute stream without pipeline stages (ZeRO-3; torch/distributed/fsdp/
+  _fully_shard/_fsdp_collectives.py): each all-gather, the forward's and the backward's (a
+  recomputed forward runs inside the latter), copies every gathered element out into its parameter
   (``split_with_sizes_copy``), and each backward copies the gradients into the reduce-scatter's
   input in the reduce dtype (``foreach_reduce_scatter_copy_in``): it reduce-scatters every
-  micro-batch's (plait.parallel.gradients);
+  micro-batch's (plait.parallel.gradients). Its copy of the shard into a gather's input and its
+  accumulation of the reduced shards run on its side streams, under the compute, and are not
+  counted;
 - the gradients' accumulation: from a step's second micro-batch on, autograd adds each new gradient
-  into the one the parameter holds (read both, write one) in the gradients' dtype, and FSDP2 each
-  reduced fp32 shard into the rank's.
+  into the one the parameter holds (read both, write one) in the gradients' dtype.
 
 A layer of llama-1b (60.8M weights) so moves 1.46 GB a micro-batch at ZeRO 0 in bf16 (casts both
 ways and the accumulation), as much as the planner's elementwise kernels of its forward and
@@ -79,11 +79,9 @@ def unsharded_bytes(precision: str) -> int:
     return BF16 if precision == "bf16" else FP32
 
 
-def fsdp2_gather_bytes(elements: float, shards: int, precision: str) -> float:
-    """One FSDP2 gather of ``elements`` over ``shards`` ranks: the fp32 shard copied in, cast to the
-    parameters' dtype, and every element copied out."""
-    unsharded = unsharded_bytes(precision)
-    return elements / shards * (FP32 + unsharded) + elements * 2 * unsharded
+def fsdp2_copy_out_bytes(elements: float, precision: str) -> float:
+    """One FSDP2 gather's copy of ``elements`` gathered elements out into their parameters."""
+    return elements * 2 * unsharded_bytes(precision)
 
 
 def layer_passes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels) -> WeightPasses:
@@ -94,7 +92,7 @@ def layer_passes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kerne
         return NO_PASSES
     elements, linear = layer_elements(spec, layout.tp)
     if fsdp2_without_stages(layout):
-        gather = fsdp2_gather_bytes(elements, layout.dp_shard, precision)
+        gather = fsdp2_copy_out_bytes(elements, precision)
         return WeightPasses(gather, gather + fsdp2_reduce_copy_bytes(elements, layout, precision), 0.0)
     return cast_passes(linear, autocast_copies_weights(precision, layout.zero, layout.pp))
 
@@ -117,11 +115,11 @@ def fsdp2_reduce_copy_bytes(elements: float, layout: Layout, precision: str) -> 
 
 
 def gradient_step_bytes(elements: float, layout: Layout, precision: str) -> float:
-    """Bytes the accumulation of ``elements`` parameters' gradients moves in a step: in every
-    micro-batch but the first, in the gradients' dtype, or FSDP2's reduced fp32 shards without
-    stages."""
+    """Bytes the accumulation of ``elements`` parameters' gradients moves in a step on the compute
+    stream: in every micro-batch but the first, in the gradients' dtype; none for FSDP2 without
+    stages, which accumulates its reduced shards on its reduce-scatter's stream."""
     if fsdp2_without_stages(layout):
-        return (layout.microbatches - 1) * 3 * FP32 * elements / layout.dp_shard
+        return 0.0
     return (layout.microbatches - 1) * 3 * gradient_bytes(layout, precision) * elements
 
 
@@ -147,7 +145,7 @@ def end_passes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels
     embedding's backward writes its whole gradient table; the head's weight is cast as a layer's is,
     and where the vocabulary is no multiple of ``ALIGNED_ROWS`` its cast is padded and the padding's
     gradient cut off (plait.models.vocabulary), one more bf16 pass each way; a tied table's two
-    gradients are summed; FSDP2 gathers them as a layer's."""
+    gradients are summed; FSDP2 copies them as a layer's."""
     if not kernels.plait_engine or not (first or last):
         return NO_PASSES
     embedding, head = end_elements(spec, layout.tp, first, last)
@@ -161,7 +159,7 @@ def end_passes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels
     if last and spec.tie_embeddings and first:
         backward += 3 * grad * table
     if fsdp2_without_stages(layout):
-        gather = fsdp2_gather_bytes(embedding + head, layout.dp_shard, precision)
+        gather = fsdp2_copy_out_bytes(embedding + head, precision)
         forward, backward = forward + gather, backward + gather + fsdp2_reduce_copy_bytes(embedding + head, layout, precision)
     return WeightPasses(forward, backward, 0.0)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from plait.facts.model_state import rank_parameters, rank_tensors
 from plait.layout import Layout
 from plait.observe.trace import timeline_events
+from plait.plan.compute import gradient_seconds
 from plait.plan.costs import chunk_costs, stage_boundaries
 from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.pipeline import action_costs, action_flights
@@ -47,8 +48,10 @@ def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout)
         flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp))
         exposed = flush.exposed(sum(chunks[c].backward for c in mine),
                                 gather_window(sum(chunks[c].forward for c in mine), v, pp, layout.microbatches))
+        gradients = gradient_seconds(spec, hw, layout, precision, workload.kernels, layers, first, last)
         start = timeline.step_time
-        for name, seconds in (("gradient sync (exposed)", exposed), ("optimizer", flush.optimizer)):
+        for name, seconds in (("gradient accumulation", gradients), ("gradient sync (exposed)", exposed),
+                              ("optimizer", flush.optimizer)):
             events.append({"name": name, "cat": "flush", "ph": "X", "pid": 0, "tid": rank, "ts": start * 1e6, "dur": seconds * 1e6})
             start += seconds
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"layout": layout.to_dict(), "simulated": True}}

@@ -5,8 +5,9 @@ by the mechanism each layout was built on: DDP's all-reduce (ZeRO 0, 1), ``Gradi
 (ZeRO 0, 1 where DDP cannot run: under tensor parallelism, whose DTensor weights DDP cannot hold,
 and on pipeline stages), ``GradientReduceScatter`` (ZeRO-2), FSDP2's reduce-scatter (ZeRO-3); the
 buckets' size is ``plait.facts.buckets``' rule. ``gradient_sync`` switches them off for every
-micro-batch but the last, but for FSDP2's, which reduce-scatter every micro-batch's gradients. A pipeline stage runs one backward per (chunk, micro-batch), split into
-input and weight halves under zero-bubble schedules, which DDP's per-backward hooks cannot follow:
+micro-batch but the last, but for FSDP2's, which reduce-scatter every micro-batch's gradients. A
+pipeline stage runs one backward per (chunk, micro-batch), split into input and weight halves
+under zero-bubble schedules, which DDP's per-backward hooks cannot follow:
 there plait's buckets reduce each chunk's gradients from its last backward action on, overlapping
 the rest of the schedule (``plait.parallel.gradient_buckets``), and ZeRO-3's FSDP2 reduce-scatters
 once after the schedule (``plait.parallel.stage_sharding``). What is left is finished here, once
@@ -95,7 +96,8 @@ def gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, enabled: b
     buckets = buckets or getattr(optimizer, "gradient_shards", None)
     if isinstance(model, FSDPModule):
         # FSDP2 reduce-scatters every micro-batch's gradients, as torchtitan runs it: with its sync off
-        # it would keep every layer's gradient whole in fp32 until the last, what ZeRO-3 exists to spare.
+        # it would keep every layer's gradient whole (in its reduce dtype) until the last, what ZeRO-3
+        # exists to spare.
         yield
     elif buckets is not None:
         with buckets.synchronising(enabled):

@@ -263,6 +263,15 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
         return sum(end_pass_seconds(spec, hw, layout, precision, kernels, first, last))
 
     @functools.cache
+    def gradient_s(tp: int, pp: int, zero: int, shards: int, m: int) -> tuple[float, float, float]:
+        """A step's gradient accumulation (plait.plan.compute.gradient_seconds): one layer's, and the
+        ends' on the first and on the last rank (with no stages, one rank holds both)."""
+        layout = Layout(tp=tp, pp=pp, dp=shards, zero=zero, microbatches=m, grad_compression=compression)
+        return (gradient_seconds(spec, hw, layout, precision, kernels, 1, False, False),
+                gradient_seconds(spec, hw, layout, precision, kernels, 0, True, pp == 1),
+                gradient_seconds(spec, hw, layout, precision, kernels, 0, pp == 1, True))
+
+    @functools.cache
     def middle_layers(pp: int, v: int) -> int:
         return max((sum(chunks) for r, chunks in examined_ranks(pp, v) if 0 < r < pp - 1), default=0)
 
@@ -387,9 +396,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     head_work = head_kernels + end_pass_s(tp, pp, zero, dp // replicate, pp == 1, True)
                     embedding_work = embedding_kernels + (end_pass_s(tp, pp, zero, dp // replicate, True, False)
                                                           if pp > 1 else 0.0)
-                    layer_gradients = gradient_seconds(spec, hw, staged, precision, kernels, 1, False, False)
-                    first_gradients = gradient_seconds(spec, hw, staged, precision, kernels, 0, True, pp == 1)
-                    last_gradients = gradient_seconds(spec, hw, staged, precision, kernels, 0, pp == 1, True)
+                    layer_gradients, first_gradients, last_gradients = gradient_s(tp, pp, zero, dp // replicate, m)
                     times = times_of.setdefault(passes, {})
                     if not times:
                         for rc in costed:
@@ -406,9 +413,11 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                            (zero, dp > 1) if hw.host_overhead else None, algorithm, passes)
                     if key not in works:
                         works[key] = {rc: _layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in costed}
-                    if mesh_key not in flushes:
-                        flushes[mesh_key] = flush_costs(workload, hw, staged, max(params), tensors)
-                    flush = flushes[mesh_key]
+                    # (plait's ZeRO-3 without stages reduces its ends' gradients every micro-batch)
+                    flush_key = mesh_key + ((m,) if zero == 3 and pp == 1 and kernels.plait_engine else ())
+                    if flush_key not in flushes:
+                        flushes[flush_key] = flush_costs(workload, hw, staged, max(params), tensors)
+                    flush = flushes[flush_key]
                     # Per recomputation: a stage's activations per micro-batch, and its work per
                     # micro-batch (less the pipeline engine's, which grows with v) with its flush.
                     per_rc = {}

@@ -189,7 +189,8 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     g_bytes, p_bytes = communicated_bytes(layout, precision, kernels)
     # ZeRO-3 without stages reduces each layer's gradients in that layer's backward, where
     # plait.plan.costs.layer_cost charges them beside its gathers; what is left here is the
-    # embedding's and head's, reduced after the last backward with nothing to hide under.
+    # embedding's and head's, reduced at the end of a backward with nothing to hide under: on plait's
+    # engine every micro-batch's (plait.parallel.gradients), so once for each.
     per_layer = layout.zero == 3 and layout.pp == 1
     reduced = params - workload.spec.layers * layer_parameter_count(workload.spec) / layout.tp if per_layer else params
     grads = reduced_gradient_elements(workload.spec, layout, reduced) * g_bytes
@@ -204,6 +205,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     elif kernels.plait_engine:
         reduce, after = plait_reduction_seconds(hw, layout, grads)
         if per_layer:  # the context-parallel average after backward covers every layer's shard
+            reduce *= layout.microbatches
             after = plait_reduction_seconds(hw, layout, params * g_bytes)[1]
     elif layout.zero < 2:
         reduce = all_reduce_seconds(grads, replicas, replica_link)
