@@ -23,7 +23,7 @@ class WeightPassTally(TorchDispatchMode):
     def __init__(self, block: torch.nn.Module):
         super().__init__()
         self.shapes = {tuple(p.shape) for p in block.parameters()}
-        self.grads = block
+        self.block = block
         self.casts = self.accumulations = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -34,7 +34,7 @@ class WeightPassTally(TorchDispatchMode):
         if name == "_to_copy" and tuple(args[0].shape) in self.shapes and args[0].dtype != out.dtype:
             self.casts += nbytes
         elif name == "add_" and any(p.grad is not None and args[0].data_ptr() == p.grad.data_ptr()
-                                    for p in self.grads.parameters()):
+                                    for p in self.block.parameters()):
             self.accumulations += nbytes
         return out
 

@@ -35,9 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from plait.config import RunConfig, TrainSpec
-from plait.facts.activations import FP32
 from plait.facts.stack import STACKS
-from plait.facts.weight_passes import WeightPasses, cast_passes, end_elements, end_passes, layer_elements
+from plait.facts.weight_passes import WeightPasses, end_gradient_bytes, end_passes, layer_gradient_bytes, layer_passes
 from plait.layout import Layout
 from plait.models.init import init_weights
 from plait.models.spec import ModelSpec, model_spec
@@ -191,13 +190,16 @@ def host_probe_kernels(profile: Hardware, family: str, precision: str) -> tuple[
             probe_head(spec, kernels_only, precision))
 
 
+# A probe's one rank, its every call accumulating once: two micro-batches' step accumulates once.
+ACCUMULATING = Layout(microbatches=2)
+
+
 def probe_passes(spec: ModelSpec, precision: str) -> WeightPasses:
     """The weight passes of one of a probe's layers (plait.facts.weight_passes): its fp32 weights cast
-    under bf16 autocast, and its fp32 gradients accumulated in every call's backward, as the probes
-    never clear them (past the first call, which the timing leaves out)."""
-    elements, linear = layer_elements(spec, 1)
-    casts = cast_passes(linear, precision == "bf16")
-    return casts._replace(backward=casts.backward + 3 * FP32 * elements)
+    under bf16 autocast, and its gradients accumulated in every call's backward, as the probes never
+    clear them (past the first call, which the timing leaves out)."""
+    passes = layer_passes(spec, Layout(), precision, STACKS["plait"])
+    return passes._replace(backward=passes.backward + layer_gradient_bytes(spec, ACCUMULATING, precision, STACKS["plait"]))
 
 
 def probe_head(spec: ModelSpec, profile: Hardware, precision: str) -> LayerTimes:
@@ -205,7 +207,7 @@ def probe_head(spec: ModelSpec, profile: Hardware, precision: str) -> LayerTimes
     projection (their gradients accumulated in every call, as ``probe_passes``)."""
     head = head_times(spec, profile, precision, 1, 1, 1)
     passes = end_passes(spec, Layout(), precision, STACKS["plait"], True, True)
-    accumulated = 3 * FP32 * sum(end_elements(spec, 1, True, True))
+    accumulated = end_gradient_bytes(spec, ACCUMULATING, precision, STACKS["plait"], True, True)
     rate = profile.memory_gbps * 1e9
     return replace(head, forward=head.forward + passes.forward / rate,
                    backward_weight=head.backward_weight + (passes.backward + accumulated) / rate)

@@ -101,8 +101,8 @@ def _data_parallel(spec: ModelSpec, layout: Layout, layers: int, first: bool, la
     micro-batch's gradients (on a pipeline stage, which keeps them for the schedule, it gathers once
     a step and reduce-scatters the accumulated gradients). Under hybrid sharding ZeRO's collectives
     run in the replica group (``dp_shard``) and the shards' gradients are all-reduced across
-    replicas (``dp_replicate``; ZeRO 1 all-reduces over all of dp as before). Then cp averages the gradients this rank keeps (all of them below ZeRO 2,
-    its shard from it)."""
+    replicas (``dp_replicate``; ZeRO 1 all-reduces over all of dp as before). Then cp averages the
+    gradients this rank keeps (all of them below ZeRO 2, its shard from it)."""
     counts = rank_tensor_shape_counts(spec, layers, first, last, layout.tp, layout.pp)
     grad_bytes, param_bytes = communicated_bytes(layout, precision, STACKS["plait"])
     shard_group = "dp_shard" if layout.dp_replicate > 1 else "dp"

@@ -248,9 +248,8 @@ def gradient_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: s
                      layers: int, first: bool, last: bool) -> float:
     """A step's accumulation of the gradients (plait.facts.weight_passes) on a rank of ``layers``
     layers that holds the first and last stage as ``first`` and ``last`` say, the layers' at their
-    kernels' backward scale. They run in the micro-batches'
-    backwards; charged to the step, they leave out what they would add to a pipeline's bubble, at
-    most (pp − 1)/m of them."""
+    kernels' backward scale. It runs in the micro-batches' backwards; charged to the step, it leaves
+    out what it would add to a pipeline's bubble, at most (pp − 1)/m of it."""
     scale = hw.layer_kernel_scale.get(spec.family, UNSCALED)
     return ((layers * scale.backward * layer_gradient_bytes(spec, layout, precision, kernels)
              + end_gradient_bytes(spec, layout, precision, kernels, first, last)) / (hw.memory_gbps * 1e9))

@@ -249,24 +249,23 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                      for r, chunks in examined_ranks(pp, v))
 
     @functools.cache
-    def layer_pass_bytes(tp: int, pp: int, zero: int, shards: int) -> WeightPasses:
+    def layer_pass_bytes(tp: int, pp: int, zero: int) -> WeightPasses:
         """A layer's passes over its weights in each micro-batch (plait.facts.weight_passes): they read
-        the mesh's tp and pp, the ZeRO stage and its group (the compression is the scan's)."""
-        return layer_passes(spec, Layout(tp=tp, pp=pp, dp=shards, zero=zero, grad_compression=compression),
-                            precision, kernels)
+        the mesh's tp and pp and the ZeRO stage (the compression is the scan's)."""
+        return layer_passes(spec, Layout(tp=tp, pp=pp, zero=zero, grad_compression=compression), precision, kernels)
 
     @functools.cache
-    def end_pass_s(tp: int, pp: int, zero: int, shards: int, first: bool, last: bool) -> float:
+    def end_pass_s(tp: int, pp: int, zero: int, first: bool, last: bool) -> float:
         """The ends' passes in each micro-batch on a rank holding the first and last stage as ``first``
         and ``last`` say (plait.facts.weight_passes)."""
-        layout = Layout(tp=tp, pp=pp, dp=shards, zero=zero, grad_compression=compression)
+        layout = Layout(tp=tp, pp=pp, zero=zero, grad_compression=compression)
         return sum(end_pass_seconds(spec, hw, layout, precision, kernels, first, last))
 
     @functools.cache
-    def gradient_s(tp: int, pp: int, zero: int, shards: int, m: int) -> tuple[float, float, float]:
+    def gradient_s(tp: int, pp: int, zero: int, m: int) -> tuple[float, float, float]:
         """A step's gradient accumulation (plait.plan.compute.gradient_seconds): one layer's, and the
         ends' on the first and on the last rank (with no stages, one rank holds both)."""
-        layout = Layout(tp=tp, pp=pp, dp=shards, zero=zero, microbatches=m, grad_compression=compression)
+        layout = Layout(tp=tp, pp=pp, zero=zero, microbatches=m, grad_compression=compression)
         return (gradient_seconds(spec, hw, layout, precision, kernels, 1, False, False),
                 gradient_seconds(spec, hw, layout, precision, kernels, 0, True, pp == 1),
                 gradient_seconds(spec, hw, layout, precision, kernels, 0, pp == 1, True))
@@ -390,13 +389,13 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                             (dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
                                              0, offload))
                         continue
-                    passes = layer_pass_bytes(tp, pp, zero, dp // replicate)
+                    passes = layer_pass_bytes(tp, pp, zero)
                     # The ends' own passes each micro-batch (with no stages one rank holds both ends), and
                     # the step's passes over the gradients: a layer's, and the ends' on the first and last rank.
-                    head_work = head_kernels + end_pass_s(tp, pp, zero, dp // replicate, pp == 1, True)
-                    embedding_work = embedding_kernels + (end_pass_s(tp, pp, zero, dp // replicate, True, False)
+                    head_work = head_kernels + end_pass_s(tp, pp, zero, pp == 1, True)
+                    embedding_work = embedding_kernels + (end_pass_s(tp, pp, zero, True, False)
                                                           if pp > 1 else 0.0)
-                    layer_gradients, first_gradients, last_gradients = gradient_s(tp, pp, zero, dp // replicate, m)
+                    layer_gradients, first_gradients, last_gradients = gradient_s(tp, pp, zero, m)
                     times = times_of.setdefault(passes, {})
                     if not times:
                         for rc in costed:
