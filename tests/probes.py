@@ -62,13 +62,16 @@ def layer_costs(config: RunConfig) -> dict:
 def saved_activation_bytes(config: RunConfig) -> list[int]:
     """Bytes each block keeps for backward in one forward and backward, under the run's precision,
     on the model as a stage of ``config``'s layout holds it: tensor and context parallelism, then
-    (without pp) data parallelism and ZeRO, whose bf16 stages 1 and 2 hold bf16 weights."""
-    from plait.parallel.data import apply_data_parallel
+    (without pp) data parallelism and ZeRO, whose bf16 stages 1 and 2 hold bf16 weights (on a
+    pipeline stage too)."""
+    from plait.parallel.data import apply_data_parallel, hold_weights
 
     topology = build_topology(config.layout, CPU)
     model = apply_within_stage(build_model(config, CPU), topology)
     if config.layout.pp == 1:
         model = apply_data_parallel(model, topology, config.train.precision)
+    else:
+        hold_weights(model, topology, config.train.precision)
     inner = getattr(model, "module", model)  # DDP wraps the model
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, config.model.vocab, (config.train.global_batch // config.layout.dp, config.model.seq_len),

@@ -225,7 +225,7 @@ def test_pipeline_transfers_carry_the_stage_boundary_bytes(runs, name):
     spec, layout = model_spec("tiny", seq_len=64), Layout(**LAYOUTS[name])
     micro_batch = 8 // layout.dp // layout.microbatches
     boundary = stage_boundary_bytes(spec, layout, micro_batch, "fp32", STACKS["plait"])
-    expected = [boundary] * layout.microbatches + [tied_embedding_bytes(spec, layout, STACKS["plait"])]
+    expected = [boundary] * layout.microbatches + [tied_embedding_bytes(spec, layout, "fp32", STACKS["plait"])]
     for rank in runs[name][0]:
         for record in rank["steps"]:
             for op in ("send", "recv"):

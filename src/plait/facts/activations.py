@@ -147,11 +147,12 @@ def loss_backward_bytes(spec: ModelSpec, micro_batch: int, tp: int, cp: int, ker
 
 def autocast_copies_weights(precision: str, zero: int = 0, pp: int = 1) -> bool:
     """Whether bf16 runs as autocast over fp32 weights, which keeps a bf16 copy of each layer weight
-    per micro-batch: ZeRO 0, and every pipeline stage (whose weights stay fp32, gathered in fp32 under
-    ZeRO-3: plait.parallel.stage_sharding). Otherwise (ZeRO 1 and 2, whose weights are bf16; ZeRO-3,
-    whose FSDP2 gathers bf16 weights, casts the inputs to bf16 and frees the gathered weights after
-    each block) the whole layer runs in bf16 and keeps no copy."""
-    return precision == "bf16" and (zero == 0 or pp > 1)
+    per micro-batch: ZeRO 0, and ZeRO-3 on a pipeline stage (which gathers fp32 weights:
+    plait.parallel.stage_sharding). Otherwise (ZeRO 1 and 2, whose weights are bf16 with or without
+    stages, ``holds_bf16_weights``; ZeRO-3 without stages, whose FSDP2 gathers bf16 weights, casts
+    the inputs to bf16 and frees the gathered weights after each block) the whole layer runs in bf16
+    and keeps no copy."""
+    return precision == "bf16" and (zero == 0 or zero == 3 and pp > 1)
 
 
 def layer_weight_elements(spec: ModelSpec, tp: int) -> int:
@@ -216,7 +217,7 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     - weights (bf16 autocast over fp32 weights, ``weight_copies``; by default whenever bf16):
       the bf16 copy of every weight matrix each linear multiplies by (``layer_weight_elements``).
 
-    bf16 without ``weight_copies`` (bf16 weights: ZeRO 1–3 without pipeline stages) runs the whole
+    bf16 without ``weight_copies`` (bf16 weights: ZeRO 1–2, and ZeRO-3 without stages) runs the whole
     layer in bf16: the fp32 layout at 2 bytes a value, residual stream and block input included, save
     the fp32 log-sum-exp, the rotary tables (buffers stay fp32) and RMSNorm, which autocast runs in
     fp32 on an fp32 copy of its input (LayerNorm it leaves in bf16). Under ZeRO-3 without stages

@@ -13,13 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plait.facts.activations import ACTIVATION_BYTES
-from plait.facts.model_state import owned_rows, padded_vocab
+from plait.facts.model_state import BF16, FP32, holds_bf16_weights, owned_rows, padded_vocab
 from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.flops import block_norms, kv_heads_per_rank, layer_parameter_count, norm_parameter_count
 from plait.models.spec import ModelSpec
-
-FP32 = 4
 
 
 @dataclass(frozen=True)
@@ -199,23 +197,28 @@ def boundary_split_over_tp(layout: Layout, kernels: Kernels) -> bool:
 def stage_boundary_bytes(spec: ModelSpec, layout: Layout, micro_batch: int, precision: str, kernels: Kernels) -> int:
     """Bytes of one micro-batch's hidden states, or of their gradient, sent from one pipeline stage to
     the next by one rank: its cp shard of the sequence (a tp shard of that under sp, or where the
-    stack splits the boundary over tp) at the whole hidden width. plait's engine sends them in fp32
-    whatever the precision (the residual stream autocast keeps); a reference stack in the
-    activations' precision."""
-    element = FP32 if kernels.plait_engine else ACTIVATION_BYTES[precision]
+    stack splits the boundary over tp) at the whole hidden width. plait's engine sends them in its
+    residual stream's dtype: fp32 under autocast over fp32 weights, bf16 where the stage holds bf16
+    weights (``holds_bf16_weights``); a reference stack in the activations' precision."""
+    if kernels.plait_engine:
+        element = BF16 if holds_bf16_weights(precision, layout.zero) else FP32
+    else:
+        element = ACTIVATION_BYTES[precision]
     tokens = spec.seq_len // layout.cp // (layout.tp if layout.sp else 1)
     return micro_batch * tokens * spec.hidden * element // (layout.tp if boundary_split_over_tp(layout, kernels) else 1)
 
 
-def tied_embedding_bytes(spec: ModelSpec, layout: Layout, kernels: Kernels, dp_rank: int = 0) -> int:
+def tied_embedding_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels, dp_rank: int = 0) -> int:
     """Bytes the first and the last pipeline stage each send the other after backward when the embedding
-    and the head share one weight (GPT-2): the fp32 gradient of its copy, this tensor-parallel rank's
-    rows (plait.parallel.gradients sums the two); in plait's engine from ZeRO 2 on only the rows this
-    data-parallel rank owns, as the stage has reduce-scattered them first (Megatron-LM all-reduces the
-    whole). None without stages or without tied weights."""
+    and the head share one weight (GPT-2): the gradient of its copy, this tensor-parallel rank's rows
+    (plait.parallel.gradients sums the two); in plait's engine in the gradients' dtype (bf16 where
+    the stage holds bf16 weights, ``holds_bf16_weights``) and from ZeRO 2 on only the rows this
+    data-parallel rank owns, as the stage has reduce-scattered them first; Megatron-LM all-reduces
+    the whole fp32 gradient. None without stages or without tied weights."""
     if layout.pp == 1 or not spec.tie_embeddings:
         return 0
     rows = padded_vocab(spec.vocab, layout.tp) // layout.tp
     if kernels.plait_engine and layout.zero >= 2:
         rows = owned_rows(rows, dp_rank % layout.dp_shard, layout.dp_shard)
-    return rows * spec.hidden * FP32
+    element = BF16 if kernels.plait_engine and holds_bf16_weights(precision, layout.zero) else FP32
+    return rows * spec.hidden * element

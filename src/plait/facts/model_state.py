@@ -27,6 +27,14 @@ BF16 = 2
 PAPER_BYTES = {"bf16": (BF16, BF16, FP32 + ADAM_MOMENTS * FP32), "fp32": (FP32, FP32, ADAM_MOMENTS * FP32)}
 
 
+def holds_bf16_weights(precision: str, zero: int) -> bool:
+    """Whether plait's engine holds a rank's parameters and gradients in bf16 (with an fp32 master of
+    the rows it owns in ``ShardedAdamW``): ZeRO 1 and 2 under bf16, with or without pipeline stages
+    (plait.parallel.data.cast_parameters). ZeRO 0 runs autocast over fp32 parameters, their own
+    master; ZeRO-3 holds FSDP2's fp32 shards."""
+    return precision == "bf16" and zero in (1, 2)
+
+
 def sharded_split(stage: int, parameters: int, dp: int, per_parameter: tuple[int, int, int]) -> dict[str, float]:
     """Bytes per rank of each kind of model state: stage ≥ 1 shards the optimizer state, ≥ 2 the
     gradients, 3 the parameters, each over the ``dp`` ranks."""
@@ -172,9 +180,9 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     ZeRO shards over the dp ranks only (those of one replica group under hybrid sharding, HSDP;
     ``dp_rank`` is the global dp coordinate): context-parallel ranks hold the same weights and average
     their gradients after backward (FSDP2's and ``ShardedAdamW``'s mesh is the dp dimension), so
-    cp shards nothing. bf16 keeps fp32 parameters under autocast (ZeRO 0 and every pipeline stage)
-    or FSDP2's fp32 shards (ZeRO 3); ZeRO 1 and 2 without pp hold bf16 parameters and gradients and
-    an fp32 master of the rows the rank owns. Under tensor parallelism the rows are those of the
+    cp shards nothing. bf16 keeps fp32 parameters under autocast (ZeRO 0) or FSDP2's fp32 shards
+    (ZeRO 3); ZeRO 1 and 2 hold bf16 parameters and gradients and an fp32 master of the rows the
+    rank owns (``holds_bf16_weights``). Under tensor parallelism the rows are those of the
     rank's tp shard. Stage 1 and 2 shard each tensor by rows, as torch.chunk;
     FSDP2 (stage 3) holds each parameter's and gradient's shard padded to the largest rank's rows.
     Adam keeps two fp32 moments per owned element and one fp32 step counter per tensor.
@@ -182,7 +190,7 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     counts = rank_tensor_shape_counts(spec, layers, first, last, layout.tp, layout.pp)
     # ZeRO shards over one replica group's ranks (all dp ranks without hybrid sharding).
     zero, dp, dp_rank = layout.zero, layout.dp_shard, dp_rank % layout.dp_shard
-    half = precision == "bf16" and zero in (1, 2) and layout.pp == 1
+    half = holds_bf16_weights(precision, zero)
     weight_bytes = BF16 if half else FP32
     whole, owned, padded = sharded_elements(counts, dp_rank, dp)
     owned = owned if zero >= 1 else whole
@@ -193,7 +201,7 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
         # once after it (plait.parallel.gradients); under ZeRO-3 it also keeps its fp32 parameters
         # gathered for the whole step (plait.parallel.stage_sharding), and FSDP2 accumulates the
         # gradients in its reduce dtype, bf16 under --grad-compression bf16.
-        grads = whole * FP32
+        grads = whole * weight_bytes
         if zero == 3:
             params += whole * FP32
             grads = whole * (BF16 if layout.grad_compression == "bf16" else FP32)
@@ -232,9 +240,9 @@ def zero_group(layout: Layout, kernels: Kernels) -> tuple[int, int]:
 def communicated_bytes(layout: Layout, precision: str, kernels: Kernels) -> tuple[int, int]:
     """Bytes per element of (gradients reduced, parameters gathered) by the data-parallel collectives.
 
-    plait under bf16 keeps fp32 weights and gradients at ZeRO 0 and on pipeline stages (autocast);
-    ZeRO 1–2 without stages cast the weights to bf16; ZeRO-3's FSDP2 gathers bf16 weights (fp32 on
-    a pipeline stage) and reduce-scatters fp32 gradients (its MixedPrecisionPolicy in
+    plait under bf16 keeps fp32 weights and gradients at ZeRO 0 (autocast); ZeRO 1–2 cast the
+    weights to bf16 (``holds_bf16_weights``); ZeRO-3's FSDP2 gathers bf16 weights (fp32 on a
+    pipeline stage) and reduce-scatters fp32 gradients (its MixedPrecisionPolicy in
     plait.parallel.data). A reference
     stack moves the ZeRO paper's bf16 parameters and gradients. ``--grad-compression bf16`` puts
     every gradient on the wire in bf16; PowerSGD's factors travel in the gradients' own dtype
@@ -247,8 +255,7 @@ def communicated_bytes(layout: Layout, precision: str, kernels: Kernels) -> tupl
     elif layout.zero == 3:
         grads, params = FP32, (BF16 if layout.pp == 1 else FP32)  # a pipeline stage gathers fp32
     else:
-        bf16_weights = layout.zero in (1, 2) and layout.pp == 1
-        grads, params = (BF16, BF16) if bf16_weights else (FP32, FP32)
+        grads, params = (BF16, BF16) if holds_bf16_weights(precision, layout.zero) else (FP32, FP32)
     return (min(grads, BF16) if layout.grad_compression == "bf16" else grads), params
 
 

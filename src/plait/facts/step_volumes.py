@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections import Counter
 
 from plait.facts.collectives import (
-    FP32, embedding_collectives, head_collectives, layer_collectives, replicated_layer_gradient_elements,
-    stage_boundary_bytes, tied_embedding_bytes,
+    embedding_collectives, head_collectives, layer_collectives, replicated_layer_gradient_elements, stage_boundary_bytes,
+    tied_embedding_bytes,
 )
-from plait.facts.model_state import communicated_bytes, pipeline_share, rank_tensor_shape_counts, sharded_elements
+from plait.facts.model_state import (
+    BF16, FP32, communicated_bytes, holds_bf16_weights, pipeline_share, rank_tensor_shape_counts, sharded_elements,
+)
 from plait.facts.recompute import rank_recompute
 from plait.facts.stack import STACKS
 from plait.layout import Layout
@@ -44,7 +46,7 @@ def step_volumes(spec: ModelSpec, layout: Layout, global_batch: int, precision: 
 
     layers, first, last = pipeline_share(spec, layout, pp_rank)
     micro_batch = global_batch // layout.dp // layout.microbatches
-    _inside_the_model(spec, layout, micro_batch, pp_rank, layers, first, last, add)
+    _inside_the_model(spec, layout, micro_batch, pp_rank, layers, first, last, precision, add)
     _pipeline(spec, layout, micro_batch, pp_rank, dp_rank, first, last, precision, add)
     _data_parallel(spec, layout, layers, first, last, precision, dp_rank, add)
     add("dp", "all_reduce", SCALAR)  # the logged loss, averaged over dp
@@ -53,15 +55,18 @@ def step_volumes(spec: ModelSpec, layout: Layout, global_batch: int, precision: 
 
 
 def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, layers: int, first: bool,
-                      last: bool, add) -> None:
+                      last: bool, precision: str, add) -> None:
     """The layers' and ends' tensor- and context-parallel calls of every micro-batch (each block's
     by its own recomputation), and the sums of replicated weights' gradients over tp (a sequence
-    shard's norms, kv-heads fewer than tp)."""
+    shard's norms, kv-heads fewer than tp): in fp32, or in bf16 where the rank holds bf16 weights
+    and so runs its residual stream and gradients in bf16 (``holds_bf16_weights``). Under bf16
+    autocast over fp32 weights the calls mix the two dtypes; these count them in fp32."""
     tp, sp, cp, seq = layout.tp, layout.sp, layout.cp, spec.seq_len
+    e = BF16 if holds_bf16_weights(precision, layout.zero) else FP32
     calls = [(call, blocks) for mode, blocks in rank_recompute(spec, layout, pp_rank).items()
-             for call in layer_collectives(spec, micro_batch, seq, tp, sp, cp, mode, cp_algorithm=layout.cp_algorithm)]
-    calls += [(call, 1) for call in (embedding_collectives(spec, micro_batch, seq, tp, sp, cp) if first else ())]
-    calls += [(call, 1) for call in (head_collectives(spec, micro_batch, seq, tp, sp, cp) if last else ())]
+             for call in layer_collectives(spec, micro_batch, seq, tp, sp, cp, mode, e, cp_algorithm=layout.cp_algorithm)]
+    calls += [(call, 1) for call in (embedding_collectives(spec, micro_batch, seq, tp, sp, cp, e) if first else ())]
+    calls += [(call, 1) for call in (head_collectives(spec, micro_batch, seq, tp, sp, cp, e) if last else ())]
     for call, count in calls:
         count *= layout.microbatches
         add(call.group, call.op, count * (call.forward + call.backward) * call.handed_bytes)
@@ -70,7 +75,7 @@ def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank
     replicated = layers * replicated_layer_gradient_elements(spec, tp, sp)
     if last and tp > 1 and sp:
         replicated += norm_parameter_count(spec)  # the final norm's
-    add("tp", "all_reduce", replicated * FP32)
+    add("tp", "all_reduce", replicated * e)
 
 
 def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, dp_rank: int, first: bool, last: bool,
@@ -85,7 +90,7 @@ def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, d
     mine = range(pp_rank, chunks, layout.pp)
     hops = sum((c < chunks - 1) + (c > 0) for c in mine)
     moved = layout.microbatches * hops * stage_boundary_bytes(spec, layout, micro_batch, precision, STACKS["plait"])
-    tied = tied_embedding_bytes(spec, layout, STACKS["plait"], dp_rank) if first != last else 0
+    tied = tied_embedding_bytes(spec, layout, precision, STACKS["plait"], dp_rank) if first != last else 0
     for op in ("send", "recv"):
         add("pp", op, moved + tied)
     add("pp", "barrier", 0)

@@ -2,8 +2,8 @@
 
 Beside the matmuls, each reads and writes every element, so each is bound by memory:
 
-- autocast's casts, where bf16 runs over fp32 weights (``autocast_copies_weights``: ZeRO 0 and
-  every pipeline stage): each linear's weight and bias cast to bf16 in every forward (read 4 bytes,
+- autocast's casts, where bf16 runs over fp32 weights (``autocast_copies_weights``: ZeRO 0, and
+  ZeRO-3 on a pipeline stage): each linear's weight and bias cast to bf16 in every forward (read 4 bytes,
   write 2), again in a recomputed one, and their bf16 gradients cast back to fp32 in every backward;
 - FSDP2's copies on the compute stream without pipeline stages (ZeRO-3; torch/distributed/fsdp/
   _fully_shard/_fsdp_collectives.py): each all-gather, the forward's and the backward's (a
@@ -30,7 +30,7 @@ import functools
 from typing import NamedTuple
 
 from plait.facts.activations import BF16, FP32, autocast_copies_weights
-from plait.facts.model_state import padded_vocab, rank_tensor_shape_counts
+from plait.facts.model_state import holds_bf16_weights, padded_vocab, rank_tensor_shape_counts
 from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.flops import block_norms
@@ -99,12 +99,12 @@ def layer_passes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kerne
 
 def gradient_bytes(layout: Layout, precision: str) -> int:
     """Bytes an element of the gradients a rank computes, as plait.facts.model_state.plait_model_states
-    holds them: fp32, but bf16 for ZeRO 1 and 2 without stages (bf16 weights), for FSDP2's gathered
+    holds them: fp32, but bf16 for ZeRO 1 and 2 (bf16 weights, ``holds_bf16_weights``), for FSDP2's gathered
     bf16 parameters, and for a stage's FSDP2 under bf16 gradient compression (its reduce dtype)."""
     if fsdp2_without_stages(layout):
         return unsharded_bytes(precision)
-    half = precision == "bf16" and (layout.zero in (1, 2) and layout.pp == 1
-                                    or layout.zero == 3 and layout.grad_compression == "bf16")
+    half = holds_bf16_weights(precision, layout.zero) or (precision == "bf16" and layout.zero == 3
+                                                          and layout.grad_compression == "bf16")
     return BF16 if half else FP32
 
 

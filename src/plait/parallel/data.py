@@ -13,8 +13,9 @@
   shards each rank's tensor-parallel shard further over dp (torchtitan's 2-D layout).
 
 In bf16, stages 1 and 2 hold bf16 parameters and gradients with the fp32 master in the optimizer
-(the ZeRO paper's accounting); stage 0 runs autocast over fp32 parameters, which are their own
-master; stage 3 uses FSDP2's mixed precision, whose fp32 shards are the master.
+(the ZeRO paper's accounting), on pipeline stages too (``hold_weights``); stage 0 runs autocast
+over fp32 parameters, which are their own master; stage 3 uses FSDP2's mixed precision, whose fp32
+shards are the master.
 
 When these reductions run, and what is still averaged after backward: ``plait.parallel.gradients``.
 """
@@ -29,6 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from plait.facts.model_state import holds_bf16_weights
 from plait.parallel.compression import compressed_policy
 from plait.parallel.gradient_buckets import default_bucket_bytes
 from plait.topology import Topology
@@ -45,10 +47,7 @@ def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "
     stage = topology.layout.zero
     if topology.size("dp") == 1:
         return model
-    if stage in (1, 2) and precision == "bf16":
-        # The parameters only (buffers such as RoPE's tables stay fp32, as in every other layout);
-        # ShardedAdamW keeps the fp32 master of each rank's rows.
-        cast_parameters(model, torch.bfloat16)
+    hold_weights(model, topology, precision)
     if stage == 3:
         # FSDP2 over the dp mesh dimension shards DTensors already split over tp (2-D).
         return fully_shard_model(model, topology.fsdp_mesh, precision, topology.layout.grad_compression)
@@ -63,6 +62,14 @@ def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "
     bucket_mb = default_bucket_bytes(list(model.parameters())) / 2**20
     return DistributedDataParallel(model, process_group=topology.group("dp"), gradient_as_bucket_view=True,
                                    bucket_cap_mb=bucket_mb, **NO_BUFFER_SYNC)
+
+
+def hold_weights(model: nn.Module, topology: Topology, precision: str) -> None:
+    """Parameters in bf16 where ZeRO 1 or 2 keeps their fp32 master (plait.facts.model_state.
+    holds_bf16_weights): the parameters only (buffers such as RoPE's tables stay fp32, as in every
+    other layout); ``ShardedAdamW`` keeps the fp32 master of each rank's rows."""
+    if holds_bf16_weights(precision, topology.layout.zero) and topology.size("dp") > 1:
+        cast_parameters(model, torch.bfloat16)
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ from plait.facts.recompute import block_recompute
 from plait.models.transformer import Transformer
 from plait.parallel.compression import compress_gradients
 from plait.parallel.context import apply_context_parallel
-from plait.parallel.data import apply_data_parallel
+from plait.parallel.data import apply_data_parallel, hold_weights
 from plait.parallel.gradient_buckets import GradientBuckets
 from plait.parallel.gradients import GradientReduction, data_parallel_buckets, gradient_reduction
 from plait.parallel.offload import apply_activation_offload
@@ -69,6 +69,9 @@ def parallelize(model: Transformer, topology: Topology, precision: str, lr: floa
         # FSDP2 after the schedule (plait.parallel.gradients).
         pipeline = build_pipeline(model, topology)
         model = pipeline.model
+        hold_weights(model, topology, precision)
+        # Hidden states cross stages in the residual stream's dtype: bf16 over bf16 weights.
+        pipeline.transfer_dtype = next(model.parameters()).dtype
         if layout.zero == 3:
             stage = ShardedStage(model, topology.fsdp_mesh, layout.grad_compression)
             scatter_after = stage.reduce

@@ -510,7 +510,8 @@ class RankHold(NamedTuple):
     """What one examined pipeline rank holds at its peaks (plait.facts.in_flight.held_chunk_counts):
     each peak's count of every chunk's activations, the layers in each chunk, whether it is the
     first rank and whether the last (whose last chunk carries the head), and per peak (layers held,
-    head copies held) where no other peak holds more of both; ``layers`` in all its chunks."""
+    head copies held) where no other peak holds more of both; ``layers`` in all its chunks;
+    ``partial_peaks``, filled as ``partial_bytes`` asks, the same under partial recomputation."""
 
     counts: tuple[tuple[int, ...], ...]
     chunk_layers: tuple[int, ...]
@@ -518,12 +519,12 @@ class RankHold(NamedTuple):
     last: bool
     peaks: tuple[tuple[int, int], ...]
     layers: int
+    partial_peaks: dict[int, tuple[tuple[int, int, int], ...]]
 
     @classmethod
     def of(cls, counts: tuple[tuple[int, ...], ...], chunk_layers: tuple[int, ...], first: bool, last: bool) -> "RankHold":
         pairs = {(sum(n * size for n, size in zip(count, chunk_layers)), count[-1] if last else 0) for count in counts}
-        peaks = tuple(p for p in pairs if not any(o != p and o[0] >= p[0] and o[1] >= p[1] for o in pairs))
-        return cls(counts, chunk_layers, first, last, peaks, sum(chunk_layers))
+        return cls(counts, chunk_layers, first, last, _undominated(pairs), sum(chunk_layers), {})
 
     def bytes(self, per_layer: float, head: float) -> float:
         """The most activation bytes held: ``per_layer`` a layer, ``head`` a copy of the head's."""
@@ -535,9 +536,18 @@ class RankHold(NamedTuple):
     def partial_bytes(self, recomputed_layers: int, kept: float, recomputed: float, head: float) -> float:
         """As ``bytes`` where the first ``recomputed_layers`` layers of each chunk recompute fully
         (``recomputed`` bytes a layer) and the others keep ``kept``."""
-        chunk = [min(n, recomputed_layers) * recomputed + max(0, n - recomputed_layers) * kept for n in self.chunk_layers]
-        return max(sum(n * b for n, b in zip(count, chunk)) + (count[-1] * head if self.last else 0.0)
-                   for count in self.counts)
+        peaks = self.partial_peaks.get(recomputed_layers)
+        if peaks is None:  # per peak (layers recomputed, layers kept, head copies) held
+            peaks = self.partial_peaks[recomputed_layers] = _undominated({
+                (sum(c * min(n, recomputed_layers) for c, n in zip(count, self.chunk_layers)),
+                 sum(c * max(0, n - recomputed_layers) for c, n in zip(count, self.chunk_layers)),
+                 count[-1] if self.last else 0) for count in self.counts})
+        return max(held * recomputed + whole * kept + copies * head for held, whole, copies in peaks)
+
+
+def _undominated(points: set[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+    """The points no other point equals or exceeds in every coordinate."""
+    return tuple(p for p in points if not any(o != p and all(x >= y for x, y in zip(o, p)) for o in points))
 
 
 def _peak(ranks: tuple, act: float, head: float, replayed: tuple[float, float]) -> float:

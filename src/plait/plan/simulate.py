@@ -214,7 +214,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
         reduce += all_reduce_seconds(grads / shards, replicas // shards, strided_link(hw, replicas // shards, shards * stride))
     if kernels.reduce_after_schedule and layout.pp > 1:
         reduce, after = 0.0, after + reduce
-    tied = tied_embedding_bytes(workload.spec, layout, kernels)
+    tied = tied_embedding_bytes(workload.spec, layout, workload.precision, kernels)
     if tied:  # the first and last stages swap their tied embedding's gradient after backward
         after += send_seconds(tied, pipeline_link(hw, layout, layout.pp - 1))
     # Buckets hold the gradients as computed, before any compression.
