@@ -118,6 +118,24 @@ def test_every_rank_keeps_the_shared_activation_fact(saved, index):
 
 
 @pytest.mark.parametrize("model", MODELS)
+def test_a_pipeline_stage_under_zero_1_keeps_bf16_activations_and_no_weight_copies(pool, model):
+    """bf16 on stages under ZeRO-1: the stage's weights are bf16 (plait.parallel.data.hold_weights), so
+    its blocks keep what the whole layer in bf16 keeps and no bf16 copy of any weight, measured block
+    by block; at ZeRO 0 the same stage keeps more (autocast's copies over fp32 weights)."""
+    layout = {"dp": 2, "pp": 2, "zero": 1, "schedule": "1f1b", "microbatches": 2}
+    config = run_config(model, precision="bf16", **layout)
+    lay = config.layout
+    batch = config.train.global_batch // lay.dp  # the probe runs a data-parallel rank's whole batch at once
+
+    def fact(zero: int) -> float:
+        return activation_bytes_per_layer(config.model, batch, lay.tp, lay.sp, lay.cp, lay.recompute, "bf16",
+                                          STACKS["plait"], zero, lay.pp, lay.cp_algorithm)
+
+    saved = pool.run(saved_activation_bytes, layout_world_size(layout), config)
+    assert saved == [[fact(1)] * len(blocks) for blocks in saved] and fact(1) < fact(0)
+
+
+@pytest.mark.parametrize("model", MODELS)
 def test_under_recompute_layers_the_first_blocks_of_a_chunk_keep_only_their_inputs(pool, model):
     """--recompute full --recompute-layers 2 on a 4-block model: the first two blocks keep what full
     recomputation keeps, the last two what no recomputation keeps, measured block by block."""

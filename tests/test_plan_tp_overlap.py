@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from plait.facts.activations import residual_stream_bytes
 from plait.facts.collectives import layer_collectives
 from plait.facts.stack import STACKS
 from plait.layout import Layout
@@ -40,12 +41,17 @@ def test_the_megatron_backward_hides_its_all_reduces_under_the_weight_gradients(
 
 
 def test_plaits_own_layers_keep_the_backward_all_reduce_on_the_critical_path():
+    """...in fp32 under autocast over fp32 weights: the input gradients of the linears that read the
+    fp32 residual stream come back through autocast's casts in fp32."""
     hw = hardware("a100-80gb")
     plait = layer_cost(SPEC, hw, LAYOUT, 1, "bf16", STACKS["plait"])
     times = plait.times
+    stream = residual_stream_bytes("bf16", LAYOUT.zero, LAYOUT.pp, STACKS["plait"])
+    calls = layer_collectives(SPEC, 1, SPEC.seq_len, 8, element_bytes=2, stream_bytes=stream)
+    assert stream == 4 and {call.tensor_bytes for call in calls if call.input_gradient} == {2 * SPEC.seq_len * SPEC.hidden * 2}
     assert plait.comm_backward == pytest.approx(sum(
         call.backward * all_reduce_seconds(call.tensor_bytes, call.size, group_link(hw, LAYOUT, "tp"))
-        for call in layer_collectives(SPEC, 1, SPEC.seq_len, 8, element_bytes=2)), rel=1e-9)
+        for call in calls), rel=1e-9)
     assert times.backward_weight > 0
 
 

@@ -66,7 +66,11 @@ def test_zero_composes_and_matches_single_process(pool, single_process, model, l
 
 BF16_TOLERANCE = 0.02  # tests/test_training.py: bf16 stays within 2% of fp32
 BF16_LAYOUTS = [
+    # autocast over fp32 weights: tensor-parallel calls on the matmuls' outputs in bf16, on the
+    # residual stream the linears read (and the ends') in fp32
+    ("tiny", {"dp": 2, "tp": 2}),
     ("tiny-llama", {"dp": 2, "tp": 2, "zero": 1}),
+    ("tiny-llama", {"dp": 2, "tp": 2, "sp": True, "zero": 3}),
     ("tiny-llama", {"dp": 2, "cp": 2, "zero": 2}),
     ("tiny-llama", {"dp": 2, "pp": 2, "zero": 2, "schedule": "1f1b", "microbatches": 2}),
     # bf16 weights on pipeline stages: hidden states cross in bf16, the tied table's gradient too

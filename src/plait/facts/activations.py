@@ -155,6 +155,16 @@ def autocast_copies_weights(precision: str, zero: int = 0, pp: int = 1) -> bool:
     return precision == "bf16" and (zero == 0 or zero == 3 and pp > 1)
 
 
+def residual_stream_bytes(precision: str, zero: int, pp: int, kernels: Kernels) -> int:
+    """Bytes of a value of the residual stream, which the norms and the column-parallel linears read:
+    on plait's engine fp32 under bf16 autocast over fp32 weights (``autocast_copies_weights``), else
+    the activations' precision (bf16 weights run the whole layer in bf16); a reference stack's in
+    the activations' precision."""
+    if kernels.plait_engine and autocast_copies_weights(precision, zero, pp):
+        return FP32
+    return ACTIVATION_BYTES[precision]
+
+
 def layer_weight_elements(spec: ModelSpec, tp: int) -> int:
     """Elements of the weight matrices one tensor-parallel rank of a layer multiplies by: its shards,
     and under kv-heads fewer than tp the rows of its own kv-head of the replicated wk and wv."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plait.facts.activations import ACTIVATION_BYTES
+from plait.facts.activations import residual_stream_bytes
 from plait.facts.model_state import BF16, FP32, holds_bf16_weights, owned_rows, padded_vocab
 from plait.facts.stack import Kernels
 from plait.layout import Layout
@@ -25,7 +25,10 @@ class Collective:
     """One kind of collective a layer issues per micro-batch on one rank, and how often.
 
     ``tensor_bytes`` is the whole tensor it reduces, gathers or exchanges on this rank (an
-    all-gather's output); ``calls`` counts forward and backward, recomputed forwards included.
+    all-gather's output); ``forward`` and ``backward`` count its calls, recomputed forwards in the
+    backward's. ``input_gradient``: the backward's reduction of the column-parallel linears' input
+    gradients (all-reduced, or reduce-scattered under sp), which can run under their weight
+    gradients.
     """
 
     op: str  # all_reduce, all_gather, reduce_scatter, all_to_all, send (point-to-point round a ring)
@@ -34,6 +37,7 @@ class Collective:
     tensor_bytes: int
     forward: int
     backward: int
+    input_gradient: bool = False
 
     @property
     def handed_bytes(self) -> int:
@@ -43,7 +47,8 @@ class Collective:
 
 def layer_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False, cp: int = 1,
                       recompute: str = "none", element_bytes: int = FP32,
-                      recompute_whole_forward: bool = False, cp_algorithm: str = "all-to-all") -> tuple[Collective, ...]:
+                      recompute_whole_forward: bool = False, cp_algorithm: str = "all-to-all",
+                      stream_bytes: int | None = None) -> tuple[Collective, ...]:
     """The tensor- and context-parallel collectives of one layer and micro-batch on one rank.
 
     Tensor parallel: an all-reduce after wo and after w2 forward, and of the input gradients of
@@ -61,18 +66,27 @@ def layer_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bo
     saved, so both modes send them again). ``recompute_whole_forward`` (Megatron-LM) reissues all of them.
     ``op`` keeps the reduce-scatters' and all-to-alls' results (plait.facts.activations.op_recompute_bytes)
     and reissues the rest as ``full`` does: sp's two all-gathers, or wo's all-reduce, and the ring or the K/V gather.
+
+    ``element_bytes`` is a value of what the matmuls write (the row-parallel linears' outputs and
+    their gradients, q, k, v), ``stream_bytes`` (default the same) one of the residual stream the
+    column-parallel linears read (sp's gather of their input, the reduction of its gradient): fp32
+    under bf16 autocast over fp32 weights (plait.facts.activations.residual_stream_bytes).
     """
     stream = batch * (seq // cp) * spec.hidden * element_bytes  # the residual stream this rank holds, whole over tp
+    read = batch * (seq // cp) * spec.hidden * (stream_bytes or element_bytes)  # as the column-parallel linears read it
     full = recompute == "full"
     rerun = recompute in ("full", "op")  # the block's forward runs again, kept results aside
     out = []
     if tp > 1:
         closing = 1 if recompute_whole_forward else 0  # the MLP's closing collective, rerun or not
         if sp:
-            out.append(Collective("all_gather", "tp", tp, stream, 2, 2 + 2 * rerun))
-            out.append(Collective("reduce_scatter", "tp", tp, stream, 2, 2 + full * (1 + closing)))
+            out.append(Collective("all_gather", "tp", tp, read, 2, 2 * rerun))
+            out.append(Collective("all_gather", "tp", tp, stream, 0, 2))  # the row-parallel outputs' gradients
+            out.append(Collective("reduce_scatter", "tp", tp, stream, 2, full * (1 + closing)))
+            out.append(Collective("reduce_scatter", "tp", tp, read, 0, 2, input_gradient=True))
         else:
-            out.append(Collective("all_reduce", "tp", tp, stream, 2, 2 + rerun * (1 + closing)))
+            out.append(Collective("all_reduce", "tp", tp, stream, 2, rerun * (1 + closing)))
+            out.append(Collective("all_reduce", "tp", tp, read, 0, 2, input_gradient=True))
     if cp > 1 and cp_algorithm == "ring":
         kv_elements = 2 * batch * (seq // cp) * kv_heads_per_rank(spec, tp) * spec.head_dim
         again = 0 if recompute == "none" else cp - 1
@@ -197,13 +211,10 @@ def boundary_split_over_tp(layout: Layout, kernels: Kernels) -> bool:
 def stage_boundary_bytes(spec: ModelSpec, layout: Layout, micro_batch: int, precision: str, kernels: Kernels) -> int:
     """Bytes of one micro-batch's hidden states, or of their gradient, sent from one pipeline stage to
     the next by one rank: its cp shard of the sequence (a tp shard of that under sp, or where the
-    stack splits the boundary over tp) at the whole hidden width. plait's engine sends them in its
-    residual stream's dtype: fp32 under autocast over fp32 weights, bf16 where the stage holds bf16
-    weights (``holds_bf16_weights``); a reference stack in the activations' precision."""
-    if kernels.plait_engine:
-        element = BF16 if holds_bf16_weights(precision, layout.zero) else FP32
-    else:
-        element = ACTIVATION_BYTES[precision]
+    stack splits the boundary over tp) at the whole hidden width, in the residual stream's dtype
+    (``residual_stream_bytes``: on plait's engine fp32 under autocast over fp32 weights, bf16 over
+    bf16 weights)."""
+    element = residual_stream_bytes(precision, layout.zero, layout.pp, kernels)
     tokens = spec.seq_len // layout.cp // (layout.tp if layout.sp else 1)
     return micro_batch * tokens * spec.hidden * element // (layout.tp if boundary_split_over_tp(layout, kernels) else 1)
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+from plait.facts.activations import ACTIVATION_BYTES, residual_stream_bytes
 from plait.facts.collectives import (
     embedding_collectives, head_collectives, layer_collectives, replicated_layer_gradient_elements, stage_boundary_bytes,
     tied_embedding_bytes,
 )
 from plait.facts.model_state import (
-    BF16, FP32, communicated_bytes, holds_bf16_weights, pipeline_share, rank_tensor_shape_counts, sharded_elements,
+    communicated_bytes, pipeline_share, rank_tensor_shape_counts, sharded_elements,
 )
 from plait.facts.recompute import rank_recompute
 from plait.facts.stack import STACKS
@@ -58,15 +59,18 @@ def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank
                       last: bool, precision: str, add) -> None:
     """The layers' and ends' tensor- and context-parallel calls of every micro-batch (each block's
     by its own recomputation), and the sums of replicated weights' gradients over tp (a sequence
-    shard's norms, kv-heads fewer than tp): in fp32, or in bf16 where the rank holds bf16 weights
-    and so runs its residual stream and gradients in bf16 (``holds_bf16_weights``). Under bf16
-    autocast over fp32 weights the calls mix the two dtypes; these count them in fp32."""
+    shard's norms, kv-heads fewer than tp). What the matmuls write moves in the activations'
+    precision, what the norms and column-parallel linears read in the residual stream's dtype
+    (plait.facts.activations.residual_stream_bytes: fp32 under bf16 autocast over fp32 weights), as
+    do the ends' calls and, in the weights' dtype alike, the replicated weights' gradients.
+    """
     tp, sp, cp, seq = layout.tp, layout.sp, layout.cp, spec.seq_len
-    e = BF16 if holds_bf16_weights(precision, layout.zero) else FP32
+    e, stream = ACTIVATION_BYTES[precision], residual_stream_bytes(precision, layout.zero, layout.pp, STACKS["plait"])
     calls = [(call, blocks) for mode, blocks in rank_recompute(spec, layout, pp_rank).items()
-             for call in layer_collectives(spec, micro_batch, seq, tp, sp, cp, mode, e, cp_algorithm=layout.cp_algorithm)]
-    calls += [(call, 1) for call in (embedding_collectives(spec, micro_batch, seq, tp, sp, cp, e) if first else ())]
-    calls += [(call, 1) for call in (head_collectives(spec, micro_batch, seq, tp, sp, cp, e) if last else ())]
+             for call in layer_collectives(spec, micro_batch, seq, tp, sp, cp, mode, e, cp_algorithm=layout.cp_algorithm,
+                                           stream_bytes=stream)]
+    calls += [(call, 1) for call in (embedding_collectives(spec, micro_batch, seq, tp, sp, cp, stream) if first else ())]
+    calls += [(call, 1) for call in (head_collectives(spec, micro_batch, seq, tp, sp, cp, stream) if last else ())]
     for call, count in calls:
         count *= layout.microbatches
         add(call.group, call.op, count * (call.forward + call.backward) * call.handed_bytes)
@@ -75,7 +79,7 @@ def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank
     replicated = layers * replicated_layer_gradient_elements(spec, tp, sp)
     if last and tp > 1 and sp:
         replicated += norm_parameter_count(spec)  # the final norm's
-    add("tp", "all_reduce", replicated * e)
+    add("tp", "all_reduce", replicated * stream)
 
 
 def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, dp_rank: int, first: bool, last: bool,

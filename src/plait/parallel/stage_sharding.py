@@ -30,7 +30,7 @@ class ShardedStage:
     The chunk views (plait.parallel.pipeline) share the model's hooks, so each runs the root's."""
 
     def __init__(self, model: Transformer, mesh: DeviceMesh, grad_compression: str = "none"):
-        # fp32 gathered parameters under bf16 autocast, as on every pipeline stage: with bf16
+        # fp32 gathered parameters under bf16 autocast, as on a ZeRO-0 stage: with bf16
         # parameters FSDP2 would accumulate a gradient in bf16 or fp32 depending on whether its hook
         # ran before the weight half of a split backward, so memory and rounding would follow the
         # schedule. (--grad-compression bf16 makes its reduce dtype, and so its accumulation, bf16.)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from plait.facts.activations import ACTIVATION_BYTES
+from plait.facts.activations import ACTIVATION_BYTES, residual_stream_bytes
 from plait.facts.collectives import (boundary_split_over_tp, embedding_collectives, head_collectives, layer_collectives,
                                      stage_boundary_bytes)
 from plait.facts.recompute import chunk_recompute
@@ -107,8 +107,9 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     ring = {"forward": 0.0, "backward": 0.0}
     tp_backward = 0.0  # the backward's own tensor-parallel collectives (not the recomputed forward's)
     tp_inside = {"forward": 0.0, "backward": 0.0}  # run inside the matmuls (Kernels.tp_comm_overlap)
+    stream = residual_stream_bytes(precision, layout.zero, layout.pp, kernels)
     for call in layer_collectives(spec, micro_batch, spec.seq_len, layout.tp, layout.sp, layout.cp, layout.recompute,
-                                  e, kernels.recompute_whole_forward, layout.cp_algorithm):
+                                  e, kernels.recompute_whole_forward, layout.cp_algorithm, stream):
         link = group_link(hw, layout, call.group)
         if call.op == "send":
             seconds, into = send_seconds(call.tensor_bytes, link), ring
@@ -118,13 +119,11 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
             into = tp_inside
         into["forward"] += call.forward * seconds
         into["backward"] += call.backward * seconds
-        # The backward's own, the forward's mirrored: the column-parallel linears' input gradients,
-        # all-reduced (the forward's all-reduce after each row-parallel linear) or under sp
-        # reduce-scattered (its all-gather before each column-parallel one), can go under their
-        # weight gradients; the row-parallel linears' output gradients, all-gathered under sp (the
-        # forward's reduce-scatter mirrored), are needed before their input-gradient matmul starts.
-        if into is on_path and call.group == "tp" and kernels.tp_backward_overlap and call.op != "reduce_scatter":
-            tp_backward += call.forward * seconds
+        # The column-parallel linears' input gradients, all-reduced (or under sp reduce-scattered),
+        # can go under their weight gradients; the row-parallel linears' output gradients,
+        # all-gathered under sp, are needed before their input-gradient matmul starts.
+        if into is on_path and call.input_gradient and kernels.tp_backward_overlap:
+            tp_backward += call.backward * seconds
     if tp_backward:  # under the column-parallel linears' weight-gradient matmuls, only the excess is exposed
         window = column_parallel_share(spec) * times.backward_weight
         on_path["backward"] -= tp_backward - exposed_under(tp_backward, window, hw.comm_overlap)
@@ -181,10 +180,12 @@ class EndCollectives:
     head_backward: float = 0.0
 
 
-def end_collectives(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str) -> EndCollectives:
+def end_collectives(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, stream_bytes: int) -> EndCollectives:
+    """The ends' calls all move the residual stream (``stream_bytes`` a value,
+    plait.facts.activations.residual_stream_bytes): the embedding's output and the head's input."""
     if layout.tp == 1:
         return EndCollectives()
-    link, e = group_link(hw, layout, "tp"), ACTIVATION_BYTES[precision]
+    link, e = group_link(hw, layout, "tp"), stream_bytes
     sides = []
     for calls in (embedding_collectives(spec, micro_batch, spec.seq_len, layout.tp, layout.sp, layout.cp, e),
                   head_collectives(spec, micro_batch, spec.seq_len, layout.tp, layout.sp, layout.cp, e)):
@@ -217,7 +218,7 @@ def chunk_costs(
     layers = {mode: layer_cost(spec, hw, replace(layout, recompute=mode, recompute_layers=None), micro_batch,
                                precision, kernels) for mode in {m for n in counts for m, _ in chunk_recompute(layout, n)}}
     first_gather = next(iter(layers.values())).first_gather
-    ends = end_collectives(spec, hw, layout, micro_batch, precision)
+    ends = end_collectives(spec, hw, layout, micro_batch, residual_stream_bytes(precision, layout.zero, layout.pp, kernels))
     head = head_times(spec, hw, precision, micro_batch, layout.tp, layout.cp)
     out = []
     for c, blocks in enumerate(counts):

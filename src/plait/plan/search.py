@@ -23,7 +23,7 @@ from typing import Iterator, NamedTuple
 from plait.errors import ConfigError
 from plait.facts.activations import (
     activation_bytes_per_layer, autocast_copies_weights, head_activation_bytes, held_between_passes, loss_backward_bytes,
-    recompute_working_bytes, replayed_block_bytes,
+    recompute_working_bytes, replayed_block_bytes, residual_stream_bytes,
 )
 from plait.facts.in_flight import held_chunk_counts, peak_microbatches
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors, zero_group
@@ -289,11 +289,12 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 *(((pp - 1, tuple(counts[pp - 1::pp])),) if pp > 1 else ()))
 
     @functools.cache
-    def end_times(tp: int, cp: int, sp: bool, mbs: int) -> tuple[float, float, float, float]:
+    def end_times(tp: int, cp: int, sp: bool, mbs: int, stream: int) -> tuple[float, float, float, float]:
         """(head's work, embedding's work, head's activation bytes, its loss backward's passing bytes)
-        per micro-batch: the tp and cp groups' links depend only on their sizes (tp innermost, cp next)."""
+        per micro-batch, the residual stream ``stream`` bytes a value: the tp and cp groups' links
+        depend only on their sizes (tp innermost, cp next)."""
         layout = Layout(tp=tp, cp=cp, sp=sp)
-        head, ends = head_times(spec, hw, precision, mbs, tp, cp), end_collectives(spec, hw, layout, mbs, precision)
+        head, ends = head_times(spec, hw, precision, mbs, tp, cp), end_collectives(spec, hw, layout, mbs, stream)
         return (head.forward + head.backward + ends.head_forward + ends.head_backward,
                 ends.embedding_forward + ends.embedding_backward, head_activation_bytes(spec, mbs, tp, sp, cp, precision),
                 loss_backward_bytes(spec, mbs, tp, cp, kernels))
@@ -321,13 +322,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     continue
                 if tp > 1 and not sp and "sp" not in fixed and not fit_problems(spec, replace(base, sp=True), kernels):
                     continue
-                # The slowest boundary's transfer and gather, which the fill and drain wait on, and
-                # where a schedule's sends block, the transfer each of a middle rank's 2v sends a
-                # micro-batch keeps it busy for (the play times each boundary).
-                boundaries = stage_boundaries(spec, hw, base, mbs, precision, waiting)
-                flight = max(boundaries.sends) + max(boundaries.flights)
-                waited = max(boundaries.sends) if kernels.blocking_sends else 0.0
-                head_kernels, embedding_kernels, head_act, loss_backward = end_times(tp, cp, sp, mbs)
+                by_stream: dict[int, tuple[float, ...]] = {}  # what the residual stream's dtype decides
                 times_of: dict[tuple, dict] = {}  # per weight passes and recomputation, filled when a layout may fit
                 for zero, replicate in _zero_options(fixed, hw, base):
                     if zero == 1 and replicate == 1 and "zero" not in fixed and compression == "none":
@@ -344,6 +339,16 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # mesh once here, the schedule and stage split once per schedule for all meshes.
                     if mesh_problems(spec, staged, gpus, workload.global_batch, kernels):
                         continue
+                    stream = residual_stream_bytes(precision, zero, pp, kernels)
+                    if stream not in by_stream:
+                        # The slowest boundary's transfer and gather, which the fill and drain wait on, and
+                        # where a schedule's sends block, the transfer each of a middle rank's 2v sends a
+                        # micro-batch keeps it busy for (the play times each boundary); the ends' work.
+                        boundaries = stage_boundaries(spec, hw, staged, mbs, precision, waiting)
+                        by_stream[stream] = (max(boundaries.sends) + max(boundaries.flights),
+                                             max(boundaries.sends) if kernels.blocking_sends else 0.0,
+                                             *end_times(tp, cp, sp, mbs, stream))
+                    flight, waited, head_kernels, embedding_kernels, head_act, loss_backward = by_stream[stream]
                     # Read only the mesh sizes, the ZeRO stage and its groups (and, for a measured host's
                     # wrapper overhead, sp); the scan meets each mesh under many micro-batch counts.
                     mesh_key = (tp, cp, pp, dp, zero, replicate, sp)
@@ -409,7 +414,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # ZeRO-3's per-layer gathers (without stages) depend on its group; a measured host's
                     # wrapper overhead on the stage.
                     key = (tp, cp, sp, mbs, (dp, replicate) if zero == 3 and pp == 1 else 0,
-                           (zero, dp > 1) if hw.host_overhead else None, algorithm, passes)
+                           (zero, dp > 1) if hw.host_overhead else None, algorithm, passes, stream)
                     if key not in works:
                         works[key] = {rc: _layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in costed}
                     # (plait's ZeRO-3 without stages reduces its ends' gradients every micro-batch)
