@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from plait.facts.activations import residual_stream_bytes
+from plait.facts.activations import FP32, residual_stream_bytes
 from plait.facts.collectives import layer_collectives
 from plait.facts.stack import STACKS
 from plait.layout import Layout
@@ -48,7 +48,7 @@ def test_plaits_own_layers_keep_the_backward_all_reduce_on_the_critical_path():
     times = plait.times
     stream = residual_stream_bytes("bf16", LAYOUT.zero, LAYOUT.pp, STACKS["plait"])
     calls = layer_collectives(SPEC, 1, SPEC.seq_len, 8, element_bytes=2, stream_bytes=stream)
-    assert stream == 4 and {call.tensor_bytes for call in calls if call.input_gradient} == {2 * SPEC.seq_len * SPEC.hidden * 2}
+    assert stream == FP32 and {call.tensor_bytes for call in calls if call.input_gradient} == {SPEC.seq_len * SPEC.hidden * FP32}
     assert plait.comm_backward == pytest.approx(sum(
         call.backward * all_reduce_seconds(call.tensor_bytes, call.size, group_link(hw, LAYOUT, "tp"))
         for call in calls), rel=1e-9)

@@ -66,9 +66,13 @@ def test_zero_composes_and_matches_single_process(pool, single_process, model, l
 
 BF16_TOLERANCE = 0.02  # tests/test_training.py: bf16 stays within 2% of fp32
 BF16_LAYOUTS = [
-    # autocast over fp32 weights: tensor-parallel calls on the matmuls' outputs in bf16, on the
-    # residual stream the linears read (and the ends') in fp32
+    # ZeRO 0, autocast over fp32 weights: tensor-parallel calls on the matmuls' outputs in bf16, on
+    # the residual stream the linears read (and the ends') in fp32
     ("tiny", {"dp": 2, "tp": 2}),
+    ("tiny", {"dp": 2, "tp": 2, "sp": True}),
+    ("tiny-llama", {"dp": 2, "cp": 2, "cp_algorithm": "ring"}),
+    # bf16 weights (ZeRO 1-2, FSDP2's gathered ones): every call in bf16, learned positions' gradient too
+    ("tiny", {"dp": 2, "tp": 2, "sp": True, "zero": 1}),
     ("tiny-llama", {"dp": 2, "tp": 2, "zero": 1}),
     ("tiny-llama", {"dp": 2, "tp": 2, "sp": True, "zero": 3}),
     ("tiny-llama", {"dp": 2, "cp": 2, "zero": 2}),

@@ -109,7 +109,8 @@ def embedding_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     The token embedding is split by vocabulary rows, so each rank's lookup is a partial sum: all-
     reduced forward, or with sp reduce-scattered into sequence shards (its backward all-gathers the
     gradient). Learned positions are replicated and sliced to the rank's shard under sp, so their
-    gradient is all-gathered in backward."""
+    gradient is all-gathered in backward, in the weights' dtype, which the residual stream's follows
+    (``element_bytes``)."""
     if tp == 1:
         return ()
     stream = batch * (seq // cp) * spec.hidden * element_bytes
@@ -117,7 +118,7 @@ def embedding_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
         return (Collective("all_reduce", "tp", tp, stream, 1, 0),)
     out = [Collective("reduce_scatter", "tp", tp, stream, 1, 0), Collective("all_gather", "tp", tp, stream, 0, 1)]
     if spec.learned_positions:
-        out.append(Collective("all_gather", "tp", tp, (seq // cp) * spec.hidden * FP32, 0, 1))
+        out.append(Collective("all_gather", "tp", tp, (seq // cp) * spec.hidden * element_bytes, 0, 1))
     return tuple(out)
 
 
