@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop, sdpa_flop
 
@@ -124,6 +125,34 @@ def counted_flops(spec, model: torch.nn.Module, batch: int) -> tuple[int, int]:
     with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as backward_counter:
         F.cross_entropy(logits.flatten(0, 1), inputs.flatten()).backward()
     return forward_counter.get_total_flops(), backward_counter.get_total_flops()
+
+
+class NormAutocast(TorchFunctionMode):
+    """Whether autocast was on for the CPU as each norm ran, and the dtypes it took and returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[bool, torch.dtype, torch.dtype]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (F.layer_norm, F.rms_norm):
+            self.seen.append((torch.is_autocast_enabled("cpu"), args[0].dtype, out.dtype))
+        return out
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_norms_run_outside_autocast_in_their_inputs_dtype(name, dtype):
+    """Under bf16 autocast each norm runs in the residual stream's own dtype (fp32 over fp32 weights,
+    bf16 over bf16 ones) and returns it, whatever the device's autocast lists say of norms (CUDA's
+    run them in fp32): what the next linears read, keep and gather is the same on a CPU and a GPU."""
+    model = Transformer(model_spec(name, seq_len=16)).to(dtype)
+    tokens = torch.randint(0, model.spec.vocab, (2, 16))
+    tally = NormAutocast()
+    with torch.autocast("cpu", dtype=torch.bfloat16), tally:
+        model(tokens, torch.arange(16))
+    assert tally.seen and all(not on and seen == dtype and out == dtype for on, seen, out in tally.seen)
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-llama"])

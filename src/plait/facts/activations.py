@@ -208,8 +208,9 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     scores kept); here, without dropout, with a fused attention kernel that keeps one softmax
     statistic per query instead of the scores:
     - norms (two a block, one with ``parallel_block``; replicated over tp; divided by tp under sp),
-      always fp32 (autocast runs them in fp32 on the fp32 residual stream): LayerNorm keeps its
-      input, mean and rstd; RMSNorm its input, the normalised input and rstd;
+      in the residual stream's dtype, outside autocast (plait.models.transformer.make_norm): fp32
+      under autocast over fp32 weights; LayerNorm keeps its input, mean and rstd; RMSNorm its input,
+      the normalised input and rstd;
     - linear inputs: the norms' outputs that wq/wk/wv and w1(/w3) read, whole on every rank even
       under sp (DTensor keeps the all-gathered copy; Megatron keeps the shard and gathers again).
       fp32: one per norm (a parallel block's one norm feeds both, but under sp attention and MLP
@@ -229,8 +230,8 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
 
     bf16 without ``weight_copies`` (bf16 weights: ZeRO 1–2, and ZeRO-3 without stages) runs the whole
     layer in bf16: the fp32 layout at 2 bytes a value, residual stream and block input included, save
-    the fp32 log-sum-exp, the rotary tables (buffers stay fp32) and RMSNorm, which autocast runs in
-    fp32 on an fp32 copy of its input (LayerNorm it leaves in bf16). Under ZeRO-3 without stages
+    the fp32 log-sum-exp, the rotary tables (buffers stay fp32) and RMSNorm, which works on an fp32
+    copy of its input (LayerNorm stays in bf16). Under ZeRO-3 without stages
     (``fsdp_inputs``) FSDP2's mixed precision casts the block's inputs to bf16, the rotary tables
     among them.
 

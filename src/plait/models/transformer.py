@@ -23,12 +23,24 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class LayerNorm(nn.LayerNorm):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            return super().forward(x)
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
+    """The family's norm, outside autocast: it runs in its input's dtype, which is its weights' (the
+    residual stream's), and returns it, on every device. Under autocast a bf16 input would come
+    back bf16 on a CPU and fp32 on a GPU (CUDA's autocast lists both norms among its fp32 ops), and
+    with it the dtype of what the next linears read, keep for backward and gather under tensor
+    parallelism would hang on the device."""
     if spec.family == "gpt2":
-        return nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
+        return LayerNorm(spec.hidden, eps=spec.norm_eps)
     return RMSNorm(spec.hidden, spec.norm_eps)
 
 
