@@ -79,4 +79,4 @@ def held_chunk_counts(name: str, pp: int, virtual_stages: int, microbatches: int
     paired = np.arange(total - warmup)
     peaks = np.unique(forwards[warmup + 1 + paired] - backwards[paired] if len(paired) else forwards[total:], axis=0)
     covered = (peaks[:, None, :] <= peaks[None, :, :]).all(axis=2).sum(axis=1) > 1  # by another, distinct row
-    return tuple(tuple(int(n) for n in row) for row in peaks[~covered])
+    return tuple(map(tuple, peaks[~covered].tolist()))

@@ -531,13 +531,6 @@ class RankHold(NamedTuple):
         pairs = {(sum(n * size for n, size in zip(count, chunk_layers)), count[-1] if last else 0) for count in counts}
         return cls(counts, chunk_layers, first, last, _undominated(pairs), sum(chunk_layers), {})
 
-    def bytes(self, per_layer: float, head: float) -> float:
-        """The most activation bytes held: ``per_layer`` a layer, ``head`` a copy of the head's."""
-        if len(self.peaks) == 1:  # (as on every rank but the last: a hot path of the search)
-            held_layers, copies = self.peaks[0]
-            return held_layers * per_layer + copies * head
-        return max(held_layers * per_layer + copies * head for held_layers, copies in self.peaks)
-
     def partial_bytes(self, recomputed_layers: int, kept: float, recomputed: float, head: float) -> float:
         """As ``bytes`` where the first ``recomputed_layers`` layers of each chunk recompute fully
         (``recomputed`` bytes a layer) and the others keep ``kept``."""
@@ -560,10 +553,15 @@ def _peak(ranks: tuple, act: float, head: float, replayed: tuple[float, float]) 
     each layer holding ``act`` bytes and each copy of the head ``head``, and what the block its
     backward replays adds (``replayed``: on a rank other than the last, on the last) where it has one."""
     peak = 0.0
-    for hold, besides in ranks:
-        bytes_ = besides + hold.bytes(act, head) + (replayed[hold.last] if hold.layers else 0.0)
-        if bytes_ > peak:
-            peak = bytes_
+    for hold, besides in ranks:  # (a hot path of the search: one peak on every rank but the last)
+        peaks = hold.peaks
+        if len(peaks) == 1:
+            held = peaks[0][0] * act + peaks[0][1] * head
+        else:
+            held = max(held_layers * act + copies * head for held_layers, copies in peaks)
+        held += besides + (replayed[hold.last] if hold.layers else 0.0)
+        if held > peak:
+            peak = held
     return peak
 
 
