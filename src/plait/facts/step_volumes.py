@@ -20,9 +20,7 @@ from plait.facts.collectives import (
     embedding_collectives, head_collectives, layer_collectives, replicated_layer_gradient_elements, stage_boundary_bytes,
     tied_embedding_bytes,
 )
-from plait.facts.model_state import (
-    communicated_bytes, pipeline_share, rank_tensor_shape_counts, sharded_elements,
-)
+from plait.facts.model_state import communicated_bytes, pipeline_share, rank_tensor_shape_counts, sharded_elements
 from plait.facts.recompute import rank_recompute
 from plait.facts.stack import STACKS
 from plait.layout import Layout

@@ -532,8 +532,9 @@ class RankHold(NamedTuple):
         return cls(counts, chunk_layers, first, last, _undominated(pairs), sum(chunk_layers), {})
 
     def partial_bytes(self, recomputed_layers: int, kept: float, recomputed: float, head: float) -> float:
-        """As ``bytes`` where the first ``recomputed_layers`` layers of each chunk recompute fully
-        (``recomputed`` bytes a layer) and the others keep ``kept``."""
+        """The most activation bytes held where the first ``recomputed_layers`` layers of each chunk
+        recompute fully (``recomputed`` bytes a layer), the others keep ``kept`` and each copy of
+        the head holds ``head``."""
         peaks = self.partial_peaks.get(recomputed_layers)
         if peaks is None:  # per peak (layers recomputed, layers kept, head copies) held
             peaks = self.partial_peaks[recomputed_layers] = _undominated({
