@@ -70,8 +70,6 @@ def parallelize(model: Transformer, topology: Topology, precision: str, lr: floa
         pipeline = build_pipeline(model, topology)
         model = pipeline.model
         hold_weights(model, topology, precision)
-        # Hidden states cross stages in the residual stream's dtype: bf16 over bf16 weights.
-        pipeline.transfer_dtype = next(model.parameters()).dtype
         if layout.zero == 3:
             stage = ShardedStage(model, topology.fsdp_mesh, layout.grad_compression)
             scatter_after = stage.reduce

@@ -133,8 +133,6 @@ class Pipeline:
         self.steps_run = 0
         # plait's hooks reducing each chunk's gradients over dp once final (set by parallelize; None: none).
         self.gradient_buckets: ChunkReduction | None = None
-        # The dtype hidden states and their gradients cross stages in (set by parallelize: the weights').
-        self.transfer_dtype = torch.float32
 
     def forward_backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast,
                          positions: torch.Tensor | None = None, progress: Progress | None = None) -> torch.Tensor:
@@ -175,8 +173,10 @@ class Pipeline:
         chunks = {c: _Chunk(view, autocast, positions.to(self.device)) for c, view in self.chunks.items()}
         # Evaluation's forward-only schedule computes no gradients: nothing to reduce.
         reduction = self.gradient_buckets if schedule is self.schedule else None
+        # Hidden states and their gradients cross stages in the residual stream's dtype, the weights'.
+        dtype = next(self.model.parameters()).dtype
         executor = Executor(schedule, self.pp_rank, chunks, loss_fn, recv_shape, self.pp_group, self.device,
-                            dtype=self.transfer_dtype, reduction=reduction, progress=progress)
+                            dtype=dtype, reduction=reduction, progress=progress)
         progress.operation("pp barrier before the schedule")
         dist.barrier(group=self.pp_group)  # a common start, so every rank's spans share one clock origin
         with vocab_parallel_loss(self.topology):  # the last chunk's loss and its backward
