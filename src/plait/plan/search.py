@@ -18,7 +18,7 @@ import functools
 import heapq
 import math
 from dataclasses import dataclass, field, replace
-from typing import Iterator, NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 from plait.errors import ConfigError
 from plait.facts.activations import (
@@ -237,11 +237,18 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                                   stage_layers=stage_layers), kernels)
 
     @functools.cache
-    def schedule_list(pp: int, m: int) -> list[tuple[str, int, tuple[RankHold, ...], int]]:
+    def schedule_list(pp: int, m: int) -> list[tuple[str, int, tuple[RankHold, ...], int, tuple[tuple, ...]]]:
         """(schedule, v, what the examined ranks hold at their peaks, the most layers a middle rank
-        holds) of those that can run."""
-        return [(n, v, held_at_peaks(n, pp, v, peak_microbatches(pp, v, m)), middle_layers(pp, v))
-                for n, v in _schedules(pp, m, layers, fixed) if pp == 1 or schedule_fits(pp, m, n, v)]
+        holds, and each examined rank's (first, last, layers): what its bytes besides the
+        activations read) of those that can run."""
+        return [(n, v, holds, middle_layers(pp, v), tuple((hold.first, hold.last, hold.layers) for hold in holds))
+                for n, v in _schedules(pp, m, layers, fixed) if pp == 1 or schedule_fits(pp, m, n, v)
+                for holds in (held_at_peaks(n, pp, v, peak_microbatches(pp, v, m)),)]
+
+    @functools.cache
+    def rank_kinds(pp: int, m: int) -> tuple[tuple, ...]:
+        """Every (first, last, layers) an examined rank of the schedules of ``schedule_list`` has."""
+        return tuple({kind: None for *_, kinds in schedule_list(pp, m) for kind in kinds})
 
     @functools.cache
     def held_at_peaks(name: str, pp: int, v: int, m: int) -> tuple[RankHold, ...]:
@@ -372,15 +379,16 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                 spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp, algorithm), offload),
                                 recompute_working_bytes(spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp, algorithm))
                         held[rc], working[rc] = acts[act_key]
-                    # (what it holds at its peaks, bytes besides the activations) of each
-                    # schedule's examined ranks; with the least any recomputation keeps, the
-                    # schedules' smallest peak: above the memory there is, none of them can fit.
-                    ranks_of = [tuple((hold, (first_full if hold.first else last_full if hold.last else middle_full)
-                                       - (per_rank - hold.layers) * layer_states + other + (loss_backward if hold.last else 0.0))
-                                      for hold in holds)
-                                for _, _, holds, _ in schedules]
+                    # The bytes besides the activations of each kind of examined rank (first, last,
+                    # layers held), which every schedule's ranks read; with the least any
+                    # recomputation keeps, the schedules' smallest peak: above the memory there is,
+                    # none of them can fit.
+                    besides = {kind: (first_full if kind[0] else last_full if kind[1] else middle_full)
+                               - (per_rank - kind[2]) * layer_states + other + (loss_backward if kind[1] else 0.0)
+                               for kind in rank_kinds(pp, m)}
                     least = min(held[rc] for rc in recomputes)
-                    lightest = [_peak(ranks, least, head_act, (0.0, 0.0)) for ranks in ranks_of]
+                    lightest = [_peak(zip(holds, map(besides.__getitem__, kinds)), least, head_act, (0.0, 0.0))
+                                for _, _, holds, _, kinds in schedules]
                     freed = loss_backward + head_act  # what the last stage frees before any block's backward
                     examined = True
                     larger_may_fit = larger_may_fit or beyond(lightest, middle_full + other, pp > 1 and weights is not None
@@ -388,9 +396,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     if lightest and min(lightest) > capacity:
                         found.oversized += len(schedules)
                         smallest = min(range(len(schedules)), key=lightest.__getitem__)
-                        name, v = schedules[smallest][:2]
+                        name, v, holds, _, kinds = schedules[smallest]
                         rc = min(recomputes, key=held.__getitem__)
-                        found.note_smallest(_peak(ranks_of[smallest], held[rc], head_act, _replayed(working[rc], name, v, freed)),
+                        found.note_smallest(_peak(zip(holds, map(besides.__getitem__, kinds)), held[rc], head_act,
+                                                  _replayed(working[rc], name, v, freed)),
                                             (dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
                                              0, offload))
                         continue
@@ -452,12 +461,13 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         continue
                     # Recomputing some blocks is never faster than recomputing none.
                     some = partial and floors["none"] < bar
-                    for (name, v, _, middle), ranks, light in zip(schedules, ranks_of, lightest):
-                        first_layers, last_layers = ranks[0][0].layers, ranks[-1][0].layers
+                    for (name, v, holds, middle, kinds), light in zip(schedules, lightest):
+                        first_layers, last_layers = holds[0].layers, holds[-1].layers
                         tried = order_zb if name == "zb-h1" else order
                         if not tried or light > capacity:  # (zb-h1's own recomputations keep no less)
                             found.oversized += 1
                             continue
+                        ranks = tuple(zip(holds, map(besides.__getitem__, kinds)))
                         for rc in tried:
                             peak = _peak(ranks, per_rc[rc][0], head_act, _replayed(working[rc], name, v, freed))
                             if peak <= capacity:
@@ -549,7 +559,7 @@ def _undominated(points: set[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
     return tuple(p for p in points if not any(o != p and all(x >= y for x, y in zip(o, p)) for o in points))
 
 
-def _peak(ranks: tuple, act: float, head: float, replayed: tuple[float, float]) -> float:
+def _peak(ranks: Iterable[tuple[RankHold, float]], act: float, head: float, replayed: tuple[float, float]) -> float:
     """The fullest of a schedule's examined ranks (what it holds, bytes besides the activations),
     each layer holding ``act`` bytes and each copy of the head ``head``, and what the block its
     backward replays adds (``replayed``: on a rank other than the last, on the last) where it has one."""
