@@ -83,8 +83,9 @@ def test_the_dominance_rules_the_search_relies_on():
 @pytest.mark.parametrize("model,gpu,gpus,batch", [("gpt3-175b", "a100-80gb", 256, 512),
                                                    ("llama-70b", "h100-sxm", 128, 256), ("llama-8b", "h100-sxm", 64, 64)])
 def test_the_floor_on_step_time_keeps_what_scoring_every_layout_keeps(model, gpu, gpus, batch):
-    """The search skips a mesh's schedules when their floor cannot be kept; it must keep the same
-    fastest layouts, the same fastest of each complexity and the same fastest overall."""
+    """The search skips a mesh's schedules when their floor cannot be kept, or when its ranks' model
+    states alone exceed the memory; it must keep the same fastest layouts, the same fastest of each
+    complexity and the same fastest overall."""
     workload = Workload(model_spec(model), batch)
     hw = stack_hardware(hardware(gpu), workload.kernels)
     every = scan(workload, hw, gpus, {}, None, keep=16, bound=False)
@@ -94,6 +95,22 @@ def test_the_floor_on_step_time_keeps_what_scoring_every_layout_keeps(model, gpu
     assert sorted(bounded.best) == sorted(every.best)
     assert bounded.simplest == every.simplest
     assert bounded.fastest == every.fastest
+
+
+@pytest.mark.parametrize("model,gpu,gpus,batch", [("llama-70b", "a100-40gb", 8, 64), ("gpt3-175b", "a100-80gb", 16, 64),
+                                                   ("llama-405b", "h100-sxm", 32, 128)])
+def test_the_floor_on_model_states_counts_what_weighing_every_schedule_counts(model, gpu, gpus, batch):
+    """The search stops weighing a mesh's schedules where its ranks' model states and other bytes alone
+    exceed the memory; where nothing fits (no floor on step time then) it must count as many layouts
+    too large and name the same smallest one, the peak the planner's error reports. (Where layouts
+    fit, the test above holds the kept ones equal.)"""
+    workload = Workload(model_spec(model), batch)
+    hw = stack_hardware(hardware(gpu), workload.kernels)
+    every = scan(workload, hw, gpus, {}, None, keep=16, bound=False)
+    bounded = scan(workload, hw, gpus, {}, None, keep=16)
+    assert every.fitting == 0 and every.oversized > 100
+    assert (bounded.oversized, bounded.scored, bounded.bounded) == (every.oversized, every.scored, 0)
+    assert bounded.smallest == every.smallest
 
 
 @pytest.mark.parametrize("model,batch,gpu,stack,layout", [

@@ -197,7 +197,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     is counted, not scored, and a mesh stops at the first micro-batch size where none of its layouts
     fits (larger ones need no less; they are not counted). With ``bound``, a mesh and micro-batch
     count whose floor (its slowest stage's work for every micro-batch, plus the flush) cannot be
-    kept has its schedules counted, not scored: the same layouts are kept either way (test), in
+    kept has its schedules counted, not scored, and one whose ranks' model states and other bytes
+    alone exceed the memory has its schedules counted as too large without weighing their
+    activations: the same layouts are kept, and as many counted too large, either way (tests), in
     half the time on large searches."""
     spec, precision, kernels, layers = workload.spec, workload.precision, workload.kernels, workload.spec.layers
     stage_layers = fixed.get("stage_layers")
@@ -346,16 +348,6 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # mesh once here, the schedule and stage split once per schedule for all meshes.
                     if mesh_problems(spec, staged, gpus, workload.global_batch, kernels):
                         continue
-                    stream = residual_stream_bytes(precision, zero, pp, kernels)
-                    if stream not in by_stream:
-                        # The slowest boundary's transfer and gather, which the fill and drain wait on, and
-                        # where a schedule's sends block, the transfer each of a middle rank's 2v sends a
-                        # micro-batch keeps it busy for (the play times each boundary); the ends' work.
-                        boundaries = stage_boundaries(spec, hw, staged, mbs, precision, waiting)
-                        by_stream[stream] = (max(boundaries.sends) + max(boundaries.flights),
-                                             max(boundaries.sends) if kernels.blocking_sends else 0.0,
-                                             *end_times(tp, cp, sp, mbs, stream))
-                    flight, waited, head_kernels, embedding_kernels, head_act, loss_backward = by_stream[stream]
                     # Read only the mesh sizes, the ZeRO stage and its groups (and, for a measured host's
                     # wrapper overhead, sp); the scan meets each mesh under many micro-batch counts.
                     mesh_key = (tp, cp, pp, dp, zero, replicate, sp)
@@ -368,9 +360,34 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         states[mesh_key] = (*full, full[1] - fewer)
                     other = other_bytes(spec, staged, mbs, precision, hw.reserved_bytes, kernels)
                     first_full, middle_full, last_full, layer_states = states[mesh_key]
+                    weights = (autocast_copies_weights(precision, zero, pp), zero == 3 and pp == 1) if kernels.plait_engine else None
+                    weight_copies = pp > 1 and weights is not None and weights[0]
+                    # Each kind of examined rank (first, last, layers held: what every schedule's ranks
+                    # are) holds its model states and the other bytes besides its activations: where
+                    # even the least of those exceeds the memory, no schedule fits whatever the
+                    # activations (nor, as ``beyond`` says, any larger micro-batch, but where
+                    # autocast's weight copies shrink). Unless one could be the smallest seen (the
+                    # peak the error names), nothing more is computed.
+                    kept_states = {kind: (first_full if kind[0] else last_full if kind[1] else middle_full)
+                                   - (per_rank - kind[2]) * layer_states for kind in rank_kinds(pp, m)}
+                    least_besides = min(kept_states.values(), default=0.0) + other
+                    if bound and schedules and least_besides > capacity and least_besides >= found.smallest[0]:
+                        found.oversized += len(schedules)
+                        examined = True
+                        larger_may_fit = larger_may_fit or weight_copies and middle_full + other <= capacity
+                        continue
+                    stream = residual_stream_bytes(precision, zero, pp, kernels)
+                    if stream not in by_stream:
+                        # The slowest boundary's transfer and gather, which the fill and drain wait on, and
+                        # where a schedule's sends block, the transfer each of a middle rank's 2v sends a
+                        # micro-batch keeps it busy for (the play times each boundary); the ends' work.
+                        boundaries = stage_boundaries(spec, hw, staged, mbs, precision, waiting)
+                        by_stream[stream] = (max(boundaries.sends) + max(boundaries.flights),
+                                             max(boundaries.sends) if kernels.blocking_sends else 0.0,
+                                             *end_times(tp, cp, sp, mbs, stream))
+                    flight, waited, head_kernels, embedding_kernels, head_act, loss_backward = by_stream[stream]
                     # A stage's activations per micro-batch under each recomputation (what they read of
                     # the ZeRO stage and the stages on plait's engine).
-                    weights = (autocast_copies_weights(precision, zero, pp), zero == 3 and pp == 1) if kernels.plait_engine else None
                     held, working = {}, {}
                     for rc in costed:
                         act_key = (tp, sp, cp, rc, mbs, weights, algorithm)
@@ -379,20 +396,15 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                 spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp, algorithm), offload),
                                 recompute_working_bytes(spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp, algorithm))
                         held[rc], working[rc] = acts[act_key]
-                    # The bytes besides the activations of each kind of examined rank (first, last,
-                    # layers held), which every schedule's ranks read; with the least any
-                    # recomputation keeps, the schedules' smallest peak: above the memory there is,
-                    # none of them can fit.
-                    besides = {kind: (first_full if kind[0] else last_full if kind[1] else middle_full)
-                               - (per_rank - kind[2]) * layer_states + other + (loss_backward if kind[1] else 0.0)
-                               for kind in rank_kinds(pp, m)}
+                    # With the head's loss backward on the last rank, and the least any recomputation
+                    # keeps, the schedules' smallest peak: above the memory there is, none of them can fit.
+                    besides = {kind: kept + other + (loss_backward if kind[1] else 0.0) for kind, kept in kept_states.items()}
                     least = min(held[rc] for rc in recomputes)
                     lightest = [_peak(zip(holds, map(besides.__getitem__, kinds)), least, head_act, (0.0, 0.0))
                                 for _, _, holds, _, kinds in schedules]
                     freed = loss_backward + head_act  # what the last stage frees before any block's backward
                     examined = True
-                    larger_may_fit = larger_may_fit or beyond(lightest, middle_full + other, pp > 1 and weights is not None
-                                                              and weights[0]) <= capacity
+                    larger_may_fit = larger_may_fit or beyond(lightest, middle_full + other, weight_copies) <= capacity
                     if lightest and min(lightest) > capacity:
                         found.oversized += len(schedules)
                         smallest = min(range(len(schedules)), key=lightest.__getitem__)
