@@ -8,6 +8,8 @@ Published figures: NVIDIA measures 192 GB/s all-reduce bus bandwidth on DGX A100
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -16,7 +18,9 @@ from plait.facts.stack import STACKS, Kernels
 from plait.layout import Layout
 from plait.models.flops import layer_parameter_count
 from plait.models.spec import ModelSpec, model_spec
-from plait.plan.comm import all_gather_seconds, all_reduce_seconds, group_link, strided_link
+from plait.plan.comm import (
+    LINK_EFFICIENCY, NETWORK_EFFICIENCY, all_gather_seconds, all_reduce_seconds, group_link, strided_link,
+)
 from plait.plan.compute import LayerTimes
 from plait.plan.hardware import hardware
 from plait.plan.memory import other_bytes
@@ -46,6 +50,44 @@ def test_groups_of_a_stride_share_the_node_adapters():
     assert whole == pytest.approx(4 * half) and half == pytest.approx(2 * one)
     assert not group_link(hw, Layout(dp=4, tp=8), "tp").crosses_nodes
     assert group_link(hw, Layout(dp=4, tp=8), "dp").bandwidth == pytest.approx(one)
+
+
+def test_a_group_straddling_a_node_boundary_gets_only_its_members_adapters_there():
+    """tp 12 on nodes of 8: every group holds 8 GPUs of one node and 4 of the next, whose other 4
+    belong to the next group, so its rings leave through 4 adapters, not 8; tp 6 fits in a node,
+    but every fourth group straddles two, with 2 members on one side."""
+    hw = hardware("h100-sxm")
+    per_adapter = strided_link(hw, 4, 8).bandwidth
+    tp12, tp6 = strided_link(hw, 12, 1), strided_link(hw, 6, 1)
+    assert tp12.crosses_nodes and tp12.nodes == 2 and tp12.bandwidth == pytest.approx(4 * per_adapter)
+    assert tp6.crosses_nodes and tp6.nodes == 2 and tp6.bandwidth == pytest.approx(2 * per_adapter)
+    assert not strided_link(hw, 4, 1).crosses_nodes and strided_link(hw, 16, 1).bandwidth > tp12.bandwidth
+
+
+@pytest.mark.parametrize("sizes", [(1, 4, 1, 12), (2, 4, 1, 6), (1, 8, 3, 2), (3, 2, 1, 4), (2, 5, 2, 3), (1, 3, 2, 8)])
+def test_the_spread_of_every_group_is_what_the_mesh_lays_out(sizes):
+    """For each mesh dimension, the fewest members a group has in a node it reaches and the most
+    nodes a group reaches, counted over the groups the mesh (pp, dp, cp, tp, rank-major) really forms."""
+    hw = hardware("a100-80gb")
+    node = hw.gpus_per_node
+    layout = Layout(**dict(zip(("pp", "dp", "cp", "tp"), sizes)))
+    ranks = list(range(math.prod(sizes)))
+    for axis, dim in enumerate(("pp", "dp", "cp", "tp")):
+        if sizes[axis] == 1:
+            continue
+        stride = math.prod(sizes[axis + 1:])
+        groups = {}
+        for rank in ranks:
+            coordinate = rank // stride % sizes[axis]
+            groups.setdefault(rank - coordinate * stride, []).append(rank)
+        spreads = [Counter(rank // node for rank in group) for group in groups.values()]
+        fewest, most = min(min(c.values()) for c in spreads), max(len(c) for c in spreads)
+        link = group_link(hw, layout, dim)
+        assert link.crosses_nodes == (most > 1)
+        if most > 1:
+            assert link.nodes == most
+            assert link.bandwidth == pytest.approx(min(hw.intra_node_gbps * 1e9 * LINK_EFFICIENCY,
+                                                       fewest * hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY))
 
 
 def test_only_the_hops_between_nodes_pay_the_network_latency():

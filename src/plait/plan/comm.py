@@ -10,7 +10,10 @@ holding consecutive ranks. A group whose members all sit in one node uses the in
 A group that spans nodes is laid out as NCCL lays its rings: each ring runs through a node's
 members over NVLink and leaves it through one network adapter, so a group with k members per
 node runs k rings side by side, one per adapter, and gets min(intra, k × adapter) bus bandwidth
-(the node's other adapters carry the other groups of its stride).
+(the node's other adapters carry the other groups of its stride). k is the fewest members it has
+in any node it reaches: a group that straddles a node boundary (tp 12 on nodes of 8: 8 GPUs of
+one node, 4 of the next) leaves through its members' adapters only (4), and one that fits in a
+node's size without dividing it (tp 6, tp 3) has groups that straddle two nodes.
 
 Latency follows NCCL's own tuning model (src/graph/tuning.cc): a ring is a pipeline, so the
 latency a piece of data pays is the sum of the hops it crosses — of a pass's n−1 steps, the
@@ -37,6 +40,8 @@ on a CPU, whose cores run both):
 from __future__ import annotations
 
 import functools
+import math
+from collections import Counter
 from dataclasses import dataclass
 
 from plait.layout import MESH_DIMS, Layout
@@ -96,13 +101,38 @@ def strided_link(hw: Hardware, size: int, stride: int) -> Link:
     """The link of a group of ``size`` ranks ``stride`` global ranks apart (nodes fill rank by rank)."""
     intra = hw.intra_node_gbps * 1e9 * LINK_EFFICIENCY
     scales = {"reduce_scatter_scale": hw.reduce_scatter_scale, "all_gather_scale": hw.all_gather_scale}
-    if stride * size <= hw.gpus_per_node:
+    fewest, nodes = group_spread(size, stride, hw.gpus_per_node)
+    if nodes == 1:
         return Link(intra, hw.intra_node_latency_s, False, **scales)
-    members_per_node = max(1, hw.gpus_per_node // stride)
-    inter = hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY * members_per_node
-    nodes = -(-size // members_per_node)
+    inter = hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY * fewest
     return Link(min(intra, inter), hw.intra_node_latency_s, True, **scales, nodes=nodes,
                 network_latency=hw.inter_node_latency_s)
+
+
+@functools.lru_cache(maxsize=4096)
+def group_spread(size: int, stride: int, node: int) -> tuple[int, int]:
+    """(the fewest members any group of ``size`` ranks ``stride`` apart has in a node it reaches, the
+    most nodes one such group reaches), over every group of the mesh (nodes of ``node`` ranks, filled
+    rank by rank). A group's rings leave a node through its own members' adapters, one each (the
+    node's others carry the groups those GPUs belong to), so the node where it has the fewest
+    members bounds its bandwidth: a group that fills its nodes evenly has ``node // stride`` in
+    each, while one that straddles a node boundary (6 ranks of a node of 8, or 12 ranks) has only
+    its share of the node it leaves into. (Remembered: a search asks for the same few shapes
+    thousands of times.)"""
+    span = size * stride
+    if span <= node and node % span == 0:  # every group inside a node
+        return size, 1
+    if node % stride == 0 and span % node == 0:  # groups filling whole nodes alike
+        return node // stride, span // node
+    if stride % node == 0:  # one member a node
+        return 1, size
+    period = span * node // math.gcd(span, node)  # the layout repeats after this many ranks
+    fewest, most = size, 1
+    for start in range(0, period, span):
+        for offset in range(start, start + stride):
+            members = Counter((offset + k * stride) // node for k in range(size))
+            fewest, most = min(fewest, min(members.values())), max(most, len(members))
+    return fewest, most
 
 
 def pipeline_link(hw: Hardware, layout: Layout, boundary: int) -> Link:
