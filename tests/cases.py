@@ -192,30 +192,63 @@ def resumed_weights(config: RunConfig, run_dir: str) -> dict | None:
     return {name: value.detach().float().clone() for name, value in weights.items()} if topology.rank == 0 else None
 
 
-def zero2_rows_after_a_backward_that_reaches_no_parameter(config: RunConfig) -> float:
-    """Accumulate one micro-batch without synchronising, then run a synchronised backward that
-    reaches no parameter: how far this rank's gradient rows are from the average of the ranks'
-    accumulated gradients (they must still be reduced)."""
+def averages_after_a_backward_that_reaches_no_parameter(config: RunConfig) -> float:
+    """Accumulate one micro-batch without synchronising plait's all-reduce buckets (ZeRO 0/1 where
+    DDP cannot run), then run a synchronised backward that reaches no parameter: how far this rank's
+    gradients are from the average of the ranks' accumulated gradients (they must still be reduced)."""
     import torch.distributed as dist
 
-    from plait.parallel.zero_rows import owned_rows
+    from plait.parallel.gradient_buckets import GradientAllReduce
     from plait.parallel.gradients import gradient_sync
-    from plait.parallel.sharded_adamw import ShardedAdamW
 
     topology = build_topology(config.layout, torch.device("cpu"))
     rank, ranks = topology.coordinate("dp"), topology.size("dp")
     model = torch.nn.Linear(8, 6)
     torch.nn.init.constant_(model.weight, 0.1)
-    optimizer = ShardedAdamW(model.parameters(), topology.mesh["dp"], lr=1e-3, betas=(0.9, 0.95),
-                             gradient_chunks={0: list(model.parameters())})
-    with gradient_sync(model, optimizer, False):
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    buckets = GradientAllReduce({0: list(model.parameters())}, topology.group("dp"), 64)
+    with gradient_sync(model, optimizer, False, buckets):
         model(torch.full((4, 8), float(rank + 1))).square().sum().backward()
     expected = [param.grad.clone() for param in model.parameters()]
     for grad in expected:
         dist.all_reduce(grad, group=topology.group("dp"))
         grad /= ranks
-    with gradient_sync(model, optimizer, True):
+    with gradient_sync(model, optimizer, True, buckets):
         (torch.ones(3, requires_grad=True) * 2).sum().backward()
+    return max((param.grad - grad).abs().max().item() for param, grad in zip(model.parameters(), expected))
+
+
+def zero2_rows_over_micro_batches(config: RunConfig) -> dict:
+    """Two micro-batches' backward over bf16 weights under ZeRO-2, neither told to synchronise: each
+    must reduce-scatter its own gradients (the rank holds no whole gradient after it) and the rows
+    must hold their averages (summed over the ranks in bf16, on the wire) summed in fp32, checked
+    against that sum in float64."""
+    import torch.distributed as dist
+
+    from plait.parallel.gradients import gradient_sync
+    from plait.parallel.sharded_adamw import ShardedAdamW
+    from plait.parallel.zero_rows import owned_rows
+
+    topology = build_topology(config.layout, torch.device("cpu"))
+    rank, ranks = topology.coordinate("dp"), topology.size("dp")
+    model = torch.nn.Linear(64, 48).to(torch.bfloat16)
+    optimizer = ShardedAdamW(model.parameters(), topology.mesh["dp"], lr=1e-3, betas=(0.9, 0.95),
+                             gradient_chunks={0: list(model.parameters())})
+    expected = [torch.zeros(param.shape, dtype=torch.float64) for param in model.parameters()]
+    whole_after = []
+    generator = torch.Generator().manual_seed(rank)
+    for _ in range(2):
+        inputs = torch.randn(16, 64, generator=generator).to(torch.bfloat16)
+        grads = torch.autograd.grad(model(inputs).float().square().sum(), list(model.parameters()))
+        with gradient_sync(model, optimizer, False):
+            model(inputs).float().square().sum().backward()
+        whole_after.append(any(param.grad is not None for param in model.parameters()))
+        for total, grad in zip(expected, grads):
+            reduced = grad.clone()  # summed over the ranks in bf16, as on the wire
+            dist.all_reduce(reduced, group=topology.group("dp"))
+            total += reduced.to(torch.float64) / ranks
     shards = optimizer.gradient_shards.shards
-    return max((shards[param].to_local() - grad[owned_rows(param.shape[0], rank, ranks)]).abs().max().item()
-               for param, grad in zip(model.parameters(), expected))
+    rows = [shards[param].to_local() for param in model.parameters()]
+    return {"whole_after": whole_after, "dtypes": sorted({str(row.dtype) for row in rows}),
+            "error": max((row.double() - total[owned_rows(param.shape[0], rank, ranks)]).abs().max().item()
+                         / total.abs().max().item() for row, total, param in zip(rows, expected, model.parameters()))}

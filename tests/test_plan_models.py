@@ -12,7 +12,7 @@ from plait.plan.comm import Link, all_reduce_seconds, group_link, reduce_scatter
 from plait.plan.compute import Gemm, gemm_seconds, layer_shape
 from plait.plan.costs import layer_cost
 from plait.plan.hardware import CATALOG, catalog_name_of, hardware, stack_hardware
-from plait.plan.search import SCANNED, best_layout, scan, scanned_layout
+from plait.plan.search import SCANNED, best_layout, scan, scanned_layout, search
 from plait.plan.simulate import Workload, evaluate
 
 
@@ -61,7 +61,8 @@ def _scores(fixed, model="gpt2-large"):
 def test_the_dominance_rules_the_search_relies_on():
     """Without sp a layout is never faster than with it, but for the gather of learned positions'
     gradient that sp adds (under 0.1% of the step); ZeRO-1 never beats ZeRO-2 without hybrid
-    sharding (with it, ZeRO-2 averages its rows across the replica groups after backward)."""
+    sharding (with it, ZeRO-2 averages its rows across the replica groups after backward) where
+    ZeRO-2 reduces once a step (one micro-batch, or on pipeline stages) over more than 2 ranks."""
     for model, slack in (("gpt2-large", 1e-3), ("llama-3b", 1e-12)):
         for tp in (2, 4):
             with_sp = _scores({"tp": tp, "sp": True, "recompute": "none"}, model)
@@ -72,12 +73,35 @@ def test_the_dominance_rules_the_search_relies_on():
     one, two = _scores({"zero": 1, "recompute": "none"}), _scores({"zero": 2, "recompute": "none"})
     compared = 0
     for fields, step in one.items():
-        if scanned_layout(fields).dp_replicate > 1:
+        layout = scanned_layout(fields)
+        if layout.dp_replicate > 1 or layout.dp <= 2 or layout.microbatches > 1 and layout.pp == 1:
             continue
         twin = fields[:5] + (2,) + fields[6:]
         assert two[twin] <= step + 1e-12
         compared += 1
     assert compared >= 3
+
+
+def test_zero2_pays_each_microbatchs_reduce_scatter_and_zero1_overtakes_it_over_a_slow_network():
+    """plait's ZeRO-2 without stages reduce-scatters every micro-batch's gradients, each waited for at
+    the end of its backward, where ZeRO-1 all-reduces once a step: on 200 Gb/s shared by a node's
+    8 GPUs, at 8 micro-batches ZeRO-1 is faster and the search ranks it first; at one micro-batch
+    ZeRO-2 wins and ZeRO-1 is not scored."""
+    hw = hardware("a100-80gb", inter_node_gbps=3.125)
+    spec = model_spec("gpt2-xl")
+    exposed = {}
+    for m in (1, 8):
+        for zero in (1, 2):
+            p = evaluate(Workload(spec, 16 * m), hw, 16, Layout(dp=16, zero=zero, microbatches=m))
+            exposed[m, zero] = p.time_breakdown["exposed_dp_comm_s"]
+    assert exposed[1, 2] < exposed[1, 1] < exposed[8, 2]
+    assert exposed[8, 1] == pytest.approx(exposed[1, 1])  # one all-reduce a step, whatever m
+    fixed = {"dp": 16, "dp_replicate": 1, "recompute": "none"}
+    ranked = search(Workload(spec, 128), hw, 16, {**fixed, "microbatches": 8}, tie_break="time").ranked
+    order = [p.layout.zero for p in ranked]
+    assert order[0] == 1 and order.index(2) > 0
+    ranked = search(Workload(spec, 16), hw, 16, {**fixed, "microbatches": 1}, tie_break="time").ranked
+    assert ranked[0].layout.zero == 2 and 1 not in [p.layout.zero for p in ranked]
 
 
 @pytest.mark.parametrize("model,gpu,gpus,batch", [("gpt3-175b", "a100-80gb", 256, 512),

@@ -181,8 +181,9 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     ``dp_rank`` is the global dp coordinate): context-parallel ranks hold the same weights and average
     their gradients after backward (FSDP2's and ``ShardedAdamW``'s mesh is the dp dimension), so
     cp shards nothing. bf16 keeps fp32 parameters under autocast (ZeRO 0) or FSDP2's fp32 shards
-    (ZeRO 3); ZeRO 1 and 2 hold bf16 parameters and gradients and an fp32 master of the rows the
-    rank owns (``holds_bf16_weights``). Under tensor parallelism the rows are those of the
+    (ZeRO 3); ZeRO 1 and 2 hold bf16 parameters and an fp32 master of the rows the rank owns
+    (``holds_bf16_weights``), ZeRO 1 bf16 gradients, ZeRO 2 the fp32 sum of each micro-batch's
+    reduce-scattered rows (plait.parallel.gradient_shards). Under tensor parallelism the rows are those of the
     rank's tp shard. Stage 1 and 2 shard each tensor by rows, as torch.chunk;
     FSDP2 (stage 3) holds each parameter's and gradient's shard padded to the largest rank's rows.
     Adam keeps two fp32 moments per owned element and one fp32 step counter per tensor.
@@ -195,13 +196,14 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     whole, owned, padded = sharded_elements(counts, dp_rank, dp)
     owned = owned if zero >= 1 else whole
     params = padded * FP32 if zero == 3 else whole * weight_bytes
-    grads = padded * FP32 if zero == 3 else (owned if zero == 2 else whole) * weight_bytes
+    grads = padded * FP32 if zero == 3 else owned * FP32 if zero == 2 else whole * weight_bytes
     if layout.pp > 1 and zero >= 2:
         # A pipeline stage accumulates its whole gradients over the schedule and reduce-scatters them
         # once after it (plait.parallel.gradients); under ZeRO-3 it also keeps its fp32 parameters
         # gathered for the whole step (plait.parallel.stage_sharding), and FSDP2 accumulates the
-        # gradients in its reduce dtype, bf16 under --grad-compression bf16.
-        grads = whole * weight_bytes
+        # gradients in its reduce dtype, bf16 under --grad-compression bf16. (ZeRO-2's fp32 rows
+        # after it outweigh the whole bf16 gradients only where dp 2 gives this rank the larger half.)
+        grads = max(whole * weight_bytes, grads)
         if zero == 3:
             params += whole * FP32
             grads = whole * (BF16 if layout.grad_compression == "bf16" else FP32)
@@ -258,6 +260,14 @@ def communicated_bytes(layout: Layout, precision: str, kernels: Kernels) -> tupl
         grads, params = (BF16, BF16) if holds_bf16_weights(precision, layout.zero) else (FP32, FP32)
     return (min(grads, BF16) if layout.grad_compression == "bf16" else grads), params
 
+
+
+def reduction_rounds(layout: Layout) -> int:
+    """How many times a step plait's hooks reduce the data-parallel gradients: ZeRO-2 without
+    pipeline stages every micro-batch's, into fp32 rows (plait.parallel.gradients); every other
+    ZeRO-0/1/2 layout once, after the last micro-batch (ZeRO-3's FSDP2 gathers and reduces layer by
+    layer: plait.facts.step_volumes counts it)."""
+    return layout.microbatches if layout.zero == 2 and layout.pp == 1 else 1
 
 # PowerSGD (Vogels et al. 2019) as plait runs it through torch's powerSGD_hook: each gradient viewed
 # as a (rows, everything else) matrix is sent as two rank-r factors, P (rows × r) and Q (cols × r),

@@ -20,7 +20,9 @@ from plait.facts.collectives import (
     embedding_collectives, head_collectives, layer_collectives, replicated_layer_gradient_elements, stage_boundary_bytes,
     tied_embedding_bytes,
 )
-from plait.facts.model_state import communicated_bytes, pipeline_share, rank_tensor_shape_counts, sharded_elements
+from plait.facts.model_state import (
+    FP32, communicated_bytes, pipeline_share, rank_tensor_shape_counts, reduction_rounds, sharded_elements,
+)
 from plait.facts.recompute import rank_recompute
 from plait.facts.stack import STACKS
 from plait.layout import Layout
@@ -77,7 +79,8 @@ def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank
     replicated = layers * replicated_layer_gradient_elements(spec, tp, sp)
     if last and tp > 1 and sp:
         replicated += norm_parameter_count(spec)  # the final norm's
-    add("tp", "all_reduce", replicated * stream)
+    # (laid out as their parameters once a step, or by ZeRO-2's buckets every micro-batch's)
+    add("tp", "all_reduce", reduction_rounds(layout) * replicated * stream)
 
 
 def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, dp_rank: int, first: bool, last: bool,
@@ -103,7 +106,8 @@ def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, d
 def _data_parallel(spec: ModelSpec, layout: Layout, layers: int, first: bool, last: bool, precision: str,
                    dp_rank: int, add) -> None:
     """ZeRO 0 all-reduces every gradient over dp; ZeRO 1 all-reduces them and gathers the updated
-    rows each rank owns; ZeRO 2 reduce-scatters them and gathers the rows; ZeRO 3 (FSDP2) gathers
+    rows each rank owns; ZeRO 2 reduce-scatters each micro-batch's (on a pipeline stage the
+    accumulated ones) and gathers the rows, which it sums in fp32; ZeRO 3 (FSDP2) gathers
     every parameter in each micro-batch's forward and again in its backward and reduce-scatters each
     micro-batch's gradients (on a pipeline stage, which keeps them for the schedule, it gathers once
     a step and reduce-scatters the accumulated gradients). Under hybrid sharding ZeRO's collectives
@@ -120,10 +124,12 @@ def _data_parallel(spec: ModelSpec, layout: Layout, layers: int, first: bool, la
         add("dp", "all_reduce", whole * grad_bytes)
     if zero in (1, 2):
         add(shard_group, "all_gather", owned * param_bytes)
-    per_micro_batch = layout.microbatches if zero == 3 and layout.pp == 1 else 1
+    per_micro_batch = reduction_rounds(layout) if zero == 2 else layout.microbatches if zero == 3 and layout.pp == 1 else 1
+    # ZeRO-2's rows are summed, and averaged over replicas and cp after backward, in fp32.
+    rows = padded * grad_bytes if zero == 3 else owned * FP32
     if zero >= 2:
         add(shard_group, "reduce_scatter", per_micro_batch * (padded * ranks if zero == 3 else whole) * grad_bytes)
-        add("dp_replicate", "all_reduce", per_micro_batch * (padded if zero == 3 else owned) * grad_bytes)
+        add("dp_replicate", "all_reduce", (per_micro_batch if zero == 3 else 1) * rows)
     if zero == 3:
         add(shard_group, "all_gather", (2 * per_micro_batch if layout.pp == 1 else 1) * padded * param_bytes)
-    add("cp", "all_reduce", (whole if zero < 2 else owned) * grad_bytes)
+    add("cp", "all_reduce", whole * grad_bytes if zero < 2 else rows)

@@ -3,7 +3,8 @@
 - stage 0: PyTorch DDP, replicated parameters; bucketed gradient all-reduce overlapping backward.
 - stage 1: DDP plus ``ShardedAdamW``: each rank keeps the optimizer state of 1/Nd of every parameter.
 - stage 2: ``ShardedAdamW`` with ``gradient_chunks``: replicated parameters, no wrapper; the
-  optimizer's hooks reduce-scatter the gradients in buckets, overlapping backward.
+  optimizer's hooks reduce-scatter every micro-batch's gradients in buckets, overlapping backward,
+  into fp32 rows.
 - stages 1 and 2 under tensor parallelism: the same, on the rows of each rank's tp shard, as
   Megatron's distributed optimizer; DDP cannot hold DTensor weights, so stages 0 and 1 average
   their gradients with plait's own bucketed all-reduce, overlapping backward too
@@ -12,8 +13,9 @@
   just in time, with the next block's all-gather prefetched. Under tensor parallelism FSDP2
   shards each rank's tensor-parallel shard further over dp (torchtitan's 2-D layout).
 
-In bf16, stages 1 and 2 hold bf16 parameters and gradients with the fp32 master in the optimizer
-(the ZeRO paper's accounting), on pipeline stages too (``hold_weights``); stage 0 runs autocast
+In bf16, stages 1 and 2 hold bf16 parameters with the fp32 master in the optimizer (the ZeRO
+paper's accounting), on pipeline stages too (``hold_weights``), stage 1 bf16 gradients and stage 2
+the fp32 rows; stage 0 runs autocast
 over fp32 parameters, which are their own master; stage 3 uses FSDP2's mixed precision, whose fp32
 shards are the master.
 

@@ -5,10 +5,16 @@ ZeRO 0/1 where DDP cannot run): each full bucket is packed, its gradients freed,
 reduce-scattered asynchronously while the backward pass goes on, and a finished reduce-scatter's
 buffer is released as soon as it is seen done. When the backward pass ends (on a pipeline stage,
 once ``finish`` has waited for every chunk's buckets), the rank holds, for every parameter a
-backward reached, only the averaged gradient of its own rows: ``torch.chunk``'s split of dim 0,
+backward reached, only the averaged gradient of its own rows, in fp32: ``torch.chunk``'s split of dim 0,
 as DTensor's ``Shard(0)`` and ``ShardedAdamW`` split it (of the rank's tp shard under tensor
 parallelism: a gradient is first laid out as its parameter, which sums sequence-parallel partial
 sums over tp). Every rank must reach the same parameters, as under DDP.
+
+Without pipeline parallelism every micro-batch's backward reduce-scatters its gradients (as FSDP2
+does under ZeRO-3) and the rows are summed over the micro-batches in fp32, as DeepSpeed's ZeRO-2
+accumulates into its fp32 partitions: the rank never holds a whole gradient past the backward that
+made it, and over bf16 weights the sum is not rounded to bf16 micro-batch by micro-batch. A
+pipeline stage accumulates its whole gradients over the schedule and reduce-scatters them once.
 
 Not FSDP2 ``fully_shard(reshard_after_forward=False)``: it keeps the parameters sharded and
 gathers a second, full copy for compute, so a rank holds 4Ψ/Nd bytes more than ZeRO-2's
@@ -79,7 +85,8 @@ class GradientReduceScatter(GradientBuckets):
 
     def _take(self, entry: InFlight) -> None:
         entry.work.wait()
-        mine = entry.buffer.to(self.buckets[entry.index][0].dtype).div_(self.ranks)  # widened back from the wire's dtype
+        # The rows are kept, and summed over the micro-batches, in fp32 whatever the wire's dtype.
+        mine = entry.buffer.to(torch.float32).div_(self.ranks)
         offset = 0
         for param in self.buckets[entry.index]:
             shape = self._shapes[param][self.rank]

@@ -5,7 +5,8 @@ by the mechanism each layout was built on: DDP's all-reduce (ZeRO 0, 1), ``Gradi
 (ZeRO 0, 1 where DDP cannot run: under tensor parallelism, whose DTensor weights DDP cannot hold,
 and on pipeline stages), ``GradientReduceScatter`` (ZeRO-2), FSDP2's reduce-scatter (ZeRO-3); the
 buckets' size is ``plait.facts.buckets``' rule. ``gradient_sync`` switches them off for every
-micro-batch but the last, but for FSDP2's, which reduce-scatter every micro-batch's gradients. A
+micro-batch but the last, but for the reduce-scatters (FSDP2's, ZeRO-2's), which run every
+micro-batch's. A
 pipeline stage runs one backward per (chunk, micro-batch), split into input and weight halves
 under zero-bubble schedules, which DDP's per-backward hooks cannot follow:
 there plait's buckets reduce each chunk's gradients from its last backward action on, overlapping
@@ -41,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from plait.parallel.compression import average_flat
 from plait.parallel.gradient_buckets import GradientAllReduce, GradientBuckets, default_bucket_bytes
+from plait.parallel.gradient_shards import GradientReduceScatter
 from plait.parallel.grad_norm import clip_grad_norm, scale_to_norm, total_norm
 from plait.parallel.sharded_adamw import ShardedAdamW, gradients_by_parameter, gradients_of
 from plait.parallel.tensor import finish_tensor_gradients
@@ -92,12 +94,13 @@ def data_parallel_buckets(model: nn.Module, optimizer: torch.optim.Optimizer, to
 def gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, enabled: bool,
                   buckets: GradientBuckets | None = None) -> Iterator[None]:
     """Skip the hooks' gradient reduction unless ``enabled`` (every micro-batch but the last), but
-    FSDP2's. ``buckets``: plait's own (``data_parallel_buckets``; default ZeRO-2's, from the optimizer)."""
+    the reduce-scatters'. ``buckets``: plait's own (``data_parallel_buckets``; default ZeRO-2's, from
+    the optimizer)."""
     buckets = buckets or getattr(optimizer, "gradient_shards", None)
-    if isinstance(model, FSDPModule):
-        # FSDP2 reduce-scatters every micro-batch's gradients, as torchtitan runs it: with its sync off
-        # it would keep every layer's gradient whole (in its reduce dtype) until the last, what ZeRO-3
-        # exists to spare.
+    if isinstance(model, FSDPModule) or isinstance(buckets, GradientReduceScatter):
+        # FSDP2 (ZeRO-3) and ZeRO-2 reduce-scatter every micro-batch's gradients, as torchtitan and
+        # DeepSpeed run them: with their sync off each would keep every gradient whole until the
+        # last micro-batch, what sharding the gradients exists to spare.
         yield
     elif buckets is not None:
         with buckets.synchronising(enabled):

@@ -223,9 +223,11 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     compression = fixed.get("grad_compression", "none")
     # Dominated choices, skipped unless asked for or unless the dominating one is refused: without
     # sp a layout is never faster (but for the gather of learned positions' gradient sp adds, under
-    # 0.1% of a step) nor smaller than with it, and ZeRO-1 never beats ZeRO-2 without
-    # hybrid sharding (same gathers, a reduce-scatter instead of an all-reduce, less memory). Tests
-    # hold both claims.
+    # 0.1% of a step) nor smaller than with it, and ZeRO-1 never beats ZeRO-2 without hybrid
+    # sharding (same gathers, a reduce-scatter instead of an all-reduce, less memory) where ZeRO-2
+    # reduces once a step: on a reference stack always, on plait's engine with one micro-batch or on
+    # pipeline stages, over more than 2 ranks (its fp32 rows are as large as the whole bf16
+    # gradients over 2). Tests hold both claims.
     waiting = replace(kernels, blocking_sends=SCHEDULES)  # each boundary's transfer apart from its gather
     works: dict[tuple, dict] = {}
     acts: dict[tuple, tuple[float, float]] = {}
@@ -334,15 +336,16 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 by_stream: dict[int, tuple[float, ...]] = {}  # what the residual stream's dtype decides
                 times_of: dict[tuple, dict] = {}  # per weight passes and recomputation, filled when a layout may fit
                 for zero, replicate in _zero_options(fixed, hw, base):
-                    if zero == 1 and replicate == 1 and "zero" not in fixed and compression == "none":
+                    dominated = (zero == 1 and replicate == 1 and "zero" not in fixed
+                                 and (not kernels.plait_engine or (m == 1 or pp > 1) and dp > 2))
+                    if dominated and compression == "none":
                         continue
                     # With one schedule (pp 1) only Layout.validate checks it: the mesh carries it.
                     schedule, v = schedules[0][:2] if pp == 1 else ("1f1b", 1)
                     staged = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m, grad_compression=compression,
                                     cp_algorithm=algorithm, zero=zero, dp_replicate=replicate, schedule=schedule,
                                     virtual_stages=v, stage_layers=stage_layers, offload_activations=offload)
-                    if compression != "none" and (refused(staged) or zero == 1 and replicate == 1 and "zero" not in fixed
-                                                  and not refused(replace(staged, zero=2))):
+                    if compression != "none" and (refused(staged) or dominated and not refused(replace(staged, zero=2))):
                         continue
                     # The shared validation in two parts (plait.facts.validity.layout_problems): the
                     # mesh once here, the schedule and stage split once per schedule for all meshes.
@@ -438,8 +441,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                            (zero, dp > 1) if hw.host_overhead else None, algorithm, passes, stream)
                     if key not in works:
                         works[key] = {rc: _layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in costed}
-                    # (plait's ZeRO-3 without stages reduces its ends' gradients every micro-batch)
-                    flush_key = mesh_key + ((m,) if zero == 3 and pp == 1 and kernels.plait_engine else ())
+                    # (plait's ZeRO-3 without stages reduces its ends' gradients every micro-batch, ZeRO-2 all of them)
+                    flush_key = mesh_key + ((m,) if zero >= 2 and pp == 1 and kernels.plait_engine else ())
                     if flush_key not in flushes:
                         flushes[flush_key] = flush_costs(workload, hw, staged, max(params), tensors)
                     flush = flushes[flush_key]

@@ -18,8 +18,8 @@ from plait.facts.buckets import BUCKET_CAP_BYTES, bucket_bytes
 from plait.facts.collectives import tied_embedding_bytes
 from plait.facts.recompute import block_recompute, chunk_recompute
 from plait.facts.model_state import (
-    communicated_bytes, powersgd_elements, rank_model_states, rank_parameters, rank_tensor_shapes, rank_tensors,
-    reduced_gradient_elements, zero_group,
+    FP32, communicated_bytes, powersgd_elements, rank_model_states, rank_parameters, rank_tensor_shapes, rank_tensors,
+    reduced_gradient_elements, reduction_rounds, zero_group,
 )
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.facts.validity import check_run
@@ -136,11 +136,13 @@ class FlushCosts:
     overlap: float = 1.0
     after: float = 0.0  # reduction that waits for the end of backward (no hook runs it inside)
     first_gather: float | None = None  # the gather's first bucket when it overlaps the next forward
+    rounds: int = 1  # backward passes that each run ``reduce`` beside themselves (ZeRO-2: every micro-batch's)
 
     def exposed(self, window: float, forward: float = 0.0) -> float:
-        """Communication left exposed when the reduction overlaps ``window`` seconds of backward and an
-        overlapped parameter gather the ``forward`` seconds of the next step's first forward."""
-        reduce = self.last_bucket + exposed_under(self.reduce - self.last_bucket, window, self.overlap)
+        """Communication left exposed when each round of the reduction overlaps ``window`` seconds of
+        backward and an overlapped parameter gather the ``forward`` seconds of the next step's first
+        forward."""
+        reduce = self.rounds * (self.last_bucket + exposed_under(self.reduce - self.last_bucket, window, self.overlap))
         gather = self.gather if self.first_gather is None else \
             self.first_gather + exposed_under(self.gather - self.first_gather, forward, self.overlap)
         return reduce + self.after + gather + self.scalars
@@ -156,21 +158,23 @@ def gather_window(forward: float, virtual_stages: int, pp: int, microbatches: in
     return forward * (1 + (v - 1) * min(pp, microbatches)) / v
 
 
-def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float) -> tuple[float, float]:
+def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float, grad_bytes: int) -> tuple[float, float]:
     """(in backward, after backward) seconds of plait's data- and context-parallel reduction of
-    ``grads`` bytes (plait.parallel.gradients): over dp, an all-reduce below ZeRO-2 and a
-    reduce-scatter from it, run by hooks inside backward bucket by bucket (DDP, plait's own buckets
-    under tp or on a pipeline stage, ZeRO-2's, FSDP2's), on a pipeline stage from each chunk's last
-    backward action on, except ZeRO-3 on a pipeline stage, whose FSDP2 reduce-scatter follows the
-    schedule (plait.parallel.stage_sharding); then an all-reduce over cp of what dp left. Under
-    hybrid sharding the reduce-scatter runs inside a replica group and an all-reduce of the rows
-    across the groups follows it (in FSDP2's backward hook at ZeRO-3, after backward at ZeRO-2)."""
+    ``grads`` bytes, ``grad_bytes`` an element on the wire (plait.parallel.gradients): over dp, an
+    all-reduce below ZeRO-2 and a reduce-scatter from it, run by hooks inside backward bucket by
+    bucket (DDP, plait's own buckets under tp or on a pipeline stage, ZeRO-2's, FSDP2's), on a
+    pipeline stage from each chunk's last backward action on, except ZeRO-3 on a pipeline stage,
+    whose FSDP2 reduce-scatter follows the schedule (plait.parallel.stage_sharding); then an
+    all-reduce over cp of what dp left (ZeRO-2's rows in fp32). Under hybrid sharding the
+    reduce-scatter runs inside a replica group and an all-reduce of the rows across the groups
+    follows it (in FSDP2's backward hook at ZeRO-3, after backward at ZeRO-2)."""
     dp_link = group_link(hw, layout, "dp")
     if layout.zero < 2:
         dp_seconds, held = all_reduce_seconds(grads, layout.dp, dp_link), grads
     else:
         shard_link = strided_link(hw, layout.dp_shard, layout.cp * layout.tp)
         dp_seconds, held = reduce_scatter_seconds(grads, layout.dp_shard, shard_link), grads / layout.dp_shard
+        held *= FP32 / grad_bytes if layout.zero == 2 else 1
         replica_link = strided_link(hw, layout.dp_replicate, layout.dp_shard * layout.cp * layout.tp)
         across = all_reduce_seconds(held, layout.dp_replicate, replica_link)
         dp_seconds += across if layout.zero == 3 else 0.0
@@ -203,10 +207,10 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
                      for n in powersgd_elements(shapes))
         after = all_reduce_seconds(params * g_bytes, layout.cp, group_link(hw, layout, "cp"))
     elif kernels.plait_engine:
-        reduce, after = plait_reduction_seconds(hw, layout, grads)
+        reduce, after = plait_reduction_seconds(hw, layout, grads, g_bytes)
         if per_layer:  # the context-parallel average after backward covers every layer's shard
             reduce *= layout.microbatches
-            after = plait_reduction_seconds(hw, layout, params * g_bytes)[1]
+            after = plait_reduction_seconds(hw, layout, params * g_bytes, g_bytes)[1]
     elif layout.zero < 2:
         reduce = all_reduce_seconds(grads, replicas, replica_link)
     else:  # reduce-scatter over the ZeRO group; replica groups (hybrid sharding) average the shard
@@ -227,13 +231,16 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     gather = all_gather_seconds(params * p_bytes, shards, link) if once else 0.0
     first_gather = gather * min(1.0, bucket / bucketed) if kernels.param_gather_overlap and bucketed else None
     # The logged loss is averaged over the replicas; a tensor-parallel gradient norm sums over tp
-    # (ZeRO-2/3's sum over dp is left out: one latency, and it keeps ZeRO-2 dominating ZeRO-1).
+    # (ZeRO-2/3's sum over dp is left out: one latency).
     scalars = all_reduce_seconds(4, replicas, replica_link)
     if layout.tp > 1:
         scalars += all_reduce_seconds(4, layout.tp, group_link(hw, layout, "tp"))
     local = params / shards if layout.zero >= 1 else params
     optimizer = optimizer_seconds(hw, local, tensors, precision) + wrapper_overhead(hw, workload.spec, layout).step
-    return FlushCosts(reduce, last_bucket, gather, scalars, optimizer, hw.comm_overlap, after, first_gather)
+    # plait's ZeRO-2 without stages reduce-scatters every micro-batch's gradients in its backward
+    # (plait.parallel.gradients), each waited for at that backward's end.
+    rounds = reduction_rounds(layout) if kernels.plait_engine else 1
+    return FlushCosts(reduce, last_bucket, gather, scalars, optimizer, hw.comm_overlap, after, first_gather, rounds)
 
 
 def hardware_flops(spec: ModelSpec, layout: Layout, kernels: Kernels) -> float:
