@@ -64,10 +64,12 @@ def test_a_group_straddling_a_node_boundary_gets_only_its_members_adapters_there
     assert not strided_link(hw, 4, 1).crosses_nodes and strided_link(hw, 16, 1).bandwidth > tp12.bandwidth
 
 
-@pytest.mark.parametrize("sizes", [(1, 4, 1, 12), (2, 4, 1, 6), (1, 8, 3, 2), (3, 2, 1, 4), (2, 5, 2, 3), (1, 3, 2, 8)])
+@pytest.mark.parametrize("sizes", [(1, 4, 1, 12), (2, 4, 1, 6), (1, 8, 3, 2), (3, 2, 1, 4), (2, 5, 2, 3), (1, 3, 2, 8),
+                                   (1, 2, 1, 3), (1, 4, 1, 3)])
 def test_the_spread_of_every_group_is_what_the_mesh_lays_out(sizes):
     """For each mesh dimension, the fewest members a group has in a node it reaches and the most
-    nodes a group reaches, counted over the groups the mesh (pp, dp, cp, tp, rank-major) really forms."""
+    nodes a group reaches, counted over the groups the mesh (pp, dp, cp, tp, rank-major) really forms
+    (6 ranks, all in one node; 12, whose last node holds 4)."""
     hw = hardware("a100-80gb")
     node = hw.gpus_per_node
     layout = Layout(**dict(zip(("pp", "dp", "cp", "tp"), sizes)))

@@ -66,16 +66,17 @@ def test_a_blocks_casts_and_gradient_accumulation_move_what_the_planner_counts(f
 
 def test_weights_already_in_bf16_are_not_cast_and_their_gradients_accumulate_in_bf16():
     """ZeRO 1 and 2 hold bf16 weights, with or without pipeline stages: nothing to cast, half the
-    accumulation. On a pipeline stage ZeRO 0 keeps and ZeRO-3 gathers fp32 weights, cast as at ZeRO 0
-    without stages. One micro-batch accumulates nothing; a reference stack's fitted figures already
-    hold its passes."""
+    accumulation (none at ZeRO-2 without stages, which reduce-scatters every micro-batch's). On a
+    pipeline stage ZeRO 0 keeps and ZeRO-3 gathers fp32 weights, cast as at ZeRO 0 without stages.
+    One micro-batch accumulates nothing; a reference stack's fitted figures already hold its passes."""
     spec, plait = model_spec("tiny"), STACKS["plait"]
-    zero0, zero2 = Layout(microbatches=2), Layout(dp=2, zero=2, microbatches=2)
-    assert layer_passes(spec, zero2, "bf16", plait) == NO_PASSES
-    assert 2 * layer_gradient_bytes(spec, zero2, "bf16", plait) == layer_gradient_bytes(spec, zero0, "bf16", plait)
+    zero0, zero1 = Layout(microbatches=2), Layout(dp=2, zero=1, microbatches=2)
+    assert layer_passes(spec, zero1, "bf16", plait) == NO_PASSES
+    assert 2 * layer_gradient_bytes(spec, zero1, "bf16", plait) == layer_gradient_bytes(spec, zero0, "bf16", plait)
+    assert layer_gradient_bytes(spec, Layout(dp=2, zero=2, microbatches=2), "bf16", plait) == 0.0
     for zero in (0, 1, 2, 3):
         staged = Layout(dp=2, pp=2, zero=zero, microbatches=2)
-        unstaged = zero0 if zero in (0, 3) else zero2
+        unstaged = zero0 if zero in (0, 3) else zero1
         assert layer_passes(spec, staged, "bf16", plait) == layer_passes(spec, unstaged, "bf16", plait)
         assert layer_gradient_bytes(spec, staged, "bf16", plait) == layer_gradient_bytes(spec, unstaged, "bf16", plait)
     assert layer_gradient_bytes(spec, Layout(), "bf16", plait) == 0.0

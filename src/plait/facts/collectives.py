@@ -225,12 +225,13 @@ def tied_embedding_bytes(spec: ModelSpec, layout: Layout, precision: str, kernel
     and the head share one weight (GPT-2): the gradient of its copy, this tensor-parallel rank's rows
     (plait.parallel.gradients sums the two); in plait's engine in the gradients' dtype (bf16 where
     the stage holds bf16 weights, ``holds_bf16_weights``) and from ZeRO 2 on only the rows this
-    data-parallel rank owns, as the stage has reduce-scattered them first; Megatron-LM all-reduces
-    the whole fp32 gradient. None without stages or without tied weights."""
+    data-parallel rank owns, as the stage has reduce-scattered them first (ZeRO-2's rows in fp32);
+    Megatron-LM all-reduces the whole fp32 gradient. None without stages or without tied weights."""
     if layout.pp == 1 or not spec.tie_embeddings:
         return 0
     rows = padded_vocab(spec.vocab, layout.tp) // layout.tp
     if kernels.plait_engine and layout.zero >= 2:
         rows = owned_rows(rows, dp_rank % layout.dp_shard, layout.dp_shard)
-    element = BF16 if kernels.plait_engine and holds_bf16_weights(precision, layout.zero) else FP32
+    half = kernels.plait_engine and holds_bf16_weights(precision, layout.zero) and layout.zero != 2
+    element = BF16 if half else FP32
     return rows * spec.hidden * element

@@ -28,10 +28,11 @@ PAPER_BYTES = {"bf16": (BF16, BF16, FP32 + ADAM_MOMENTS * FP32), "fp32": (FP32, 
 
 
 def holds_bf16_weights(precision: str, zero: int) -> bool:
-    """Whether plait's engine holds a rank's parameters and gradients in bf16 (with an fp32 master of
-    the rows it owns in ``ShardedAdamW``): ZeRO 1 and 2 under bf16, with or without pipeline stages
-    (plait.parallel.data.cast_parameters). ZeRO 0 runs autocast over fp32 parameters, their own
-    master; ZeRO-3 holds FSDP2's fp32 shards."""
+    """Whether plait's engine holds a rank's parameters in bf16 and computes their gradients in bf16
+    (with an fp32 master of the rows it owns in ``ShardedAdamW``): ZeRO 1 and 2 under bf16, with or
+    without pipeline stages (plait.parallel.data.cast_parameters); ZeRO-2 then sums its reduced rows
+    in fp32. ZeRO 0 runs autocast over fp32 parameters, their own master; ZeRO-3 holds FSDP2's fp32
+    shards."""
     return precision == "bf16" and zero in (1, 2)
 
 
@@ -261,13 +262,13 @@ def communicated_bytes(layout: Layout, precision: str, kernels: Kernels) -> tupl
     return (min(grads, BF16) if layout.grad_compression == "bf16" else grads), params
 
 
-
 def reduction_rounds(layout: Layout) -> int:
     """How many times a step plait's hooks reduce the data-parallel gradients: ZeRO-2 without
     pipeline stages every micro-batch's, into fp32 rows (plait.parallel.gradients); every other
     ZeRO-0/1/2 layout once, after the last micro-batch (ZeRO-3's FSDP2 gathers and reduces layer by
     layer: plait.facts.step_volumes counts it)."""
     return layout.microbatches if layout.zero == 2 and layout.pp == 1 else 1
+
 
 # PowerSGD (Vogels et al. 2019) as plait runs it through torch's powerSGD_hook: each gradient viewed
 # as a (rows, everything else) matrix is sent as two rank-r factors, P (rows × r) and Q (cols × r),

@@ -125,11 +125,12 @@ def _data_parallel(spec: ModelSpec, layout: Layout, layers: int, first: bool, la
     if zero in (1, 2):
         add(shard_group, "all_gather", owned * param_bytes)
     per_micro_batch = reduction_rounds(layout) if zero == 2 else layout.microbatches if zero == 3 and layout.pp == 1 else 1
-    # ZeRO-2's rows are summed, and averaged over replicas and cp after backward, in fp32.
-    rows = padded * grad_bytes if zero == 3 else owned * FP32
+    # ZeRO-2's rows are summed, and averaged over replicas and cp after backward, in fp32; FSDP2's
+    # replicas all-reduce its padded shards, cp averages the unpadded ones.
+    row_bytes = FP32 if zero == 2 else grad_bytes
     if zero >= 2:
         add(shard_group, "reduce_scatter", per_micro_batch * (padded * ranks if zero == 3 else whole) * grad_bytes)
-        add("dp_replicate", "all_reduce", (per_micro_batch if zero == 3 else 1) * rows)
+        add("dp_replicate", "all_reduce", per_micro_batch * padded * grad_bytes if zero == 3 else owned * FP32)
     if zero == 3:
         add(shard_group, "all_gather", (2 * per_micro_batch if layout.pp == 1 else 1) * padded * param_bytes)
-    add("cp", "all_reduce", whole * grad_bytes if zero < 2 else rows)
+    add("cp", "all_reduce", whole * grad_bytes if zero < 2 else owned * row_bytes)

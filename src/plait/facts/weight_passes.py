@@ -14,7 +14,10 @@ Beside the matmuls, each reads and writes every element, so each is bound by mem
   accumulation of the reduced shards run on its side streams, under the compute, and are not
   counted;
 - the gradients' accumulation: from a step's second micro-batch on, autograd adds each new gradient
-  into the one the parameter holds (read both, write one) in the gradients' dtype.
+  into the one the parameter holds (read both, write one) in the gradients' dtype; not where every
+  micro-batch's gradients are reduce-scattered (FSDP2 and ZeRO-2 without stages,
+  ``reduces_every_microbatch``), whose sums of the reduced shards, 1/dp of the elements, are not
+  counted.
 
 A layer of llama-1b (60.8M weights) so moves 1.46 GB a micro-batch at ZeRO 0 in bf16 (casts both
 ways and the accumulation), as much as the planner's elementwise kernels of its forward and
@@ -30,7 +33,7 @@ import functools
 from typing import NamedTuple
 
 from plait.facts.activations import BF16, FP32, autocast_copies_weights
-from plait.facts.model_state import holds_bf16_weights, padded_vocab, rank_tensor_shape_counts
+from plait.facts.model_state import holds_bf16_weights, padded_vocab, rank_tensor_shape_counts, reduction_rounds
 from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.flops import block_norms
@@ -98,8 +101,8 @@ def layer_passes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kerne
 
 
 def gradient_bytes(layout: Layout, precision: str) -> int:
-    """Bytes an element of the gradients a rank computes, as plait.facts.model_state.plait_model_states
-    holds them: fp32, but bf16 for ZeRO 1 and 2 (bf16 weights, ``holds_bf16_weights``), for FSDP2's gathered
+    """Bytes an element of the gradients a rank's backward computes: fp32, but bf16 for ZeRO 1 and 2
+    (bf16 weights, ``holds_bf16_weights``), for FSDP2's gathered
     bf16 parameters, and for a stage's FSDP2 under bf16 gradient compression (its reduce dtype)."""
     if fsdp2_without_stages(layout):
         return unsharded_bytes(precision)
@@ -114,11 +117,17 @@ def fsdp2_reduce_copy_bytes(elements: float, layout: Layout, precision: str) -> 
     return (unsharded_bytes(precision) + (BF16 if layout.grad_compression == "bf16" else FP32)) * elements
 
 
+def reduces_every_microbatch(layout: Layout) -> bool:
+    """Whether plait's engine reduce-scatters every micro-batch's gradients, holding none whole from
+    one to the next: FSDP2 and ZeRO-2 without stages (plait.parallel.gradients)."""
+    return fsdp2_without_stages(layout) or reduction_rounds(layout) > 1
+
+
 def gradient_step_bytes(elements: float, layout: Layout, precision: str) -> float:
     """Bytes the accumulation of ``elements`` parameters' gradients moves in a step on the compute
-    stream: in every micro-batch but the first, in the gradients' dtype; none for FSDP2 without
-    stages, which accumulates its reduced shards on its reduce-scatter's stream."""
-    if fsdp2_without_stages(layout):
+    stream: in every micro-batch but the first, in the gradients' dtype; none where every
+    micro-batch's are reduce-scattered (``reduces_every_microbatch``)."""
+    if reduces_every_microbatch(layout):
         return 0.0
     return (layout.microbatches - 1) * 3 * gradient_bytes(layout, precision) * elements
 

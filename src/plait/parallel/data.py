@@ -3,8 +3,8 @@
 - stage 0: PyTorch DDP, replicated parameters; bucketed gradient all-reduce overlapping backward.
 - stage 1: DDP plus ``ShardedAdamW``: each rank keeps the optimizer state of 1/Nd of every parameter.
 - stage 2: ``ShardedAdamW`` with ``gradient_chunks``: replicated parameters, no wrapper; the
-  optimizer's hooks reduce-scatter every micro-batch's gradients in buckets, overlapping backward,
-  into fp32 rows.
+  optimizer's hooks reduce-scatter the gradients in buckets, overlapping backward, into fp32 rows:
+  every micro-batch's, or on a pipeline stage the schedule's accumulated ones.
 - stages 1 and 2 under tensor parallelism: the same, on the rows of each rank's tp shard, as
   Megatron's distributed optimizer; DDP cannot hold DTensor weights, so stages 0 and 1 average
   their gradients with plait's own bucketed all-reduce, overlapping backward too

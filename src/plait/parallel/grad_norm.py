@@ -35,7 +35,7 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
         groups.setdefault((grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None, []).append(grad)
     norms = []
     for group in groups.values():
-        # Each tensor's norm accumulated in fp32 (bf16 gradients under ZeRO 1–2 would round it).
+        # Each tensor's norm accumulated in fp32 (ZeRO-1's bf16 gradients would round it).
         local = torch.stack(torch._foreach_norm(group, 2, dtype=torch.float32))
         norm = torch.linalg.vector_norm(local, 2)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)

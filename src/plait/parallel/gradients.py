@@ -97,11 +97,14 @@ def gradient_sync(model: nn.Module, optimizer: torch.optim.Optimizer, enabled: b
     the reduce-scatters'. ``buckets``: plait's own (``data_parallel_buckets``; default ZeRO-2's, from
     the optimizer)."""
     buckets = buckets or getattr(optimizer, "gradient_shards", None)
-    if isinstance(model, FSDPModule) or isinstance(buckets, GradientReduceScatter):
+    if isinstance(model, FSDPModule):
         # FSDP2 (ZeRO-3) and ZeRO-2 reduce-scatter every micro-batch's gradients, as torchtitan and
         # DeepSpeed run them: with their sync off each would keep every gradient whole until the
         # last micro-batch, what sharding the gradients exists to spare.
         yield
+    elif isinstance(buckets, GradientReduceScatter):
+        with buckets.synchronising(True):
+            yield
     elif buckets is not None:
         with buckets.synchronising(enabled):
             yield

@@ -6,9 +6,10 @@ each rank only the averaged gradient of its own rows. Either way each rank updat
 owns, and one all-gather per step hands the updated rows to the other ranks. Under tensor
 parallelism the rows are those of the rank's tp shard (plait.parallel.zero_rows).
 
-Mixed precision, as the ZeRO paper accounts it: parameters and gradients in bf16 (2 + 2 bytes,
-replicated), and for the rows a rank owns an fp32 master copy that Adam updates (12 bytes with
-the two moments, sharded); the bf16 parameters are the master rounded after every step.
+Mixed precision, as the ZeRO paper accounts it: parameters in bf16 (2 bytes, replicated), stage 1's
+gradients in bf16 too (stage 2 sums its reduce-scattered rows in fp32), and for the rows a rank
+owns an fp32 master copy that Adam updates (12 bytes with the two moments, sharded); the bf16
+parameters are the master rounded after every step.
 """
 
 from __future__ import annotations

@@ -94,14 +94,15 @@ def merged_link(hw: Hardware, layout: Layout, dims: tuple[str, ...]) -> Link:
     size = 1
     for name in dims:
         size *= getattr(layout, name)
-    return strided_link(hw, size, stride)
+    return strided_link(hw, size, stride, layout.world_size)
 
 
-def strided_link(hw: Hardware, size: int, stride: int) -> Link:
-    """The link of a group of ``size`` ranks ``stride`` global ranks apart (nodes fill rank by rank)."""
+def strided_link(hw: Hardware, size: int, stride: int, world: int | None = None) -> Link:
+    """The link of a group of ``size`` ranks ``stride`` global ranks apart among ``world`` ranks
+    (nodes fill rank by rank; None: as many as the layout of groups over nodes takes to repeat)."""
     intra = hw.intra_node_gbps * 1e9 * LINK_EFFICIENCY
     scales = {"reduce_scatter_scale": hw.reduce_scatter_scale, "all_gather_scale": hw.all_gather_scale}
-    fewest, nodes = group_spread(size, stride, hw.gpus_per_node)
+    fewest, nodes = group_spread(size, stride, hw.gpus_per_node, world)
     if nodes == 1:
         return Link(intra, hw.intra_node_latency_s, False, **scales)
     inter = hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY * fewest
@@ -110,17 +111,17 @@ def strided_link(hw: Hardware, size: int, stride: int) -> Link:
 
 
 @functools.lru_cache(maxsize=4096)
-def group_spread(size: int, stride: int, node: int) -> tuple[int, int]:
+def group_spread(size: int, stride: int, node: int, world: int | None = None) -> tuple[int, int]:
     """(the fewest members any group of ``size`` ranks ``stride`` apart has in a node it reaches, the
-    most nodes one such group reaches), over every group of the mesh (nodes of ``node`` ranks, filled
-    rank by rank). A group's rings leave a node through its own members' adapters, one each (the
+    most nodes one such group reaches), over every group of a mesh of ``world`` ranks (nodes of
+    ``node`` ranks, filled rank by rank; None: every group of the repeating layout). A group's rings leave a node through its own members' adapters, one each (the
     node's others carry the groups those GPUs belong to), so the node where it has the fewest
     members bounds its bandwidth: a group that fills its nodes evenly has ``node // stride`` in
     each, while one that straddles a node boundary (6 ranks of a node of 8, or 12 ranks) has only
     its share of the node it leaves into. (Remembered: a search asks for the same few shapes
     thousands of times.)"""
     span = size * stride
-    if span <= node and node % span == 0:  # every group inside a node
+    if span <= node and node % span == 0 or world is not None and world <= node:  # every group inside a node
         return size, 1
     if node % stride == 0 and span % node == 0:  # groups filling whole nodes alike
         return node // stride, span // node
@@ -128,7 +129,7 @@ def group_spread(size: int, stride: int, node: int) -> tuple[int, int]:
         return 1, size
     period = span * node // math.gcd(span, node)  # the layout repeats after this many ranks
     fewest, most = size, 1
-    for start in range(0, period, span):
+    for start in range(0, period if world is None else min(period, world), span):
         for offset in range(start, start + stride):
             members = Counter((offset + k * stride) // node for k in range(size))
             fewest, most = min(fewest, min(members.values())), max(most, len(members))

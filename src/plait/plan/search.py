@@ -34,6 +34,7 @@ from plait.facts.validity import (
 )
 from plait.facts.weight_passes import WeightPasses, layer_passes
 from plait.layout import RECOMPUTE, SCHEDULES, ZIGZAG_ALGORITHMS, Layout
+from plait.plan.comm import group_spread
 from plait.plan.compute import LayerTimes, end_pass_seconds, gradient_seconds, head_times, layer_times
 from plait.plan.costs import end_collectives, layer_cost, stage_boundaries
 from plait.plan.hardware import Hardware, stack_hardware
@@ -245,9 +246,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
         """(schedule, v, what the examined ranks hold at their peaks, the most layers a middle rank
         holds, and each examined rank's (first, last, layers): what its bytes besides the
         activations read) of those that can run."""
+        listed = [(n, v, held_at_peaks(n, pp, v, peak_microbatches(pp, v, m)))
+                  for n, v in _schedules(pp, m, layers, fixed) if pp == 1 or schedule_fits(pp, m, n, v)]
         return [(n, v, holds, middle_layers(pp, v), tuple((hold.first, hold.last, hold.layers) for hold in holds))
-                for n, v in _schedules(pp, m, layers, fixed) if pp == 1 or schedule_fits(pp, m, n, v)
-                for holds in (held_at_peaks(n, pp, v, peak_microbatches(pp, v, m)),)]
+                for n, v, holds in listed]
 
     @functools.cache
     def rank_kinds(pp: int, m: int) -> tuple[tuple, ...]:
@@ -303,8 +305,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     def end_times(tp: int, cp: int, sp: bool, mbs: int, stream: int) -> tuple[float, float, float, float]:
         """(head's work, embedding's work, head's activation bytes, its loss backward's passing bytes)
         per micro-batch, the residual stream ``stream`` bytes a value: the tp and cp groups' links
-        depend only on their sizes (tp innermost, cp next)."""
-        layout = Layout(tp=tp, cp=cp, sp=sp)
+        depend only on their sizes (tp innermost, cp next) among the ``gpus`` ranks."""
+        layout = Layout(dp=gpus // (tp * cp), tp=tp, cp=cp, sp=sp)
         head, ends = head_times(spec, hw, precision, mbs, tp, cp), end_collectives(spec, hw, layout, mbs, stream)
         return (head.forward + head.backward + ends.head_forward + ends.head_backward,
                 ends.embedding_forward + ends.embedding_backward, head_activation_bytes(spec, mbs, tp, sp, cp, precision),
@@ -403,7 +405,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # keeps, the schedules' smallest peak: above the memory there is, none of them can fit.
                     besides = {kind: kept + other + (loss_backward if kind[1] else 0.0) for kind, kept in kept_states.items()}
                     least = min(held[rc] for rc in recomputes)
-                    lightest = [_peak(zip(holds, map(besides.__getitem__, kinds)), least, head_act, (0.0, 0.0))
+                    lightest = [_peak(_beside(holds, kinds, besides), least, head_act, (0.0, 0.0))
                                 for _, _, holds, _, kinds in schedules]
                     freed = loss_backward + head_act  # what the last stage frees before any block's backward
                     examined = True
@@ -413,7 +415,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         smallest = min(range(len(schedules)), key=lightest.__getitem__)
                         name, v, holds, _, kinds = schedules[smallest]
                         rc = min(recomputes, key=held.__getitem__)
-                        found.note_smallest(_peak(zip(holds, map(besides.__getitem__, kinds)), held[rc], head_act,
+                        found.note_smallest(_peak(_beside(holds, kinds, besides), held[rc], head_act,
                                                   _replayed(working[rc], name, v, freed)),
                                             (dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
                                              0, offload))
@@ -482,7 +484,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         if not tried or light > capacity:  # (zb-h1's own recomputations keep no less)
                             found.oversized += 1
                             continue
-                        ranks = tuple(zip(holds, map(besides.__getitem__, kinds)))
+                        ranks = tuple(_beside(holds, kinds, besides))
                         for rc in tried:
                             peak = _peak(ranks, per_rc[rc][0], head_act, _replayed(working[rc], name, v, freed))
                             if peak <= capacity:
@@ -569,6 +571,12 @@ class RankHold(NamedTuple):
         return max(held * recomputed + whole * kept + copies * head for held, whole, copies in peaks)
 
 
+def _beside(holds: tuple[RankHold, ...], kinds: tuple[tuple, ...], besides: dict[tuple, float]
+            ) -> Iterator[tuple[RankHold, float]]:
+    """Each examined rank's hold with its bytes besides the activations, looked up by its kind."""
+    return zip(holds, map(besides.__getitem__, kinds))
+
+
 def _undominated(points: set[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
     """The points no other point equals or exceeds in every coordinate."""
     return tuple(p for p in points if not any(o != p and all(x >= y for x, y in zip(o, p)) for o in points))
@@ -633,9 +641,10 @@ def _partial(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank: int, hea
 def _zero_options(fixed: dict, hw: Hardware, base: Layout) -> list[tuple[int, int]]:
     """(ZeRO stage, dp_replicate) pairs to score: every stage sharding over all dp ranks and, when
     the dp ranks span nodes, hybrid sharding inside a node (the largest group of at least two dp
-    ranks whose cp·tp blocks fit in one node; the groups replicate across nodes)."""
+    ranks whose cp·tp blocks fill a node a whole number of times, so no group straddles two; the
+    groups replicate across nodes)."""
     dp, block = base.dp, base.cp * base.tp
-    inside = max((s for s in divisors(dp) if s * block <= hw.gpus_per_node), default=1)
+    inside = max((s for s in divisors(dp) if hw.gpus_per_node % (s * block) == 0), default=1)
     replicates = (fixed["dp_replicate"],) if "dp_replicate" in fixed else (1, dp // inside) if 2 <= inside < dp else (1,)
     return [(zero, replicate) for zero in _options(fixed, "zero", (0, 1, 2, 3) if dp > 1 else (0,))
             for replicate in (replicates if zero else (1,))]
@@ -707,11 +716,11 @@ FULL_SHARD_PRECEDENT_RANKS = 128
 
 def complexity(dp: int, tp: int, cp: int, pp: int, gpus_per_node: int, seq_len: int, zero3_shards: int = 0) -> int:
     """How many of dp, tp, cp and pp a layout spreads over, one more when tensor parallelism leaves
-    the node's NVLink, one more for context parallelism on a sequence shorter than any published
+    the node's NVLink (a group wider than a node, or one straddling two: plait.plan.comm.group_spread), one more for context parallelism on a sequence shorter than any published
     run split, and one more for a ZeRO-3 group without pipeline stages (``zero3_shards`` ranks)
     wider than any published FSDP run: each is harder to run and debug, and each is a cost the
     planner can get wrong."""
-    return ((dp > 1) + (tp > 1) + (cp > 1) + (pp > 1) + (tp > gpus_per_node)
+    return ((dp > 1) + (tp > 1) + (cp > 1) + (pp > 1) + (group_spread(tp, 1, gpus_per_node, dp * tp * cp * pp)[1] > 1)
             + (cp > 1 and seq_len < CONTEXT_PARALLEL_PRECEDENT_TOKENS) + (zero3_shards > FULL_SHARD_PRECEDENT_RANKS))
 
 

@@ -172,10 +172,10 @@ def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float, grad_byt
     if layout.zero < 2:
         dp_seconds, held = all_reduce_seconds(grads, layout.dp, dp_link), grads
     else:
-        shard_link = strided_link(hw, layout.dp_shard, layout.cp * layout.tp)
+        shard_link = strided_link(hw, layout.dp_shard, layout.cp * layout.tp, layout.world_size)
         dp_seconds, held = reduce_scatter_seconds(grads, layout.dp_shard, shard_link), grads / layout.dp_shard
         held *= FP32 / grad_bytes if layout.zero == 2 else 1
-        replica_link = strided_link(hw, layout.dp_replicate, layout.dp_shard * layout.cp * layout.tp)
+        replica_link = strided_link(hw, layout.dp_replicate, layout.dp_shard * layout.cp * layout.tp, layout.world_size)
         across = all_reduce_seconds(held, layout.dp_replicate, replica_link)
         dp_seconds += across if layout.zero == 3 else 0.0
     cp_seconds = all_reduce_seconds(held, layout.cp, group_link(hw, layout, "cp"))
@@ -189,7 +189,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     precision, kernels = workload.precision, workload.kernels
     replicas, replica_link = layout.dp * layout.cp, merged_link(hw, layout, ("dp", "cp"))
     shards, stride = zero_group(layout, kernels)
-    link = strided_link(hw, shards, stride)
+    link = strided_link(hw, shards, stride, layout.world_size)
     g_bytes, p_bytes = communicated_bytes(layout, precision, kernels)
     # ZeRO-3 without stages reduces each layer's gradients in that layer's backward, where
     # plait.plan.costs.layer_cost charges them beside its gathers; what is left here is the
@@ -215,7 +215,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
         reduce = all_reduce_seconds(grads, replicas, replica_link)
     else:  # reduce-scatter over the ZeRO group; replica groups (hybrid sharding) average the shard
         reduce = reduce_scatter_seconds(grads, shards, link)
-        reduce += all_reduce_seconds(grads / shards, replicas // shards, strided_link(hw, replicas // shards, shards * stride))
+        reduce += all_reduce_seconds(grads / shards, replicas // shards, strided_link(hw, replicas // shards, shards * stride, layout.world_size))
     if kernels.reduce_after_schedule and layout.pp > 1:
         reduce, after = 0.0, after + reduce
     tied = tied_embedding_bytes(workload.spec, layout, workload.precision, kernels)

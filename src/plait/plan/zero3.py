@@ -33,7 +33,7 @@ def zero3_layer_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision
     in the same backward hook (FSDP2, plait.facts.model_state). Only the bandwidth term is the
     stack's (``Kernels.zero3_collective_efficiency``); the ring's latency is NCCL's."""
     shards, stride = zero_group(layout, kernels)
-    link = strided_link(hw, shards, stride)
+    link = strided_link(hw, shards, stride, layout.world_size)
     link = replace(link, bandwidth=link.bandwidth * kernels.zero3_collective_efficiency)
     grad_bytes, param_bytes = communicated_bytes(layout, precision, kernels)
     parameters = layer_parameter_count(spec) / layout.tp
@@ -42,7 +42,7 @@ def zero3_layer_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision
     replicas = layout.dp * (1 if kernels.plait_engine else layout.cp) // shards
     if replicas > 1:
         scatter += all_reduce_seconds(parameters * grad_bytes / shards, replicas,
-                                      strided_link(hw, replicas, shards * stride))
+                                      strided_link(hw, replicas, shards * stride, layout.world_size))
     return gather, scatter
 
 

@@ -108,7 +108,7 @@ def autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractCont
 def forward_backward(parallel: Parallelized, micro_batches: MicroBatches, autocast: Callable,
                      positions: torch.Tensor | None, span: Spans = no_spans) -> torch.Tensor:
     """Accumulate the micro-batches' gradients, the data-parallel hooks reducing only with the last
-    one (FSDP2's with every one). Returns this rank's mean loss."""
+    one (the reduce-scatters, FSDP2's and ZeRO-2's, with every one). Returns this rank's mean loss."""
     model, optimizer, device = parallel.model, parallel.optimizer, parallel.topology.device
     buckets = parallel.gradient_buckets
     local_loss = torch.zeros((), device=device)
