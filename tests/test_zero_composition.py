@@ -84,6 +84,9 @@ BF16_LAYOUTS = [
     ("tiny-llama", {"dp": 2, "pp": 2, "zero": 1, "schedule": "zb-h1", "microbatches": 2}),
     ("tiny-llama", {"dp": 2, "pp": 2, "zero": 3, "schedule": "zb-h1", "microbatches": 2}),
     ("tiny-llama", {"dp": 2, "pp": 2, "zero": 3, "schedule": "1f1b", "microbatches": 2, "grad_compression": "bf16"}),
+    # bf16 on the dp wire only: context-parallel ranks average the gradients as held (fp32 here)
+    ("tiny-llama", {"dp": 2, "cp": 2, "grad_compression": "bf16"}),
+    ("tiny-llama", {"dp": 2, "cp": 2, "zero": 3, "grad_compression": "bf16"}),
 ]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plait.facts.activations import residual_stream_bytes
-from plait.facts.model_state import BF16, FP32, holds_bf16_weights, owned_rows, padded_vocab
+from plait.facts.model_state import FP32, held_gradient_bytes, owned_rows, padded_vocab
 from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.flops import block_norms, kv_heads_per_rank, layer_parameter_count, norm_parameter_count
@@ -223,15 +223,13 @@ def stage_boundary_bytes(spec: ModelSpec, layout: Layout, micro_batch: int, prec
 def tied_embedding_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels, dp_rank: int = 0) -> int:
     """Bytes the first and the last pipeline stage each send the other after backward when the embedding
     and the head share one weight (GPT-2): the gradient of its copy, this tensor-parallel rank's rows
-    (plait.parallel.gradients sums the two); in plait's engine in the gradients' dtype (bf16 where
-    the stage holds bf16 weights, ``holds_bf16_weights``) and from ZeRO 2 on only the rows this
-    data-parallel rank owns, as the stage has reduce-scattered them first (ZeRO-2's rows in fp32);
+    (plait.parallel.gradients sums the two); in plait's engine as the stage holds them after its
+    reduction (``held_gradient_bytes``), from ZeRO 2 on only the rows this data-parallel rank owns;
     Megatron-LM all-reduces the whole fp32 gradient. None without stages or without tied weights."""
     if layout.pp == 1 or not spec.tie_embeddings:
         return 0
     rows = padded_vocab(spec.vocab, layout.tp) // layout.tp
     if kernels.plait_engine and layout.zero >= 2:
         rows = owned_rows(rows, dp_rank % layout.dp_shard, layout.dp_shard)
-    half = kernels.plait_engine and holds_bf16_weights(precision, layout.zero) and layout.zero != 2
-    element = BF16 if half else FP32
+    element = held_gradient_bytes(layout, precision) if kernels.plait_engine else FP32
     return rows * spec.hidden * element

@@ -262,6 +262,15 @@ def communicated_bytes(layout: Layout, precision: str, kernels: Kernels) -> tupl
     return (min(grads, BF16) if layout.grad_compression == "bf16" else grads), params
 
 
+def held_gradient_bytes(layout: Layout, precision: str) -> int:
+    """Bytes per element of the gradients a rank holds after the data-parallel reduction, which
+    context-parallel ranks (and ZeRO-2's replica groups) average after backward: ZeRO-2's rows in
+    fp32, else the gradients' own dtype (bf16 over ZeRO-1's bf16 weights, fp32 under autocast and
+    in FSDP2's shards), uncompressed: --grad-compression is the dp wire's only, and FSDP2 widens
+    its reduced shards back to fp32."""
+    return BF16 if layout.zero != 2 and holds_bf16_weights(precision, layout.zero) else FP32
+
+
 def reduction_rounds(layout: Layout) -> int:
     """How many times a step plait's hooks reduce the data-parallel gradients: ZeRO-2 without
     pipeline stages every micro-batch's, into fp32 rows (plait.parallel.gradients); every other

@@ -21,7 +21,8 @@ from plait.facts.collectives import (
     tied_embedding_bytes,
 )
 from plait.facts.model_state import (
-    FP32, communicated_bytes, pipeline_share, rank_tensor_shape_counts, reduction_rounds, sharded_elements,
+    communicated_bytes, held_gradient_bytes, pipeline_share, rank_tensor_shape_counts, reduction_rounds,
+    sharded_elements,
 )
 from plait.facts.recompute import rank_recompute
 from plait.facts.stack import STACKS
@@ -125,12 +126,13 @@ def _data_parallel(spec: ModelSpec, layout: Layout, layers: int, first: bool, la
     if zero in (1, 2):
         add(shard_group, "all_gather", owned * param_bytes)
     per_micro_batch = reduction_rounds(layout) if zero == 2 else layout.microbatches if zero == 3 and layout.pp == 1 else 1
-    # ZeRO-2's rows are summed, and averaged over replicas and cp after backward, in fp32; FSDP2's
-    # replicas all-reduce its padded shards, cp averages the unpadded ones.
-    row_bytes = FP32 if zero == 2 else grad_bytes
+    # cp averages the gradients as the rank holds them (``held_gradient_bytes``), which ZeRO-2's
+    # replicas do too; FSDP2's replicas all-reduce its padded shards in the reduce dtype, cp
+    # averages the unpadded ones.
+    row_bytes = held_gradient_bytes(layout, precision)
     if zero >= 2:
         add(shard_group, "reduce_scatter", per_micro_batch * (padded * ranks if zero == 3 else whole) * grad_bytes)
-        add("dp_replicate", "all_reduce", per_micro_batch * padded * grad_bytes if zero == 3 else owned * FP32)
+        add("dp_replicate", "all_reduce", per_micro_batch * padded * grad_bytes if zero == 3 else owned * row_bytes)
     if zero == 3:
         add(shard_group, "all_gather", (2 * per_micro_batch if layout.pp == 1 else 1) * padded * param_bytes)
-    add("cp", "all_reduce", whole * grad_bytes if zero < 2 else owned * row_bytes)
+    add("cp", "all_reduce", (whole if zero < 2 else owned) * row_bytes)

@@ -18,7 +18,7 @@ from plait.facts.buckets import BUCKET_CAP_BYTES, bucket_bytes
 from plait.facts.collectives import tied_embedding_bytes
 from plait.facts.recompute import block_recompute, chunk_recompute
 from plait.facts.model_state import (
-    FP32, communicated_bytes, powersgd_elements, rank_model_states, rank_parameters, rank_tensor_shapes, rank_tensors,
+    communicated_bytes, held_gradient_bytes, powersgd_elements, rank_model_states, rank_parameters, rank_tensor_shapes, rank_tensors,
     reduced_gradient_elements, reduction_rounds, zero_group,
 )
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
@@ -158,25 +158,28 @@ def gather_window(forward: float, virtual_stages: int, pp: int, microbatches: in
     return forward * (1 + (v - 1) * min(pp, microbatches)) / v
 
 
-def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float, grad_bytes: int) -> tuple[float, float]:
+def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float, grad_bytes: int,
+                            held_bytes: int) -> tuple[float, float]:
     """(in backward, after backward) seconds of plait's data- and context-parallel reduction of
-    ``grads`` bytes, ``grad_bytes`` an element on the wire (plait.parallel.gradients): over dp, an
+    ``grads`` bytes, ``grad_bytes`` an element on the wire and ``held_bytes`` as the rank holds it
+    after (plait.facts.model_state.held_gradient_bytes) (plait.parallel.gradients): over dp, an
     all-reduce below ZeRO-2 and a reduce-scatter from it, run by hooks inside backward bucket by
     bucket (DDP, plait's own buckets under tp or on a pipeline stage, ZeRO-2's, FSDP2's), on a
     pipeline stage from each chunk's last backward action on, except ZeRO-3 on a pipeline stage,
     whose FSDP2 reduce-scatter follows the schedule (plait.parallel.stage_sharding); then an
-    all-reduce over cp of what dp left (ZeRO-2's rows in fp32). Under hybrid sharding the
+    all-reduce over cp of what dp left, as held. Under hybrid sharding the
     reduce-scatter runs inside a replica group and an all-reduce of the rows across the groups
     follows it (in FSDP2's backward hook at ZeRO-3, after backward at ZeRO-2)."""
     dp_link = group_link(hw, layout, "dp")
+    as_held = held_bytes / grad_bytes
     if layout.zero < 2:
-        dp_seconds, held = all_reduce_seconds(grads, layout.dp, dp_link), grads
+        dp_seconds, held = all_reduce_seconds(grads, layout.dp, dp_link), grads * as_held
     else:
         shard_link = strided_link(hw, layout.dp_shard, layout.cp * layout.tp, layout.world_size)
-        dp_seconds, held = reduce_scatter_seconds(grads, layout.dp_shard, shard_link), grads / layout.dp_shard
-        held *= FP32 / grad_bytes if layout.zero == 2 else 1
+        dp_seconds, held = reduce_scatter_seconds(grads, layout.dp_shard, shard_link), grads / layout.dp_shard * as_held
         replica_link = strided_link(hw, layout.dp_replicate, layout.dp_shard * layout.cp * layout.tp, layout.world_size)
-        across = all_reduce_seconds(held, layout.dp_replicate, replica_link)
+        # (FSDP2's replicas all-reduce in the wire's dtype, in its backward hook; ZeRO-2's the rows as held)
+        across = all_reduce_seconds(held / as_held if layout.zero == 3 else held, layout.dp_replicate, replica_link)
         dp_seconds += across if layout.zero == 3 else 0.0
     cp_seconds = all_reduce_seconds(held, layout.cp, group_link(hw, layout, "cp"))
     cp_seconds += across if layout.zero == 2 else 0.0  # plait.parallel.gradients averages the groups with cp
@@ -207,10 +210,11 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
                      for n in powersgd_elements(shapes))
         after = all_reduce_seconds(params * g_bytes, layout.cp, group_link(hw, layout, "cp"))
     elif kernels.plait_engine:
-        reduce, after = plait_reduction_seconds(hw, layout, grads, g_bytes)
+        held_bytes = held_gradient_bytes(layout, precision)
+        reduce, after = plait_reduction_seconds(hw, layout, grads, g_bytes, held_bytes)
         if per_layer:  # the context-parallel average after backward covers every layer's shard
             reduce *= layout.microbatches
-            after = plait_reduction_seconds(hw, layout, params * g_bytes, g_bytes)[1]
+            after = plait_reduction_seconds(hw, layout, params * g_bytes, g_bytes, held_bytes)[1]
     elif layout.zero < 2:
         reduce = all_reduce_seconds(grads, replicas, replica_link)
     else:  # reduce-scatter over the ZeRO group; replica groups (hybrid sharding) average the shard
