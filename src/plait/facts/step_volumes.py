@@ -125,7 +125,8 @@ def _data_parallel(spec: ModelSpec, layout: Layout, layers: int, first: bool, la
         add("dp", "all_reduce", whole * grad_bytes)
     if zero in (1, 2):
         add(shard_group, "all_gather", owned * param_bytes)
-    per_micro_batch = reduction_rounds(layout) if zero == 2 else layout.microbatches if zero == 3 and layout.pp == 1 else 1
+    per_micro_batch = (reduction_rounds(layout) if zero == 2 else
+                       layout.microbatches if zero == 3 and layout.pp == 1 else 1)
     # cp averages the gradients as the rank holds them (``held_gradient_bytes``), which ZeRO-2's
     # replicas do too; FSDP2's replicas all-reduce its padded shards in the reduce dtype, cp
     # averages the unpadded ones.

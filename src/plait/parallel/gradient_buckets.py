@@ -14,8 +14,8 @@ Every rank must reach the same parameters, as under DDP. Two reductions share th
   rank's rows.
 
 Without pipeline parallelism one backward finishes every gradient: the hooks reduce while ``sync``
-(the last micro-batch; every one for ZeRO-2's reduce-scatter), and a callback the autograd engine runs at the end of that backward sends
-what is left and waits for all. A pipeline stage runs many backward passes per step, one per
+(the last micro-batch; every one for ZeRO-2's reduce-scatter), and a callback the autograd engine
+runs at the end of that backward sends what is left and waits for all. A pipeline stage runs many backward passes per step, one per
 (chunk, micro-batch), and a chunk's gradients are final only after its last one (the last B, or
 the last W of a zero-bubble schedule): the executor ``arm``s the chunk's hooks for that action and
 ``close``s it after, sending whatever its hooks did not (PyTorch's weight half of a split backward

@@ -114,12 +114,12 @@ def strided_link(hw: Hardware, size: int, stride: int, world: int | None = None)
 def group_spread(size: int, stride: int, node: int, world: int | None = None) -> tuple[int, int]:
     """(the fewest members any group of ``size`` ranks ``stride`` apart has in a node it reaches, the
     most nodes one such group reaches), over every group of a mesh of ``world`` ranks (nodes of
-    ``node`` ranks, filled rank by rank; None: every group of the repeating layout). A group's rings leave a node through its own members' adapters, one each (the
-    node's others carry the groups those GPUs belong to), so the node where it has the fewest
-    members bounds its bandwidth: a group that fills its nodes evenly has ``node // stride`` in
-    each, while one that straddles a node boundary (6 ranks of a node of 8, or 12 ranks) has only
-    its share of the node it leaves into. (Remembered: a search asks for the same few shapes
-    thousands of times.)"""
+    ``node`` ranks, filled rank by rank; None: every group of the repeating layout). A group's
+    rings leave a node through its own members' adapters, one each (the node's others carry the
+    groups those GPUs belong to), so the node where it has the fewest members bounds its
+    bandwidth: a group that fills its nodes evenly has ``node // stride`` in each, while one that
+    straddles a node boundary (6 ranks of a node of 8, or 12 ranks) has only its share of the
+    node it leaves into. (Remembered: a search asks for the same few shapes thousands of times.)"""
     span = size * stride
     if span <= node and node % span == 0 or world is not None and world <= node:  # every group inside a node
         return size, 1

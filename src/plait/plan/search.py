@@ -716,10 +716,11 @@ FULL_SHARD_PRECEDENT_RANKS = 128
 
 def complexity(dp: int, tp: int, cp: int, pp: int, gpus_per_node: int, seq_len: int, zero3_shards: int = 0) -> int:
     """How many of dp, tp, cp and pp a layout spreads over, one more when tensor parallelism leaves
-    the node's NVLink (a group wider than a node, or one straddling two: plait.plan.comm.group_spread), one more for context parallelism on a sequence shorter than any published
-    run split, and one more for a ZeRO-3 group without pipeline stages (``zero3_shards`` ranks)
-    wider than any published FSDP run: each is harder to run and debug, and each is a cost the
-    planner can get wrong."""
+    the node's NVLink (a group wider than a node, or one straddling two: plait.plan.comm.group_spread),
+    one more for context parallelism on a sequence shorter than any published run split, and one
+    more for a ZeRO-3 group without pipeline stages (``zero3_shards`` ranks) wider than any
+    published FSDP run: each is harder to run and debug, and each is a cost the planner can get
+    wrong."""
     return ((dp > 1) + (tp > 1) + (cp > 1) + (pp > 1) + (group_spread(tp, 1, gpus_per_node, dp * tp * cp * pp)[1] > 1)
             + (cp > 1 and seq_len < CONTEXT_PARALLEL_PRECEDENT_TOKENS) + (zero3_shards > FULL_SHARD_PRECEDENT_RANKS))
 

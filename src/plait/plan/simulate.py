@@ -18,8 +18,8 @@ from plait.facts.buckets import BUCKET_CAP_BYTES, bucket_bytes
 from plait.facts.collectives import tied_embedding_bytes
 from plait.facts.recompute import block_recompute, chunk_recompute
 from plait.facts.model_state import (
-    communicated_bytes, held_gradient_bytes, powersgd_elements, rank_model_states, rank_parameters, rank_tensor_shapes, rank_tensors,
-    reduced_gradient_elements, reduction_rounds, zero_group,
+    communicated_bytes, held_gradient_bytes, powersgd_elements, rank_model_states, rank_parameters, rank_tensor_shapes,
+    rank_tensors, reduced_gradient_elements, reduction_rounds, zero_group,
 )
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.facts.validity import check_run
@@ -219,7 +219,8 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
         reduce = all_reduce_seconds(grads, replicas, replica_link)
     else:  # reduce-scatter over the ZeRO group; replica groups (hybrid sharding) average the shard
         reduce = reduce_scatter_seconds(grads, shards, link)
-        reduce += all_reduce_seconds(grads / shards, replicas // shards, strided_link(hw, replicas // shards, shards * stride, layout.world_size))
+        reduce += all_reduce_seconds(grads / shards, replicas // shards,
+                                     strided_link(hw, replicas // shards, shards * stride, layout.world_size))
     if kernels.reduce_after_schedule and layout.pp > 1:
         reduce, after = 0.0, after + reduce
     tied = tied_embedding_bytes(workload.spec, layout, workload.precision, kernels)
