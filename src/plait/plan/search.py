@@ -26,7 +26,7 @@ from plait.facts.activations import (
     recompute_working_bytes, replayed_block_bytes, residual_stream_bytes,
 )
 from plait.facts.in_flight import held_chunk_counts, peak_microbatches
-from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors, zero_group
+from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors, reduction_rounds, zero_group
 from plait.facts.stack import Kernels
 from plait.facts.validity import (
     compression_problems, fit_problems, layout_problems, mesh_problems, pipeline_problems, reads_saved_once_per_backward,
@@ -337,9 +337,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     continue
                 by_stream: dict[int, tuple[float, ...]] = {}  # what the residual stream's dtype decides
                 times_of: dict[tuple, dict] = {}  # per weight passes and recomputation, filled when a layout may fit
+                # (where plait's ZeRO-2 reduces once a step over more than 2 ranks; see above)
+                zero2_dominates = not kernels.plait_engine or reduction_rounds(replace(base, zero=2)) == 1 and dp > 2
                 for zero, replicate in _zero_options(fixed, hw, base):
-                    dominated = (zero == 1 and replicate == 1 and "zero" not in fixed
-                                 and (not kernels.plait_engine or (m == 1 or pp > 1) and dp > 2))
+                    dominated = zero == 1 and replicate == 1 and "zero" not in fixed and zero2_dominates
                     if dominated and compression == "none":
                         continue
                     # With one schedule (pp 1) only Layout.validate checks it: the mesh carries it.
@@ -444,7 +445,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     if key not in works:
                         works[key] = {rc: _layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in costed}
                     # (plait's ZeRO-3 without stages reduces its ends' gradients every micro-batch, ZeRO-2 all of them)
-                    flush_key = mesh_key + ((m,) if zero >= 2 and pp == 1 and kernels.plait_engine else ())
+                    flush_key = mesh_key + ((m,) if kernels.plait_engine and (zero == 3 and pp == 1
+                                                                                or reduction_rounds(staged) > 1) else ())
                     if flush_key not in flushes:
                         flushes[flush_key] = flush_costs(workload, hw, staged, max(params), tensors)
                     flush = flushes[flush_key]

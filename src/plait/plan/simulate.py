@@ -176,10 +176,11 @@ def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float, grad_byt
         dp_seconds, held = all_reduce_seconds(grads, layout.dp, dp_link), grads * as_held
     else:
         shard_link = strided_link(hw, layout.dp_shard, layout.cp * layout.tp, layout.world_size)
-        dp_seconds, held = reduce_scatter_seconds(grads, layout.dp_shard, shard_link), grads / layout.dp_shard * as_held
+        rows = grads / layout.dp_shard
+        dp_seconds, held = reduce_scatter_seconds(grads, layout.dp_shard, shard_link), rows * as_held
         replica_link = strided_link(hw, layout.dp_replicate, layout.dp_shard * layout.cp * layout.tp, layout.world_size)
         # (FSDP2's replicas all-reduce in the wire's dtype, in its backward hook; ZeRO-2's the rows as held)
-        across = all_reduce_seconds(held / as_held if layout.zero == 3 else held, layout.dp_replicate, replica_link)
+        across = all_reduce_seconds(rows if layout.zero == 3 else held, layout.dp_replicate, replica_link)
         dp_seconds += across if layout.zero == 3 else 0.0
     cp_seconds = all_reduce_seconds(held, layout.cp, group_link(hw, layout, "cp"))
     cp_seconds += across if layout.zero == 2 else 0.0  # plait.parallel.gradients averages the groups with cp
