@@ -144,6 +144,62 @@ def test_deepspeeds_bf16_optimizer_holds_an_fp32_gradient_copy_sharded_over_noth
     assert (extra.params, extra.optimizer) == (plain.params, plain.optimizer)
 
 
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_megatron_in_bf16_holds_fp32_main_gradients_and_nemos_performance_recipes_bf16(zero):
+    """Megatron-LM forces --accumulate-allreduce-grads-in-fp32 under --bf16: 2-byte weights, a 4-byte
+    main_grad and the fp32 master and moments, 18 bytes a parameter before ZeRO shards them, where
+    the ZeRO paper counts 16; NeMo's performance recipes turn grad_reduce_in_fp32 off, the paper's
+    split; DeepSpeed's bf16 engine keeps it too. In fp32 there is no master: 4 + 4 + 8."""
+    from plait.facts.model_state import rank_model_states, rank_parameters
+
+    spec, layout = model_spec("llama-70b"), Layout(dp=8, tp=4, pp=4, zero=zero)
+    params = rank_parameters(spec, 20, False, False, 4, 4)
+    shards = {"gradients": 8 if zero >= 2 else 1, "optimizer": 8 if zero >= 1 else 1}
+    core = rank_model_states(spec, layout, "bf16", 20, False, False, STACKS["megatron-core"])
+    assert (core.params, core.grads, core.optimizer) == pytest.approx(
+        (2 * params, 4 * params / shards["gradients"], 12 * params / shards["optimizer"]))
+    for paper in ("nemo", "megatron-deepspeed"):
+        held = rank_model_states(spec, layout, "bf16", 20, False, False, STACKS[paper])
+        assert (held.params, held.grads, held.optimizer) == pytest.approx((core.params, core.grads / 2, core.optimizer))
+    fp32 = rank_model_states(spec, layout, "fp32", 20, False, False, STACKS["megatron-core"])
+    assert (fp32.params, fp32.grads, fp32.optimizer) == pytest.approx(
+        (4 * params, 4 * params / shards["gradients"], 8 * params / shards["optimizer"]))
+
+
+@pytest.mark.parametrize("stack", ["pytorch", "llm-foundry"])
+def test_fsdp_reduce_scatters_fp32_gradients_into_fp32_shards(stack):
+    """torchtitan's and Composer's FSDP mixed precision gathers bf16 weights and reduce-scatters in
+    fp32 (reduce_dtype) into fp32 shards, their own master: the paper's 16 bytes a parameter over
+    the shards, split 4 + 4 + 8, and each layer's reduce-scatter moves twice the paper's bytes."""
+    from plait.facts.model_state import communicated_bytes, rank_model_states, rank_parameters
+    from plait.plan.zero3 import zero3_layer_seconds
+
+    spec, layout = model_spec("llama-70b"), Layout(dp=64, zero=3)
+    params = rank_parameters(spec, spec.layers, True, True, 1, 1)
+    held = rank_model_states(spec, layout, "bf16", spec.layers, True, True, STACKS[stack])
+    assert (held.params, held.grads, held.optimizer) == pytest.approx((4 * params / 64, 4 * params / 64, 8 * params / 64))
+    assert communicated_bytes(layout, "bf16", STACKS[stack]) == (4, 2)
+    gather, scatter = zero3_layer_seconds(spec, hardware("a100-80gb"), layout, "bf16", STACKS[stack])
+    paper = zero3_layer_seconds(spec, hardware("a100-80gb"), layout, "bf16", replace(STACKS[stack], fp32_gradients=False))
+    assert (gather, scatter) == pytest.approx((paper[0], 2 * paper[1]), rel=0.05)  # the ring's latency aside
+
+
+def test_megatrons_distributed_optimizer_reduce_scatters_where_deepspeeds_bf16_engine_all_reduces():
+    """ZeRO-1 in Megatron-LM's distributed optimizer reduce-scatters the gradients into the rows each
+    rank updates; DeepSpeed's BF16_Optimizer all-reduces them whole. At dp 64 a ring reduce-scatter
+    moves half an all-reduce's bytes: NeMo's bf16 gradients reduce in half DeepSpeed's time, and
+    Megatron-LM's fp32 ones in the same."""
+    from plait.plan.simulate import flush_costs
+
+    spec, hw, layout = model_spec("gpt3-175b"), hardware("a100-80gb"), Layout(dp=64, tp=8, pp=12, zero=1)
+    params = spec.layers * 12 * spec.hidden**2 / (8 * 12)
+    flushes = {stack: flush_costs(Workload(spec, 512, "bf16", STACKS[stack]), hw, layout, params, 100)
+               for stack in ("nemo", "megatron-core", "megatron-deepspeed")}
+    reduce = {stack: flush.reduce + flush.after for stack, flush in flushes.items()}  # DeepSpeed's waits after
+    assert reduce["nemo"] == pytest.approx(reduce["megatron-deepspeed"] / 2, rel=0.05)
+    assert reduce["megatron-core"] == pytest.approx(reduce["megatron-deepspeed"], rel=0.05)
+
+
 def test_deepspeeds_pipeline_engine_reduces_gradients_after_its_schedule():
     """DeepSpeed's ReduceGrads instruction follows the schedule's last backward: with stages its
     whole gradient all-reduce waits after backward, where a stack reducing buckets from hooks hides

@@ -58,9 +58,12 @@ class ModelStates:
         return self.params + self.grads + self.optimizer
 
 
-def model_state_bytes(parameters: float, precision: str, zero: int, shards: int) -> ModelStates:
-    """Model states of ``parameters`` on one rank, with ZeRO ``zero`` over ``shards`` ranks."""
-    split = sharded_split(zero, parameters, shards, PAPER_BYTES[precision])
+def model_state_bytes(parameters: float, precision: str, zero: int, shards: int,
+                      kernels: Kernels | None = None) -> ModelStates:
+    """Model states of ``parameters`` on one rank, with ZeRO ``zero`` over ``shards`` ranks: the ZeRO
+    paper's bytes, or as a reference stack holds them (``reference_bytes``)."""
+    per_parameter = PAPER_BYTES[precision] if kernels is None else reference_bytes(precision, zero, kernels)
+    split = sharded_split(zero, parameters, shards, per_parameter)
     return ModelStates(params=split["parameters"], grads=split["gradients"], optimizer=split["optimizer"])
 
 
@@ -217,17 +220,28 @@ def rank_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: i
     """Model-state bytes of one rank of a pipeline stage holding ``layers`` layers, on ``kernels``' stack.
 
     plait's own (``kernels`` None or ``plait_engine``): what plait's engine holds (``plait_model_states``).
-    A reference stack: the ZeRO paper's split of ``rank_parameters`` sharded over dp·cp (Megatron-LM's
-    distributed optimizer shards over the data- and context-parallel ranks together), and an fp32
-    copy of every gradient where the stack accumulates in one (``Kernels.fp32_grad_accumulation``).
+    A reference stack: ``reference_bytes``' split of ``rank_parameters`` sharded over dp·cp
+    (Megatron-LM's distributed optimizer shards over the data- and context-parallel ranks together),
+    and an fp32 copy of every gradient where the stack accumulates in one besides its bf16 gradients
+    (``Kernels.fp32_grad_accumulation``).
     """
     if kernels is None or kernels.plait_engine:
         return plait_model_states(spec, layout, precision, layers, first, last, dp_rank)
     params = rank_parameters(spec, layers, first, last, layout.tp, layout.pp)
-    states = model_state_bytes(params, precision, layout.zero, layout.dp * layout.cp)
+    states = model_state_bytes(params, precision, layout.zero, layout.dp * layout.cp, kernels)
     if kernels.fp32_grad_accumulation:
         return ModelStates(states.params, states.grads + FP32 * params, states.optimizer)
     return states
+
+
+def reference_bytes(precision: str, zero: int, kernels: Kernels) -> tuple[int, int, int]:
+    """Bytes per parameter of (parameters, gradients, optimizer state) on a reference stack: the ZeRO
+    paper's, but for gradients held in fp32 under bf16 (``Kernels.fp32_gradients``): Megatron-LM's
+    main_grad beside its bf16 weights and fp32 master, or FSDP's fp32 shards, which are their own
+    master."""
+    if not (kernels.fp32_gradients and precision == "bf16"):
+        return PAPER_BYTES[precision]
+    return PAPER_BYTES["fp32"] if zero == 3 else (BF16, FP32, FP32 + ADAM_MOMENTS * FP32)
 
 
 def zero_group(layout: Layout, kernels: Kernels) -> tuple[int, int]:
@@ -247,12 +261,13 @@ def communicated_bytes(layout: Layout, precision: str, kernels: Kernels) -> tupl
     weights to bf16 (``holds_bf16_weights``); ZeRO-3's FSDP2 gathers bf16 weights (fp32 on a
     pipeline stage) and reduce-scatters fp32 gradients (its MixedPrecisionPolicy in
     plait.parallel.data). A reference
-    stack moves the ZeRO paper's bf16 parameters and gradients. ``--grad-compression bf16`` puts
+    stack gathers the ZeRO paper's bf16 parameters and reduces its gradients as it holds them
+    (``reference_bytes``: fp32 in Megatron-LM, NeMo and FSDP). ``--grad-compression bf16`` puts
     every gradient on the wire in bf16; PowerSGD's factors travel in the gradients' own dtype
     (``reduced_gradient_elements`` counts them).
     """
     if not kernels.plait_engine:
-        params, grads, _ = PAPER_BYTES[precision]
+        params, grads = PAPER_BYTES[precision][0], reference_bytes(precision, layout.zero, kernels)[1]
     elif precision == "fp32":
         grads, params = FP32, FP32
     elif layout.zero == 3:

@@ -106,6 +106,18 @@ class Kernels:
     # gradient the rank holds, unsharded: 4 bytes a parameter more (BLOOM's prequel, "Rebalancing
     # layers": "The additional memory usage is 4bytes x params and it's not sharded across gpus").
     fp32_grad_accumulation: bool = False
+    # Gradients held and reduced in fp32 under bf16, where the ZeRO paper counts 2 bytes a parameter:
+    # Megatron-LM accumulates into an fp32 main_grad buffer and reduces it in fp32 whenever it trains
+    # in bf16 (megatron/training/arguments.py sets --accumulate-allreduce-grads-in-fp32 under --bf16),
+    # as NeMo 2's bf16_mixed does (grad_reduce_in_fp32) and Meta's Llama 3 stack (Llama 3 paper,
+    # §3.3.4); PyTorch FSDP as torchtitan and Composer set its mixed precision reduce-scatters in
+    # fp32 (reduce_dtype) into fp32 shards, which are also the master. DeepSpeed's bf16 engine casts
+    # its gradients to bf16 for the wire; plait's own engine is counted as it runs
+    # (plait.facts.model_state.plait_model_states).
+    fp32_gradients: bool = False
+    # ZeRO-1 reduce-scatters the gradients into the rows each rank updates (Megatron-LM's distributed
+    # optimizer, NeMo's); DeepSpeed's BF16_Optimizer and plait's DDP all-reduce them whole.
+    zero1_reduce_scatter: bool = False
     # A stage's boundary tensor crosses the pipeline in 1/tp pieces, one from each tensor-parallel rank,
     # the receiving stage all-gathering them over tp: Megatron-LM's scatter/gather before Megatron-Core
     # (Narayanan et al. 2021, §4.1) and DeepSpeed's partitioned pipe buffers
@@ -155,11 +167,11 @@ WHOLE_BLOCKS = ("none", "full")
 
 # benchmarks/validate_published.py --fit
 MEGATRON_2021_A100 = 0.607
-MEGATRON_CORE_H100 = 0.483
-PYTORCH_H100_96GB = 0.489
+MEGATRON_CORE_H100 = 0.482
+PYTORCH_H100_96GB = 0.490
 DEEPSPEED_LAYER_HOST_S = 0.0045
 DEEPSPEED_ZERO3_COLLECTIVES = 0.108
-NEMO_H100 = 0.572
+NEMO_H100 = 0.568
 # Hopper-native causal attention (Transformer Engine's cuDNN fused attention, FlashAttention-3):
 # forward 600-646 TFLOP/s at 8k tokens and head dim 128 on an H100 SXM in the FlashAttention-3
 # paper's benchmark (Shah et al. 2024, figure 5; FlashAttention-2 there 370), about the rate of
@@ -177,7 +189,7 @@ MEGATRON_2021 = Kernels(dropout=True, flash_attention=False, pipeline_boundary_s
                         cp_algorithms=(), max_zero=0, matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),))
 
 MEGATRON_CORE = Kernels(tp_comm_overlap=True, param_gather_overlap=True, activation_offload="overlapped",
-                        blocking_sends=("1f1b",),
+                        blocking_sends=("1f1b",), fp32_gradients=True, zero1_reduce_scatter=True,
                         matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),))
 
 STACKS = {
@@ -186,8 +198,9 @@ STACKS = {
     "plait": Kernels(fused=False, cp_algorithms=CP_ALGORITHMS, recompute_whole_forward=False,
                      schedules=SCHEDULES, recompute_modes=RECOMPUTE, activation_offload="serial",
                      tp_backward_overlap=False, loss_backward_copies=2, engine="plait"),
-    # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring.
-    "megatron": Kernels(),
+    # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring; in bf16
+    # Megatron-LM's fp32 gradients, reduce-scattered by its distributed optimizer (ZeRO-1).
+    "megatron": Kernels(fp32_gradients=True, zero1_reduce_scatter=True),
     "megatron-2021": MEGATRON_2021,
     # Megatron-Core with Transformer Engine (2024 on): as megatron, with the tensor-parallel
     # communication inside the matmuls and the parameter gather under the next forward; its H100 efficiency fitted on five of the nine weak-scaling runs
@@ -197,8 +210,9 @@ STACKS = {
     # 2025: megatron-core's overlaps with Hopper-native causal attention, and its own H100 efficiency
     # fitted on the recipes' three Llama 3.1 runs at their smallest scale (benchmarks/nemo_recipes.py;
     # the larger scales, Nemotron-4 and GPT-3 held out), well above the Megatron-LM README's of a
-    # year earlier.
-    "nemo": replace(MEGATRON_CORE, matmul_efficiency=(("h100-sxm", NEMO_H100),),
+    # year earlier. Its performance recipes (pretrain_recipe(performance_mode=True), which the DGX
+    # Cloud scripts call) turn grad_reduce_in_fp32 off: bf16 gradients, reduce-scattered in bf16.
+    "nemo": replace(MEGATRON_CORE, fp32_gradients=False, matmul_efficiency=(("h100-sxm", NEMO_H100),),
                     attention_efficiency=(("h100-sxm", HOPPER_CAUSAL_ATTENTION),)),
     # Megatron-DeepSpeed (BLOOM, 2022): Megatron-LM's fused softmax without flash attention, dropout,
     # DeepSpeed's 1F1B pipeline engine reducing gradients after its schedule, and a cost per layer pass
@@ -227,7 +241,7 @@ STACKS = {
     # collective on the critical path: its async TP is this with tp_comm_overlap); its efficiency fitted
     # on two of torchtitan's published bf16 runs on Grand Teton H100s (two more held out).
     "pytorch": Kernels(recompute_whole_forward=False, recompute_modes=RECOMPUTE, tp_backward_overlap=False,
-                       loss_backward_copies=2, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
+                       loss_backward_copies=2, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"), fp32_gradients=True,
                        matmul_efficiency=(("h100-96gb", PYTORCH_H100_96GB),)),
     # MosaicML's llm-foundry (Composer) as its 2023 benchmark tables ran it: PyTorch FSDP alone (no
     # tensor, pipeline or context parallelism) without torch.compile (one eager kernel per
@@ -236,6 +250,6 @@ STACKS = {
     # No figure of its own: its published runs are all held out.
     "llm-foundry": Kernels(fused=False, recompute_whole_forward=False, tp_backward_overlap=False, schedules=(),
                            tensor_parallel=False, recompute_modes=WHOLE_BLOCKS, partial_recompute=False,
-                           cp_algorithms=()),
+                           cp_algorithms=(), fp32_gradients=True),
 }
 DEFAULT_STACK = "plait"
