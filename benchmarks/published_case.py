@@ -11,6 +11,7 @@ from plait.plan.hardware import hardware
 # Megatron-LM 2022 (Korthikanti et al.): its fused softmax without flash attention, dropout, its
 # scatter/gather of pipeline tensors, waited on before the next compute, its distributed optimizer (ZeRO-1) and no context parallelism.
 EAGER = Kernels(dropout=True, flash_attention=False, pipeline_boundary_split=True, max_zero=1, cp_algorithms=(),
+                main_grad_buffer=True,
                 blocking_sends=("1f1b", "interleaved-1f1b"), interleaved_two_stages=False)
 
 

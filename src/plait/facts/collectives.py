@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plait.facts.activations import residual_stream_bytes
-from plait.facts.model_state import FP32, held_gradient_bytes, owned_rows, padded_vocab
+from plait.facts.model_state import FP32, held_gradient_bytes, owned_rows, padded_vocab, reference_bytes
 from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.flops import block_norms, kv_heads_per_rank, layer_parameter_count, norm_parameter_count
@@ -225,11 +225,14 @@ def tied_embedding_bytes(spec: ModelSpec, layout: Layout, precision: str, kernel
     and the head share one weight (GPT-2): the gradient of its copy, this tensor-parallel rank's rows
     (plait.parallel.gradients sums the two); in plait's engine as the stage holds them after its
     reduction (``held_gradient_bytes``), from ZeRO 2 on only the rows this data-parallel rank owns;
-    Megatron-LM all-reduces the whole fp32 gradient. None without stages or without tied weights."""
+    a reference stack all-reduces the whole gradient: Megatron-LM from its main_grad buffer
+    (``Kernels.main_grad_buffer``, at ``reference_bytes``' width), DeepSpeed's bf16 engine its fp32
+    copy (``_hp_grad``). None without stages or without tied weights."""
     if layout.pp == 1 or not spec.tie_embeddings:
         return 0
     rows = padded_vocab(spec.vocab, layout.tp) // layout.tp
     if kernels.plait_engine and layout.zero >= 2:
         rows = owned_rows(rows, dp_rank % layout.dp_shard, layout.dp_shard)
-    element = held_gradient_bytes(layout, precision) if kernels.plait_engine else FP32
+    element = (held_gradient_bytes(layout, precision) if kernels.plait_engine
+               else reference_bytes(precision, layout.zero, kernels)[1] if kernels.main_grad_buffer else FP32)
     return rows * spec.hidden * element

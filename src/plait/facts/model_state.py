@@ -238,7 +238,9 @@ def reference_bytes(precision: str, zero: int, kernels: Kernels) -> tuple[int, i
     """Bytes per parameter of (parameters, gradients, optimizer state) on a reference stack: the ZeRO
     paper's, but for gradients held in fp32 under bf16 (``Kernels.fp32_gradients``): Megatron-LM's
     main_grad beside its bf16 weights and fp32 master, or FSDP's fp32 shards, which are their own
-    master."""
+    master. A stack keeping an fp32 accumulation copy beside bf16 gradients
+    (``Kernels.fp32_grad_accumulation``) holds one or the other, not both."""
+    assert not (kernels.fp32_gradients and kernels.fp32_grad_accumulation), "one fp32 gradient copy, not two"
     if not (kernels.fp32_gradients and precision == "bf16"):
         return PAPER_BYTES[precision]
     return PAPER_BYTES["fp32"] if zero == 3 else (BF16, FP32, FP32 + ADAM_MOMENTS * FP32)
@@ -262,7 +264,7 @@ def communicated_bytes(layout: Layout, precision: str, kernels: Kernels) -> tupl
     pipeline stage) and reduce-scatters fp32 gradients (its MixedPrecisionPolicy in
     plait.parallel.data). A reference
     stack gathers the ZeRO paper's bf16 parameters and reduces its gradients as it holds them
-    (``reference_bytes``: fp32 in Megatron-LM, NeMo and FSDP). ``--grad-compression bf16`` puts
+    (``reference_bytes``: fp32 in Megatron-LM and torchtitan's FSDP). ``--grad-compression bf16`` puts
     every gradient on the wire in bf16; PowerSGD's factors travel in the gradients' own dtype
     (``reduced_gradient_elements`` counts them).
     """

@@ -110,14 +110,19 @@ class Kernels:
     # Megatron-LM accumulates into an fp32 main_grad buffer and reduces it in fp32 whenever it trains
     # in bf16 (megatron/training/arguments.py sets --accumulate-allreduce-grads-in-fp32 under --bf16),
     # as NeMo 2's bf16_mixed does (grad_reduce_in_fp32) and Meta's Llama 3 stack (Llama 3 paper,
-    # §3.3.4); PyTorch FSDP as torchtitan and Composer set its mixed precision reduce-scatters in
-    # fp32 (reduce_dtype) into fp32 shards, which are also the master. DeepSpeed's bf16 engine casts
-    # its gradients to bf16 for the wire; plait's own engine is counted as it runs
+    # §3.3.4); PyTorch FSDP as torchtitan sets its mixed precision reduce-scatters in fp32
+    # (reduce_dtype) into fp32 shards, which are also the master. Composer's PURE mixed precision
+    # (llm-foundry's published multi-node runs), NeMo's performance recipes and DeepSpeed's bf16
+    # engine reduce in bf16; plait's own engine is counted as it runs
     # (plait.facts.model_state.plait_model_states).
     fp32_gradients: bool = False
-    # ZeRO-1 reduce-scatters the gradients into the rows each rank updates (Megatron-LM's distributed
-    # optimizer, NeMo's); DeepSpeed's BF16_Optimizer and plait's DDP all-reduce them whole.
-    zero1_reduce_scatter: bool = False
+    # Megatron-LM's data parallelism (every release, NeMo's too): each rank's gradients accumulate in
+    # one main_grad buffer of their reduction's width (``fp32_gradients``, else the parameters'),
+    # which its distributed optimizer (ZeRO-1) reduce-scatters into the rows each rank updates and
+    # from which the tied embedding's gradient is all-reduced between the first and last stage.
+    # DeepSpeed's BF16_Optimizer all-reduces whole gradients, and swaps the tied one in its fp32
+    # copy (``_hp_grad``), as does plait's DDP at ZeRO-1.
+    main_grad_buffer: bool = False
     # A stage's boundary tensor crosses the pipeline in 1/tp pieces, one from each tensor-parallel rank,
     # the receiving stage all-gathering them over tp: Megatron-LM's scatter/gather before Megatron-Core
     # (Narayanan et al. 2021, §4.1) and DeepSpeed's partitioned pipe buffers
@@ -185,11 +190,12 @@ HOPPER_CAUSAL_ATTENTION = 2.0
 # catalog's efficiency, fitted on that later release's own layer timings, would read it fast.
 MEGATRON_2021 = Kernels(dropout=True, flash_attention=False, pipeline_boundary_split=True,
                         blocking_sends=("1f1b", "interleaved-1f1b"), interleaved_two_stages=False,
+                        main_grad_buffer=True,
                         recompute_modes=WHOLE_BLOCKS, partial_recompute=False, sequence_parallel=False,
                         cp_algorithms=(), max_zero=0, matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),))
 
 MEGATRON_CORE = Kernels(tp_comm_overlap=True, param_gather_overlap=True, activation_offload="overlapped",
-                        blocking_sends=("1f1b",), fp32_gradients=True, zero1_reduce_scatter=True,
+                        blocking_sends=("1f1b",), fp32_gradients=True, main_grad_buffer=True,
                         matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),))
 
 STACKS = {
@@ -200,7 +206,7 @@ STACKS = {
                      tp_backward_overlap=False, loss_backward_copies=2, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring; in bf16
     # Megatron-LM's fp32 gradients, reduce-scattered by its distributed optimizer (ZeRO-1).
-    "megatron": Kernels(fp32_gradients=True, zero1_reduce_scatter=True),
+    "megatron": Kernels(fp32_gradients=True, main_grad_buffer=True),
     "megatron-2021": MEGATRON_2021,
     # Megatron-Core with Transformer Engine (2024 on): as megatron, with the tensor-parallel
     # communication inside the matmuls and the parameter gather under the next forward; its H100 efficiency fitted on five of the nine weak-scaling runs
@@ -235,6 +241,7 @@ STACKS = {
     # torch.cuda.synchronize.
     "deepspeed-zero3": replace(MEGATRON_2021, zero3_gather_unit="linear", zero3_regathers_for_recompute=True,
                                zero3_collective_efficiency=DEEPSPEED_ZERO3_COLLECTIVES, schedules=("1f1b",),
+                               main_grad_buffer=False,
                                pipeline_max_zero=1, max_zero=3, hybrid_sharding=False),
     # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
     # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel
@@ -250,6 +257,6 @@ STACKS = {
     # No figure of its own: its published runs are all held out.
     "llm-foundry": Kernels(fused=False, recompute_whole_forward=False, tp_backward_overlap=False, schedules=(),
                            tensor_parallel=False, recompute_modes=WHOLE_BLOCKS, partial_recompute=False,
-                           cp_algorithms=(), fp32_gradients=True),
+                           cp_algorithms=()),
 }
 DEFAULT_STACK = "plait"
