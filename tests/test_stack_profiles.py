@@ -178,6 +178,9 @@ def test_fsdp_reduce_scatters_fp32_gradients_into_fp32_shards(stack):
     params = rank_parameters(spec, spec.layers, True, True, 1, 1)
     held = rank_model_states(spec, layout, "bf16", spec.layers, True, True, STACKS[stack])
     assert (held.params, held.grads, held.optimizer) == pytest.approx((4 * params / 64, 4 * params / 64, 8 * params / 64))
+    # Under DDP (torchtitan's replicate) the fp32 weights are whole, their own master: 16 bytes, not 18.
+    whole = rank_model_states(spec, Layout(dp=64), "bf16", spec.layers, True, True, STACKS[stack])
+    assert (whole.params, whole.grads, whole.optimizer) == pytest.approx((4 * params, 4 * params, 8 * params))
     assert communicated_bytes(layout, "bf16", STACKS[stack]) == (4, 2)
     gather, scatter = zero3_layer_seconds(spec, hardware("a100-80gb"), layout, "bf16", STACKS[stack])
     paper = zero3_layer_seconds(spec, hardware("a100-80gb"), layout, "bf16", replace(STACKS[stack], fp32_gradients=False))
@@ -299,6 +302,18 @@ def test_deepspeeds_pipeline_engine_runs_zero_1_at_most_beside_pipeline_stages(s
     hybrid = Layout(dp=4, zero=3, dp_replicate=2)  # DeepSpeed's engine of 2021-22 shards over every dp rank
     assert "no hybrid sharding" in " ".join(mesh_problems(spec, hybrid, 4, 8, STACKS[stack]))
     assert mesh_problems(spec, hybrid, 4, 8, STACKS["pytorch"]) == []
+
+
+def test_the_search_offers_zero_1_beside_deepspeeds_stages_where_zero_2_is_refused():
+    """The search skips ZeRO-1 where ZeRO-2 does the same reduction in less memory, but not where the
+    stack refuses ZeRO-2: beside DeepSpeed's pipeline stages ZeRO-1 is the only sharding there is,
+    as BLOOM ran it (175B on dp4·tp8·pp12: without it every layout holds the whole Adam state)."""
+    from plait.plan.search import search
+
+    workload = Workload(model_spec("gpt3-175b"), 768, "bf16", STACKS["megatron-deepspeed"])
+    found = search(workload, hardware("a100-80gb"), 384, {"tp": 8, "pp": 12}, top=20)
+    zeros = {p.layout.zero for p in found.ranked}
+    assert zeros == {0, 1} and found.ranked[0].layout.zero == 1
 
 
 def test_megatron_and_deepspeed_send_a_tensor_parallel_ranks_piece_of_the_stage_boundary():

@@ -237,13 +237,16 @@ def rank_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: i
 def reference_bytes(precision: str, zero: int, kernels: Kernels) -> tuple[int, int, int]:
     """Bytes per parameter of (parameters, gradients, optimizer state) on a reference stack: the ZeRO
     paper's, but for gradients held in fp32 under bf16 (``Kernels.fp32_gradients``): Megatron-LM's
-    main_grad beside its bf16 weights and fp32 master, or FSDP's fp32 shards, which are their own
-    master. A stack keeping an fp32 accumulation copy beside bf16 gradients
-    (``Kernels.fp32_grad_accumulation``) holds one or the other, not both."""
+    main_grad (``Kernels.main_grad_buffer``) beside its bf16 weights and fp32 master, or PyTorch's
+    fp32 weights (FSDP's shards at ZeRO-3, whole under DDP), which are their own master. A stack
+    keeping an fp32 accumulation copy beside bf16 gradients (``Kernels.fp32_grad_accumulation``)
+    holds one or the other, not both."""
     assert not (kernels.fp32_gradients and kernels.fp32_grad_accumulation), "one fp32 gradient copy, not two"
     if not (kernels.fp32_gradients and precision == "bf16"):
         return PAPER_BYTES[precision]
-    return PAPER_BYTES["fp32"] if zero == 3 else (BF16, FP32, FP32 + ADAM_MOMENTS * FP32)
+    if kernels.main_grad_buffer and zero < 3:
+        return BF16, FP32, FP32 + ADAM_MOMENTS * FP32
+    return PAPER_BYTES["fp32"]
 
 
 def zero_group(layout: Layout, kernels: Kernels) -> tuple[int, int]:

@@ -339,20 +339,29 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 times_of: dict[tuple, dict] = {}  # per weight passes and recomputation, filled when a layout may fit
                 # (where plait's ZeRO-2 reduces once a step over more than 2 ranks; see above)
                 zero2_dominates = not kernels.plait_engine or reduction_rounds(replace(base, zero=2)) == 1 and dp > 2
+                verdicts: dict[tuple[int, int], list[str]] = {}  # the shared validation's, by (ZeRO, dp_replicate)
                 for zero, replicate in _zero_options(fixed, hw, base):
                     dominated = zero == 1 and replicate == 1 and "zero" not in fixed and zero2_dominates
-                    if dominated and compression == "none":
-                        continue
                     # With one schedule (pp 1) only Layout.validate checks it: the mesh carries it.
                     schedule, v = schedules[0][:2] if pp == 1 else ("1f1b", 1)
                     staged = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m, grad_compression=compression,
                                     cp_algorithm=algorithm, zero=zero, dp_replicate=replicate, schedule=schedule,
                                     virtual_stages=v, stage_layers=stage_layers, offload_activations=offload)
-                    if compression != "none" and (refused(staged) or dominated and not refused(replace(staged, zero=2))):
+                    if compression != "none" and refused(staged):
                         continue
                     # The shared validation in two parts (plait.facts.validity.layout_problems): the
                     # mesh once here, the schedule and stage split once per schedule for all meshes.
-                    if mesh_problems(spec, staged, gpus, workload.global_batch, kernels):
+                    # A dominated ZeRO-1 is skipped only where its ZeRO-2 passes them (DeepSpeed's
+                    # pipeline engine runs ZeRO-1 at most beside stages); ZeRO-2's verdict is kept for
+                    # its own turn.
+                    if dominated:
+                        zero2 = replace(staged, zero=2)
+                        verdicts[2, 1] = mesh_problems(spec, zero2, gpus, workload.global_batch, kernels)
+                        if not refused(zero2) and not verdicts[2, 1]:
+                            continue
+                    if (zero, replicate) not in verdicts:
+                        verdicts[zero, replicate] = mesh_problems(spec, staged, gpus, workload.global_batch, kernels)
+                    if verdicts[zero, replicate]:
                         continue
                     # Read only the mesh sizes, the ZeRO stage and its groups (and, for a measured host's
                     # wrapper overhead, sp); the scan meets each mesh under many micro-batch counts.
