@@ -178,32 +178,51 @@ def test_fsdp_reduce_scatters_fp32_gradients_into_fp32_shards(stack):
     params = rank_parameters(spec, spec.layers, True, True, 1, 1)
     held = rank_model_states(spec, layout, "bf16", spec.layers, True, True, STACKS[stack])
     assert (held.params, held.grads, held.optimizer) == pytest.approx((4 * params / 64, 4 * params / 64, 8 * params / 64))
-    # Under DDP (torchtitan's replicate) the fp32 weights are whole, their own master: 16 bytes, not 18.
+    # Under DDP (torchtitan's replicate) the fp32 weights are whole, their own master: 16 bytes, not 18;
+    # SHARD_GRAD_OP (ZeRO-2) keeps bf16 weights whole beside the fp32 shards: 2 + 16 / N.
     whole = rank_model_states(spec, Layout(dp=64), "bf16", spec.layers, True, True, STACKS[stack])
     assert (whole.params, whole.grads, whole.optimizer) == pytest.approx((4 * params, 4 * params, 8 * params))
+    grads_sharded = rank_model_states(spec, Layout(dp=64, zero=2), "bf16", spec.layers, True, True, STACKS[stack])
+    assert grads_sharded.total == pytest.approx(2 * params + 16 * params / 64)
     assert communicated_bytes(layout, "bf16", STACKS[stack]) == (4, 2)
     gather, scatter = zero3_layer_seconds(spec, hardware("a100-80gb"), layout, "bf16", STACKS[stack])
     paper = zero3_layer_seconds(spec, hardware("a100-80gb"), layout, "bf16", replace(STACKS[stack], fp32_gradients=False))
     assert (gather, scatter) == pytest.approx((paper[0], 2 * paper[1]), rel=0.05)  # the ring's latency aside
 
 
-@pytest.mark.parametrize("stack, element, tied", [
-    ("megatron", 4, 4), ("megatron-core", 4, 4),  # bf16: an fp32 main_grad, reduced and swapped
-    ("nemo", 2, 2), ("megatron-2021", 2, 2),  # grad_reduce_in_fp32 off; fp16, main_grad in fp16
-    ("pytorch", 4, 4), ("llm-foundry", 2, 4),  # FSDP's reduce_dtype: torchtitan's fp32, Composer's PURE bf16
-    ("megatron-deepspeed", 2, 4), ("deepspeed-zero3", 2, 4),  # DeepSpeed: a bf16 wire, its fp32 _hp_grad swapped
-])
-def test_each_stack_reduces_and_swaps_its_gradients_at_its_own_width(stack, element, tied):
+BF16_OPTIMIZER = replace(STACKS["megatron-deepspeed"], fp32_grad_accumulation=True)
+
+
+@pytest.mark.parametrize("kernels, element, tied", [
+    (STACKS["megatron"], 4, 4), (STACKS["megatron-core"], 4, 4),  # bf16: an fp32 main_grad, reduced and swapped
+    (STACKS["nemo"], 2, 2), (STACKS["megatron-2021"], 2, 2),  # grad_reduce_in_fp32 off; fp16, main_grad in fp16
+    (STACKS["pytorch"], 4, 4),  # FSDP's fp32 reduce_dtype (torchtitan)
+    (STACKS["megatron-deepspeed"], 2, 2), (BF16_OPTIMIZER, 2, 4),  # DeepSpeed: a 16-bit wire; BF16_Optimizer's _hp_grad
+], ids=["megatron", "megatron-core", "nemo", "megatron-2021", "pytorch", "megatron-deepspeed", "bf16-optimizer"])
+def test_each_stack_reduces_and_swaps_its_gradients_at_its_own_width(kernels, element, tied):
     """Every stack's gradient width on the wire in its data-parallel reduction, and in the tied
-    embedding's swap between the first and last stage: Megatron-LM all-reduces it from its main_grad
-    buffer, at that buffer's width; DeepSpeed's bf16 engine its fp32 copy."""
+    embedding's swap between the first and last stage, on a layout the stack runs: Megatron-LM
+    all-reduces it from its main_grad buffer, DeepSpeed's BF16 optimizer its fp32 copy."""
     from plait.facts.collectives import tied_embedding_bytes
     from plait.facts.model_state import communicated_bytes, padded_vocab
+    from plait.facts.validity import layout_problems
 
-    spec, layout = model_spec("gpt2-xl"), Layout(dp=4, tp=2, pp=4, zero=1)
-    assert communicated_bytes(layout, "bf16", STACKS[stack]) == (element, 2)
+    spec, layout = model_spec("gpt2-large"), Layout(dp=2, tp=2, pp=2, microbatches=2)
+    assert layout_problems(spec, layout, 8, 16, kernels) == []
+    assert communicated_bytes(layout, "bf16", kernels) == (element, 2)
     rows = padded_vocab(spec.vocab, 2) // 2
-    assert tied_embedding_bytes(spec, layout, "bf16", STACKS[stack]) == rows * spec.hidden * tied
+    assert tied_embedding_bytes(spec, layout, "bf16", kernels) == rows * spec.hidden * tied
+
+
+def test_llm_foundrys_fsdp_reduces_bf16_and_swaps_nothing():
+    """Composer's PURE mixed precision (every multi-node row of llm-foundry's A100 tables) gathers and
+    reduce-scatters in bf16; without stages there is no tied swap."""
+    from plait.facts.collectives import tied_embedding_bytes
+    from plait.facts.model_state import communicated_bytes
+
+    spec, layout = model_spec("gpt2-large"), Layout(dp=8, zero=3)
+    assert communicated_bytes(layout, "bf16", STACKS["llm-foundry"]) == (2, 2)
+    assert tied_embedding_bytes(spec, layout, "bf16", STACKS["llm-foundry"]) == 0
 
 
 def test_megatrons_distributed_optimizer_reduce_scatters_where_deepspeeds_bf16_engine_all_reduces():
@@ -310,10 +329,18 @@ def test_the_search_offers_zero_1_beside_deepspeeds_stages_where_zero_2_is_refus
     as BLOOM ran it (175B on dp4·tp8·pp12: without it every layout holds the whole Adam state)."""
     from plait.plan.search import search
 
+    from benchmarks.published_case import EAGER
+    from plait.facts.validity import layout_problems
+
     workload = Workload(model_spec("gpt3-175b"), 768, "bf16", STACKS["megatron-deepspeed"])
     found = search(workload, hardware("a100-80gb"), 384, {"tp": 8, "pp": 12}, top=20)
     zeros = {p.layout.zero for p in found.ranked}
     assert zeros == {0, 1} and found.ranked[0].layout.zero == 1
+    # Megatron-LM's 2022 release: its distributed optimizer is ZeRO-1, and it has no ZeRO-2 at all.
+    workload = Workload(model_spec("gpt2-xl"), 64, "bf16", EAGER)
+    found = search(workload, hardware("a100-80gb"), 8, {"tp": 1, "pp": 1}, top=20)
+    assert 1 in {p.layout.zero for p in found.ranked}
+    assert all(layout_problems(workload.spec, p.layout, 8, 64, EAGER) == [] for p in found.ranked)
 
 
 def test_megatron_and_deepspeed_send_a_tensor_parallel_ranks_piece_of_the_stage_boundary():

@@ -225,14 +225,14 @@ def tied_embedding_bytes(spec: ModelSpec, layout: Layout, precision: str, kernel
     and the head share one weight (GPT-2): the gradient of its copy, this tensor-parallel rank's rows
     (plait.parallel.gradients sums the two); in plait's engine as the stage holds them after its
     reduction (``held_gradient_bytes``), from ZeRO 2 on only the rows this data-parallel rank owns;
-    a reference stack all-reduces the whole gradient: Megatron-LM from its main_grad buffer
-    (``Kernels.main_grad_buffer``, at ``reference_bytes``' width), DeepSpeed's bf16 engine its fp32
-    copy (``_hp_grad``). None without stages or without tied weights."""
+    a reference stack all-reduces the whole gradient as it holds it (``reference_bytes``: Megatron-LM's
+    main_grad, fp32 in bf16), or its fp32 copy where it keeps one (DeepSpeed's BF16_Optimizer swaps
+    ``_hp_grad``, ``Kernels.fp32_grad_accumulation``). None without stages or without tied weights."""
     if layout.pp == 1 or not spec.tie_embeddings:
         return 0
     rows = padded_vocab(spec.vocab, layout.tp) // layout.tp
     if kernels.plait_engine and layout.zero >= 2:
         rows = owned_rows(rows, dp_rank % layout.dp_shard, layout.dp_shard)
     element = (held_gradient_bytes(layout, precision) if kernels.plait_engine
-               else reference_bytes(precision, layout.zero, kernels)[1] if kernels.main_grad_buffer else FP32)
+               else FP32 if kernels.fp32_grad_accumulation else reference_bytes(precision, layout.zero, kernels)[1])
     return rows * spec.hidden * element

@@ -238,13 +238,14 @@ def reference_bytes(precision: str, zero: int, kernels: Kernels) -> tuple[int, i
     """Bytes per parameter of (parameters, gradients, optimizer state) on a reference stack: the ZeRO
     paper's, but for gradients held in fp32 under bf16 (``Kernels.fp32_gradients``): Megatron-LM's
     main_grad (``Kernels.main_grad_buffer``) beside its bf16 weights and fp32 master, or PyTorch's
-    fp32 weights (FSDP's shards at ZeRO-3, whole under DDP), which are their own master. A stack
+    fp32 weights (FSDP's shards at ZeRO-3, whole under DDP), which are their own master; FSDP's
+    SHARD_GRAD_OP (ZeRO-2) holds bf16 weights whole beside its fp32 shards, Megatron's split. A stack
     keeping an fp32 accumulation copy beside bf16 gradients (``Kernels.fp32_grad_accumulation``)
     holds one or the other, not both."""
     assert not (kernels.fp32_gradients and kernels.fp32_grad_accumulation), "one fp32 gradient copy, not two"
     if not (kernels.fp32_gradients and precision == "bf16"):
         return PAPER_BYTES[precision]
-    if kernels.main_grad_buffer and zero < 3:
+    if zero in (1, 2) or (kernels.main_grad_buffer and zero == 0):
         return BF16, FP32, FP32 + ADAM_MOMENTS * FP32
     return PAPER_BYTES["fp32"]
 

@@ -118,10 +118,9 @@ class Kernels:
     fp32_gradients: bool = False
     # Megatron-LM's data parallelism (every release, NeMo's too): each rank's gradients accumulate in
     # one main_grad buffer of their reduction's width (``fp32_gradients``, else the parameters'),
-    # which its distributed optimizer (ZeRO-1) reduce-scatters into the rows each rank updates and
-    # from which the tied embedding's gradient is all-reduced between the first and last stage.
-    # DeepSpeed's BF16_Optimizer all-reduces whole gradients, and swaps the tied one in its fp32
-    # copy (``_hp_grad``), as does plait's DDP at ZeRO-1.
+    # which its distributed optimizer (ZeRO-1) reduce-scatters into the rows each rank updates, and
+    # whose weights are bf16 beside an fp32 master. DeepSpeed's BF16_Optimizer and plait's DDP
+    # all-reduce whole gradients at ZeRO-1.
     main_grad_buffer: bool = False
     # A stage's boundary tensor crosses the pipeline in 1/tp pieces, one from each tensor-parallel rank,
     # the receiving stage all-gathering them over tp: Megatron-LM's scatter/gather before Megatron-Core
@@ -174,7 +173,7 @@ WHOLE_BLOCKS = ("none", "full")
 MEGATRON_2021_A100 = 0.607
 MEGATRON_CORE_H100 = 0.482
 PYTORCH_H100_96GB = 0.490
-DEEPSPEED_LAYER_HOST_S = 0.0045
+DEEPSPEED_LAYER_HOST_S = 0.0038
 DEEPSPEED_ZERO3_COLLECTIVES = 0.108
 NEMO_H100 = 0.568
 # Hopper-native causal attention (Transformer Engine's cuDNN fused attention, FlashAttention-3):
