@@ -203,8 +203,9 @@ STACKS = {
     "plait": Kernels(fused=False, cp_algorithms=CP_ALGORITHMS, recompute_whole_forward=False,
                      schedules=SCHEDULES, recompute_modes=RECOMPUTE, activation_offload="serial",
                      tp_backward_overlap=False, loss_backward_copies=2, engine="plait"),
-    # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring; in bf16
-    # Megatron-LM's fp32 gradients, reduce-scattered by its distributed optimizer (ZeRO-1).
+    # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring; and
+    # Megatron-LM's data parallelism: in bf16 an fp32 main_grad, reduce-scattered by its distributed
+    # optimizer (ZeRO-1).
     "megatron": Kernels(fp32_gradients=True, main_grad_buffer=True),
     "megatron-2021": MEGATRON_2021,
     # Megatron-Core with Transformer Engine (2024 on): as megatron, with the tensor-parallel
@@ -247,7 +248,8 @@ STACKS = {
     # collective on the critical path: its async TP is this with tp_comm_overlap); its efficiency fitted
     # on two of torchtitan's published bf16 runs on Grand Teton H100s (two more held out).
     "pytorch": Kernels(recompute_whole_forward=False, recompute_modes=RECOMPUTE, tp_backward_overlap=False,
-                       loss_backward_copies=2, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"), fp32_gradients=True,
+                       loss_backward_copies=2, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
+                       fp32_gradients=True,
                        matmul_efficiency=(("h100-96gb", PYTORCH_H100_96GB),)),
     # MosaicML's llm-foundry (Composer) as its 2023 benchmark tables ran it: PyTorch FSDP alone (no
     # tensor, pipeline or context parallelism) without torch.compile (one eager kernel per

@@ -225,9 +225,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     # Dominated choices, skipped unless asked for or unless the dominating one is refused: without
     # sp a layout is never faster (but for the gather of learned positions' gradient sp adds, under
     # 0.1% of a step) nor smaller than with it, and ZeRO-1 never beats ZeRO-2 without hybrid
-    # sharding (same gathers, a reduce-scatter no longer than ZeRO-1's reduction, less memory) where ZeRO-2
-    # reduces once a step: on a reference stack always, on plait's engine with one micro-batch or on
-    # pipeline stages, over more than 2 ranks (its fp32 rows are as large as the whole bf16
+    # sharding (same gathers, a reduce-scatter no longer than ZeRO-1's reduction, less memory) where
+    # ZeRO-2 reduces once a step: on a reference stack always, on plait's engine with one micro-batch
+    # or on pipeline stages, over more than 2 ranks (its fp32 rows are as large as the whole bf16
     # gradients over 2). Tests hold both claims.
     waiting = replace(kernels, blocking_sends=SCHEDULES)  # each boundary's transfer apart from its gather
     works: dict[tuple, dict] = {}
