@@ -59,6 +59,10 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     stack.add_argument("--dropout", action="store_true", help="the model trains with dropout (1-byte masks)")
     stack.add_argument("--unfused", action="store_true",
                        help="override the stack: elementwise ops run one eager PyTorch kernel each")
+    stack.add_argument("--async-tp", action="store_true",
+                       help="override the stack: torch's async tensor parallelism (torchtitan's "
+                            "--parallelism.enable_async_tensor_parallel) fuses, under --sp, each all-gather and "
+                            "reduce-scatter it can into its matmul")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -105,15 +109,22 @@ def add_plan_commands(subparsers) -> None:
 
 
 def stack_kernels(args: argparse.Namespace) -> Kernels:
-    """The chosen stack's kernels with any of --attention, --dropout, --unfused over them."""
+    """The chosen stack's kernels with any of --attention, --dropout, --unfused, --async-tp over them."""
     kernels = STACKS[args.stack]
     if kernels.plait_engine and (args.dropout or args.attention == "eager"):
         raise ConfigError("plait's own model trains without dropout and with fused attention; --dropout and "
                           "--attention eager describe another stack: add --stack megatron")
+    if args.async_tp and kernels.plait_engine:
+        raise ConfigError("plait's own engine issues each tensor-parallel collective on its own; --async-tp "
+                          "describes torchtitan's: add --stack pytorch")
+    if args.async_tp and kernels.tp_comm_overlap:
+        raise ConfigError(f"--stack {args.stack} already runs its tensor-parallel communication inside the matmuls "
+                          "(Transformer Engine's userbuffers); leave out --async-tp")
     overrides = {
         "flash_attention": None if args.attention is None else args.attention == "flash",
         "dropout": True if args.dropout else None,
         "fused": False if args.unfused else None,
+        "tp_comm_overlap": "micro-pipeline" if args.async_tp else None,
     }
     return replace(kernels, **{k: v for k, v in overrides.items() if v is not None})
 
@@ -156,7 +167,7 @@ def planning_inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]
 
 def stack_name(args: argparse.Namespace) -> str:
     """The stack the prediction models, as the output names it (with any override said)."""
-    changed = [flag for flag in ("attention", "dropout", "unfused") if getattr(args, flag)]
+    changed = [flag for flag in ("attention", "dropout", "unfused", "async_tp") if getattr(args, flag)]
     return args.stack + (f" with --{', --'.join(f.replace('_', '-') for f in changed)}" if changed else "")
 
 

@@ -64,10 +64,19 @@ class Kernels:
     # gradient, all-gathered under sp, is waited for. plait's DTensor layers issue each on the
     # critical path.
     tp_backward_overlap: bool = True
-    # Transformer Engine's userbuffers (Megatron-Core's --tp-comm-overlap, with sequence parallelism):
-    # every tensor-parallel all-gather and reduce-scatter, forward and backward, runs in pieces inside
-    # the matmul it feeds or drains, so only what exceeds the layer's matmuls is exposed.
-    tp_comm_overlap: bool = False
+    # Tensor-parallel communication run in pieces inside the matmul it feeds or drains (with sequence
+    # parallelism), only what exceeds the layer's matmuls exposed: "userbuffers", Transformer Engine's
+    # (Megatron-Core's --tp-comm-overlap), every all-gather and reduce-scatter, forward and backward;
+    # "micro-pipeline", torch's async TP (torchtitan's --parallelism.enable_async_tensor_parallel),
+    # whose inductor pass fuses an all-gather only into matmuls that take the gathered tensor as left
+    # operand and a reduce-scatter only after a matmul's own output
+    # (torch/_inductor/fx_passes/micro_pipeline_tp.py): the column-parallel linears' input gradients
+    # are summed over q, k, v (or the MLP's two inputs) before their reduce-scatter, which therefore
+    # stays an NCCL collective on the critical path. Its symmetric-memory operators
+    # (torch/distributed/_symmetric_memory) copy the local shard into their buffer before the first
+    # piece and sum the tp partial outputs after the last pull, both outside the overlap
+    # (plait.plan.costs.fused_passes_bytes). "" everywhere else.
+    tp_comm_overlap: str = ""
     # Megatron-Core's --overlap-param-gather (distributed optimizer, ZeRO-1): the updated parameters'
     # all-gather runs bucket by bucket under the next step's first forward, each bucket's gather
     # issued ahead of the layers that use it, so only the first bucket and what exceeds that forward
@@ -193,7 +202,7 @@ MEGATRON_2021 = Kernels(dropout=True, flash_attention=False, pipeline_boundary_s
                         recompute_modes=WHOLE_BLOCKS, partial_recompute=False, sequence_parallel=False,
                         cp_algorithms=(), max_zero=0, matmul_efficiency=(("a100-80gb", MEGATRON_2021_A100),))
 
-MEGATRON_CORE = Kernels(tp_comm_overlap=True, param_gather_overlap=True, activation_offload="overlapped",
+MEGATRON_CORE = Kernels(tp_comm_overlap="userbuffers", param_gather_overlap=True, activation_offload="overlapped",
                         blocking_sends=("1f1b",), fp32_gradients=True, main_grad_buffer=True,
                         matmul_efficiency=(("h100-sxm", MEGATRON_CORE_H100),))
 
@@ -245,8 +254,9 @@ STACKS = {
                                pipeline_max_zero=1, max_zero=3, hybrid_sharding=False),
     # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
     # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel
-    # collective on the critical path: its async TP is this with tp_comm_overlap); its efficiency fitted
-    # on two of torchtitan's published bf16 runs on Grand Teton H100s (two more held out).
+    # collective on the critical path: its async TP is this with tp_comm_overlap "micro-pipeline",
+    # plan's --async-tp); its efficiency fitted on two of torchtitan's published bf16 runs on Grand
+    # Teton H100s (two more held out).
     "pytorch": Kernels(recompute_whole_forward=False, recompute_modes=RECOMPUTE, tp_backward_overlap=False,
                        loss_backward_copies=2, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
                        fp32_gradients=True,

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from plait.facts.activations import ACTIVATION_BYTES, residual_stream_bytes
-from plait.facts.collectives import (boundary_split_over_tp, embedding_collectives, head_collectives, layer_collectives,
-                                     stage_boundary_bytes)
+from plait.facts.collectives import (Collective, boundary_split_over_tp, embedding_collectives, head_collectives,
+                                     layer_collectives, stage_boundary_bytes)
 from plait.facts.recompute import chunk_recompute
 from plait.facts.stack import Kernels
 from plait.facts.weight_passes import layer_passes
@@ -25,6 +25,10 @@ from plait.plan.hardware import Hardware, HostOverhead
 from plait.plan.memory import layer_saved_bytes
 from plait.plan.zero3 import first_gather, zero3_exposed, zero3_layer_seconds
 
+# torch.sum over the 2–8 stacked partial outputs of a fused matmul + reduce-scatter is bound by its
+# instructions, not its bytes: 23–43% of HBM peak on async TP's shapes (pytorch/pytorch PR 191803,
+# which measured it before replacing it); the middle of that range.
+PARTIAL_SUM_BANDWIDTH_SHARE = 0.33
 COLLECTIVE_SECONDS = {
     "all_reduce": all_reduce_seconds, "all_gather": all_gather_seconds,
     "reduce_scatter": reduce_scatter_seconds, "all_to_all": all_to_all_seconds,
@@ -106,7 +110,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     on_path = {"forward": 0.0, "backward": 0.0}
     ring = {"forward": 0.0, "backward": 0.0}
     tp_backward = 0.0  # the backward's own tensor-parallel collectives (not the recomputed forward's)
-    tp_inside = {"forward": 0.0, "backward": 0.0}  # run inside the matmuls (Kernels.tp_comm_overlap)
+    tp_inside = {"forward": 0.0, "backward": 0.0}  # run inside the matmuls (inside_matmul)
     stream = residual_stream_bytes(precision, layout.zero, layout.pp, kernels)
     for call in layer_collectives(spec, micro_batch, spec.seq_len, layout.tp, layout.sp, layout.cp, layout.recompute,
                                   e, kernels.recompute_whole_forward, layout.cp_algorithm, stream):
@@ -115,8 +119,12 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
             seconds, into = send_seconds(call.tensor_bytes, link), ring
         else:
             seconds, into = COLLECTIVE_SECONDS[call.op](call.tensor_bytes, call.size, link), on_path
-        if call.group == "tp" and kernels.tp_comm_overlap and layout.sp:
+        if inside_matmul(call, kernels, layout.sp):
             into = tp_inside
+            if kernels.tp_comm_overlap == "micro-pipeline":  # the fused operator's own passes, not overlapped
+                passes = fused_passes_seconds(call, hw)
+                on_path["forward"] += call.forward * passes
+                on_path["backward"] += call.backward * passes
         into["forward"] += call.forward * seconds
         into["backward"] += call.backward * seconds
         # The column-parallel linears' input gradients, all-reduced (or under sp reduce-scattered),
@@ -157,6 +165,28 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         gather = first_gather(spec, gather, kernels)
     return LayerCost(times, on_path["forward"] + cp_forward + zero_forward,
                      on_path["backward"] + cp_backward + zero_backward, gather)
+
+
+def inside_matmul(call: Collective, kernels: Kernels, sp: bool) -> bool:
+    """Whether a layer's collective runs in pieces inside the matmul it feeds or drains
+    (``Kernels.tp_comm_overlap``): tensor-parallel ones under sequence parallelism, all of them with
+    userbuffers, and with torch's micro-pipeline pass all but the reduce-scatter of the
+    column-parallel linears' summed input gradients."""
+    if call.group != "tp" or not sp or not kernels.tp_comm_overlap:
+        return False
+    return kernels.tp_comm_overlap == "userbuffers" or not call.input_gradient
+
+
+def fused_passes_seconds(call: Collective, hw: Hardware) -> float:
+    """Seconds one of torch's symmetric-memory operators spends outside its overlap
+    (torch/distributed/_symmetric_memory): an all-gather's matmul first copies the local shard into
+    the symmetric buffer (read and written) and waits on a barrier; a matmul's reduce-scatter, once
+    its last piece arrives, sums the tp partial outputs with torch.sum, reading them all and writing
+    the rank's rows, at ``PARTIAL_SUM_BANDWIDTH_SHARE`` of the device's memory bandwidth."""
+    rate = hw.memory_gbps * 1e9
+    if call.op == "all_gather":
+        return 2 * call.tensor_bytes / call.size / rate
+    return call.tensor_bytes * (1 + 1 / call.size) / (PARTIAL_SUM_BANDWIDTH_SHARE * rate)
 
 
 def with_offload_copies(times: LayerTimes, copy: float, kernels: Kernels) -> LayerTimes:
