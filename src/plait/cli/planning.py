@@ -60,7 +60,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     stack.add_argument("--unfused", action="store_true",
                        help="override the stack: elementwise ops run one eager PyTorch kernel each")
     stack.add_argument("--async-tp", action="store_true",
-                       help="override the stack: torch's async tensor parallelism (torchtitan's "
+                       help="with --stack pytorch: torch's async tensor parallelism (torchtitan's "
                             "--parallelism.enable_async_tensor_parallel) fuses, under --sp, each all-gather and "
                             "reduce-scatter it can into its matmul")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -114,12 +114,12 @@ def stack_kernels(args: argparse.Namespace) -> Kernels:
     if kernels.plait_engine and (args.dropout or args.attention == "eager"):
         raise ConfigError("plait's own model trains without dropout and with fused attention; --dropout and "
                           "--attention eager describe another stack: add --stack megatron")
-    if args.async_tp and kernels.plait_engine:
-        raise ConfigError("plait's own engine issues each tensor-parallel collective on its own; --async-tp "
-                          "describes torchtitan's: add --stack pytorch")
-    if args.async_tp and kernels.tp_comm_overlap:
-        raise ConfigError(f"--stack {args.stack} already runs its tensor-parallel communication inside the matmuls "
-                          "(Transformer Engine's userbuffers); leave out --async-tp")
+    if args.async_tp and args.stack != "pytorch":
+        raise ConfigError(f"--async-tp is torch's async tensor parallelism, which torchtitan runs under torch.compile; "
+                          f"--stack {args.stack} has none: add --stack pytorch")
+    if args.async_tp and args.unfused:
+        raise ConfigError("torch's async tensor parallelism is a torch.compile pass, and --unfused describes a run "
+                          "without torch.compile: leave out one of them")
     overrides = {
         "flash_attention": None if args.attention is None else args.attention == "flash",
         "dropout": True if args.dropout else None,

@@ -65,7 +65,8 @@ class Kernels:
     # critical path.
     tp_backward_overlap: bool = True
     # Tensor-parallel communication run in pieces inside the matmul it feeds or drains (with sequence
-    # parallelism), only what exceeds the layer's matmuls exposed: "userbuffers", Transformer Engine's
+    # parallelism, over one node's NVLink), only what exceeds that matmul exposed
+    # (plait.plan.costs.fused_windows): "userbuffers", Transformer Engine's
     # (Megatron-Core's --tp-comm-overlap), every all-gather and reduce-scatter, forward and backward;
     # "micro-pipeline", torch's async TP (torchtitan's --parallelism.enable_async_tensor_parallel),
     # whose inductor pass fuses an all-gather only into matmuls that take the gathered tensor as left
@@ -75,7 +76,7 @@ class Kernels:
     # stays an NCCL collective on the critical path. Its symmetric-memory operators
     # (torch/distributed/_symmetric_memory) copy the local shard into their buffer before the first
     # piece and sum the tp partial outputs after the last pull, both outside the overlap
-    # (plait.plan.costs.fused_passes_bytes). "" everywhere else.
+    # (plait.plan.costs.fused_passes_seconds). "" everywhere else.
     tp_comm_overlap: str = ""
     # Megatron-Core's --overlap-param-gather (distributed optimizer, ZeRO-1): the updated parameters'
     # all-gather runs bucket by bucket under the next step's first forward, each bucket's gather
@@ -163,6 +164,13 @@ class Kernels:
     # .activations count it exactly) or a reference stack (the ZeRO paper's and Korthikanti's formulas).
     engine: str = "reference"
 
+    def __post_init__(self) -> None:
+        for name, allowed in (("activation_offload", ("", "serial", "overlapped")),
+                              ("tp_comm_overlap", ("", "userbuffers", "micro-pipeline")),
+                              ("zero3_gather_unit", ("layer", "linear")), ("engine", ("plait", "reference"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"Kernels.{name} is one of {allowed}, not {getattr(self, name)!r}")
+
     @property
     def plait_engine(self) -> bool:
         return self.engine == "plait"
@@ -180,7 +188,7 @@ WHOLE_BLOCKS = ("none", "full")
 
 # benchmarks/validate_published.py --fit
 MEGATRON_2021_A100 = 0.607
-MEGATRON_CORE_H100 = 0.482
+MEGATRON_CORE_H100 = 0.485
 PYTORCH_H100_96GB = 0.490
 DEEPSPEED_LAYER_HOST_S = 0.0038
 DEEPSPEED_ZERO3_COLLECTIVES = 0.108

@@ -212,7 +212,12 @@ def mesh_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None
 
 def stack_zero_problems(layout: Layout, kernels: Kernels) -> list[str]:
     """Hybrid sharding or a ZeRO stage the stack does not have (``Kernels.hybrid_sharding``,
-    ``max_zero``), or a ZeRO stage it does not run beside pipeline stages (``pipeline_max_zero``)."""
+    ``max_zero``), or a ZeRO stage it does not run beside pipeline stages (``pipeline_max_zero``); and
+    tensor parallelism without sp where the stack fuses sp's collectives into the matmuls (torch's
+    async TP)."""
+    if layout.tp > 1 and not layout.sp and kernels.tp_comm_overlap == "micro-pipeline":
+        return ["torch's async tensor parallelism fuses sequence-parallel all-gathers and reduce-scatters into "
+                "the matmuls; add --sp"]
     if layout.dp_replicate > 1 and not kernels.hybrid_sharding:
         return ["this software stack shards over all data-parallel ranks, with no hybrid sharding; "
                 "pass --dp-replicate 1"]

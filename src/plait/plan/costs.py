@@ -20,7 +20,8 @@ from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, all_to_all_seconds, boundaries_leaving, boundary_link, exposed_under,
     group_link, reduce_scatter_seconds, send_seconds,
 )
-from plait.plan.compute import NO_OVERHEAD, LayerTimes, end_pass_seconds, head_times, layer_times
+from plait.plan.compute import (NO_OVERHEAD, Gemm, LayerTimes, end_pass_seconds, gemm_seconds, head_times, layer_shape,
+                                layer_times)
 from plait.plan.hardware import Hardware, HostOverhead
 from plait.plan.memory import layer_saved_bytes
 from plait.plan.zero3 import first_gather, zero3_exposed, zero3_layer_seconds
@@ -110,7 +111,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     on_path = {"forward": 0.0, "backward": 0.0}
     ring = {"forward": 0.0, "backward": 0.0}
     tp_backward = 0.0  # the backward's own tensor-parallel collectives (not the recomputed forward's)
-    tp_inside = {"forward": 0.0, "backward": 0.0}  # run inside the matmuls (inside_matmul)
+    windows = None  # the matmuls a fused collective runs inside (fused_windows), when any is fused
     stream = residual_stream_bytes(precision, layout.zero, layout.pp, kernels)
     for call in layer_collectives(spec, micro_batch, spec.seq_len, layout.tp, layout.sp, layout.cp, layout.recompute,
                                   e, kernels.recompute_whole_forward, layout.cp_algorithm, stream):
@@ -119,12 +120,15 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
             seconds, into = send_seconds(call.tensor_bytes, link), ring
         else:
             seconds, into = COLLECTIVE_SECONDS[call.op](call.tensor_bytes, call.size, link), on_path
-        if inside_matmul(call, kernels, layout.sp):
-            into = tp_inside
-            if kernels.tp_comm_overlap == "micro-pipeline":  # the fused operator's own passes, not overlapped
-                passes = fused_passes_seconds(call, hw)
-                on_path["forward"] += call.forward * passes
-                on_path["backward"] += call.backward * passes
+        if inside_matmul(call, kernels, layout.sp, link.crosses_nodes):
+            windows = windows or fused_windows(spec, hw, layout, micro_batch, precision, kernels)
+            pair = windows[(call.op, call.forward > 0, call.input_gradient)]
+            # the attention's call and the MLP's alternate; only what exceeds its own matmul is exposed
+            for side, count in (("forward", call.forward), ("backward", call.backward)):
+                on_path[side] += sum(exposed_under(seconds, pair[i % 2], hw.comm_overlap) for i in range(count))
+                if kernels.tp_comm_overlap == "micro-pipeline":  # the fused operator's own passes, not overlapped
+                    on_path[side] += count * fused_passes_seconds(call, hw)
+            continue
         into["forward"] += call.forward * seconds
         into["backward"] += call.backward * seconds
         # The column-parallel linears' input gradients, all-reduced (or under sp reduce-scattered),
@@ -135,11 +139,6 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     if tp_backward:  # under the column-parallel linears' weight-gradient matmuls, only the excess is exposed
         window = column_parallel_share(spec) * times.backward_weight
         on_path["backward"] -= tp_backward - exposed_under(tp_backward, window, hw.comm_overlap)
-    if tp_inside["forward"] or tp_inside["backward"]:  # only what exceeds the layer's matmuls is exposed
-        matmuls_forward = times.forward - times.attention
-        on_path["forward"] += exposed_under(tp_inside["forward"], matmuls_forward, hw.comm_overlap)
-        on_path["backward"] += exposed_under(tp_inside["backward"], times.backward + times.recompute
-                                             - times.attention_backward, hw.comm_overlap)
     recomputed = 0.0 if layout.recompute == "none" else 1.0
     cp_forward = cp_backward = 0.0
     if ring["forward"] or ring["backward"]:
@@ -167,14 +166,30 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
                      on_path["backward"] + cp_backward + zero_backward, gather)
 
 
-def inside_matmul(call: Collective, kernels: Kernels, sp: bool) -> bool:
+def inside_matmul(call: Collective, kernels: Kernels, sp: bool, crosses_nodes: bool) -> bool:
     """Whether a layer's collective runs in pieces inside the matmul it feeds or drains
-    (``Kernels.tp_comm_overlap``): tensor-parallel ones under sequence parallelism, all of them with
-    userbuffers, and with torch's micro-pipeline pass all but the reduce-scatter of the
-    column-parallel linears' summed input gradients."""
-    if call.group != "tp" or not sp or not kernels.tp_comm_overlap:
+    (``Kernels.tp_comm_overlap``): tensor-parallel ones under sequence parallelism over one node's
+    NVLink (both userbuffers and torch's symmetric memory map the peers' buffers into each GPU),
+    all of them with userbuffers, and with torch's micro-pipeline pass all but the reduce-scatter of
+    the column-parallel linears' summed input gradients."""
+    if call.group != "tp" or not sp or crosses_nodes or not kernels.tp_comm_overlap:
         return False
     return kernels.tp_comm_overlap == "userbuffers" or not call.input_gradient
+
+
+def fused_windows(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str,
+                  kernels: Kernels) -> dict[tuple[str, bool, bool], tuple[float, float]]:
+    """Seconds of the matmul each fused tensor-parallel collective runs inside, the attention's and
+    the MLP's, keyed by (op, issued in the forward, input gradient) as plait.facts.collectives lists
+    them: the column-parallel linears' forward for their input's all-gather (and its rerun in a
+    recomputed forward), the row-parallel linears' forward for their output's reduce-scatter, the
+    row-parallel linears' input gradients for their output gradient's all-gather, and the
+    column-parallel linears' input gradients for those gradients' reduce-scatter."""
+    shape = layer_shape(spec, micro_batch, layout.tp, layout.cp, layout.sp, precision, kernels)
+    qkv, wo, up, down = (gemm_seconds(hw, precision, g) for g in shape.weights)
+    qkv_dx, wo_dx, up_dx, down_dx = (gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n, g.batch)) for g in shape.weights)
+    return {("all_gather", True, False): (qkv, up), ("reduce_scatter", True, False): (wo, down),
+            ("all_gather", False, False): (wo_dx, down_dx), ("reduce_scatter", False, True): (qkv_dx, up_dx)}
 
 
 def fused_passes_seconds(call: Collective, hw: Hardware) -> float:
