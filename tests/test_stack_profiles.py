@@ -121,6 +121,40 @@ def test_a_fused_collective_hides_only_under_the_matmul_it_feeds_or_drains():
         spec, across, layout, 1, "bf16", replace(CORE, tp_comm_overlap=""))
 
 
+def test_a_recomputed_forward_reruns_its_fused_calls_under_their_own_matmuls():
+    """Under full recomputation torch's async TP reissues the recomputed forward's two gathers and the
+    attention's reduce-scatter (PyTorch's checkpoint does not rerun the MLP's closing one): Llama 3
+    70B at tp 8 pays again the gathers' shard copies and the gather's excess over q, k, v, and the
+    partial sum and the excess over the output projection of the one reduce-scatter, nothing for the
+    MLP's."""
+    from plait.plan.comm import all_gather_seconds, group_link, reduce_scatter_seconds
+    from plait.plan.compute import Gemm, gemm_seconds
+    from plait.plan.costs import PARTIAL_SUM_BANDWIDTH_SHARE
+
+    spec, hw, tp = model_spec("llama-70b"), hardware("h100-sxm"), 8
+    tokens, h, kernels = spec.seq_len, spec.hidden, replace(STACKS["pytorch"], tp_comm_overlap="micro-pipeline")
+    link, stream = group_link(hw, Layout(tp=tp, sp=True), "tp"), tokens * h * 2
+    qkv = gemm_seconds(hw, "bf16", Gemm(tokens, h // tp + 2 * spec.kv_heads * spec.head_dim // tp, h))
+    wo = gemm_seconds(hw, "bf16", Gemm(tokens, h, h // tp))
+    copy = 2 * stream / tp / (hw.memory_gbps * 1e9)
+    partial_sum = stream * (1 + 1 / tp) / (PARTIAL_SUM_BANDWIDTH_SHARE * hw.memory_gbps * 1e9)
+    rerun = (2 * copy + all_gather_seconds(stream, tp, link) - qkv
+             + partial_sum + reduce_scatter_seconds(stream, tp, link) - wo)
+    none, full = (layer_cost(spec, hw, Layout(tp=tp, sp=True, recompute=mode), 1, "bf16", kernels)
+                  for mode in ("none", "full"))
+    assert full.comm_backward - none.comm_backward == pytest.approx(rerun)
+
+
+def test_async_tp_without_sequence_parallelism_is_refused_by_the_shared_validation():
+    from plait.facts.validity import layout_problems
+
+    kernels = replace(STACKS["pytorch"], tp_comm_overlap="micro-pipeline")
+    assert any("add --sp" in p for p in layout_problems(model_spec("llama-8b"), Layout(tp=8), kernels=kernels))
+    assert not layout_problems(model_spec("llama-8b"), Layout(tp=8, sp=True), kernels=kernels)
+    with pytest.raises(ValueError, match="tp_comm_overlap"):
+        replace(kernels, tp_comm_overlap="async")
+
+
 @pytest.mark.parametrize("model", ["llama-70b", "llama-8b"])
 def test_torch_async_tp_gains_on_torchtitans_runs_what_they_measured_within_the_planners_error(model):
     """torchtitan's Llama 3.1 70B on 256 H100s (FSDP 32, TP 8, full recomputation) and 8B on 64
@@ -141,12 +175,12 @@ def test_torch_async_tp_gains_on_torchtitans_runs_what_they_measured_within_the_
     published = pair[1].measured_step_s / pair[0].measured_step_s
     assert vanilla / fused == pytest.approx(published, rel=PLANNER_ERROR)
     userbuffers = step(pair[0], replace(pair[0].kernels, tp_comm_overlap="userbuffers"))
-    assert vanilla / userbuffers - published > vanilla / fused - published
+    assert vanilla / userbuffers > published * (1 + PLANNER_ERROR)
 
 
 @pytest.mark.parametrize("flags, says", [
     (["--stack", "plait"], "add --stack pytorch"), (["--stack", "megatron-core"], "add --stack pytorch"),
-    (["--stack", "pytorch", "--unfused"], "leave out one of them"), (["--stack", "pytorch", "--no-sp"], "add --sp")])
+    (["--stack", "pytorch", "--unfused"], "leave out one of them"), (["--stack", "pytorch", "--no-sp"], "drop that flag or --async-tp")])
 def test_async_tp_is_refused_where_it_describes_nothing(flags, says, capsys):
     assert main(["simulate", "--model", "llama-8b", "--gpus", "8", "--gpu", "h100-sxm", "--tp", "8", "--dp", "1",
                  "--async-tp", *flags]) == 2

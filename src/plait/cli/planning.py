@@ -162,6 +162,9 @@ def planning_inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]
     if batch < 1:
         raise ConfigError(f"--global-batch must be a positive number of sequences, got {batch}")
     fixed = layout_values(args, {"layout": {}})
+    if args.async_tp and (fixed.get("tp") == 1 or fixed.get("sp") is False):
+        raise ConfigError("--async-tp fuses tensor-parallel collectives under sequence parallelism, which --tp 1 or "
+                          "--no-sp leaves out: drop that flag or --async-tp")
     return Workload(spec, batch, precision, stack_kernels(args)), hw, fixed
 
 

@@ -196,7 +196,7 @@ def layout_problems(spec: ModelSpec, layout: Layout, world_size: int | None = No
     if problems:  # the checks below read the fields as positive integers
         return problems
     return (compression_problems(layout) + recompute_problems(layout, kernels) + fit_problems(spec, layout, kernels)
-            + stack_zero_problems(layout, kernels) + pipeline_problems(spec, layout, kernels)
+            + stack_problems(layout, kernels) + pipeline_problems(spec, layout, kernels)
             + size_problems(layout, world_size, global_batch))
 
 
@@ -207,10 +207,10 @@ def mesh_problems(spec: ModelSpec, layout: Layout, world_size: int | None = None
     if problems:
         return problems
     return (compression_problems(layout) + recompute_problems(layout, kernels) + fit_problems(spec, layout, kernels)
-            + stack_zero_problems(layout, kernels) + size_problems(layout, world_size, global_batch))
+            + stack_problems(layout, kernels) + size_problems(layout, world_size, global_batch))
 
 
-def stack_zero_problems(layout: Layout, kernels: Kernels) -> list[str]:
+def stack_problems(layout: Layout, kernels: Kernels) -> list[str]:
     """Hybrid sharding or a ZeRO stage the stack does not have (``Kernels.hybrid_sharding``,
     ``max_zero``), or a ZeRO stage it does not run beside pipeline stages (``pipeline_max_zero``); and
     tensor parallelism without sp where the stack fuses sp's collectives into the matmuls (torch's

@@ -20,8 +20,8 @@ from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, all_to_all_seconds, boundaries_leaving, boundary_link, exposed_under,
     group_link, reduce_scatter_seconds, send_seconds,
 )
-from plait.plan.compute import (NO_OVERHEAD, Gemm, LayerTimes, end_pass_seconds, gemm_seconds, head_times, layer_shape,
-                                layer_times)
+from plait.plan.compute import (NO_OVERHEAD, UNSCALED, Gemm, LayerTimes, end_pass_seconds, gemm_seconds, head_times,
+                                layer_shape, layer_times)
 from plait.plan.hardware import Hardware, HostOverhead
 from plait.plan.memory import layer_saved_bytes
 from plait.plan.zero3 import first_gather, zero3_exposed, zero3_layer_seconds
@@ -186,8 +186,10 @@ def fused_windows(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: in
     row-parallel linears' input gradients for their output gradient's all-gather, and the
     column-parallel linears' input gradients for those gradients' reduce-scatter."""
     shape = layer_shape(spec, micro_batch, layout.tp, layout.cp, layout.sp, precision, kernels)
-    qkv, wo, up, down = (gemm_seconds(hw, precision, g) for g in shape.weights)
-    qkv_dx, wo_dx, up_dx, down_dx = (gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n, g.batch)) for g in shape.weights)
+    scale = hw.layer_kernel_scale.get(spec.family, UNSCALED)  # as plait.plan.compute.layer_times charges them
+    qkv, wo, up, down = (scale.forward * gemm_seconds(hw, precision, g) for g in shape.weights)
+    qkv_dx, wo_dx, up_dx, down_dx = (scale.backward * gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n, g.batch))
+                                     for g in shape.weights)
     return {("all_gather", True, False): (qkv, up), ("reduce_scatter", True, False): (wo, down),
             ("all_gather", False, False): (wo_dx, down_dx), ("reduce_scatter", False, True): (qkv_dx, up_dx)}
 
