@@ -93,7 +93,8 @@ def test_torch_async_tp_leaves_the_summed_input_gradients_reduce_scatter_and_its
     unfused = 2 * reduce_scatter_seconds(stream, tp, group_link(hw, layout, "tp"))
     assert fused.comm_backward == pytest.approx(unfused + (2 + 2 * rerun) * copy + rerun * partial_sum)
     vanilla = layer_cost(spec, hw, layout, micro_batch, "bf16", STACKS["pytorch"])
-    userbuffers = layer_cost(spec, hw, layout, micro_batch, "bf16", replace(STACKS["pytorch"], tp_comm_overlap="userbuffers"))
+    userbuffers = layer_cost(spec, hw, layout, micro_batch, "bf16",
+                             replace(STACKS["pytorch"], tp_comm_overlap="userbuffers"))
     for side in ("comm_forward", "comm_backward"):
         assert getattr(userbuffers, side) < getattr(fused, side) < getattr(vanilla, side)
 
@@ -180,7 +181,8 @@ def test_torch_async_tp_gains_on_torchtitans_runs_what_they_measured_within_the_
 
 @pytest.mark.parametrize("flags, says", [
     (["--stack", "plait"], "add --stack pytorch"), (["--stack", "megatron-core"], "add --stack pytorch"),
-    (["--stack", "pytorch", "--unfused"], "leave out one of them"), (["--stack", "pytorch", "--no-sp"], "drop that flag or --async-tp")])
+    (["--stack", "pytorch", "--unfused"], "leave out one of them"),
+    (["--stack", "pytorch", "--no-sp"], "drop that flag or --async-tp")])
 def test_async_tp_is_refused_where_it_describes_nothing(flags, says, capsys):
     assert main(["simulate", "--model", "llama-8b", "--gpus", "8", "--gpu", "h100-sxm", "--tp", "8", "--dp", "1",
                  "--async-tp", *flags]) == 2
@@ -190,7 +192,8 @@ def test_async_tp_is_refused_where_it_describes_nothing(flags, says, capsys):
 def test_plan_names_the_stack_it_used(capsys):
     assert main(["plan", "--model", "gpt2", "--gpus", "8", "--stack", "megatron-core", "--json", "--top", "1"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["stack"] == "megatron-core"
-    assert main(["plan", "--model", "gpt2", "--gpus", "8", "--stack", "pytorch", "--async-tp", "--json", "--top", "1"]) == 0
+    assert main(["plan", "--model", "gpt2", "--gpus", "8", "--stack", "pytorch", "--async-tp", "--json",
+                 "--top", "1"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["stack"] == "pytorch with --async-tp"
 
 
@@ -298,7 +301,8 @@ def test_fsdp_reduce_scatters_fp32_gradients_into_fp32_shards(stack):
     spec, layout = model_spec("llama-70b"), Layout(dp=64, zero=3)
     params = rank_parameters(spec, spec.layers, True, True, 1, 1)
     held = rank_model_states(spec, layout, "bf16", spec.layers, True, True, STACKS[stack])
-    assert (held.params, held.grads, held.optimizer) == pytest.approx((4 * params / 64, 4 * params / 64, 8 * params / 64))
+    assert (held.params, held.grads, held.optimizer) == pytest.approx(
+        (4 * params / 64, 4 * params / 64, 8 * params / 64))
     # Under DDP (torchtitan's replicate) the fp32 weights are whole, their own master: 16 bytes, not 18;
     # SHARD_GRAD_OP (ZeRO-2) keeps bf16 weights whole beside the fp32 shards: 2 + 16 / N.
     whole = rank_model_states(spec, Layout(dp=64), "bf16", spec.layers, True, True, STACKS[stack])
@@ -307,7 +311,8 @@ def test_fsdp_reduce_scatters_fp32_gradients_into_fp32_shards(stack):
     assert grads_sharded.total == pytest.approx(2 * params + 16 * params / 64)
     assert communicated_bytes(layout, "bf16", STACKS[stack]) == (4, 2)
     gather, scatter = zero3_layer_seconds(spec, hardware("a100-80gb"), layout, "bf16", STACKS[stack])
-    paper = zero3_layer_seconds(spec, hardware("a100-80gb"), layout, "bf16", replace(STACKS[stack], fp32_gradients=False))
+    paper = zero3_layer_seconds(spec, hardware("a100-80gb"), layout, "bf16",
+                                replace(STACKS[stack], fp32_gradients=False))
     assert (gather, scatter) == pytest.approx((paper[0], 2 * paper[1]), rel=0.05)  # the ring's latency aside
 
 
