@@ -19,7 +19,9 @@ from dataclasses import replace
 from benchmarks.deepspeed_megatron_runs import bloom, bloom_layout_search, bloom_memory, mt_nlg
 from benchmarks.nemo_recipes import DGXC, nemo_dgxc
 from benchmarks.published_case import EAGER, Ablation, Case, gpt
-from benchmarks.zero_bubble_runs import ZERO_BUBBLE_MEGATRON, zero_bubble_ablations, zero_bubble_memory, zero_bubble_runs
+from benchmarks.zero_bubble_runs import (CHUNK_PASS_FITTED_ON, ZERO_BUBBLE, ZERO_BUBBLE_MEGATRON, chunk_pass_fitted,
+                                         marginal_microbatch_seconds, unpredicted_per_extra_chunk, zero_bubble_ablations,
+                                         zero_bubble_memory, zero_bubble_runs)
 from plait.errors import ConfigError
 from plait.facts.stack import STACKS, Kernels
 from plait.layout import Layout
@@ -191,6 +193,19 @@ def fit_layer_host(cases: list[Case]) -> float:
 def fit_zero3_efficiency(cases: list[Case]) -> float:
     """The fraction of the ring's bus bandwidth the cases' ZeRO-3 collectives reach, minimising the median |error|."""
     return fit_stack_figure(cases, lambda kernels, e: replace(kernels, zero3_collective_efficiency=e), 0.02, 1.0)
+
+
+def fit_chunk_pass() -> float:
+    """The zero-bubble fork's seconds a chunk pass (Kernels.chunk_pass_s) at which one more micro-batch
+    costs the fitted model's interleaved 1F1B over its 1F1B what was published."""
+    def unpredicted(seconds: float) -> float:
+        def at(case: Case) -> float:
+            case = replace(case, kernels=replace(case.kernels, chunk_pass_s=seconds))
+            return predict(case, case.hardware())[0]
+        (_, chunks, costs), = marginal_microbatch_seconds(at, (CHUNK_PASS_FITTED_ON,))
+        return abs(unpredicted_per_extra_chunk(chunks, costs))
+
+    return golden_section(unpredicted, 0.0, 0.005)
 
 
 def fit_stack_figure(cases: list[Case], setting, lo: float, hi: float) -> float:
@@ -459,8 +474,9 @@ def print_ablations() -> None:
           "| source |")
     print("| --- | --- | --- | --- | ---: | --- |")
     # megatron-deepspeed's layer_host_s came from BLOOM's first table, deepspeed-zero3's collective
-    # efficiency from the 175B ZeRO-3 runs
-    fitted_on = {bloom_layout_search()[0].name} | {a.name for a in zero3_against_ptdp() if a.name.startswith("175B")}
+    # efficiency from the 175B ZeRO-3 runs, the zero-bubble fork's cost per chunk pass from one model's runs
+    fitted_on = ({bloom_layout_search()[0].name} | {a.name for a in zero3_against_ptdp() if a.name.startswith("175B")}
+                 | {a.name for a in zero_bubble_ablations() if chunk_pass_fitted(a.name)})
     right = total = held_right = held_total = apart_right = apart_total = 0
     for ablation in ablations():
         steps = [refused_or_predicted(case) for case in ablation.fastest_first]
@@ -493,10 +509,11 @@ def published_runs() -> tuple[list[Case], list[Case]]:
     titan_fit, titan_held = torchtitan_runs()
     zero3_fit, zero3_held = deepspeed_zero3()
     nemo_fit, nemo_held = nemo_dgxc()
-    return (megatron_2021() + core_fit + titan_fit + zero3_fit + nemo_fit,
+    zb_fit, zb_held = zero_bubble_runs()
+    return (megatron_2021() + core_fit + titan_fit + zero3_fit + nemo_fit + zb_fit,
             korthikanti_2022() + bloom() + llama_3() + core_held + megatron_core_strong_scaling() + titan_held
             + async_tp_runs() + ptdp_table_2() + zero3_held + llm_foundry_runs() + torchtitan_a100() + mt_nlg()
-            + nemo_held + zero_bubble_runs())
+            + nemo_held + zb_held)
 
 
 def fit_all() -> None:
@@ -511,6 +528,7 @@ def fit_all() -> None:
           f"{fit_layer_host(list(contenders.fastest_first)):.4f}")
     print(f"fitted deepspeed-zero3 zero3_collective_efficiency on {NARAYANAN_TABLE_2}, 175B: "
           f"{fit_zero3_efficiency(deepspeed_zero3()[0]):.3f}")
+    print(f"fitted the zero-bubble fork's chunk_pass_s on {ZERO_BUBBLE}, {CHUNK_PASS_FITTED_ON}: {fit_chunk_pass():.5f}")
 
 
 def print_plan_gains() -> None:
@@ -575,6 +593,7 @@ def main() -> None:
     print_ablations()
     print_fsdp_bandwidth_bound()
     print_zero_bubble_memory()
+    print_zero_bubble_marginal_costs()
     print_bloom_memory()
 
 
@@ -634,6 +653,19 @@ def print_zero_bubble_memory() -> None:
     print(f"\nzero-bubble peaks: median |error| {statistics.median(abs(e) for e in errors):.1%} over {len(errors)}, "
           f"from {min(errors):+.1%} to {max(errors):+.1%}; with flash attention from {min(flash_errors):+.1%} "
           f"to {max(flash_errors):+.1%}")
+
+
+def print_zero_bubble_marginal_costs() -> None:
+    """What one more micro-batch costs under each of table 4's schedules, published against predicted,
+    and what interleaving adds over 1F1B per extra chunk a micro-batch passes through that the
+    planner does not predict."""
+    print("\n| zero-bubble model (chunks a stage) | one more micro-batch (ms, published / predicted): ZB-1p | 1F1B "
+          "| interleaved 1F1B | interleaved over 1F1B not predicted, per extra chunk (ms) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for model, chunks, costs in marginal_microbatch_seconds(lambda case: predict(case, case.hardware())[0]):
+        cells = " | ".join(f"{1e3 * costs[s][0]:.1f} / {1e3 * costs[s][1]:.1f}" for s in ("zb-h1", "1f1b", "interleaved-1f1b"))
+        fitted = " (fitted on)" if model == CHUNK_PASS_FITTED_ON else ""
+        print(f"| {model} ({chunks}){fitted} | {cells} | {1e3 * unpredicted_per_extra_chunk(chunks, costs):+.2f} |")
 
 
 def print_table_4() -> None:

@@ -271,7 +271,9 @@ def chunk_costs(
     for c, blocks in enumerate(counts):
         # (the embedding's and head's own passes, on the chunks that hold them)
         forward, backward_weight = end_pass_seconds(spec, hw, layout, precision, kernels, c == 0, c == len(counts) - 1)
-        backward_input = comm = 0.0
+        # (and the stack's own cost of each pass through a chunk)
+        forward += kernels.chunk_pass_s
+        backward_input, comm = kernels.chunk_pass_s, 0.0
         for mode, n in chunk_recompute(layout, blocks):
             layer = layers[mode]
             t = layer.times

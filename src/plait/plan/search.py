@@ -46,7 +46,7 @@ from plait.schedules.split import split_layers, split_problems
 PLAYED = 8  # layouts whose schedules are played exactly after the closed-form pass
 # The planner's own step-time error: its median |error| on the published runs held out of every
 # fit (docs/VALIDATION.md). Layouts predicted closer than this cannot be told apart by it.
-PLANNER_ERROR = 0.039
+PLANNER_ERROR = 0.037
 MAX_GPUS = 2**20  # no cluster is larger; it keeps every search (and its error message) to seconds
 
 
@@ -527,7 +527,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                 if middle * work > slowest:
                                     slowest = middle * work
                             fill = fill_zb if name == "zb-h1" else mean / v
-                            sending = 2 * v * waited if name in kernels.blocking_sends else 0.0
+                            # (a rank's v chunks each pass forward and backward once a micro-batch: what the
+                            # stack's sends block it and what it spends on each pass beside the layers)
+                            sending = 2 * v * (kernels.chunk_pass_s + (waited if name in kernels.blocking_sends else 0.0))
                             gradients = max(first_layers * layer_gradients + first_gradients,
                                             last_layers * layer_gradients + last_gradients, middle * layer_gradients)
                             step = (estimate_step(name, pp, v, m, mean + sending, slowest + sending, fill, flight) + flushed
