@@ -100,10 +100,10 @@ class Kernels:
     # the host queues kernels ahead (Megatron-LM, torchtitan, plait on a GPU, whose measured hosts
     # calibrate describes instead).
     layer_host_s: float = 0.0
-    # Seconds each forward and each backward pass of a pipeline chunk takes beyond its layers, where a
-    # stack's runs show a cost per pass that neither the layers nor the exchanges explain: the zero-bubble
-    # paper's Megatron-LM fork, whose interleaved schedule's every extra chunk costs the same whatever the
-    # model (benchmarks/zero_bubble_runs.py); 0 elsewhere.
+    # Seconds each forward and each backward (input) pass of a pipeline chunk takes beyond its layers,
+    # where a stack's runs show a cost per pass that neither the layers nor the exchanges explain: the
+    # zero-bubble paper's Megatron-LM fork, whose interleaved 1F1B ran slower than predicted by the same
+    # time for every extra chunk, whatever the model (benchmarks/zero_bubble_runs.py); 0 elsewhere.
     chunk_pass_s: float = 0.0
     # ZeRO-3 without pipeline stages (plait.plan.zero3): what one gather fetches and prefetches ahead
     # of use, a whole "layer" (FSDP2) or each "linear" (DeepSpeed's sub-module fetch); whether a

@@ -271,7 +271,8 @@ def chunk_costs(
     for c, blocks in enumerate(counts):
         # (the embedding's and head's own passes, on the chunks that hold them)
         forward, backward_weight = end_pass_seconds(spec, hw, layout, precision, kernels, c == 0, c == len(counts) - 1)
-        # (and the stack's own cost of each pass through a chunk)
+        # (and the stack's own cost of each pass through a chunk, counted as the rank's compute: a
+        # collective in flight runs on beside it, as beside the layers)
         forward += kernels.chunk_pass_s
         backward_input, comm = kernels.chunk_pass_s, 0.0
         for mode, n in chunk_recompute(layout, blocks):

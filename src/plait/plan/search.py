@@ -526,9 +526,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                 slowest = first_stage if first_stage > last_stage else last_stage
                                 if middle * work > slowest:
                                     slowest = middle * work
-                            fill = fill_zb if name == "zb-h1" else mean / v
-                            # (a rank's v chunks each pass forward and backward once a micro-batch: what the
-                            # stack's sends block it and what it spends on each pass beside the layers)
+                            # (a rank's v chunks each pass forward and backward once a micro-batch, and so
+                            # does the fill's one chunk: what the stack's sends block it and what it spends
+                            # on each pass beside the layers)
+                            fill = (fill_zb if name == "zb-h1" else mean / v) + 2 * kernels.chunk_pass_s
                             sending = 2 * v * (kernels.chunk_pass_s + (waited if name in kernels.blocking_sends else 0.0))
                             gradients = max(first_layers * layer_gradients + first_gradients,
                                             last_layers * layer_gradients + last_gradients, middle * layer_gradients)
