@@ -677,3 +677,24 @@ def test_the_zero_bubble_forks_cost_per_chunk_pass_fitted_on_one_model_holds_for
         assert zb.measured_step_s < interleaved.measured_step_s
         assert at(ZERO_BUBBLE_CHUNK_PASS_S)(zb) < at(ZERO_BUBBLE_CHUNK_PASS_S)(interleaved)
         assert at(0.0)(zb) > at(0.0)(interleaved)  # (what the planner read before)
+
+
+def test_torchtitans_1f1b_waits_on_its_sends_as_torch_runs_it():
+    """torch's Schedule1F1B (torchtitan's 1F1B) batches each forward's send with the next backward's
+    receive and waits on both before that backward, and each backward's send with the next forward's
+    receive; its multi-stage schedules post their sends and wait on them at the end. So the pytorch
+    stack's 1F1B keeps a stage busy for its sends, as Megatron-LM's does, and its interleaved 1F1B
+    and GPipe do not."""
+    import inspect
+
+    from torch.distributed.pipelining import schedules
+
+    from plait.plan.costs import stage_boundaries
+
+    one_f_one_b = inspect.getsource(schedules.Schedule1F1B._step_microbatches)
+    assert "fwd_send_bwd_recv" in one_f_one_b and "bwd_send_fwd_recv" in one_f_one_b
+    spec, hw, pytorch = model_spec("llama-8b"), hardware("h100-sxm"), STACKS["pytorch"]
+    for schedule, v, waits in (("1f1b", 1, True), ("interleaved-1f1b", 2, False), ("gpipe", 1, False)):
+        layout = Layout(dp=2, tp=4, pp=4, schedule=schedule, virtual_stages=v, microbatches=8)
+        boundaries = stage_boundaries(spec, hw, layout, 1, "bf16", pytorch)
+        assert (min(boundaries.sends) > 0) is waits and (min(boundaries.flights) > 0) is not waits, schedule

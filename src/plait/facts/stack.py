@@ -161,9 +161,12 @@ class Kernels:
     loss_backward_copies: int = 0
     # Schedules whose stage sends block the sender until the transfer is done: Megatron-LM's schedules
     # wait on each batched send and receive before the next compute (p2p_communication._communicate,
-    # wait_on_reqs), as DeepSpeed's pipeline engine does on its sends; plait, torchtitan (PyTorch
-    # pipelining) and Megatron-Core's interleaved schedule under --overlap-p2p-communication (which its and
-    # NeMo's recipes set) post them and move on; Megatron-Core's 1F1B without interleaving still waits.
+    # wait_on_reqs), as DeepSpeed's pipeline engine does on its sends, and as torch's Schedule1F1B
+    # (torchtitan's 1F1B) does, batching each forward's send with the next backward's receive and
+    # waiting on both (torch/distributed/pipelining/schedules.py, "fwd_send_bwd_recv"); plait's own
+    # executor, torch's multi-stage schedules (interleaved, zero bubble) and GPipe, and Megatron-Core's
+    # interleaved schedule under --overlap-p2p-communication (which its and NeMo's recipes set) post
+    # them and move on; Megatron-Core's 1F1B without interleaving still waits.
     blocking_sends: tuple[str, ...] = ()
     # Whose engine holds the memory: plait's own (what its runs measure: plait.facts.model_state and
     # .activations count it exactly) or a reference stack (the ZeRO paper's and Korthikanti's formulas).
@@ -272,7 +275,7 @@ STACKS = {
     # Teton H100s (two more held out).
     "pytorch": Kernels(recompute_whole_forward=False, recompute_modes=RECOMPUTE, tp_backward_overlap=False,
                        loss_backward_copies=2, schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1"),
-                       fp32_gradients=True,
+                       blocking_sends=("1f1b",), fp32_gradients=True,
                        matmul_efficiency=(("h100-96gb", PYTORCH_H100_96GB),)),
     # MosaicML's llm-foundry (Composer) as its 2023 benchmark tables ran it: PyTorch FSDP alone (no
     # tensor, pipeline or context parallelism) without torch.compile (one eager kernel per
