@@ -629,27 +629,29 @@ def test_a_stacks_cost_per_chunk_pass_lands_on_every_forward_and_backward_pass()
     micro-batch, so four micro-batches add eight times it. On four stages each rank passes its v
     chunks both ways every micro-batch, and the warm-up and drain hold the step for pp − 1 passes
     more each way: 2·(v·m + pp − 1) times it, under every schedule, in the play and in the search's
-    closed form alike."""
+    closed form alike, whether the stack's sends block or not."""
     from plait.plan.search import scan
 
     spec = ModelSpec("gpt2", 16, 512, 8, 8, 2048, 1024, 128, tie_embeddings=True)
     hw, extra = hardware("a100-80gb"), 0.01
 
-    def workload(seconds: float, batch: int) -> Workload:
-        return Workload(spec, batch, "bf16", replace(STACKS["plait"], chunk_pass_s=seconds))
+    def workload(seconds: float, batch: int, blocking: tuple[str, ...] = ()) -> Workload:
+        return Workload(spec, batch, "bf16", replace(STACKS["plait"], chunk_pass_s=seconds, blocking_sends=blocking))
 
     alone = Layout(dp=1, microbatches=4)
     played = [evaluate(workload(seconds, 4), hw, 1, alone).step_time_s for seconds in (0.0, extra)]
     assert played[1] - played[0] == pytest.approx(2 * 4 * extra, rel=1e-6)
     pp, m = 4, 8
-    for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)):
+    for schedule, v, blocking in (("gpipe", 1, ()), ("1f1b", 1, ()), ("1f1b", 1, ("1f1b",)),
+                                  ("interleaved-1f1b", 2, ()), ("zb-h1", 1, ())):
         staged = Layout(pp=pp, schedule=schedule, virtual_stages=v, microbatches=m)
         pinned = {"dp": 1, "tp": 1, "cp": 1, "pp": pp, "zero": 0, "sp": False, "schedule": schedule,
                   "virtual_stages": v, "microbatches": m, "recompute": "none"}
-        played = [evaluate(workload(seconds, m), hw, pp, staged).step_time_s for seconds in (0.0, extra)]
-        estimated = [scan(workload(seconds, m), hw, pp, pinned, 1, keep=1).fastest[0] for seconds in (0.0, extra)]
-        assert played[1] - played[0] == pytest.approx(2 * (v * m + pp - 1) * extra, rel=1e-6), schedule
-        assert estimated[1] - estimated[0] == pytest.approx(2 * (v * m + pp - 1) * extra, rel=1e-6), schedule
+        played = [evaluate(workload(seconds, m, blocking), hw, pp, staged).step_time_s for seconds in (0.0, extra)]
+        estimated = [scan(workload(seconds, m, blocking), hw, pp, pinned, 1, keep=1).fastest[0]
+                     for seconds in (0.0, extra)]
+        assert played[1] - played[0] == pytest.approx(2 * (v * m + pp - 1) * extra, rel=1e-6), (schedule, blocking)
+        assert estimated[1] - estimated[0] == pytest.approx(2 * (v * m + pp - 1) * extra, rel=1e-6), (schedule, blocking)
 
 
 def test_the_zero_bubble_forks_cost_per_chunk_pass_fitted_on_one_model_holds_for_the_other_three():
@@ -682,9 +684,10 @@ def test_the_zero_bubble_forks_cost_per_chunk_pass_fitted_on_one_model_holds_for
 def test_torchtitans_1f1b_waits_on_its_sends_as_torch_runs_it():
     """torch's Schedule1F1B (torchtitan's 1F1B) batches each forward's send with the next backward's
     receive and waits on both before that backward, and each backward's send with the next forward's
-    receive; its multi-stage schedules post their sends and wait on them at the end. So the pytorch
-    stack's 1F1B keeps a stage busy for its sends, as Megatron-LM's does, and its interleaved 1F1B
-    and GPipe do not."""
+    receive; its multi-stage runtime (interleaved, zero bubble) collects its sends and waits on them
+    at the end, and GPipe waits on its forwards' sends once, before the first backward. So the
+    pytorch stack's 1F1B moves each boundary's transfer from the receiver's wait to the sender's
+    busy time, as Megatron-LM's does, and its interleaved 1F1B and GPipe do not."""
     import inspect
 
     from torch.distributed.pipelining import schedules
@@ -692,9 +695,15 @@ def test_torchtitans_1f1b_waits_on_its_sends_as_torch_runs_it():
     from plait.plan.costs import stage_boundaries
 
     one_f_one_b = inspect.getsource(schedules.Schedule1F1B._step_microbatches)
-    assert "fwd_send_bwd_recv" in one_f_one_b and "bwd_send_fwd_recv" in one_f_one_b
+    assert "_batch_p2p(fwd_sends + bwd_recvs" in one_f_one_b and "_batch_p2p(bwd_sends + fwd_recvs" in one_f_one_b
+    assert "send_ops.append(_batch_p2p(" in inspect.getsource(schedules._PipelineScheduleRuntime._step_microbatches)
+    assert "fwd_sends_to_wait" in inspect.getsource(schedules.ScheduleGPipe._step_microbatches)
     spec, hw, pytorch = model_spec("llama-8b"), hardware("h100-sxm"), STACKS["pytorch"]
+    posting = replace(pytorch, blocking_sends=())
     for schedule, v, waits in (("1f1b", 1, True), ("interleaved-1f1b", 2, False), ("gpipe", 1, False)):
         layout = Layout(dp=2, tp=4, pp=4, schedule=schedule, virtual_stages=v, microbatches=8)
-        boundaries = stage_boundaries(spec, hw, layout, 1, "bf16", pytorch)
-        assert (min(boundaries.sends) > 0) is waits and (min(boundaries.flights) > 0) is not waits, schedule
+        stack, posted = (stage_boundaries(spec, hw, layout, 1, "bf16", kernels) for kernels in (pytorch, posting))
+        transfers = [flight - still for flight, still in zip(posted.flights, stack.flights)]
+        assert min(transfers) > 0 if waits else stack == posted, schedule
+        if waits:
+            assert stack.sends == pytest.approx(transfers), schedule

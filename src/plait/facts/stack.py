@@ -162,11 +162,14 @@ class Kernels:
     # Schedules whose stage sends block the sender until the transfer is done: Megatron-LM's schedules
     # wait on each batched send and receive before the next compute (p2p_communication._communicate,
     # wait_on_reqs), as DeepSpeed's pipeline engine does on its sends, and as torch's Schedule1F1B
-    # (torchtitan's 1F1B) does, batching each forward's send with the next backward's receive and
-    # waiting on both (torch/distributed/pipelining/schedules.py, "fwd_send_bwd_recv"); plait's own
-    # executor, torch's multi-stage schedules (interleaved, zero bubble) and GPipe, and Megatron-Core's
-    # interleaved schedule under --overlap-p2p-communication (which its and NeMo's recipes set) post
-    # them and move on; Megatron-Core's 1F1B without interleaving still waits.
+    # (torchtitan's 1F1B) does in its steady state, batching each forward's send with the next
+    # backward's receive and waiting on both (torch/distributed/pipelining/schedules.py,
+    # "fwd_send_bwd_recv"; its warm-up and cool-down sends are waited on one compute later, which
+    # this charges as if waited at once); plait's own executor, torch's multi-stage schedules
+    # (interleaved, zero bubble: waited at the end of the step) and GPipe (its forwards' sends waited
+    # before the first backward, which waits on a gradient anyway), and Megatron-Core's interleaved
+    # schedule under --overlap-p2p-communication (which its and NeMo's recipes set) post them and
+    # move on; Megatron-Core's 1F1B without interleaving still waits.
     blocking_sends: tuple[str, ...] = ()
     # Whose engine holds the memory: plait's own (what its runs measure: plait.facts.model_state and
     # .activations count it exactly) or a reference stack (the ZeRO paper's and Korthikanti's formulas).

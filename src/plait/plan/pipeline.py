@@ -131,7 +131,8 @@ def estimate_step(name: str, pp: int, virtual_stages: int, microbatches: int,
     ``mean`` and ``slowest`` are the average and the largest forward + backward seconds per
     micro-batch of one rank over all its chunks; ``fill`` is the work that cannot overlap while
     the pipeline fills and drains, per stage: (F + B)/v for gpipe, 1f1b and interleaved
-    (Narayanan et al. 2021), F + I − W for zb-h1 (Qi et al. 2023); naive runs one stage at a time.
+    (Narayanan et al. 2021), F + I − W for zb-h1 (Qi et al. 2023), each with the stack's own cost
+    of a chunk's two passes (``Kernels.chunk_pass_s``); naive runs one stage at a time.
     """
     m, p = microbatches, pp
     if name == "naive":

@@ -526,9 +526,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                 slowest = first_stage if first_stage > last_stage else last_stage
                                 if middle * work > slowest:
                                     slowest = middle * work
-                            # (a rank's v chunks each pass forward and backward once a micro-batch, and so
-                            # does the fill's one chunk: what the stack's sends block it and what it spends
-                            # on each pass beside the layers)
+                            # (a rank's v chunks each pass forward and backward once a micro-batch, each
+                            # pass costing the stack's own time beside the layers and, where its sends block,
+                            # the send; the fill's one chunk passes both ways too, its sends in ``flight``)
                             fill = (fill_zb if name == "zb-h1" else mean / v) + 2 * kernels.chunk_pass_s
                             sending = 2 * v * (kernels.chunk_pass_s + (waited if name in kernels.blocking_sends else 0.0))
                             gradients = max(first_layers * layer_gradients + first_gradients,
