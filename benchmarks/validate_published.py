@@ -20,9 +20,9 @@ from dataclasses import replace
 from benchmarks.deepspeed_megatron_runs import bloom, bloom_layout_search, bloom_memory, mt_nlg
 from benchmarks.nemo_recipes import DGXC, nemo_dgxc
 from benchmarks.published_case import EAGER, Ablation, Case, gpt
-from benchmarks.zero_bubble_runs import (CHUNK_PASS_FITTED_ON, ZERO_BUBBLE, ZERO_BUBBLE_MEGATRON, chunk_pass_fitted,
-                                         marginal_microbatch_seconds, unpredicted_per_extra_chunk, zero_bubble_ablations,
-                                         zero_bubble_memory, zero_bubble_runs)
+from benchmarks.zero_bubble_runs import (CHUNK_PASS_FITTED_ON, ZERO_BUBBLE, ZERO_BUBBLE_CHUNK_PASS_S, ZERO_BUBBLE_MEGATRON,
+                                         chunk_pass_fitted, marginal_microbatch_seconds, unpredicted_per_extra_chunk,
+                                         zero_bubble_ablations, zero_bubble_memory, zero_bubble_runs)
 from plait.errors import ConfigError
 from plait.facts.stack import STACKS, Kernels
 from plait.layout import Layout
@@ -610,6 +610,7 @@ def main() -> None:
     print_fsdp_bandwidth_bound()
     print_zero_bubble_memory()
     print_zero_bubble_marginal_costs()
+    print_chunk_pass_effect()
     print_bloom_memory()
 
 
@@ -696,6 +697,38 @@ def print_zero_bubble_marginal_costs() -> None:
     print("\ninterleaved 1F1B over ZB-1p not predicted, per extra chunk (ms), without a cost per chunk pass / with it: "
           + ", ".join(f"{model} {over_zb(b, chunks):+.2f} / {over_zb(f, chunks):+.2f}"
                       for (model, chunks, b), (_, _, f) in zip(bare, fitted)))
+
+
+def print_chunk_pass_effect() -> None:
+    """The zero-bubble runs held out of the fork's cost per chunk pass, by model, GPUs and micro-batch,
+    predicted without that cost and with it, and the paper's pairs ordered either way."""
+    without, with_it = predicting_chunk_pass(0.0), predicting_chunk_pass(ZERO_BUBBLE_CHUNK_PASS_S)
+    groups: dict[str, list[tuple[float, float]]] = {}
+    for case in zero_bubble_runs()[1]:
+        group = f"{case.name.split(',')[0].removeprefix('ZB paper ')}, {case.gpus} GPUs, b {case.micro_batch}"
+        groups.setdefault(group, []).append((without(case) / case.measured_step_s - 1,
+                                             with_it(case) / case.measured_step_s - 1))
+    print("\n| held-out zero-bubble runs | runs | without a cost per chunk pass | with it |")
+    print("| --- | ---: | ---: | ---: |")
+    for group, errors in groups.items():
+        print(f"| {group} | {len(errors)} | {min(e for e, _ in errors):+.1%} to {max(e for e, _ in errors):+.1%} "
+              f"| {min(e for _, e in errors):+.1%} to {max(e for _, e in errors):+.1%} |")
+    every = [pair for errors in groups.values() for pair in errors]
+    in_order = {}
+    for label, predicted in (("without", without), ("with", with_it)):
+        pairs = right = 0
+        for ablation in zero_bubble_ablations():
+            steps = [predicted(case) / case.batch for case in ablation.fastest_first]
+            published = [case.measured_step_s / case.batch for case in ablation.fastest_first]
+            for i in range(len(steps)):
+                for j in range(i + 1, len(steps)):
+                    if published[i] < published[j]:
+                        pairs, right = pairs + 1, right + ordered(steps, i, j)
+        in_order[label] = f"{right} of {pairs}"
+    print(f"\nheld-out zero-bubble runs read further off with the cost: {sum(abs(b) > abs(a) for a, b in every)} of "
+          f"{len(every)}; median |error| {statistics.median(abs(a) for a, _ in every):.1%} without it, "
+          f"{statistics.median(abs(b) for _, b in every):.1%} with it; the paper's pairs in order "
+          f"{in_order['without']} without it, {in_order['with']} with it")
 
 
 def print_table_4() -> None:
