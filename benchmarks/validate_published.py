@@ -681,22 +681,21 @@ def print_zero_bubble_marginal_costs() -> None:
           "chunk pass |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     bare = marginal_microbatch_seconds(predicting_chunk_pass(0.0))
-    without = {model: unpredicted_per_extra_chunk(chunks, costs) for model, chunks, costs in bare}
-    for model, chunks, costs in marginal_microbatch_seconds(lambda case: predict(case, case.hardware())[0]):
+    charged = marginal_microbatch_seconds(lambda case: predict(case, case.hardware())[0])
+    for (model, chunks, costs), (_, _, without) in zip(charged, bare):
         cells = " | ".join(f"{1e3 * costs[s][0]:.1f} / {1e3 * costs[s][1]:.1f}" for s in ("zb-h1", "1f1b", "interleaved-1f1b"))
-        fitted = " (fitted on)" if model == CHUNK_PASS_FITTED_ON else ""
-        print(f"| {model} ({chunks}){fitted} | {cells} | {1e3 * unpredicted_per_extra_chunk(chunks, costs):+.2f} "
-              f"| {1e3 * without[model]:+.2f} |")
+        mark = " (fitted on)" if model == CHUNK_PASS_FITTED_ON else ""
+        print(f"| {model} ({chunks}){mark} | {cells} | {1e3 * unpredicted_per_extra_chunk(chunks, costs):+.2f} "
+              f"| {1e3 * unpredicted_per_extra_chunk(chunks, without):+.2f} |")
     # (against ZB-1p, whose runtime posts its sends and moves on, what interleaving's extra chunks
     # cost beyond the prediction, without the cost and with it)
     def over_zb(costs: dict, chunks: int) -> float:
         (interleaved, interleaved_predicted), (zb, zb_predicted) = costs["interleaved-1f1b"], costs["zb-h1"]
         return 1e3 * ((interleaved - zb) - (interleaved_predicted - zb_predicted)) / (chunks - 1)
 
-    fitted = marginal_microbatch_seconds(lambda case: predict(case, case.hardware())[0])
     print("\ninterleaved 1F1B over ZB-1p not predicted, per extra chunk (ms), without a cost per chunk pass / with it: "
-          + ", ".join(f"{model} {over_zb(b, chunks):+.2f} / {over_zb(f, chunks):+.2f}"
-                      for (model, chunks, b), (_, _, f) in zip(bare, fitted)))
+          + ", ".join(f"{model} {over_zb(without, chunks):+.2f} / {over_zb(costs, chunks):+.2f}"
+                      for (model, chunks, without), (_, _, costs) in zip(bare, charged)))
 
 
 def print_chunk_pass_effect() -> None:

@@ -34,10 +34,11 @@ ZERO_BUBBLE_DEEPER = "Qi et al. 2024 (arXiv 2401.10241), tables 6 and 7"
 # micro-batch costs under each schedule stands apart from the warm-up and drain: against 1F1B, one
 # more micro-batch cost interleaved 1F1B 1.0-1.14 ms more than predicted per chunk beyond the first,
 # in all four models (2 to 4 chunks a stage, one node to four), against ZB-1p 0.9-1.2 ms per extra
-# chunk in three of them and 2.2 ms in the fourth (print_zero_bubble_marginal_costs). Fitted (benchmarks/validate_published.py --fit) on
-# the 6.2B model, whose four chunks a stage give the most passes per micro-batch; the other three
-# held out. What it is is not established: the fork's interleaved sends are posted and waited on
-# without a host synchronisation, and it is about the same between nodes as inside one.
+# chunk in three of them and 2.2 ms in the fourth (print_zero_bubble_marginal_costs). Fitted
+# (benchmarks/validate_published.py --fit) on the 6.2B model, whose four chunks a stage give the
+# most passes per micro-batch; the other three held out. What it is is not established: the fork's
+# interleaved sends are posted and waited on without a host synchronisation, and it is about the
+# same between nodes as inside one.
 ZERO_BUBBLE_CHUNK_PASS_S = 0.00055
 CHUNK_PASS_FITTED_ON = "6.2B"
 ZERO_BUBBLE_MEGATRON = replace(EAGER, schedules=("1f1b", "interleaved-1f1b", "zb-h1"), blocking_sends=("1f1b",),
