@@ -489,9 +489,7 @@ def print_ablations() -> None:
         steps = [refused_or_predicted(case) for case in ablation.fastest_first]
         per_sequence = [step / case.batch for step, case in zip(steps, ablation.fastest_first)]
         published_per_sequence = [case.measured_step_s / case.batch for case in ablation.fastest_first]
-        # (a pair published at the same time has no order to get right)
-        pairs = [(i, j) for i in range(len(steps)) for j in range(i + 1, len(steps))
-                 if published_per_sequence[i] < published_per_sequence[j]]
+        pairs = published_pairs(ablation)
         in_order = sum(ordered(per_sequence, i, j) for i, j in pairs)
         right, total = right + in_order, total + len(pairs)
         apart = [(i, j) for i, j in pairs if published_per_sequence[j] > published_per_sequence[i] * (1 + REPEAT_SPREAD)]
@@ -508,6 +506,14 @@ def print_ablations() -> None:
           f"({held_right / held_total:.0%})")
     print(f"pairs published more than {REPEAT_SPREAD:.1%} apart (two published timings of one layout differ by that much): "
           f"{apart_right} of {apart_total} in the published order ({apart_right / apart_total:.0%})")
+
+
+def published_pairs(ablation: Ablation) -> list[tuple[int, int]]:
+    """The pairs (i, j) of an ablation's layouts whose order was published, i faster per sequence
+    (its tables vary the global batch); a pair published at the same time has no order to get right."""
+    per_sequence = [case.measured_step_s / case.batch for case in ablation.fastest_first]
+    return [(i, j) for i in range(len(per_sequence)) for j in range(i + 1, len(per_sequence))
+            if per_sequence[i] < per_sequence[j]]
 
 
 def published_runs() -> tuple[list[Case], list[Case]]:
@@ -718,11 +724,8 @@ def print_chunk_pass_effect() -> None:
         pairs = right = 0
         for ablation in zero_bubble_ablations():
             steps = [predicted(case) / case.batch for case in ablation.fastest_first]
-            published = [case.measured_step_s / case.batch for case in ablation.fastest_first]
-            for i in range(len(steps)):
-                for j in range(i + 1, len(steps)):
-                    if published[i] < published[j]:
-                        pairs, right = pairs + 1, right + ordered(steps, i, j)
+            compared = published_pairs(ablation)
+            pairs, right = pairs + len(compared), right + sum(ordered(steps, i, j) for i, j in compared)
         in_order[label] = f"{right} of {pairs}"
     print(f"\nheld-out zero-bubble runs read further off with the cost: {sum(abs(b) > abs(a) for a, b in every)} of "
           f"{len(every)}; median |error| {statistics.median(abs(a) for a, _ in every):.1%} without it, "
