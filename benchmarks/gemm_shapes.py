@@ -1,20 +1,20 @@
-"""bf16 matmul times on a GPU over the shapes the published runs produce, beside the planner's.
+"""bf16 matmul times on a GPU over GPT-style block shapes, beside the planner's matmul model.
 
-Each shape is one linear layer of a transformer block at a hidden size, a tensor-parallel degree and
-a number of tokens per micro-batch, in each of its three passes: forward (tokens × out, over in),
-the input gradient (tokens × in, over out) and the weight gradient (out × in, over the tokens). The
-planner charges a matmul its FLOPs at the large-matmul efficiency times the share of its 128-wide
-output tiles that hold real rows and columns, plus a launch (plait.plan.compute.gemm_seconds).
+Each shape is one linear layer of a GPT-style block (full multi-head QKV, a 4h MLP) or its output
+head, at a hidden size, a tensor-parallel degree and a number of tokens per micro-batch, in each of
+its three passes: forward (tokens × out, over in), the input gradient (tokens × in, over out) and
+the weight gradient (out × in, over the tokens). The planner charges a matmul its FLOPs at the
+large-matmul efficiency times the share of its 128-wide output tiles that hold real rows and
+columns, plus a launch (plait.plan.compute.gemm_seconds).
 
     python benchmarks/gemm_shapes.py [--json FILE]      # measure here (needs a GPU), then report
     python benchmarks/gemm_shapes.py --from benchmarks/measured/gemm_shapes_h100.json
 
-The report fits that model's efficiency and launch cost (relative least squares) to the kernels of
-at least 100 µs (shorter ones are bound by the host's launches from Python, about 20 µs each on the
-machine measured), then tests two terms the model leaves out, each with its own refit: a fixed
-cost per output tile in steps of the inner dimension (a matmul of depth k at k/(k + c) of the
-rate; c from 0 to 512, the least median error kept), and the last partial wave of tiles over the
-streaming multiprocessors (128 × 128 tiles).
+The report fits that model's efficiency and a constant per kernel (relative least squares) to the
+kernels of at least 100 µs, where a launch or the timing's own edges weigh little, then tests two
+terms the model leaves out, each with its own refit: a fixed cost per output tile in steps of the
+inner dimension (a matmul of depth k at k/(k + c) of the rate; c from 0 to 512, the least median
+error kept), and 128 × 128 tiles rounded up to whole waves over the streaming multiprocessors.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from plait.plan.compute import Gemm, gemm_seconds
-from plait.plan.hardware import Hardware, hardware
+from plait.plan.hardware import Hardware, catalog_name_of, hardware
 from plait.plan.least_squares import relative_least_squares
 
 HIDDEN_SIZES = (1536, 2048, 4096, 5120, 6144, 8192, 12288)
@@ -72,10 +72,11 @@ def three_passes(common: dict, out: int, inner: int) -> list[dict]:
     return cases
 
 
-def time_matmul(m: int, n: int, k: int, repeats: int) -> float:
+def time_matmul(m: int, n: int, k: int, repeats: int, filler: tuple[torch.Tensor, torch.Tensor]) -> float:
     """Seconds of one (m×k)·(k×n) bf16 product: the median over three rounds of ``repeats`` products
-    queued back to back between two CUDA events, as a training step queues its kernels (one product
-    between two events would time the host's launch too, about 35 µs on an H100 machine)."""
+    queued back to back between two CUDA events, as a training step queues its kernels. A large
+    product queued first keeps the GPU busy while the host queues the round, so no launch from
+    Python (about 20 µs each on the machine measured) falls inside it."""
     a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(k, n, dtype=torch.bfloat16, device="cuda")
     for _ in range(3):
@@ -83,6 +84,7 @@ def time_matmul(m: int, n: int, k: int, repeats: int) -> float:
     rounds = []
     for _ in range(3):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.matmul(*filler)
         start.record()
         for _ in range(repeats):
             torch.matmul(a, b)
@@ -93,10 +95,24 @@ def time_matmul(m: int, n: int, k: int, repeats: int) -> float:
 
 
 def measure(repeats: int) -> dict:
-    cases = [{**case, "seconds": time_matmul(case["m"], case["n"], case["k"], repeats)} for case in shapes()]
+    filler = tuple(torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    cases = [{**case, "seconds": time_matmul(case["m"], case["n"], case["k"], repeats, filler)} for case in shapes()]
     return {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+            "method": f"{repeats} products between two CUDA events behind an 8192-cubed one, median of three rounds",
             "columns": list(COLUMNS), "rows": [[case[column] for column in COLUMNS] for case in cases]}
+
+
+def dump(measured: dict) -> str:
+    """The measurement as JSON, one row a line."""
+    head = json.dumps({key: value for key, value in measured.items() if key != "rows"})
+    return head[:-1] + ', "rows": [\n' + ",\n".join(json.dumps(row) for row in measured["rows"]) + "]}\n"
+
+
+def long_kernels(measured: dict) -> list[dict]:
+    """The measured cases of at least ``FIT_FROM_S``, each a dict of ``COLUMNS``."""
+    cases = [dict(zip(measured["columns"], row)) for row in measured["rows"]]
+    return [c for c in cases if c["seconds"] >= FIT_FROM_S]
 
 
 def predicted(hw: Hardware, case: dict, setup: int = 0, sms: int = 0) -> float:
@@ -111,12 +127,14 @@ def predicted(hw: Hardware, case: dict, setup: int = 0, sms: int = 0) -> float:
 
 
 def errors(hw: Hardware, cases: list[dict], setup: int = 0, sms: int = 0) -> list[float]:
+    """|predicted / measured − 1| of each case."""
     return [abs(predicted(hw, c, setup, sms) / c["seconds"] - 1) for c in cases]
 
 
 def fit(base: Hardware, cases: list[dict], setup: int = 0, sms: int = 0) -> tuple[Hardware, list[float]]:
-    """``base`` with the efficiency and launch cost that fit ``cases`` by relative least squares, with
-    the tested terms as given, and its errors."""
+    """``base`` with the efficiency and the constant per kernel (in ``kernel_overhead_s``) that fit
+    ``cases`` by relative least squares, with the tested terms as given, and its errors; a negative
+    constant is kept at 0, its errors those of the model so held."""
     at_peak = replace(base, matmul_efficiency=1.0, kernel_overhead_s=0.0)
     inverse, launch = relative_least_squares([(predicted(at_peak, c, setup, sms), 1.0) for c in cases],
                                              [c["seconds"] for c in cases])
@@ -126,7 +144,7 @@ def fit(base: Hardware, cases: list[dict], setup: int = 0, sms: int = 0) -> tupl
 
 def report(measured: dict, hw: Hardware) -> None:
     cases = [dict(zip(measured["columns"], row)) for row in measured["rows"]]
-    long = [c for c in cases if c["seconds"] >= FIT_FROM_S]
+    long = long_kernels(measured)
     print(f"{measured['device']}, torch {measured['torch']}, {measured['sms']} SMs: {len(cases)} matmuls, "
           f"{len(long)} of at least {FIT_FROM_S * 1e6:.0f} µs")
     print("| hidden | tp | tokens | measured TFLOP/s: forward, input and weight gradient of qkv, proj, fc1, fc2, heads "
@@ -142,23 +160,28 @@ def report(measured: dict, hw: Hardware) -> None:
     print()
     print(f"{hw.name} as catalogued (efficiency {hw.matmul_efficiency}, launch {hw.kernel_overhead_s * 1e6:.0f} µs): "
           f"{summary(errors(hw, long))}")
-    fitted, off = fit(hw, long)
-    print(f"fitted: efficiency {fitted.matmul_efficiency:.3f}, launch {fitted.kernel_overhead_s * 1e6:.1f} µs: {summary(off)}")
-    setup = min(range(0, 513, 8), key=lambda c: statistics.median(fit(hw, long, setup=c)[1]))
-    with_setup, off = fit(hw, long, setup=setup)
+    fitted, misses = fit(hw, long)
+    print(f"fitted: efficiency {fitted.matmul_efficiency:.3f}, {fitted.kernel_overhead_s * 1e6:.1f} µs a kernel: "
+          f"{summary(misses)}")
+    partial = [c for c in long if c["m"] % hw.matmul_tile or c["n"] % hw.matmul_tile]
+    for label, tile in (("with tile fill", hw.matmul_tile), ("with a flat rate", 1)):
+        model, _ = fit(replace(hw, matmul_tile=tile), long)
+        print(f"{label}, on the {len(partial)} with partial tiles: {summary(errors(model, partial))}")
+    setup, (with_setup, misses) = min(((c, fit(hw, long, setup=c)) for c in range(0, 513, 8)),
+                                      key=lambda pair: statistics.median(pair[1][1]))
     print(f"with a set-up cost per tile of {setup} steps of the inner dimension: efficiency "
-          f"{with_setup.matmul_efficiency:.3f}: {summary(off)}")
-    with_waves, off = fit(hw, long, sms=measured["sms"])
-    print(f"with whole waves over {measured['sms']} SMs: efficiency {with_waves.matmul_efficiency:.3f}: {summary(off)}")
+          f"{with_setup.matmul_efficiency:.3f}: {summary(misses)}")
+    with_waves, misses = fit(hw, long, sms=measured["sms"])
+    print(f"with whole waves over {measured['sms']} SMs: efficiency {with_waves.matmul_efficiency:.3f}: {summary(misses)}")
 
 
-def summary(off: list[float]) -> str:
-    return f"median |error| {statistics.median(off):.1%}, worst {max(off):.1%}"
+def summary(misses: list[float]) -> str:
+    return f"median |error| {statistics.median(misses):.1%}, worst {max(misses):.1%}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpu", default="h100-sxm", help="the catalog entry to set beside the measurement")
+    parser.add_argument("--gpu", help="the catalog entry to set beside the measurement (default: the measured device's)")
     parser.add_argument("--from", dest="source", type=Path, help="report a saved measurement instead of measuring")
     parser.add_argument("--json", type=Path, help="write the measurement here")
     parser.add_argument("--repeats", type=int, default=5, help="products queued between two events")
@@ -171,8 +194,12 @@ def main() -> int:
     else:
         measured = measure(args.repeats)
         if args.json:
-            args.json.write_text(json.dumps(measured))
-    report(measured, hardware(args.gpu))
+            args.json.write_text(dump(measured))
+    name = args.gpu or catalog_name_of(measured["device"])
+    if name is None:
+        print(f"gemm_shapes: no catalog entry for {measured['device']}; pass --gpu NAME", file=sys.stderr)
+        return 1
+    report(measured, hardware(name))
     return 0
 
 
