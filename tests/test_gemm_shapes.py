@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gemm_shapes import fit, long_kernels
+from benchmarks.gemm_shapes import dump, fit, long_kernels
 from plait.plan.hardware import hardware, load_profile
 
 MEASURED = Path(__file__).parent.parent / "benchmarks" / "measured"
@@ -47,3 +47,8 @@ def test_calibration_agrees_with_the_shape_sweep(measured):
     profile = load_profile(MEASURED / "calibrate_h100.json")
     swept, _ = fit(H100, long_kernels(measured))
     assert profile.matmul_efficiency == pytest.approx(swept.matmul_efficiency, rel=0.05)
+
+
+def test_shipped_file_is_what_the_script_writes(measured):
+    """A new measurement is written as the shipped one is (one row a line), so --from reads both."""
+    assert dump(measured) == (MEASURED / "gemm_shapes_h100.json").read_text()
