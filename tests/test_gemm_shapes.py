@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gemm_shapes import dump, fit, long_kernels
+from plait.calibrate.gpu import GPU_SIZES
+from plait.calibrate.host import layer_kernel_scales
 from plait.plan.hardware import hardware, load_profile
 
 MEASURED = Path(__file__).parent.parent / "benchmarks" / "measured"
@@ -52,3 +54,17 @@ def test_calibration_agrees_with_the_shape_sweep(measured):
 def test_shipped_file_is_what_the_script_writes(measured):
     """A new measurement is written as the shipped one is (one row a line), so --from reads both."""
     assert dump(measured) == (MEASURED / "gemm_shapes_h100.json").read_text()
+
+
+def test_shipped_profile_belongs_to_this_kernel_model():
+    """A profile's layer scale is fitted against the planner's model of a layer (README,
+    `plait calibrate`); the shipped one must be what its own stored working-layer times fit under
+    this release's model: after a change to that model, refit its ``layer_kernel_scale`` with
+    ``layer_kernel_scales`` as below, or measure it again."""
+    path = MEASURED / "calibrate_h100.json"
+    profile = load_profile(path)
+    working = json.loads(path.read_text())["calibration"]["working_layers"]
+    refitted = layer_kernel_scales(working, profile, "bf16", GPU_SIZES)
+    for family, scale in refitted.items():
+        assert profile.layer_kernel_scale[family].forward == pytest.approx(scale.forward, rel=1e-9)
+        assert profile.layer_kernel_scale[family].backward == pytest.approx(scale.backward, rel=1e-9)
