@@ -1,9 +1,10 @@
 """bf16 matmul times on a GPU over GPT-style block shapes, beside the planner's matmul model.
 
-Each shape is one linear layer of a GPT-style block (full multi-head QKV, a 4h MLP) or its output
-head, at a hidden size, a tensor-parallel degree and a number of tokens per micro-batch, in each of
+Each shape is one linear layer of a GPT-style block (full multi-head QKV, the attention output, a
+4h MLP's two) or its output head, at a hidden size, a tensor-parallel degree and a number of tokens per micro-batch, in each of
 its three passes: forward (tokens × out, over in), the input gradient (tokens × in, over out) and
-the weight gradient (out × in, over the tokens). The planner charges a matmul its FLOPs at the
+the weight gradient (out × in, over the tokens), each timed as a plain row-major product (F.linear's
+transposed operands may meet other kernels). The planner charges a matmul its FLOPs at the
 large-matmul efficiency times the share of its 128-wide output tiles that hold real rows and
 columns, plus a launch (plait.plan.compute.gemm_seconds).
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from plait.errors import ConfigError
 from plait.plan.compute import Gemm, gemm_seconds
 from plait.plan.hardware import Hardware, catalog_name_of, hardware
 from plait.plan.least_squares import relative_least_squares
@@ -63,6 +65,7 @@ def shapes() -> list[dict]:
 
 
 def three_passes(common: dict, out: int, inner: int) -> list[dict]:
+    """The linear's forward, input-gradient and weight-gradient products at each token count."""
     cases = []
     for tokens in TOKENS:
         row = {**common, "tokens": tokens}
@@ -109,15 +112,21 @@ def dump(measured: dict) -> str:
     return head[:-1] + ', "rows": [\n' + ",\n".join(json.dumps(row) for row in measured["rows"]) + "]}\n"
 
 
+def measured_cases(measured: dict) -> list[dict]:
+    """Each measured case as a dict of ``COLUMNS``."""
+    return [dict(zip(measured["columns"], row)) for row in measured["rows"]]
+
+
 def long_kernels(measured: dict) -> list[dict]:
-    """The measured cases of at least ``FIT_FROM_S``, each a dict of ``COLUMNS``."""
-    cases = [dict(zip(measured["columns"], row)) for row in measured["rows"]]
-    return [c for c in cases if c["seconds"] >= FIT_FROM_S]
+    """The measured cases of at least ``FIT_FROM_S``."""
+    return [c for c in measured_cases(measured) if c["seconds"] >= FIT_FROM_S]
 
 
 def predicted(hw: Hardware, case: dict, setup: int = 0, sms: int = 0) -> float:
     """``hw``'s time of one case, with the tested terms: ``setup`` steps of the inner dimension per
-    tile, and (``sms`` > 0) the tiles' waves rounded up to whole ones."""
+    tile, and (``sms`` > 0) the tiles' waves rounded up to whole ones. (The terms scale the whole of
+    ``gemm_seconds`` but its launch, its memory-bound floor too, which binds none of the kernels of
+    at least ``FIT_FROM_S``.)"""
     m, n, k = case["m"], case["n"], case["k"]
     seconds = gemm_seconds(hw, "bf16", Gemm(m, n, k)) - hw.kernel_overhead_s
     if sms:
@@ -142,18 +151,25 @@ def fit(base: Hardware, cases: list[dict], setup: int = 0, sms: int = 0) -> tupl
     return fitted, errors(fitted, cases, setup, sms)
 
 
+def best_setup(base: Hardware, cases: list[dict]) -> tuple[int, Hardware, list[float]]:
+    """The per-tile set-up cost, 0 to 512 steps in 8s, whose fit reads ``cases`` at the least median
+    error, with that fit and its errors."""
+    return min(((c, *fit(base, cases, setup=c)) for c in range(0, 513, 8)),
+               key=lambda found: statistics.median(found[2]))
+
+
 def report(measured: dict, hw: Hardware) -> None:
-    cases = [dict(zip(measured["columns"], row)) for row in measured["rows"]]
+    cases = measured_cases(measured)
     long = long_kernels(measured)
     print(f"{measured['device']}, torch {measured['torch']}, {measured['sms']} SMs: {len(cases)} matmuls, "
           f"{len(long)} of at least {FIT_FROM_S * 1e6:.0f} µs")
     print("| hidden | tp | tokens | measured TFLOP/s: forward, input and weight gradient of qkv, proj, fc1, fc2, heads "
           f"| {hw.name}'s time / measured |")
     print("| ---: | ---: | ---: | --- | ---: |")
-    rows: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[dict]] = {}
     for case in cases:
-        rows.setdefault((case["hidden"], case["tp"], case["tokens"]), []).append(case)
-    for (hidden, tp, tokens), row in rows.items():
+        groups.setdefault((case["hidden"], case["tp"], case["tokens"]), []).append(case)
+    for (hidden, tp, tokens), row in groups.items():
         rates = " ".join(f"{2 * c['m'] * c['n'] * c['k'] / c['seconds'] / 1e12:.0f}" for c in row)
         planner = sum(predicted(hw, c) for c in row)
         print(f"| {hidden} | {tp} | {tokens} | {rates} | {planner / sum(c['seconds'] for c in row):.3f} |")
@@ -167,8 +183,7 @@ def report(measured: dict, hw: Hardware) -> None:
     for label, tile in (("with tile fill", hw.matmul_tile), ("with a flat rate", 1)):
         model, _ = fit(replace(hw, matmul_tile=tile), long)
         print(f"{label}, on the {len(partial)} with partial tiles: {summary(errors(model, partial))}")
-    setup, (with_setup, misses) = min(((c, fit(hw, long, setup=c)) for c in range(0, 513, 8)),
-                                      key=lambda pair: statistics.median(pair[1][1]))
+    setup, with_setup, misses = best_setup(hw, long)
     print(f"with a set-up cost per tile of {setup} steps of the inner dimension: efficiency "
           f"{with_setup.matmul_efficiency:.3f}: {summary(misses)}")
     with_waves, misses = fit(hw, long, sms=measured["sms"])
@@ -182,8 +197,9 @@ def summary(misses: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", help="the catalog entry to set beside the measurement (default: the measured device's)")
-    parser.add_argument("--from", dest="source", type=Path, help="report a saved measurement instead of measuring")
-    parser.add_argument("--json", type=Path, help="write the measurement here")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--from", dest="source", type=Path, help="report a saved measurement instead of measuring")
+    source.add_argument("--json", type=Path, help="write the measurement here")
     parser.add_argument("--repeats", type=int, default=5, help="products queued between two events")
     args = parser.parse_args()
     if args.source:
@@ -199,7 +215,12 @@ def main() -> int:
     if name is None:
         print(f"gemm_shapes: no catalog entry for {measured['device']}; pass --gpu NAME", file=sys.stderr)
         return 1
-    report(measured, hardware(name))
+    try:
+        hw = hardware(name)
+    except ConfigError as error:
+        print(f"gemm_shapes: {error}", file=sys.stderr)
+        return 1
+    report(measured, hw)
     return 0
 
 
