@@ -143,7 +143,10 @@ def errors(hw: Hardware, cases: list[dict], setup: int = 0, sms: int = 0) -> lis
 def fit(base: Hardware, cases: list[dict], setup: int = 0, sms: int = 0) -> tuple[Hardware, list[float]]:
     """``base`` with the efficiency and the constant per kernel (in ``kernel_overhead_s``) that fit
     ``cases`` by relative least squares, with the tested terms as given, and its errors; a negative
-    constant is kept at 0, its errors those of the model so held."""
+    constant is kept at 0, its errors those of the model so held. Without the terms it is
+    ``plait calibrate``'s fit (plait.calibrate.gpu.fit_matmul_efficiency), which gives the same
+    figures on the shipped sweep; the terms need the time of each product, which that fit does not
+    take."""
     at_peak = replace(base, matmul_efficiency=1.0, kernel_overhead_s=0.0)
     inverse, launch = relative_least_squares([(predicted(at_peak, c, setup, sms), 1.0) for c in cases],
                                              [c["seconds"] for c in cases])
@@ -180,8 +183,7 @@ def report(measured: dict, hw: Hardware) -> None:
     print(f"fitted: efficiency {fitted.matmul_efficiency:.3f}, {fitted.kernel_overhead_s * 1e6:.1f} µs a kernel: "
           f"{summary(misses)}")
     partial = [c for c in long if c["m"] % hw.matmul_tile or c["n"] % hw.matmul_tile]
-    for label, tile in (("with tile fill", hw.matmul_tile), ("with a flat rate", 1)):
-        model, _ = fit(replace(hw, matmul_tile=tile), long)
+    for label, model in (("with tile fill", fitted), ("with a flat rate", fit(replace(hw, matmul_tile=1), long)[0])):
         print(f"{label}, on the {len(partial)} with partial tiles: {summary(errors(model, partial))}")
     setup, with_setup, misses = best_setup(hw, long)
     print(f"with a set-up cost per tile of {setup} steps of the inner dimension: efficiency "
