@@ -85,8 +85,8 @@ def bloom_case(name: str, source: str, spec: ModelSpec, dp: int, tp: int, pp: in
 # None where the table leaves it blank): the most a GPU of the nodes holding the word embeddings
 # used, as nvidia-smi showed it (the prequel's "memory snapshot with ... nvidia-smi"), so with the
 # CUDA context (1,271 MiB by its own reading), NCCL's buffers and all the caching allocator holds. A
-# table timing several head counts gives one ablation per count. Left out: the first tables
-# ("Choosing the fastest 3D Topology"), whose model changes with the layout; rows without a timing
+# table timing several head counts gives one ablation per count. Left out: the first table of
+# "Choosing the fastest 3D Topology", whose model changes with the layout; rows without a timing
 # (out of memory); tables of one layout (head counts, the batch warm-up); and the ZeRO-stage table,
 # whose columns are swapped and which its author marks for a retest. Before "Rebalancing layers" the
 # prequel ran fp16, whose gradients accumulate in fp16.
@@ -137,6 +137,25 @@ BLOOM_PREQUEL_TABLES = [
         (4, 8, 12, 4, 2048, 111.79, 52), (8, 4, 12, 2, 2048, 104.45, 63), (8, 4, 12, 4, 2048, 104.82, 74)]),
     ("rebalancing layers", "176B", 14336, 70, 64, True, [
         (4, 8, 12, 2, 2048, 121.63, 40), (8, 4, 12, 2, 2048, 102.03, 59), (8, 4, 12, 4, 2048, 102.27, 73)]),
+    # The micro-batch tables of 'Choosing the fastest 3D Topology' (02-20, before the nodes' PCIe/NUMA
+    # fix): hidden 14,400, and 'tile and wave quantization' 13,824. Their layer counts are what the
+    # tables' TFLOPs column gives back under that day's estimate (8 × block parameters × tokens a
+    # step, to within 0.1%: 78, 80, 77, 72 and 80), their heads the 64 that 'Final round comparison'
+    # says held "above too". The MBS 8 rows ran "too close to OOM".
+    ("choosing the fastest 3D topology", "194B", 14400, 78, 64, False, [
+        (8, 8, 6, 1, 2048, 183.64, 39), (8, 8, 6, 2, 2048, 172.36, 45), (8, 8, 6, 4, 2048, 173.92, 56),
+        (8, 8, 6, 8, 2048, 192.42, 75)]),
+    ("choosing the fastest 3D topology", "200B", 14400, 80, 64, False, [
+        (4, 8, 10, 1, 2048, 221.21, 35), (4, 8, 10, 2, 2048, 207.92, 43), (4, 8, 10, 4, 2048, 208.18, 55),
+        (4, 8, 10, 8, 2048, 229.69, 76)]),
+    ("choosing the fastest 3D topology", "195B", 14400, 77, 64, False, [
+        (4, 8, 11, 1, 2048, 197.15, 32), (4, 8, 11, 2, 2048, 186.65, 41), (4, 8, 11, 4, 2048, 185.79, 53),
+        (4, 8, 11, 8, 2048, 206.62, 75)]),
+    ("choosing the fastest 3D topology", "183B", 14400, 72, 64, False, [
+        (4, 8, 12, 1, 2048, 172.40, 30), (4, 8, 12, 2, 2048, 161.96, 39), (4, 8, 12, 4, 2048, 163.32, 50)]),
+    ("tile and wave quantization", "187B", 13824, 80, 64, False, [
+        (4, 8, 10, 1, 2048, 160.29, 33), (4, 8, 10, 2, 2048, 151.07, 39), (4, 8, 10, 4, 2048, 147.43, 53),
+        (4, 8, 10, 8, 2048, 152.51, 73)]),
 ]
 
 
