@@ -618,6 +618,7 @@ def main() -> None:
     print_zero_bubble_marginal_costs()
     print_chunk_pass_effect()
     print_bloom_memory()
+    print_bloom_head_alignment()
 
 
 # The FSDP runs whose per-layer gathers would show at a fraction of the ring's bandwidth: many
@@ -650,6 +651,24 @@ def print_bloom_memory() -> None:
         print(f"| {table} | {case.name} | {published} | {predicted:.1f} | {errors[-1]:+.1%} |")
     print(f"\nBLOOM prequel memory: median |error| {statistics.median(abs(e) for e in errors):.1%} over {len(errors)}, "
           f"from {min(errors):+.1%} to {max(errors):+.1%}")
+
+
+def print_bloom_head_alignment() -> None:
+    """Each BLOOM prequel table's median step-time error, by whether a head's row of 16-bit values
+    fills whole 16-byte words (the alignment cuBLAS's tensor-core kernels load at full rate)."""
+    print("\n| BLOOM prequel table | head dim | 16-byte rows | median step error | range |")
+    print("| --- | ---: | --- | ---: | ---: |")
+    medians = {True: [], False: []}
+    for ablation in bloom_layout_search():
+        spec = ablation.fastest_first[0].spec
+        errors = [refused_or_predicted(case) / case.measured_step_s - 1 for case in ablation.fastest_first]
+        aligned = spec.head_dim * 2 % 16 == 0
+        medians[aligned].append(statistics.median(errors))
+        print(f"| {ablation.name} | {spec.head_dim} | {'yes' if aligned else 'no'} | {medians[aligned][-1]:+.1%} "
+              f"| {min(errors):+.1%} to {max(errors):+.1%} |")
+    for aligned, values in medians.items():
+        print(f"\nBLOOM tables with{'' if aligned else 'out'} 16-byte head rows: {len(values)}, their medians "
+              f"{min(values):+.1%} to {max(values):+.1%}")
 
 
 def predicted_peak(case: Case) -> float:
