@@ -87,9 +87,9 @@ def bloom_case(name: str, source: str, spec: ModelSpec, dp: int, tp: int, pp: in
 # CUDA context (1,271 MiB by its own reading), NCCL's buffers and all the caching allocator holds. A
 # table timing several head counts gives one ablation per count. Left out: the first table of
 # "Choosing the fastest 3D Topology", whose model changes with the layout; rows without a timing
-# (out of memory); tables of one layout (head counts, the batch warm-up); and the ZeRO-stage table,
-# whose columns are swapped and which its author marks for a retest. Before "Rebalancing layers" the
-# prequel ran fp16, whose gradients accumulate in fp16.
+# (out of memory); tables of one layout and micro-batch (head counts, the batch warm-up); and the
+# ZeRO-stage table, whose columns are swapped and which its author marks for a retest. Before
+# "Rebalancing layers" the prequel ran fp16, whose gradients accumulate in fp16.
 BLOOM_PREQUEL_TABLES = [
     ("48 node contenders", "181B", 14336, 72, 64, False, [
         (4, 8, 12, 1, 2048, 143.31, 29), (4, 8, 12, 2, 2048, 134.02, 37), (4, 8, 12, 4, 2048, 123.69, 49),
@@ -140,8 +140,9 @@ BLOOM_PREQUEL_TABLES = [
     # The micro-batch tables of 'Choosing the fastest 3D Topology' (02-20, before the nodes' PCIe/NUMA
     # fix): hidden 14,400, and 'tile and wave quantization' 13,824. Their layer counts are what the
     # tables' TFLOPs column gives back under that day's estimate (8 × block parameters × tokens a
-    # step, to within 0.1%: 78, 80, 77, 72 and 80), their heads the 64 that 'Final round comparison'
-    # says held "above too". The MBS 8 rows ran "too close to OOM".
+    # step, to within 0.1%: 78, 80, 77, 72 and 80); their heads are assumed, the 64 that 'Final round
+    # comparison' says held "above too" (the 200B model's run of 02-17 names 96). The 200B model's
+    # MBS 8 row ran "too close to OOM".
     ("choosing the fastest 3D topology", "194B", 14400, 78, 64, False, [
         (8, 8, 6, 1, 2048, 183.64, 39), (8, 8, 6, 2, 2048, 172.36, 45), (8, 8, 6, 4, 2048, 173.92, 56),
         (8, 8, 6, 8, 2048, 192.42, 75)]),

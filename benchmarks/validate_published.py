@@ -653,22 +653,30 @@ def print_bloom_memory() -> None:
           f"from {min(errors):+.1%} to {max(errors):+.1%}")
 
 
+# Bytes of a 16-bit value, and the alignment in bytes at which cuBLAS's tensor-core kernels load
+# operands at full rate (its documentation's "tensorop restrictions").
+HALF_BYTES, TENSOR_CORE_ALIGNMENT = 2, 16
+
+
 def print_bloom_head_alignment() -> None:
     """Each BLOOM prequel table's median step-time error, by whether a head's row of 16-bit values
-    fills whole 16-byte words (the alignment cuBLAS's tensor-core kernels load at full rate)."""
+    fills whole 16-byte words (the alignment cuBLAS's tensor-core kernels load at full rate; the
+    q, k and v views of the fused QKV output sit 1, 2 and 3 heads apart, aligned alike)."""
     print("\n| BLOOM prequel table | head dim | 16-byte rows | median step error | range |")
     print("| --- | ---: | --- | ---: | ---: |")
     medians = {True: [], False: []}
     for ablation in bloom_layout_search():
-        spec = ablation.fastest_first[0].spec
-        errors = [refused_or_predicted(case) / case.measured_step_s - 1 for case in ablation.fastest_first]
-        aligned = spec.head_dim * 2 % 16 == 0
-        medians[aligned].append(statistics.median(errors))
-        print(f"| {ablation.name} | {spec.head_dim} | {'yes' if aligned else 'no'} | {medians[aligned][-1]:+.1%} "
+        head_dim = ablation.fastest_first[0].spec.head_dim
+        errors = [step / case.measured_step_s - 1 for case in ablation.fastest_first
+                  if math.isfinite(step := refused_or_predicted(case))]
+        aligned, median = head_dim * HALF_BYTES % TENSOR_CORE_ALIGNMENT == 0, statistics.median(errors)
+        medians[aligned].append(median)
+        print(f"| {ablation.name} | {head_dim} | {'yes' if aligned else 'no'} | {median:+.1%} "
               f"| {min(errors):+.1%} to {max(errors):+.1%} |")
     for aligned, values in medians.items():
-        print(f"\nBLOOM tables with{'' if aligned else 'out'} 16-byte head rows: {len(values)}, their medians "
-              f"{min(values):+.1%} to {max(values):+.1%}")
+        if values:
+            print(f"\nBLOOM tables with{'' if aligned else 'out'} 16-byte head rows: {len(values)}, their medians "
+                  f"{min(values):+.1%} to {max(values):+.1%}")
 
 
 def predicted_peak(case: Case) -> float:
