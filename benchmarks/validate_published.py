@@ -661,7 +661,8 @@ HALF_BYTES, TENSOR_CORE_ALIGNMENT = 2, 16
 def print_bloom_head_alignment() -> None:
     """Each BLOOM prequel table's median step-time error, by whether a head's row of 16-bit values
     fills whole 16-byte words (the alignment cuBLAS's tensor-core kernels load at full rate; the
-    q, k and v views of the fused QKV output sit 1, 2 and 3 heads apart, aligned alike)."""
+    q, k and v views of Megatron's fused QKV output start 0, 1 and 2 heads in and step 3 heads at a
+    time, so a head's alignment is theirs)."""
     print("\n| BLOOM prequel table | head dim | 16-byte rows | median step error | range |")
     print("| --- | ---: | --- | ---: | ---: |")
     medians = {True: [], False: []}
