@@ -662,22 +662,35 @@ def print_bloom_head_alignment() -> None:
     """Each BLOOM prequel table's median step-time error, by whether a head's row of 16-bit values
     fills whole 16-byte words (the alignment cuBLAS's tensor-core kernels load at full rate; the
     q, k and v views of Megatron's fused QKV output start 0, 1 and 2 heads in and step 3 heads at a
-    time, so a head's alignment is theirs)."""
+    time, so a head's alignment is theirs); then each layout a table times at several micro-batches,
+    its step at each against the next smaller, published and predicted."""
     print("\n| BLOOM prequel table | head dim | 16-byte rows | median step error | range |")
     print("| --- | ---: | --- | ---: | ---: |")
-    medians = {True: [], False: []}
+    medians, sweeps = {True: [], False: []}, []
     for ablation in bloom_layout_search():
         head_dim = ablation.fastest_first[0].spec.head_dim
-        errors = [step / case.measured_step_s - 1 for case in ablation.fastest_first
-                  if math.isfinite(step := refused_or_predicted(case))]
+        steps = [(case, step) for case in ablation.fastest_first if math.isfinite(step := refused_or_predicted(case))]
+        errors = [step / case.measured_step_s - 1 for case, step in steps]
         aligned, median = head_dim * HALF_BYTES % TENSOR_CORE_ALIGNMENT == 0, statistics.median(errors)
         medians[aligned].append(median)
         print(f"| {ablation.name} | {head_dim} | {'yes' if aligned else 'no'} | {median:+.1%} "
               f"| {min(errors):+.1%} to {max(errors):+.1%} |")
+        layouts: dict[tuple, list] = {}
+        for case, step in sorted(steps, key=lambda pair: pair[0].micro_batch):
+            layout = case.name.replace(f" mbs {case.micro_batch}", "")
+            layouts.setdefault(layout, []).append((case, step))
+        sweeps += [(ablation.name, layout, smaller, larger, larger_step / smaller_step - 1)
+                   for layout, runs in layouts.items()
+                   for (smaller, smaller_step), (larger, larger_step) in zip(runs, runs[1:])]
     for aligned, values in medians.items():
         if values:
             print(f"\nBLOOM tables with{'' if aligned else 'out'} 16-byte head rows: {len(values)}, their medians "
                   f"{min(values):+.1%} to {max(values):+.1%}")
+    print("\n| BLOOM prequel table | layout | micro-batch | step against the next smaller, published | predicted |")
+    print("| --- | --- | --- | ---: | ---: |")
+    for table, layout, smaller, larger, predicted in sweeps:
+        print(f"| {table} | {layout} | {smaller.micro_batch} → {larger.micro_batch} "
+              f"| {larger.measured_step_s / smaller.measured_step_s - 1:+.1%} | {predicted:+.1%} |")
 
 
 def predicted_peak(case: Case) -> float:
