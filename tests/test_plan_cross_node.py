@@ -145,6 +145,17 @@ def test_a_block_wide_gather_hides_under_the_block_before_it():
     assert _one_layer_costs("layer", "none") == (0.0, 0.0)
 
 
+def test_a_backward_gather_issued_after_the_gradients_hides_under_nothing():
+    """FSDP1's BACKWARD_POST issues the next block's gather once the current block's gradients are
+    done, ahead of its reduce-scatter: the next block's backward waits for the whole 1 s gather,
+    though its 2 s would have hidden it, and the reduce-scatter hides under those 2 s. Forward is
+    unchanged."""
+    times = LayerTimes(forward=1.0, backward_input=1.0, backward_weight=1.0, recompute=0.0)
+    kernels = Kernels(zero3_backward_prefetch="post")
+    assert zero3_exposed(model_spec("gpt3-175b"), times, 1.0, 1.0, "none", kernels, 1.0) == (0.0, 1.0)
+    assert zero3_exposed(model_spec("gpt3-175b"), times, 1.0, 3.0, "none", kernels, 1.0) == (0.0, 2.0)
+
+
 def test_gathering_linear_by_linear_leaves_the_mlp_weight_behind_the_small_projection_exposed():
     """DeepSpeed fetches each linear and prefetches the next only. Forward, the first MLP weight
     (4/12 of the block) is in flight while the output projection (1/12) runs: 3/12 exposed. Backward

@@ -113,6 +113,12 @@ class Kernels:
     zero3_gather_unit: str = "layer"
     zero3_regathers_for_recompute: bool = False
     zero3_collective_efficiency: float = 1.0
+    # When a block-wise ZeRO-3 issues the next block's backward gather, in the names of FSDP1's
+    # BackwardPrefetch: "pre", before the current block's gradients are computed, so it hides under
+    # them (FSDP2's implicit prefetch, FSDP1's BACKWARD_PRE); "post", after them and ahead of the
+    # current block's reduce-scatter on NCCL's one stream, so the next block's backward waits for the
+    # whole gather and only the reduce-scatter hides (FSDP1's BACKWARD_POST, Composer's default).
+    zero3_backward_prefetch: str = "pre"
     # DeepSpeed's pipeline engine reduces the data-parallel gradients in a ReduceGrads instruction after
     # the schedule's last backward (deepspeed/runtime/pipe/schedule.py), so none of it hides under
     # backward; elsewhere hooks reduce buckets as backward produces them.
@@ -284,9 +290,11 @@ STACKS = {
     # tensor, pipeline or context parallelism) without torch.compile (one eager kernel per
     # elementwise op), flash attention, PyTorch's checkpoint around whole blocks, and flash-attn's fused
     # cross entropy, which keeps no fp32 copy of the logits (ComposerMPTCausalLM's default loss_fn).
+    # Its FSDP prefetches backward gathers after each block's gradients: Composer's FSDPConfig
+    # defaults backward_prefetch to BACKWARD_POST, which the MPT yamls and the benchmark script leave.
     # No figure of its own: its published runs are all held out.
     "llm-foundry": Kernels(fused=False, recompute_whole_forward=False, tp_backward_overlap=False, schedules=(),
                            tensor_parallel=False, recompute_modes=WHOLE_BLOCKS, partial_recompute=False,
-                           cp_algorithms=()),
+                           cp_algorithms=(), zero3_backward_prefetch="post"),
 }
 DEFAULT_STACK = "plait"

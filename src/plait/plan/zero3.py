@@ -3,7 +3,9 @@ reduce-scattered after, one layer or one linear ahead of the compute they hide u
 
 Stacks shape this differently. PyTorch's FSDP (FSDP2 in plait and torchtitan, FSDP1 in
 llm-foundry) gathers a whole block in one all-gather, prefetched a block ahead, so a block's
-transfer hides under the block before it. DeepSpeed's ZeRO-3 (``stage3.py``: ``fetch_sub_module`` and
+transfer hides under the block before it; in backward only where the prefetch is issued before the
+block's gradients are computed (``Kernels.zero3_backward_prefetch``): FSDP1 under Composer's default
+issues it after them, so each backward gather stands alone on the critical path. DeepSpeed's ZeRO-3 (``stage3.py``: ``fetch_sub_module`` and
 ``prefetch_next_sub_modules``) fetches module by module and prefetches the next one, so each
 linear's gather hides only under the linear before it: a small projection in front of a large MLP
 weight leaves most of that weight's transfer exposed even when the block's compute exceeds its
@@ -53,8 +55,10 @@ def zero3_exposed(spec: ModelSpec, times: LayerTimes, gather: float, scatter: fl
     regathers = kernels.zero3_regathers_for_recompute and recompute == "full"
     if kernels.zero3_gather_unit == "layer":
         forward = exposed_under(gather, times.forward, overlap)
-        backward = exposed_under((2 if regathers else 1) * gather + scatter, times.backward + times.recompute, overlap)
-        return forward, backward
+        backward_gathers = (2 if regathers else 1) * gather
+        if kernels.zero3_backward_prefetch == "post":  # issued once the block's gradients are done
+            return forward, backward_gathers + exposed_under(scatter, times.backward + times.recompute, overlap)
+        return forward, exposed_under(backward_gathers + scatter, times.backward + times.recompute, overlap)
     shares = linear_shares(spec)
     last = len(shares) - 1
 
