@@ -9,6 +9,7 @@ from dataclasses import replace
 from benchmarks.published_case import Ablation, Case, gpt
 from plait.facts.stack import STACKS
 from plait.models.spec import ModelSpec
+from plait.plan.comm import NETWORK_EFFICIENCY
 
 BLOOM = "bigscience-workshop/bigscience train/tr11-176B-ml/README.md"
 BLOOM_PREQUEL = "bigscience-workshop/bigscience train/tr11-176B-ml/chronicles-prequel.md"
@@ -44,10 +45,17 @@ def mt_nlg() -> list[Case]:
 # ranks; the vocabulary padded to 250,880.
 BLOOM_VOCAB = 250880
 # Jean Zay's A100 80GB nodes (train/tr11-176B-ml/README.md, "Hardware"): 8 GPUs on NVLink, "4 OmniPath
-# links" of 100 Gb/s to the other nodes, 400 Gb/s a node = 6.25 GB/s a GPU, a quarter of a DGX A100's
-# (the team's all-reduce benchmark on 4 of these nodes read 15 to 42 Gb/s of algorithm bandwidth a rank:
-# experiments/bandwidth/README.md).
-JEAN_ZAY_A100 = (("inter_node_gbps", 6.25),)
+# links" of 100 Gb/s to the other nodes, 12.5 GB/s an adapter, two GPUs to each. NCCL used little of
+# them: the team's all-reduce benchmark on 4 of these nodes (experiments/bandwidth/
+# all_reduce_bench-a100-n4.txt: 4 GB of fp32 over 32 ranks) logs two channels, both leaving each node
+# through one adapter (NET/IB/1) without GPUDirect RDMA, and a median bus bandwidth of 40.5 Gb/s,
+# 5.07 GB/s, over its 160 rank-trials: 41% of that adapter. So one communicator's rings reach 5.07
+# GB/s across nodes, and a GPU whose adapter also carries its neighbour's rings half of that: BLOOM's
+# data-parallel groups, one member a node under tp 8 (eight rings on four adapters) and two under
+# tp 4, leave a node at 2.5 and 5.1 GB/s, and so do its pipeline sends, one from each GPU.
+JEAN_ZAY_NCCL_BUS_GBPS = 5.07
+JEAN_ZAY_A100 = (("inter_node_gbps", JEAN_ZAY_NCCL_BUS_GBPS / 2 / NETWORK_EFFICIENCY),
+                 ("inter_node_ring_gbps", JEAN_ZAY_NCCL_BUS_GBPS))
 
 
 def deepspeed_stage_layers(layers: int, pp: int, embeddings_counted: bool = False) -> tuple[int, ...]:

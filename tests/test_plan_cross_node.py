@@ -19,7 +19,8 @@ from plait.layout import Layout
 from plait.models.flops import layer_parameter_count
 from plait.models.spec import ModelSpec, model_spec
 from plait.plan.comm import (
-    LINK_EFFICIENCY, NETWORK_EFFICIENCY, all_gather_seconds, all_reduce_seconds, group_link, strided_link,
+    LINK_EFFICIENCY, NETWORK_EFFICIENCY, all_gather_seconds, all_reduce_seconds, boundary_link, group_link,
+    strided_link,
 )
 from plait.plan.compute import LayerTimes
 from plait.plan.hardware import hardware
@@ -50,6 +51,22 @@ def test_groups_of_a_stride_share_the_node_adapters():
     assert whole == pytest.approx(4 * half) and half == pytest.approx(2 * one)
     assert not group_link(hw, Layout(dp=4, tp=8), "tp").crosses_nodes
     assert group_link(hw, Layout(dp=4, tp=8), "dp").bandwidth == pytest.approx(one)
+
+
+def test_jean_zays_rings_get_what_bloom_measured_nccl_reach_over_its_adapters():
+    """BLOOM's all-reduce benchmark on four Jean Zay A100 nodes (32 ranks) read 5.07 GB/s of bus
+    bandwidth with NCCL's two channels on one OmniPath adapter a node: a whole-node group gets just
+    that, as does one with two members a node (BLOOM's data parallelism under tp 4, four rings on
+    four adapters); one member a node (tp 8: eight rings, two GPUs to an adapter) gets half, and so
+    does a stage's send from each GPU."""
+    from benchmarks.deepspeed_megatron_runs import JEAN_ZAY_A100, JEAN_ZAY_NCCL_BUS_GBPS
+
+    hw = hardware("a100-80gb", **dict(JEAN_ZAY_A100))
+    whole, two, one = (strided_link(hw, 32 // stride, stride).bandwidth / GB for stride in (1, 4, 8))
+    assert whole == pytest.approx(JEAN_ZAY_NCCL_BUS_GBPS) and two == pytest.approx(JEAN_ZAY_NCCL_BUS_GBPS)
+    assert one == pytest.approx(JEAN_ZAY_NCCL_BUS_GBPS / 2)
+    assert group_link(hw, Layout(dp=4, tp=8), "dp").bandwidth / GB == pytest.approx(one)
+    assert boundary_link(hw, True).bandwidth / GB == pytest.approx(one)
 
 
 def test_a_group_straddling_a_node_boundary_gets_only_its_members_adapters_there():

@@ -33,6 +33,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gpus-per-node", type=int)
     group.add_argument("--intra-node-gbps", type=float, help="per-device bandwidth inside a node, GB/s each way")
     group.add_argument("--inter-node-gbps", type=float, help="per-device network bandwidth between nodes, GB/s each way")
+    group.add_argument("--inter-node-ring-gbps", type=float,
+                       help="the most bus bandwidth one group's rings reach between nodes, GB/s, where NCCL lays them "
+                            "over fewer adapters than the group has members in a node (its all_reduce_perf busbw)")
     group.add_argument("--peak-tflops", type=float, help="dense peak TFLOP/s at --precision")
     group.add_argument("--memory-gb", type=float, help="device memory a process may allocate, in GB (10^9 bytes): "
                        "what torch.cuda.get_device_properties().total_memory reports (an A100 80GB: 85.1)")
@@ -135,6 +138,7 @@ def planning_inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]
     spec = model_spec(args.model, **model)
     overrides = {
         "intra_node_gbps": args.intra_node_gbps, "inter_node_gbps": args.inter_node_gbps,
+        "inter_node_ring_gbps": args.inter_node_ring_gbps,
         "gpus_per_node": args.gpus_per_node,
         "memory_bytes": None if args.memory_gb is None else args.memory_gb * 1e9,
         "memory_gbps": args.memory_bandwidth,

@@ -207,7 +207,7 @@ WHOLE_BLOCKS = ("none", "full")
 MEGATRON_2021_A100 = 0.607
 MEGATRON_CORE_H100 = 0.486
 PYTORCH_H100_96GB = 0.490
-DEEPSPEED_LAYER_HOST_S = 0.0038
+DEEPSPEED_LAYER_HOST_S = 0.0039
 DEEPSPEED_ZERO3_COLLECTIVES = 0.108
 NEMO_H100 = 0.568
 # Hopper-native causal attention (Transformer Engine's cuDNN fused attention, FlashAttention-3):

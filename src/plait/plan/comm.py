@@ -106,6 +106,8 @@ def strided_link(hw: Hardware, size: int, stride: int, world: int | None = None)
     if nodes == 1:
         return Link(intra, hw.intra_node_latency_s, False, **scales)
     inter = hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY * fewest
+    if hw.inter_node_ring_gbps is not None:
+        inter = min(inter, hw.inter_node_ring_gbps * 1e9)
     return Link(min(intra, inter), hw.intra_node_latency_s, True, **scales, nodes=nodes,
                 network_latency=hw.inter_node_latency_s)
 

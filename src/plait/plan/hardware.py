@@ -77,6 +77,10 @@ class Hardware:
     gpus_per_node: int = 8
     intra_node_latency_s: float = 5e-6
     inter_node_latency_s: float = 15e-6
+    # The most bus bandwidth, GB/s, one communicator's rings reach across nodes, where NCCL was seen
+    # to lay them over fewer adapters than the group has members in a node; None: each member's own
+    # adapter carries its share (plait.plan.comm.strided_link).
+    inter_node_ring_gbps: float | None = None
     # Fraction of the peak a large, well-shaped matmul reaches: one constant, fitted to the forward
     # and backward of one 22B layer on A100s that Korthikanti et al. 2022 time under five settings
     # (table 4; benchmarks/validate_published.py --fit gives 0.656), and used for every catalog entry
@@ -332,7 +336,8 @@ def check_figure(key: str, value) -> None:
         if not isinstance(value, bool):
             raise ConfigError(f"hardware figure host_runs_ahead must be true or false, got {value!r}")
         return
-    if value is None and key in ("activation_gbps", "optimizer_parameter_s", "host_link_gbps", "attention_backward_efficiency"):
+    if value is None and key in ("activation_gbps", "optimizer_parameter_s", "host_link_gbps", "attention_backward_efficiency",
+                                 "inter_node_ring_gbps"):
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"hardware figure {key} must be a finite number, got {value!r}")
