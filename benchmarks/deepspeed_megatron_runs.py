@@ -47,9 +47,10 @@ BLOOM_VOCAB = 250880
 # Jean Zay's A100 80GB nodes (train/tr11-176B-ml/README.md, "Hardware"): 8 GPUs on NVLink, "4 OmniPath
 # links" of 100 Gb/s to the other nodes, 12.5 GB/s an adapter, two GPUs to each. NCCL used little of
 # them: the team's all-reduce benchmark on 4 of these nodes (experiments/bandwidth/
-# all_reduce_bench-a100-n4.txt: 4 GB of fp32 over 32 ranks) logs two channels, both leaving each node
-# through one adapter (NET/IB/1) without GPUDirect RDMA, and a median bus bandwidth of 40.5 Gb/s,
-# 5.07 GB/s, over its 160 rank-trials: 41% of that adapter. So one communicator's rings reach 5.07
+# all_reduce_bench-a100-n4.txt: 4 GB of fp32 over 32 ranks) logs two channels, both entering a node
+# through one adapter and leaving through another (NET/IB/1 in, NET/IB/3 out), without GPUDirect
+# RDMA, and a median bus bandwidth of 40.5 Gb/s, 5.07 GB/s, over its 160 rank-trials: 41% of an
+# adapter. So one communicator's rings reach 5.07
 # GB/s across nodes, and a GPU whose adapter also carries its neighbour's rings half of that: BLOOM's
 # data-parallel groups, one member a node under tp 8 (eight rings on four adapters) and two under
 # tp 4, leave a node at 2.5 and 5.1 GB/s, and so do its pipeline sends, one from each GPU.

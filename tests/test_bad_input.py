@@ -178,6 +178,8 @@ BAD_COMMANDS = {
     "plan with not-a-number peak": (["plan", "--model", "tiny", "--peak-tflops", "nan"], "must be a finite number"),
     "plan with a negative memory bandwidth": (["plan", "--model", "tiny", "--memory-bandwidth", "-3"],
                                               "memory_gbps must be positive"),
+    "plan with a zero ring bandwidth cap": (["plan", "--model", "tiny", "--inter-node-ring-gbps", "0"],
+                                            "inter_node_ring_gbps must be positive"),
     "plan of dropout on plait's stack": (["plan", "--model", "tiny", "--dropout"], "add --stack megatron"),
     "plan of a dp that does not divide the GPUs": (["plan", "--model", "tiny", "--dp", "3"],
                                                    "does not divide --gpus 8"),

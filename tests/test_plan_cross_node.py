@@ -67,6 +67,9 @@ def test_jean_zays_rings_get_what_bloom_measured_nccl_reach_over_its_adapters():
     assert one == pytest.approx(JEAN_ZAY_NCCL_BUS_GBPS / 2)
     assert group_link(hw, Layout(dp=4, tp=8), "dp").bandwidth / GB == pytest.approx(one)
     assert boundary_link(hw, True).bandwidth / GB == pytest.approx(one)
+    # The cap binds a send too: a GPU's own adapter cannot carry more than NCCL's rings reach.
+    capped = hardware("a100-80gb", inter_node_ring_gbps=1.0)
+    assert boundary_link(capped, True).bandwidth / GB == pytest.approx(1.0)
 
 
 def test_a_group_straddling_a_node_boundary_gets_only_its_members_adapters_there():
@@ -165,12 +168,12 @@ def test_a_block_wide_gather_hides_under_the_block_before_it():
 def test_a_backward_gather_issued_after_the_gradients_hides_under_nothing():
     """FSDP1's BACKWARD_POST issues the next block's gather once the current block's gradients are
     done, ahead of its reduce-scatter: the next block's backward waits for the whole 1 s gather,
-    though its 2 s would have hidden it, and the reduce-scatter hides under those 2 s. Forward is
-    unchanged."""
+    and the 1.5 s reduce-scatter hides under its 2 s. Issued before (FSDP2), the gather and the
+    reduce-scatter run beside those 2 s together, 0.5 s exposed. Forward is the same."""
     times = LayerTimes(forward=1.0, backward_input=1.0, backward_weight=1.0, recompute=0.0)
-    kernels = Kernels(zero3_backward_prefetch="post")
-    assert zero3_exposed(model_spec("gpt3-175b"), times, 1.0, 1.0, "none", kernels, 1.0) == (0.0, 1.0)
-    assert zero3_exposed(model_spec("gpt3-175b"), times, 1.0, 3.0, "none", kernels, 1.0) == (0.0, 2.0)
+    spec = model_spec("gpt3-175b")
+    assert zero3_exposed(spec, times, 1.0, 1.5, "none", Kernels(zero3_backward_prefetch="post"), 1.0) == (0.0, 1.0)
+    assert zero3_exposed(spec, times, 1.0, 1.5, "none", Kernels(zero3_backward_prefetch="pre"), 1.0) == (0.0, 0.5)
 
 
 def test_gathering_linear_by_linear_leaves_the_mlp_weight_behind_the_small_projection_exposed():

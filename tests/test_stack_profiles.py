@@ -156,16 +156,12 @@ def test_async_tp_without_sequence_parallelism_is_refused_by_the_shared_validati
         replace(kernels, tp_comm_overlap="async")
 
 
-@pytest.mark.parametrize("model", ["llama-70b", "llama-8b"])
-def test_torch_async_tp_gains_on_torchtitans_runs_what_they_measured(model):
-    """torchtitan's Llama 3.1 70B on 256 H100s (FSDP 32, TP 8, full recomputation) and 8B on 64
-    (FSDP 8, TP 8, per-op checkpointing) ran 1.09× and 1.10× faster under async TP than under
-    vanilla TP (asyncTP_llama3_h100_2025-06_torchtitan.md); the planner's gain for each pinned pair
-    lies within 4% of that (+2.2% and +3.6%, about the planner's held-out median error), where
-    fusing every collective (Transformer Engine's userbuffers) reads further off (+10% and +14%)."""
+def _async_tp_gains(model: str) -> tuple[float, float, float]:
+    """torchtitan's gain of async TP over vanilla TP on ``model`` (asyncTP_llama3_h100_2025-06_torchtitan.md),
+    and the planner's for the pinned pair, with torch's micro-pipeline and with every collective fused
+    (Transformer Engine's userbuffers)."""
     from benchmarks.validate_published import async_tensor_parallel
 
-    tolerance = 0.04
     pair = next(a for a in async_tensor_parallel() if a.name.startswith(model + ":")).fastest_first
 
     def step(case, kernels):
@@ -173,10 +169,28 @@ def test_torch_async_tp_gains_on_torchtitans_runs_what_they_measured(model):
                         Layout(**case.fixed, microbatches=1)).step_time_s
 
     fused, vanilla = (step(case, case.kernels) for case in pair)
-    published = pair[1].measured_step_s / pair[0].measured_step_s
-    assert vanilla / fused == pytest.approx(published, rel=tolerance)
     userbuffers = step(pair[0], replace(pair[0].kernels, tp_comm_overlap="userbuffers"))
-    assert vanilla / userbuffers > published * (1 + tolerance)
+    return pair[1].measured_step_s / pair[0].measured_step_s, vanilla / fused, vanilla / userbuffers
+
+
+@pytest.mark.parametrize("model", ["llama-70b", pytest.param("llama-8b", marks=pytest.mark.xfail(strict=True, reason=(
+    "the planner's gain on 8B reads 3.6% over the published one, just outside its 3.5% error")))])
+def test_torch_async_tp_gains_on_torchtitans_runs_what_they_measured_within_the_planners_error(model):
+    """torchtitan's Llama 3.1 70B on 256 H100s (FSDP 32, TP 8, full recomputation) and 8B on 64
+    (FSDP 8, TP 8, per-op checkpointing) ran 1.09× and 1.10× faster under async TP than under
+    vanilla TP; the planner's gain for each pinned pair lies within its own error of that."""
+    from plait.plan.search import PLANNER_ERROR
+
+    published, micro_pipeline, _ = _async_tp_gains(model)
+    assert micro_pipeline == pytest.approx(published, rel=PLANNER_ERROR)
+
+
+@pytest.mark.parametrize("model", ["llama-70b", "llama-8b"])
+def test_torch_async_tp_gains_less_than_fusing_every_collective_would(model):
+    """Fusing every tensor-parallel collective into its matmul (userbuffers) would read further
+    from torchtitan's measured gain than torch's micro-pipeline pass does, and above it."""
+    published, micro_pipeline, userbuffers = _async_tp_gains(model)
+    assert userbuffers > published and abs(userbuffers / published - 1) > abs(micro_pipeline / published - 1)
 
 
 @pytest.mark.parametrize("flags, says", [

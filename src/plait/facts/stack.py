@@ -113,11 +113,12 @@ class Kernels:
     zero3_gather_unit: str = "layer"
     zero3_regathers_for_recompute: bool = False
     zero3_collective_efficiency: float = 1.0
-    # When a block-wise ZeRO-3 issues the next block's backward gather, in the names of FSDP1's
-    # BackwardPrefetch: "pre", before the current block's gradients are computed, so it hides under
-    # them (FSDP2's implicit prefetch, FSDP1's BACKWARD_PRE); "post", after them and ahead of the
-    # current block's reduce-scatter on NCCL's one stream, so the next block's backward waits for the
-    # whole gather and only the reduce-scatter hides (FSDP1's BACKWARD_POST, Composer's default).
+    # When a block-wise ZeRO-3 (zero3_gather_unit "layer") issues the next block's backward gather, in
+    # the names of FSDP1's BackwardPrefetch: "pre", before the current block's gradients are computed,
+    # so it hides under them (FSDP2's implicit prefetch, FSDP1's BACKWARD_PRE); "post", after them and
+    # ahead of the current block's reduce-scatter on NCCL's one stream, so the next block's backward
+    # waits for the whole gather and only the reduce-scatter hides (FSDP1's BACKWARD_POST, Composer's
+    # default). DeepSpeed's linear-by-linear fetch has its own order (plait.plan.zero3).
     zero3_backward_prefetch: str = "pre"
     # DeepSpeed's pipeline engine reduces the data-parallel gradients in a ReduceGrads instruction after
     # the schedule's last backward (deepspeed/runtime/pipe/schedule.py), so none of it hides under
@@ -184,7 +185,8 @@ class Kernels:
     def __post_init__(self) -> None:
         for name, allowed in (("activation_offload", ("", "serial", "overlapped")),
                               ("tp_comm_overlap", ("", "userbuffers", "micro-pipeline")),
-                              ("zero3_gather_unit", ("layer", "linear")), ("engine", ("plait", "reference"))):
+                              ("zero3_gather_unit", ("layer", "linear")), ("zero3_backward_prefetch", ("pre", "post")),
+                              ("engine", ("plait", "reference"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Kernels.{name} is one of {allowed}, not {getattr(self, name)!r}")
 

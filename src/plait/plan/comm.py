@@ -167,10 +167,13 @@ def boundaries_leaving_node(pp: int, stride: int, node: int) -> tuple[bool, ...]
 
 
 def boundary_link(hw: Hardware, leaves_node: bool) -> Link:
-    """A stage boundary's link: the sender's network adapter, or NVLink inside its node."""
+    """A stage boundary's link: the sender's network adapter (no more than one communicator's rings
+    reach across nodes), or NVLink inside its node."""
     if leaves_node:
-        return Link(hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY, hw.intra_node_latency_s, True, nodes=2,
-                    network_latency=hw.inter_node_latency_s)
+        bandwidth = hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY
+        if hw.inter_node_ring_gbps is not None:
+            bandwidth = min(bandwidth, hw.inter_node_ring_gbps * 1e9)
+        return Link(bandwidth, hw.intra_node_latency_s, True, nodes=2, network_latency=hw.inter_node_latency_s)
     return Link(hw.intra_node_gbps * 1e9 * LINK_EFFICIENCY, hw.intra_node_latency_s, False)
 
 

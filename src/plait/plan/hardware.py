@@ -314,7 +314,10 @@ def apply_overrides(base: Hardware, **overrides: float | None) -> Hardware:
     return replace(base, **chosen)
 
 
-# Figures that may be zero (no launch cost, nothing reserved, no overlap, no per-tensor cost, no headroom).
+# Figures that may be None (measured by calibrate only, or no cap), and those that may be zero (no
+# launch cost, nothing reserved, no overlap, no per-tensor cost, no headroom).
+MAY_BE_NONE = ("activation_gbps", "optimizer_parameter_s", "host_link_gbps", "attention_backward_efficiency",
+               "inter_node_ring_gbps")
 MAY_BE_ZERO = ("kernel_overhead_s", "reserved_bytes", "comm_overlap", "optimizer_tensor_s", "memory_headroom",
                "attention_score_s", "attention_backward_score_s")
 
@@ -336,8 +339,7 @@ def check_figure(key: str, value) -> None:
         if not isinstance(value, bool):
             raise ConfigError(f"hardware figure host_runs_ahead must be true or false, got {value!r}")
         return
-    if value is None and key in ("activation_gbps", "optimizer_parameter_s", "host_link_gbps", "attention_backward_efficiency",
-                                 "inter_node_ring_gbps"):
+    if value is None and key in MAY_BE_NONE:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"hardware figure {key} must be a finite number, got {value!r}")
