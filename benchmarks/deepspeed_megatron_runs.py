@@ -50,10 +50,10 @@ BLOOM_VOCAB = 250880
 # all_reduce_bench-a100-n4.txt: 4 GB of fp32 over 32 ranks) logs two channels, both entering a node
 # through one adapter and leaving through another (NET/IB/1 in, NET/IB/3 out), without GPUDirect
 # RDMA, and a median bus bandwidth of 40.5 Gb/s, 5.07 GB/s, over its 160 rank-trials: 41% of an
-# adapter. So one communicator's rings reach 5.07
-# GB/s across nodes, and a GPU whose adapter also carries its neighbour's rings half of that: BLOOM's
-# data-parallel groups, one member a node under tp 8 (eight rings on four adapters) and two under
-# tp 4, leave a node at 2.5 and 5.1 GB/s, and so do its pipeline sends, one from each GPU.
+# adapter. So one communicator's rings reach 5.07 GB/s across nodes, and a GPU whose adapter also
+# carries its neighbour's rings half of that: BLOOM's data-parallel groups, one member a node under
+# tp 8 (eight rings on four adapters) and two under tp 4, leave a node at 2.5 and 5.1 GB/s, and so do
+# its pipeline sends, one from each GPU.
 JEAN_ZAY_NCCL_BUS_GBPS = 5.07
 JEAN_ZAY_A100 = (("inter_node_gbps", JEAN_ZAY_NCCL_BUS_GBPS / 2 / NETWORK_EFFICIENCY),
                  ("inter_node_ring_gbps", JEAN_ZAY_NCCL_BUS_GBPS))

@@ -6,12 +6,12 @@ llm-foundry) gathers a whole block in one all-gather, prefetched a block ahead, 
 transfer hides under the block before it; in backward only where the prefetch is issued before the
 block's gradients are computed (``Kernels.zero3_backward_prefetch``): FSDP1 under Composer's default
 issues it after them, so each backward gather stands alone on the critical path. DeepSpeed's
-ZeRO-3 (``stage3.py``: ``fetch_sub_module`` and ``prefetch_next_sub_modules``) fetches module by module and prefetches the next one, so each
-linear's gather hides only under the linear before it: a small projection in front of a large MLP
-weight leaves most of that weight's transfer exposed even when the block's compute exceeds its
-transfers. With full recomputation it gathers a module again for the recomputed forward, having
-released it after the forward, and again for backward unless the module is used right after (the
-block's last linear; ``stage3_max_reuse_distance``).
+ZeRO-3 (``stage3.py``: ``fetch_sub_module`` and ``prefetch_next_sub_modules``) fetches module by
+module and prefetches the next one, so each linear's gather hides only under the linear before it:
+a small projection in front of a large MLP weight leaves most of that weight's transfer exposed
+even when the block's compute exceeds its transfers. With full recomputation it gathers a module
+again for the recomputed forward, having released it after the forward, and again for backward
+unless the module is used right after (the block's last linear; ``stage3_max_reuse_distance``).
 """
 
 from __future__ import annotations
