@@ -97,6 +97,14 @@ def merged_link(hw: Hardware, layout: Layout, dims: tuple[str, ...]) -> Link:
     return strided_link(hw, size, stride, layout.world_size)
 
 
+def network_bandwidth(hw: Hardware, adapters: int) -> float:
+    """Bytes per second a transfer leaving a node through ``adapters`` of its GPUs' adapters gets:
+    their shares at the network's efficiency, but no more than one communicator's rings reach
+    across nodes (``Hardware.inter_node_ring_gbps``)."""
+    bandwidth = hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY * adapters
+    return bandwidth if hw.inter_node_ring_gbps is None else min(bandwidth, hw.inter_node_ring_gbps * 1e9)
+
+
 def strided_link(hw: Hardware, size: int, stride: int, world: int | None = None) -> Link:
     """The link of a group of ``size`` ranks ``stride`` global ranks apart among ``world`` ranks
     (nodes fill rank by rank; None: as many as the layout of groups over nodes takes to repeat)."""
@@ -105,10 +113,7 @@ def strided_link(hw: Hardware, size: int, stride: int, world: int | None = None)
     fewest, nodes = group_spread(size, stride, hw.gpus_per_node, world)
     if nodes == 1:
         return Link(intra, hw.intra_node_latency_s, False, **scales)
-    inter = hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY * fewest
-    if hw.inter_node_ring_gbps is not None:
-        inter = min(inter, hw.inter_node_ring_gbps * 1e9)
-    return Link(min(intra, inter), hw.intra_node_latency_s, True, **scales, nodes=nodes,
+    return Link(min(intra, network_bandwidth(hw, fewest)), hw.intra_node_latency_s, True, **scales, nodes=nodes,
                 network_latency=hw.inter_node_latency_s)
 
 
@@ -167,13 +172,10 @@ def boundaries_leaving_node(pp: int, stride: int, node: int) -> tuple[bool, ...]
 
 
 def boundary_link(hw: Hardware, leaves_node: bool) -> Link:
-    """A stage boundary's link: the sender's network adapter (no more than one communicator's rings
-    reach across nodes), or NVLink inside its node."""
+    """A stage boundary's link: the sender's network adapter, or NVLink inside its node."""
     if leaves_node:
-        bandwidth = hw.inter_node_gbps * 1e9 * NETWORK_EFFICIENCY
-        if hw.inter_node_ring_gbps is not None:
-            bandwidth = min(bandwidth, hw.inter_node_ring_gbps * 1e9)
-        return Link(bandwidth, hw.intra_node_latency_s, True, nodes=2, network_latency=hw.inter_node_latency_s)
+        return Link(network_bandwidth(hw, 1), hw.intra_node_latency_s, True, nodes=2,
+                    network_latency=hw.inter_node_latency_s)
     return Link(hw.intra_node_gbps * 1e9 * LINK_EFFICIENCY, hw.intra_node_latency_s, False)
 
 
