@@ -4,10 +4,8 @@ megatron-deepspeed stack by benchmarks/validate_published.py."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from benchmarks.published_case import Ablation, Case, gpt
-from plait.facts.stack import STACKS
+from plait.facts.stack import DEEPSPEED_BF16_OPTIMIZER, STACKS
 from plait.models.spec import ModelSpec
 from plait.plan.comm import NETWORK_EFFICIENCY
 
@@ -79,11 +77,12 @@ def bloom_case(name: str, source: str, spec: ModelSpec, dp: int, tp: int, pp: in
                step_s: float, rebalanced: bool = False) -> Case:
     """A Megatron-DeepSpeed run on Jean Zay, its stages cut as DeepSpeed cut them; ``rebalanced``: from
     the prequel's "Rebalancing layers" on, the embeddings count as pipeline units and DeepSpeed's
-    BF16 optimizer accumulates the gradients in fp32."""
+    BF16 optimizer accumulates the gradients in fp32 and all-reduces them; before, in fp16, its ZeRO
+    optimizer reduces each rank's partition."""
     stages = {"schedule": "1f1b", "stage_layers": deepspeed_stage_layers(spec.layers, pp, rebalanced)}
     fixed = {"tp": tp, "pp": pp, "dp": dp, "cp": 1, "zero": 1 if dp > 1 else 0, "dp_replicate": 1, "sp": False,
              "recompute": "full", **(stages if pp > 1 else {})}
-    kernels = replace(STACKS["megatron-deepspeed"], fp32_grad_accumulation=rebalanced)
+    kernels = DEEPSPEED_BF16_OPTIMIZER if rebalanced else STACKS["megatron-deepspeed"]
     return Case(name, source, spec, dp * tp * pp, batch, fixed, step_s, micro_batch=mbs, kernels=kernels,
                 hardware_overrides=JEAN_ZAY_A100)
 

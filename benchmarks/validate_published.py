@@ -24,7 +24,7 @@ from benchmarks.zero_bubble_runs import (CHUNK_PASS_FITTED_ON, ZERO_BUBBLE, ZERO
                                          chunk_pass_fitted, marginal_microbatch_seconds, unpredicted_per_extra_chunk,
                                          zero_bubble_ablations, zero_bubble_memory, zero_bubble_runs)
 from plait.errors import ConfigError
-from plait.facts.stack import STACKS, Kernels
+from plait.facts.stack import DEEPSPEED_BF16_OPTIMIZER, STACKS, Kernels
 from plait.layout import Layout
 from plait.models.flops import flops_per_sequence
 from plait.models.spec import ModelSpec, model_spec
@@ -792,7 +792,7 @@ def stack_of(case: Case) -> str:
         return "pytorch --async-tp"
     if case.kernels == ZERO_BUBBLE_MEGATRON:
         return "megatron (zero-bubble fork)"
-    if case.kernels == replace(STACKS["megatron-deepspeed"], fp32_grad_accumulation=True):
+    if case.kernels == DEEPSPEED_BF16_OPTIMIZER:
         return "megatron-deepspeed, BF16 optimizer"
     if case.kernels == LLAMA_3_STACK:
         return "Meta's (megatron kernels, all-gather cp)"

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from plait.cli import main
-from plait.facts.stack import STACKS
+from plait.facts.stack import DEEPSPEED_BF16_OPTIMIZER, STACKS
 from plait.layout import Layout
 from plait.models.spec import ModelSpec, model_spec
 from plait.plan.costs import chunk_costs, layer_cost
@@ -275,9 +275,8 @@ def test_deepspeeds_bf16_optimizer_holds_an_fp32_gradient_copy_sharded_over_noth
     from plait.facts.model_state import rank_model_states, rank_parameters
 
     spec, layout = model_spec("gpt3-175b"), Layout(dp=dp, tp=4, pp=12, zero=1)
-    bf16_optimizer = replace(STACKS["megatron-deepspeed"], fp32_grad_accumulation=True)
     plain, extra = (rank_model_states(spec, layout, "bf16", 8, False, False, kernels)
-                    for kernels in (STACKS["megatron-deepspeed"], bf16_optimizer))
+                    for kernels in (STACKS["megatron-deepspeed"], DEEPSPEED_BF16_OPTIMIZER))
     assert extra.grads - plain.grads == pytest.approx(4 * rank_parameters(spec, 8, False, False, 4, 12))
     assert (extra.params, extra.optimizer) == (plain.params, plain.optimizer)
 
@@ -330,14 +329,11 @@ def test_fsdp_reduce_scatters_fp32_gradients_into_fp32_shards(stack):
     assert (gather, scatter) == pytest.approx((paper[0], 2 * paper[1]), rel=0.05)  # the ring's latency aside
 
 
-BF16_OPTIMIZER = replace(STACKS["megatron-deepspeed"], fp32_grad_accumulation=True)
-
-
 @pytest.mark.parametrize("kernels, element, tied", [
     (STACKS["megatron"], 4, 4), (STACKS["megatron-core"], 4, 4),  # bf16: an fp32 main_grad, reduced and swapped
     (STACKS["nemo"], 2, 2), (STACKS["megatron-2021"], 2, 2),  # grad_reduce_in_fp32 off; fp16, main_grad in fp16
     (STACKS["pytorch"], 4, 4),  # FSDP's fp32 reduce_dtype (torchtitan)
-    (STACKS["megatron-deepspeed"], 2, 2), (BF16_OPTIMIZER, 2, 4),  # DeepSpeed: a 16-bit wire; BF16_Optimizer's _hp_grad
+    (STACKS["megatron-deepspeed"], 2, 2), (DEEPSPEED_BF16_OPTIMIZER, 2, 4),  # DeepSpeed: a 16-bit wire; BF16_Optimizer's _hp_grad
 ], ids=["megatron", "megatron-core", "nemo", "megatron-2021", "pytorch", "megatron-deepspeed", "bf16-optimizer"])
 def test_each_stack_reduces_and_swaps_its_gradients_at_its_own_width(kernels, element, tied):
     """Every stack's gradient width on the wire in its data-parallel reduction, and in the tied
@@ -365,20 +361,24 @@ def test_llm_foundrys_fsdp_reduces_bf16_and_swaps_nothing():
     assert tied_embedding_bytes(spec, layout, "bf16", STACKS["llm-foundry"]) == 0
 
 
-def test_megatrons_distributed_optimizer_reduce_scatters_where_deepspeeds_bf16_engine_all_reduces():
+def test_zero1_reduce_scatters_in_megatron_and_deepspeeds_zero_optimizer_where_its_bf16_engine_all_reduces():
     """ZeRO-1 in Megatron-LM's distributed optimizer reduce-scatters the gradients into the rows each
-    rank updates; DeepSpeed's BF16_Optimizer all-reduces them whole. At dp 64 a ring reduce-scatter
-    moves half an all-reduce's bytes: NeMo's bf16 gradients reduce in half DeepSpeed's time, and
-    Megatron-LM's fp32 ones in the same."""
+    rank updates, and DeepSpeed's ZeRO optimizer reduces each rank's partition to it (stage_1_and_2's
+    average_tensor), one reduce-scatter's traffic; DeepSpeed's BF16_Optimizer all-reduces them whole.
+    At dp 64 a ring reduce-scatter moves half an all-reduce's bytes: NeMo's bf16 gradients reduce in
+    the ZeRO optimizer's 16-bit time and in half the BF16_Optimizer's, Megatron-LM's fp32 ones in
+    the BF16_Optimizer's (which puts bf16 on the wire)."""
     from plait.plan.simulate import flush_costs
 
     spec, hw, layout = model_spec("llama-70b"), hardware("a100-80gb"), Layout(dp=64, tp=8, pp=4, zero=1)
     params = spec.layers * 12 * spec.hidden**2 / (8 * 4)
-    flushes = {stack: flush_costs(Workload(spec, 512, "bf16", STACKS[stack]), hw, layout, params, 100)
-               for stack in ("nemo", "megatron-core", "megatron-deepspeed")}
+    stacks = {name: STACKS[name] for name in ("nemo", "megatron-core", "megatron-deepspeed")}
+    flushes = {name: flush_costs(Workload(spec, 512, "bf16", kernels), hw, layout, params, 100)
+               for name, kernels in {**stacks, "bf16-optimizer": DEEPSPEED_BF16_OPTIMIZER}.items()}
     reduce = {stack: flush.reduce + flush.after for stack, flush in flushes.items()}  # DeepSpeed's waits after
-    assert reduce["nemo"] == pytest.approx(reduce["megatron-deepspeed"] / 2, rel=0.01)
-    assert reduce["megatron-core"] == pytest.approx(reduce["megatron-deepspeed"], rel=0.01)
+    assert reduce["nemo"] == pytest.approx(reduce["megatron-deepspeed"], rel=0.01)
+    assert reduce["nemo"] == pytest.approx(reduce["bf16-optimizer"] / 2, rel=0.01)
+    assert reduce["megatron-core"] == pytest.approx(reduce["bf16-optimizer"], rel=0.01)
 
 
 def test_deepspeeds_pipeline_engine_reduces_gradients_after_its_schedule():

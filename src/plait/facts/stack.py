@@ -144,6 +144,11 @@ class Kernels:
     # whose weights are bf16 beside an fp32 master. DeepSpeed's BF16_Optimizer and plait's DDP
     # all-reduce whole gradients at ZeRO-1.
     main_grad_buffer: bool = False
+    # ZeRO-1 reduces each rank's gradient rows to that rank, one reduce-scatter's traffic, without a
+    # main_grad buffer: DeepSpeed's ZeRO optimizer (stage_1_and_2.py, whose average_tensor under its
+    # default reduce_scatter=True reduces every partition of a bucket to its owner). Its BF16_Optimizer
+    # all-reduces whole gradients instead (PipelineEngine._bf16_reduce_grads), as plait's DDP does.
+    zero1_reduces_partitions: bool = False
     # A stage's boundary tensor crosses the pipeline in 1/tp pieces, one from each tensor-parallel rank,
     # the receiving stage all-gathering them over tp: Megatron-LM's scatter/gather before Megatron-Core
     # (Narayanan et al. 2021, §4.1) and DeepSpeed's partitioned pipe buffers
@@ -209,7 +214,7 @@ WHOLE_BLOCKS = ("none", "full")
 MEGATRON_2021_A100 = 0.607
 MEGATRON_CORE_H100 = 0.486
 PYTORCH_H100_96GB = 0.490
-DEEPSPEED_LAYER_HOST_S = 0.0039
+DEEPSPEED_LAYER_HOST_S = 0.0046
 DEEPSPEED_ZERO3_COLLECTIVES = 0.108
 NEMO_H100 = 0.568
 # Hopper-native causal attention (Transformer Engine's cuDNN fused attention, FlashAttention-3):
@@ -257,12 +262,13 @@ STACKS = {
     "nemo": replace(MEGATRON_CORE, fp32_gradients=False, matmul_efficiency=(("h100-sxm", NEMO_H100),),
                     attention_efficiency=(("h100-sxm", HOPPER_CAUSAL_ATTENTION),)),
     # Megatron-DeepSpeed (BLOOM, 2022): Megatron-LM's fused softmax without flash attention, dropout,
-    # DeepSpeed's 1F1B pipeline engine reducing gradients after its schedule, and a cost per layer pass
+    # DeepSpeed's 1F1B pipeline engine reducing gradients after its schedule, its ZeRO optimizer
+    # (ZeRO-1 reducing each rank's partition; DEEPSPEED_BF16_OPTIMIZER below), and a cost per layer pass
     # fitted on BLOOM's own layout search (benchmarks/validate_published.py: the 181B model's '48 node
     # contenders' table; the prequel's eighteen other tables held out).
     "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
                                   schedules=("1f1b",), blocking_sends=("1f1b",), reduce_after_schedule=True,
-                                  pipeline_max_zero=1,
+                                  pipeline_max_zero=1, zero1_reduces_partitions=True,
                                   pipeline_boundary_split=True, recompute_modes=WHOLE_BLOCKS,
                                   partial_recompute=False, sequence_parallel=False, cp_algorithms=(),
                                   hybrid_sharding=False),
@@ -300,3 +306,10 @@ STACKS = {
                            cp_algorithms=(), zero3_backward_prefetch="post"),
 }
 DEFAULT_STACK = "plait"
+
+# DeepSpeed's BF16_Optimizer on Megatron-DeepSpeed, which BLOOM trained with from its prequel's
+# "Rebalancing layers" on: gradients accumulated in fp32, all-reduced whole after the schedule
+# (PipelineEngine._bf16_reduce_grads), cast to bf16 on the wire (DeepSpeedEngine.allreduce_bucket
+# casts to communication_data_type, bf16 at ZeRO stage 0), its own ZeRO-1 sharding the fp32 master.
+DEEPSPEED_BF16_OPTIMIZER = replace(STACKS["megatron-deepspeed"], fp32_grad_accumulation=True,
+                                   zero1_reduces_partitions=False)

@@ -216,7 +216,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
         if per_layer:  # the context-parallel average after backward covers every layer's shard
             reduce *= layout.microbatches
             after = plait_reduction_seconds(hw, layout, params * g_bytes, g_bytes, held_bytes)[1]
-    elif layout.zero == 0 or (layout.zero == 1 and not kernels.main_grad_buffer):
+    elif layout.zero == 0 or (layout.zero == 1 and not (kernels.main_grad_buffer or kernels.zero1_reduces_partitions)):
         reduce = all_reduce_seconds(grads, replicas, replica_link)
     else:  # reduce-scatter over the ZeRO group; replica groups (hybrid sharding) average the shard
         reduce = reduce_scatter_seconds(grads, shards, link)
