@@ -55,6 +55,20 @@ def test_plaits_own_layers_keep_the_backward_all_reduce_on_the_critical_path():
     assert times.backward_weight > 0
 
 
+@pytest.mark.parametrize("stack", ["megatron-2021", "megatron-deepspeed"])
+def test_megatron_before_its_async_all_reduce_and_blooms_fork_wait_for_the_backward_all_reduces(stack):
+    """Megatron-LM of April 2021 (Narayanan et al.'s runs) and BLOOM's Megatron-DeepSpeed fork call
+    copy_to_tensor_model_parallel_region and then F.linear: the input gradient's all-reduce runs in
+    that region's backward, after the matmuls, with nothing left to hide it. Megatron-LM's later
+    releases hide it under the weight gradients."""
+    hw = hardware("a100-80gb", intra_node_gbps=50)  # slow enough that the hiding shows
+    waited = layer_cost(SPEC, hw, LAYOUT, 1, "bf16", STACKS[stack])
+    hidden = layer_cost(SPEC, hw, LAYOUT, 1, "bf16", replace(STACKS[stack], tp_backward_overlap=True))
+    comm = _backward_tp_seconds(hw, LAYOUT)
+    assert waited.comm_backward == pytest.approx(comm, rel=1e-9)
+    assert hidden.comm_backward < 0.8 * comm
+
+
 def test_the_column_parallel_share_is_qkv_and_the_first_mlp_projection():
     """GPT: q, k, v (3h²) and the 4h MLP input (4h²) of its 12h² weights."""
     assert column_parallel_share(model_spec("gpt2")) == pytest.approx(7 / 12)

@@ -62,7 +62,9 @@ class Kernels:
     # its reduce-scatter, goes while the weight gradient is computed, and sp's re-gather of the saved
     # input shard while the input gradient is (so it is not charged). A row-parallel linear's output
     # gradient, all-gathered under sp, is waited for. plait's DTensor layers issue each on the
-    # critical path.
+    # critical path, as Megatron-LM did before September 2021 (its async all-reduce came then:
+    # Narayanan et al. 2021 ran without it) and BLOOM's Megatron-DeepSpeed fork, which never took it
+    # (megatron/mpu/layers.py: copy_to_tensor_model_parallel_region, then F.linear).
     tp_backward_overlap: bool = True
     # Tensor-parallel communication run in pieces inside the matmul it feeds or drains (with sequence
     # parallelism, over one node's NVLink), only what exceeds that matmul exposed
@@ -211,10 +213,10 @@ class Kernels:
 WHOLE_BLOCKS = ("none", "full")
 
 # benchmarks/validate_published.py --fit
-MEGATRON_2021_A100 = 0.607
+MEGATRON_2021_A100 = 0.628
 MEGATRON_CORE_H100 = 0.486
 PYTORCH_H100_96GB = 0.490
-DEEPSPEED_LAYER_HOST_S = 0.0046
+DEEPSPEED_LAYER_HOST_S = 0.0030
 DEEPSPEED_ZERO3_COLLECTIVES = 0.108
 NEMO_H100 = 0.568
 # Hopper-native causal attention (Transformer Engine's cuDNN fused attention, FlashAttention-3):
@@ -228,7 +230,7 @@ HOPPER_CAUSAL_ATTENTION = 2.0
 # a year later ran the same 1T model, 512 sequences to each pipeline of 64 stages, at 177 hardware
 # TFLOP/s a GPU where this one ran 163 (Korthikanti et al. 2022, table 5, full recomputation): the
 # catalog's efficiency, fitted on that later release's own layer timings, would read it fast.
-MEGATRON_2021 = Kernels(dropout=True, flash_attention=False, pipeline_boundary_split=True,
+MEGATRON_2021 = Kernels(dropout=True, flash_attention=False, pipeline_boundary_split=True, tp_backward_overlap=False,
                         blocking_sends=("1f1b", "interleaved-1f1b"), interleaved_two_stages=False,
                         main_grad_buffer=True,
                         recompute_modes=WHOLE_BLOCKS, partial_recompute=False, sequence_parallel=False,
@@ -268,7 +270,7 @@ STACKS = {
     # contenders' table; the prequel's eighteen other tables held out).
     "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
                                   schedules=("1f1b",), blocking_sends=("1f1b",), reduce_after_schedule=True,
-                                  pipeline_max_zero=1, zero1_reduces_partitions=True,
+                                  pipeline_max_zero=1, zero1_reduces_partitions=True, tp_backward_overlap=False,
                                   pipeline_boundary_split=True, recompute_modes=WHOLE_BLOCKS,
                                   partial_recompute=False, sequence_parallel=False, cp_algorithms=(),
                                   hybrid_sharding=False),
