@@ -736,3 +736,18 @@ def test_torchtitans_1f1b_waits_on_its_sends_as_torch_runs_it():
         assert min(transfers) > 0 if waits else stack == posted, schedule
         if waits:
             assert stack.sends == pytest.approx(transfers), schedule
+
+
+def test_megatron_deepspeeds_zero3_is_deepspeeds_so_ptd_p_beats_it_on_175b():
+    """Megatron-DeepSpeed without stages runs DeepSpeed's ZeRO-3, whose linear-by-linear gathers at
+    the bus bandwidth Narayanan et al. measured for it made PTD-P faster at every GPU count of their
+    table 2. Planned on that stack, 175B on 384 A100s takes tp·pp, where a ZeRO-3 at NCCL's full ring
+    bandwidth would win."""
+    from plait.plan.search import best_layout
+
+    spec, hw, stack = model_spec("gpt3-175b"), hardware("a100-80gb"), STACKS["megatron-deepspeed"]
+    ideal = replace(stack, zero3_gather_unit="layer", zero3_regathers_for_recompute=False, zero3_collective_efficiency=1.0)
+    picks = {name: best_layout(Workload(spec, 1536, "bf16", kernels), hw, 384, {}, None).layout
+             for name, kernels in (("deepspeed", stack), ("ideal", ideal))}
+    assert picks["deepspeed"].zero < 3 and picks["deepspeed"].tp * picks["deepspeed"].pp > 1
+    assert picks["ideal"].zero == 3

@@ -265,12 +265,15 @@ STACKS = {
                     attention_efficiency=(("h100-sxm", HOPPER_CAUSAL_ATTENTION),)),
     # Megatron-DeepSpeed (BLOOM, 2022): Megatron-LM's fused softmax without flash attention, dropout,
     # DeepSpeed's 1F1B pipeline engine reducing gradients after its schedule, its ZeRO optimizer
-    # (ZeRO-1 reducing each rank's partition; DEEPSPEED_BF16_OPTIMIZER below), and a cost per layer pass
+    # (ZeRO-1 reducing each rank's partition; DEEPSPEED_BF16_OPTIMIZER below; ZeRO-3 without stages
+    # DeepSpeed's, as deepspeed-zero3 describes it), and a cost per layer pass
     # fitted on BLOOM's own layout search (benchmarks/validate_published.py: the 181B model's '48 node
     # contenders' table; the prequel's eighteen other tables held out).
     "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
                                   schedules=("1f1b",), blocking_sends=("1f1b",), reduce_after_schedule=True,
                                   pipeline_max_zero=1, zero1_reduces_partitions=True, tp_backward_overlap=False,
+                                  zero3_gather_unit="linear", zero3_regathers_for_recompute=True,
+                                  zero3_collective_efficiency=DEEPSPEED_ZERO3_COLLECTIVES,
                                   pipeline_boundary_split=True, recompute_modes=WHOLE_BLOCKS,
                                   partial_recompute=False, sequence_parallel=False, cp_algorithms=(),
                                   hybrid_sharding=False),
