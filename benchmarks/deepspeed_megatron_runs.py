@@ -39,8 +39,9 @@ def mt_nlg() -> list[Case]:
 
 
 # BLOOM's Megatron-DeepSpeed: dropout 0.1, fused softmax without flash attention (EAGER), full recomputation,
-# DeepSpeed's pipeline engine (its own 1F1B), bf16 with its BF16_Optimizer's own ZeRO stage 1 over all dp
-# ranks; the vocabulary padded to 250,880.
+# DeepSpeed's pipeline engine (its own 1F1B): in the prequel's prototype tables fp16 with DeepSpeed's ZeRO-1
+# optimizer, from "Rebalancing layers" on (and the final run) bf16 with its BF16_Optimizer's own ZeRO stage 1
+# over all dp ranks; the vocabulary padded to 250,880.
 BLOOM_VOCAB = 250880
 # Jean Zay's A100 80GB nodes (train/tr11-176B-ml/README.md, "Hardware"): 8 GPUs on NVLink, "4 OmniPath
 # links" of 100 Gb/s to the other nodes, 12.5 GB/s an adapter, two GPUs to each. NCCL used little of

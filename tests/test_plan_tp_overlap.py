@@ -61,7 +61,7 @@ def test_megatron_before_its_async_all_reduce_and_blooms_fork_wait_for_the_backw
     copy_to_tensor_model_parallel_region and then F.linear: the input gradient's all-reduce runs in
     that region's backward, after the matmuls, with nothing left to hide it. Megatron-LM's later
     releases hide it under the weight gradients."""
-    hw = hardware("a100-80gb", intra_node_gbps=50)  # slow enough that the hiding shows
+    hw = hardware("a100-80gb", intra_node_gbps=50)  # slow enough that some stays exposed even when hidden
     waited = layer_cost(SPEC, hw, LAYOUT, 1, "bf16", STACKS[stack])
     hidden = layer_cost(SPEC, hw, LAYOUT, 1, "bf16", replace(STACKS[stack], tp_backward_overlap=True))
     comm = _backward_tp_seconds(hw, LAYOUT)

@@ -61,10 +61,10 @@ class Kernels:
     # (LinearWithGradAccumulationAndAsyncCommunication): the input gradient's all-reduce, or under sp
     # its reduce-scatter, goes while the weight gradient is computed, and sp's re-gather of the saved
     # input shard while the input gradient is (so it is not charged). A row-parallel linear's output
-    # gradient, all-gathered under sp, is waited for. plait's DTensor layers issue each on the
-    # critical path, as Megatron-LM did before September 2021 (its async all-reduce came then:
-    # Narayanan et al. 2021 ran without it) and BLOOM's Megatron-DeepSpeed fork, which never took it
-    # (megatron/mpu/layers.py: copy_to_tensor_model_parallel_region, then F.linear).
+    # gradient, all-gathered under sp, is waited for. plait's and torchtitan's DTensor layers issue
+    # each on the critical path, as Megatron-LM did before September 2021 (its async all-reduce came
+    # then: Narayanan et al. 2021 ran without it) and BLOOM's Megatron-DeepSpeed fork, which never
+    # took it (megatron/mpu/layers.py: copy_to_tensor_model_parallel_region, then F.linear).
     tp_backward_overlap: bool = True
     # Tensor-parallel communication run in pieces inside the matmul it feeds or drains (with sequence
     # parallelism, over one node's NVLink), only what exceeds that matmul exposed
@@ -143,13 +143,13 @@ class Kernels:
     # Megatron-LM's data parallelism (every release, NeMo's too): each rank's gradients accumulate in
     # one main_grad buffer of their reduction's width (``fp32_gradients``, else the parameters'),
     # which its distributed optimizer (ZeRO-1) reduce-scatters into the rows each rank updates, and
-    # whose weights are bf16 beside an fp32 master. DeepSpeed's BF16_Optimizer and plait's DDP
-    # all-reduce whole gradients at ZeRO-1.
+    # whose weights are bf16 beside an fp32 master.
     main_grad_buffer: bool = False
     # ZeRO-1 reduces each rank's gradient rows to that rank, one reduce-scatter's traffic, without a
     # main_grad buffer: DeepSpeed's ZeRO optimizer (stage_1_and_2.py, whose average_tensor under its
     # default reduce_scatter=True reduces every partition of a bucket to its owner). Its BF16_Optimizer
-    # all-reduces whole gradients instead (PipelineEngine._bf16_reduce_grads), as plait's DDP does.
+    # all-reduces whole gradients instead (PipelineEngine._bf16_reduce_grads), as plait's DDP does at
+    # ZeRO-1.
     zero1_reduces_partitions: bool = False
     # A stage's boundary tensor crosses the pipeline in 1/tp pieces, one from each tensor-parallel rank,
     # the receiving stage all-gathering them over tp: Megatron-LM's scatter/gather before Megatron-Core
@@ -268,7 +268,7 @@ STACKS = {
     # (ZeRO-1 reducing each rank's partition; DEEPSPEED_BF16_OPTIMIZER below; ZeRO-3 without stages
     # DeepSpeed's, as deepspeed-zero3 describes it), and a cost per layer pass
     # fitted on BLOOM's own layout search (benchmarks/validate_published.py: the 181B model's '48 node
-    # contenders' table; the prequel's eighteen other tables held out).
+    # contenders' table; the prequel's twenty-three other tables held out).
     "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
                                   schedules=("1f1b",), blocking_sends=("1f1b",), reduce_after_schedule=True,
                                   pipeline_max_zero=1, zero1_reduces_partitions=True, tp_backward_overlap=False,
