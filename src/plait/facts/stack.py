@@ -122,9 +122,13 @@ class Kernels:
     # waits for the whole gather and only the reduce-scatter hides (FSDP1's BACKWARD_POST, Composer's
     # default). DeepSpeed's linear-by-linear fetch has its own order (plait.plan.zero3).
     zero3_backward_prefetch: str = "pre"
-    # DeepSpeed's pipeline engine reduces the data-parallel gradients in a ReduceGrads instruction after
-    # the schedule's last backward (deepspeed/runtime/pipe/schedule.py), so none of it hides under
-    # backward; elsewhere hooks reduce buckets as backward produces them.
+    # DeepSpeed reduces the data-parallel gradients after the last backward, so none of it hides under
+    # backward: its pipeline engine in a ReduceGrads instruction after the schedule
+    # (deepspeed/runtime/pipe/schedule.py), and without stages its engine's backward once
+    # loss.backward() returns (DeepSpeedEngine.allreduce_gradients), its ZeRO-1 and 2 hooking the
+    # reduction into backward only under overlap_comm, which is off by default (ZeRO-2's hooks without
+    # it reduce on the compute stream, between the backward's kernels). Elsewhere (ZeRO 0–2) hooks
+    # reduce buckets on their own stream as backward produces them.
     reduce_after_schedule: bool = False
     # DeepSpeed's BF16_Optimizer adds each micro-batch's 16-bit gradients into an fp32 copy of every
     # gradient the rank holds, unsharded: 4 bytes a parameter more (BLOOM's prequel, "Rebalancing

@@ -222,7 +222,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
         reduce = reduce_scatter_seconds(grads, shards, link)
         reduce += all_reduce_seconds(grads / shards, replicas // shards,
                                      strided_link(hw, replicas // shards, shards * stride, layout.world_size))
-    if kernels.reduce_after_schedule and layout.pp > 1:
+    if kernels.reduce_after_schedule:
         reduce, after = 0.0, after + reduce
     tied = tied_embedding_bytes(workload.spec, layout, workload.precision, kernels)
     if tied:  # the first and last stages swap their tied embedding's gradient after backward
