@@ -292,7 +292,7 @@ STACKS = {
     # torch.cuda.synchronize.
     "deepspeed-zero3": replace(MEGATRON_2021, zero3_gather_unit="linear", zero3_regathers_for_recompute=True,
                                zero3_collective_efficiency=DEEPSPEED_ZERO3_COLLECTIVES, schedules=("1f1b",),
-                               main_grad_buffer=False,
+                               main_grad_buffer=False, reduce_after_schedule=True,
                                pipeline_max_zero=1, max_zero=3, hybrid_sharding=False),
     # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
     # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel
