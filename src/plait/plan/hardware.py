@@ -79,7 +79,7 @@ class Hardware:
     inter_node_latency_s: float = 15e-6
     # The most bus bandwidth, GB/s, one communicator's rings reach across nodes, where NCCL was seen
     # to lay them over fewer adapters than the group has members in a node; None: each member's own
-    # adapter carries its share (plait.plan.comm.strided_link).
+    # adapter carries its share (plait.plan.comm.network_bandwidth).
     inter_node_ring_gbps: float | None = None
     # Fraction of the peak a large, well-shaped matmul reaches: one constant, fitted to the forward
     # and backward of one 22B layer on A100s that Korthikanti et al. 2022 time under five settings
