@@ -381,18 +381,20 @@ def test_zero1_reduce_scatters_in_megatron_and_deepspeeds_zero_optimizer_where_i
     assert reduce["megatron-core"] == pytest.approx(reduce["bf16-optimizer"], rel=0.01)
 
 
-def test_deepspeed_reduces_gradients_after_its_last_backward():
+@pytest.mark.parametrize("stack, zero", [("megatron-deepspeed", 1), ("megatron-2021", 0)])
+def test_deepspeed_and_megatrons_local_ddp_reduce_gradients_after_the_last_backward(stack, zero):
     """DeepSpeed's ReduceGrads instruction follows the pipeline schedule's last backward, and without
     stages its engine reduces once loss.backward() returns (its ZeRO-1 hooks into backward only under
-    overlap_comm, off by default): the whole gradient reduction waits after backward, where a stack
+    overlap_comm, off by default); Megatron-LM's local DDP of 2020–21 all-reduces once
+    forward_backward_func returns. The whole gradient reduction waits after backward, where a stack
     reducing buckets from hooks hides all but the last bucket under it."""
     from plait.plan.simulate import Workload, flush_costs
 
     spec, hw = model_spec("gpt2-xl"), hardware("a100-80gb")
-    hooked = replace(STACKS["megatron-deepspeed"], reduce_after_schedule=False)
-    for layout in (Layout(dp=8, pp=4, microbatches=8), Layout(dp=8), Layout(dp=8, zero=1)):
+    hooked = replace(STACKS[stack], reduce_after_schedule=False)
+    for layout in (Layout(dp=8, pp=4, microbatches=8), Layout(dp=8), Layout(dp=8, zero=zero)):
         params = spec.layers * 12 * spec.hidden**2 / layout.pp
-        after = flush_costs(Workload(spec, 64, "bf16", STACKS["megatron-deepspeed"]), hw, layout, params, 100)
+        after = flush_costs(Workload(spec, 64, "bf16", STACKS[stack]), hw, layout, params, 100)
         during = flush_costs(Workload(spec, 64, "bf16", hooked), hw, layout, params, 100)
         assert after.reduce == 0 and after.after == pytest.approx(during.reduce + during.after), layout
         assert after.exposed(10.0) > during.exposed(10.0), layout
