@@ -9,9 +9,11 @@ from plait.models.spec import ModelSpec
 from plait.plan.hardware import hardware
 
 # Megatron-LM 2022 (Korthikanti et al.): its fused softmax without flash attention, dropout, its
-# scatter/gather of pipeline tensors, waited on before the next compute, its distributed optimizer (ZeRO-1) and no context parallelism.
+# scatter/gather of pipeline tensors, waited on before the next compute, its distributed optimizer (ZeRO-1),
+# no context parallelism, and its gradients reduced once forward_backward_func returns
+# (train_step's optimizer.reduce_model_grads; --overlap-grad-reduce came in August 2023, off by default).
 EAGER = Kernels(dropout=True, flash_attention=False, pipeline_boundary_split=True, max_zero=1, cp_algorithms=(),
-                main_grad_buffer=True,
+                main_grad_buffer=True, reduce_after_schedule=True,
                 blocking_sends=("1f1b", "interleaved-1f1b"), interleaved_two_stages=False)
 
 
