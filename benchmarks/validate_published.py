@@ -363,11 +363,16 @@ def torchtitan_runs() -> tuple[list[Case], list[Case]]:
 
 
 # MosaicML's llm-foundry benchmark tables: MPT models under PyTorch FSDP (FULL_SHARD, bf16) on A100
-# nodes with 1,600 Gb/s between them (8 × 200 Gb/s). Every row on two nodes or more (16–128 GPUs) of
-# a model of 1B parameters or more; the H100 table states no network between nodes and is left out. MPT's shapes are the llm-foundry yamls' (layers, hidden, heads;
-# MLP 4×, vocabulary 50,368, 2,048 tokens); MPT has neither biases nor learned positions, which the
-# gpt2 family counts (under 0.2% of the parameters). Rows: model, GPUs, GPU, micro-batch, global
-# batch, tokens per second per GPU, activation checkpointing (whole blocks).
+# nodes with 1,600 Gb/s between them (8 × 200 Gb/s). Every row of a model of 1B parameters or more
+# that ran Composer's PURE mixed precision (bf16 gathers and reduce-scatters): the A100 40 GB table
+# whole, one node or more, and the A100 80 GB table's rows on two nodes or more (its one-node rows
+# ran DEFAULT, which gathers fp32 parameters: not described here); the H100 table states no network
+# between nodes and is left out. MPT's shapes are the llm-foundry yamls' (layers, hidden, heads;
+# MLP 4×, vocabulary 50,368, tied, learned positions as long as the sequence, which the tables'
+# parameter counts show); MPT has no biases, which the gpt2 family counts (under 0.2% of the
+# parameters). Rows on two nodes or more: model, GPUs, GPU, micro-batch, global batch, tokens per
+# second per GPU, activation checkpointing (whole blocks), all at 2,048 tokens; rows on one node of
+# 40 GB A100s: model, tokens, micro-batch, global batch, tokens per second per GPU, checkpointing.
 LLM_FOUNDRY = "mosaicml/llm-foundry scripts/train/benchmarking/README.md"
 MPT_SHAPES = {"70b": (80, 8192, 64), "30b": (48, 7168, 56), "13b": (40, 5120, 40), "7b": (32, 4096, 32),
               "3b": (32, 2560, 20), "1b": (24, 2048, 16)}
@@ -384,18 +389,33 @@ LLM_FOUNDRY_ROWS = [
     ("1b", 128, "a100-40gb", 10, 1280, 18647, False), ("1b", 64, "a100-40gb", 10, 640, 19001, False),
     ("1b", 32, "a100-40gb", 10, 320, 15555, False), ("1b", 16, "a100-40gb", 8, 128, 19085, False),
 ]
+LLM_FOUNDRY_ONE_NODE_ROWS = [
+    ("13b", 8192, 1, 128, 1407, True), ("13b", 4096, 2, 256, 1603, True), ("13b", 2048, 4, 512, 1668, True),
+    ("13b", 1024, 8, 1024, 1727, True), ("13b", 512, 16, 2048, 1763, True),
+    ("7b", 16384, 1, 32, 2249, True), ("7b", 8192, 3, 96, 2887, True), ("7b", 4096, 6, 192, 3366, True),
+    ("7b", 2048, 12, 384, 3679, True), ("7b", 1024, 24, 768, 3854, True), ("7b", 512, 48, 1536, 3895, True),
+    ("3b", 32768, 1, 32, 2955, True), ("3b", 16384, 2, 128, 4465, True), ("3b", 8192, 1, 64, 7149, False),
+    ("3b", 4096, 2, 128, 8777, False), ("3b", 2048, 5, 320, 10065, False), ("3b", 1024, 10, 640, 10731, False),
+    ("3b", 512, 20, 1280, 11324, False),
+    ("1b", 32768, 1, 32, 5095, True), ("1b", 16384, 1, 64, 9715, False), ("1b", 8192, 2, 128, 13474, False),
+    ("1b", 4096, 4, 256, 16856, False), ("1b", 2048, 8, 512, 19271, False), ("1b", 1024, 16, 1024, 20959, False),
+    ("1b", 512, 32, 2048, 21782, False),
+]
 
 
 def llm_foundry_runs() -> list[Case]:
     """The llm-foundry rows above, every one held out (the llm-foundry stack has no figure of its own)."""
+    rows = [(model, 2048, gpus, gpu, *rest) for model, gpus, gpu, *rest in LLM_FOUNDRY_ROWS]
+    rows += [(model, tokens, 8, "a100-40gb", *rest) for model, tokens, *rest in LLM_FOUNDRY_ONE_NODE_ROWS]
     cases = []
-    for model, gpus, gpu, mbs, batch, tokens_per_s, checkpointing in LLM_FOUNDRY_ROWS:
+    for model, tokens, gpus, gpu, mbs, batch, tokens_per_s, checkpointing in rows:
         layers, hidden, heads = MPT_SHAPES[model]
-        spec = ModelSpec("gpt2", layers, hidden, heads, heads, 4 * hidden, 50368, 2048, tie_embeddings=True)
+        spec = ModelSpec("gpt2", layers, hidden, heads, heads, 4 * hidden, 50368, tokens, tie_embeddings=True)
         fixed = {"tp": 1, "pp": 1, "dp": gpus, "cp": 1, "zero": 3, "dp_replicate": 1, "sp": False,
                  "recompute": "full" if checkpointing else "none"}
-        cases.append(Case(f"MPT {model} FSDP{gpus}, {gpu.removeprefix('a100-')}", LLM_FOUNDRY, spec, gpus, batch,
-                          fixed, batch * 2048 / (tokens_per_s * gpus), mbs, gpu=gpu, kernels=STACKS["llm-foundry"]))
+        name = f"MPT {model} FSDP{gpus}, {gpu.removeprefix('a100-')}" + ("" if gpus > 8 else f", {tokens} tokens")
+        cases.append(Case(name, LLM_FOUNDRY, spec, gpus, batch, fixed, batch * tokens / (tokens_per_s * gpus), mbs,
+                          gpu=gpu, kernels=STACKS["llm-foundry"]))
     return cases
 
 
