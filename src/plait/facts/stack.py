@@ -127,10 +127,11 @@ class Kernels:
     # (deepspeed/runtime/pipe/schedule.py), and without stages its engine's backward once
     # loss.backward() returns (DeepSpeedEngine.allreduce_gradients), its ZeRO-1 and 2 hooking the
     # reduction into backward only under overlap_comm, which is off by default (ZeRO-2's hooks without
-    # it reduce on the compute stream, between the backward's kernels). So does Megatron-LM's own
-    # ("local", its default) DDP of 2020–21: train_step all-reduces every gradient once
-    # forward_backward_func returns (allreduce_params, later allreduce_gradients). Elsewhere (ZeRO 0–2)
-    # hooks reduce buckets on their own stream as backward produces them.
+    # it reduce on the compute stream, between the backward's kernels). So does Megatron-LM until
+    # its --overlap-grad-reduce (August 2023, off by default): in 2020 backward_step called its local
+    # DDP's allreduce_params once backward returned, from 2021 train_step reduces every gradient once
+    # forward_backward_func returns (allreduce_gradients, later reduce_model_grads). Elsewhere (ZeRO
+    # 0–2) hooks reduce buckets on their own stream as backward produces them.
     reduce_after_schedule: bool = False
     # DeepSpeed's BF16_Optimizer adds each micro-batch's 16-bit gradients into an fp32 copy of every
     # gradient the rank holds, unsharded: 4 bytes a parameter more (BLOOM's prequel, "Rebalancing
@@ -282,7 +283,8 @@ STACKS = {
                                   partial_recompute=False, sequence_parallel=False, cp_algorithms=(),
                                   hybrid_sharding=False),
     # DeepSpeed's ZeRO-3 as Narayanan et al. 2021 (table 2) ran it against PTD-P, on Megatron-LM's
-    # model of that year (its kernels, the catalog's efficiency): fetch_sub_module gathers each
+    # model of that year (its kernels, the catalog's efficiency, the reduction after backward that both
+    # codes run): fetch_sub_module gathers each
     # linear's weight and prefetches the next, the layer released after its forward is gathered
     # again for the recomputed one (stage3.py, April 2021), and its gathers and reduce-scatters reach
     # a fraction of the bus bandwidth NCCL's rings give, fitted on the paper's three 175B runs
@@ -292,7 +294,7 @@ STACKS = {
     # torch.cuda.synchronize.
     "deepspeed-zero3": replace(MEGATRON_2021, zero3_gather_unit="linear", zero3_regathers_for_recompute=True,
                                zero3_collective_efficiency=DEEPSPEED_ZERO3_COLLECTIVES, schedules=("1f1b",),
-                               main_grad_buffer=False, reduce_after_schedule=True,
+                               main_grad_buffer=False,
                                pipeline_max_zero=1, max_zero=3, hybrid_sharding=False),
     # torchtitan: FSDP2 and DTensor tensor parallelism under torch.compile (fused elementwise kernels,
     # PyTorch's flash attention, ring context parallelism, PyTorch's checkpoint, each tensor-parallel
