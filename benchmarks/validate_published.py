@@ -492,11 +492,19 @@ def async_tensor_parallel() -> list[Ablation]:
             for (model, gpus, dp, local, recompute, vanilla, _), fused in zip(ASYNC_TP_ROWS, async_tp_runs())]
 
 
+def torchtitan_compilation() -> list[Ablation]:
+    """torchtitan's tables 1 and 3 (llama3_h100_202412_torchtitan.md): Llama 3.1 8B under FSDP on 8 and
+    on 128 H100s, with torch.compile (fused elementwise kernels) and without (--unfused)."""
+    runs = {case.name: case for case in sum(torchtitan_runs(), [])}
+    return [Ablation(f"Llama 3.1 8B on {gpus} H100s: torch.compile against eager", runs[f"llama-8b FSDP{gpus}"].source,
+                     (runs[f"llama-8b FSDP{gpus}"], runs[f"llama-8b FSDP{gpus} eager"])) for gpus in (8, 128)]
+
+
 def ablations() -> list[Ablation]:
     korthikanti = korthikanti_2022()
     pairs = [Ablation(f"{full.name.split()[0]}: full recomputation against sp + selective", KORTHIKANTI_2022,
                       (selective, full)) for full, selective in zip(korthikanti[0:8:2], korthikanti[1:8:2])]
-    return (pairs + [torchtitan_schedules()] + async_tensor_parallel() + zero3_against_ptdp()
+    return (pairs + [torchtitan_schedules()] + torchtitan_compilation() + async_tensor_parallel() + zero3_against_ptdp()
             + torchtitan_a100_recomputation() + bloom_layout_search() + zero_bubble_ablations())
 
 
@@ -530,9 +538,12 @@ def print_ablations() -> None:
           "| source |")
     print("| --- | --- | --- | --- | ---: | --- |")
     # megatron-deepspeed's layer_host_s came from BLOOM's first table, deepspeed-zero3's collective
-    # efficiency from the 175B ZeRO-3 runs, the zero-bubble fork's cost per chunk pass from one model's runs
+    # efficiency from the 175B ZeRO-3 runs, the zero-bubble fork's cost per chunk pass from one model's
+    # runs, pytorch's efficiency from a set holding the compiled 8B run on 8 GPUs
+    fitted_runs = {case.name for case in published_runs()[0]}
     fitted_on = ({bloom_layout_search()[0].name} | {a.name for a in zero3_against_ptdp() if a.name.startswith("175B")}
-                 | {a.name for a in zero_bubble_ablations() if chunk_pass_fitted(a.name)})
+                 | {a.name for a in zero_bubble_ablations() if chunk_pass_fitted(a.name)}
+                 | {a.name for a in torchtitan_compilation() if any(c.name in fitted_runs for c in a.fastest_first)})
     right = total = held_right = held_total = apart_right = apart_total = 0
     for ablation in ablations():
         steps = [refused_or_predicted(case) for case in ablation.fastest_first]
