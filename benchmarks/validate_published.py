@@ -64,15 +64,43 @@ def megatron_2021() -> list[Case]:
     return cases
 
 
-# The Megatron-LM README of September 2020 (commit 5281919, images/cases.png, scaling-mp.png and
-# scaling-dp.png): four GPT-2 models (vocabulary 51,200, 1,024 tokens) weak-scaled by tensor
+# The Megatron-LM README of January 2021 (commit 152aab3, images/cases_jan2021.png): Narayanan's ten
+# models and layouts (model-parallel size tp·pp, tp 8 from 8 on) on a release three months older,
+# whose pipeline ran 1F1B only (no --virtual-pipeline-model-parallel-size) and sent each stage's
+# boundary whole from every tensor-parallel rank (no --scatter-gather-tensors-in-pipeline). Rows:
+# params (B), heads, hidden, layers, model-parallel size, GPUs, batch, TFLOP/s per GPU (equation 3).
+MEGATRON_JANUARY_2021 = "Megatron-LM README (github.com/NVIDIA/Megatron-LM, images/cases_jan2021.png, January 2021)"
+MEGATRON_JANUARY_2021_ROWS = [
+    (1.7, 24, 2304, 24, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 64, 512, 131), (7.5, 32, 4096, 36, 4, 128, 512, 128),
+    (18.4, 48, 6144, 40, 8, 256, 1024, 127), (39.1, 64, 8192, 48, 16, 512, 1536, 128),
+    (76.1, 80, 10240, 60, 32, 1024, 1792, 133), (145.6, 96, 12288, 80, 64, 1536, 2304, 136),
+    (290.8, 128, 16384, 90, 144, 2160, 2430, 142), (529.6, 128, 20480, 105, 280, 2520, 2520, 152),
+    (1008.0, 160, 25600, 128, 512, 3072, 3072, 154),
+]
+MEGATRON_JANUARY_2021_STACK = replace(STACKS["megatron-2021"], schedules=("1f1b",), pipeline_boundary_split=False)
+
+
+def megatron_january_2021() -> list[Case]:
+    """The README's ten runs of January 2021, every one held out."""
+    cases = []
+    for params, heads, hidden, layers, model_parallel, gpus, batch, tflops in MEGATRON_JANUARY_2021_ROWS:
+        spec, tp = gpt(layers, hidden, heads), min(model_parallel, 8)
+        fixed = {"tp": tp, "pp": model_parallel // tp, "dp": gpus // model_parallel, "cp": 1, "zero": 0, "sp": False,
+                 "recompute": "full"}
+        step = megatron_flops(spec, batch) / (tflops * 1e12 * gpus)
+        cases.append(Case(f"GPT {params}B, January 2021", MEGATRON_JANUARY_2021, spec, gpus, batch, fixed, step,
+                          kernels=MEGATRON_JANUARY_2021_STACK))
+    return cases
+
+
+# The Megatron-LM README of September 2020 (commit 5281919, images/tables.tex, from which its
+# cases.png, scaling-mp.png and scaling-dp.png are made): four GPT-2 models (vocabulary 51,200, 1,024 tokens) weak-scaled by tensor
 # parallelism over one node, 8 sequences a step on a DGX-2 (V100) and 16 on a DGX A100 (40 GB, as
 # Selene's nodes were then), and the A100 runs again under 128-way data parallelism (2,048
 # sequences). Iteration times in ms; the TFLOP/s beside them are equation 3's, so every block was
 # recomputed (--checkpoint-activations). That release has no pipeline and no gradient accumulation
 # (one micro-batch a step) and trains in fp16 with its local DDP, which all-reduces after backward.
-MEGATRON_2020 = ("Megatron-LM README (github.com/NVIDIA/Megatron-LM, images/cases.png, scaling-mp.png and scaling-dp.png, "
-                 "September 2020)")
+MEGATRON_2020 = "Megatron-LM README (github.com/NVIDIA/Megatron-LM, images/tables.tex, September 2020)"
 MEGATRON_2020_MODELS = {"1B": (15, 1920, 24, 1), "2B": (18, 2304, 30, 2), "4B": (24, 3072, 36, 4), "8B": (32, 4096, 42, 8)}
 MEGATRON_2020_ROWS = (("v100", 1, 8, {"1B": 1121, "2B": 1093, "4B": 1238, "8B": 1407}),  # GPU, dp, batch, ms
                       ("a100-40gb", 1, 16, {"1B": 1076, "2B": 1026, "4B": 1162, "8B": 1343}),
@@ -584,7 +612,7 @@ def published_runs() -> tuple[list[Case], list[Case]]:
     nemo_fit, nemo_held = nemo_dgxc()
     zb_fit, zb_held = zero_bubble_runs()
     return (core_fit + titan_fit + zero3_fit + nemo_fit + zb_fit,
-            megatron_2021() + korthikanti_2022() + megatron_2020() + bloom() + llama_3() + core_held + megatron_core_strong_scaling() + titan_held
+            megatron_2021() + megatron_january_2021() + korthikanti_2022() + megatron_2020() + bloom() + llama_3() + core_held + megatron_core_strong_scaling() + titan_held
             + async_tp_runs() + ptdp_table_2() + zero3_held + llm_foundry_runs() + torchtitan_a100() + mt_nlg()
             + nemo_held + zb_held)
 
@@ -856,6 +884,8 @@ def stack_of(case: Case) -> str:
         return "pytorch --async-tp"
     if case.kernels == ZERO_BUBBLE_MEGATRON:
         return "megatron (zero-bubble fork)"
+    if case.kernels == MEGATRON_JANUARY_2021_STACK:
+        return "megatron-2021 (1f1b only, boundaries whole)"
     if case.kernels == DEEPSPEED_BF16_OPTIMIZER:
         return "megatron-deepspeed, BF16 optimizer"
     if case.kernels == LLAMA_3_STACK:
