@@ -55,23 +55,30 @@ def megatron_2021() -> list[Case]:
         (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148), (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
         (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163), (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
     ]
-    cases = []
-    for params, heads, hidden, layers, t, p, gpus, batch, tflops in rows:
-        spec = gpt(layers, hidden, heads)
-        step = megatron_flops(spec, batch) / (tflops * 1e12 * gpus)
-        fixed = {"tp": t, "pp": p, "dp": gpus // (t * p), "cp": 1, "zero": 0, "sp": False, "recompute": "full"}
-        cases.append(Case(f"GPT {params}B", MEGATRON_2021, spec, gpus, batch, fixed, step, kernels=STACKS["megatron-2021"]))
-    return cases
+    return [equation_3_case(f"GPT {params}B", MEGATRON_2021, heads, hidden, layers, t, p, gpus, batch, tflops,
+                            STACKS["megatron-2021"]) for params, heads, hidden, layers, t, p, gpus, batch, tflops in rows]
 
 
-# The Megatron-LM README of January 2021 (commit 152aab3, images/cases_jan2021.png): Narayanan's ten
-# models and layouts (model-parallel size tp·pp, tp 8 from 8 on) on a release three months older,
-# whose pipeline ran 1F1B only (no --virtual-pipeline-model-parallel-size) and sent each stage's
-# boundary whole from every tensor-parallel rank (no --scatter-gather-tensors-in-pipeline). Rows:
-# params (B), heads, hidden, layers, model-parallel size, GPUs, batch, TFLOP/s per GPU (equation 3).
+def equation_3_case(name: str, source: str, heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int,
+                    batch: int, tflops: float, kernels: Kernels) -> Case:
+    """A Megatron-LM GPT run on A100s published as TFLOP/s per GPU by Narayanan's equation 3 (every
+    block recomputed), the rest of the GPUs data parallel without ZeRO."""
+    spec = gpt(layers, hidden, heads)
+    fixed = {"tp": tp, "pp": pp, "dp": gpus // (tp * pp), "cp": 1, "zero": 0, "sp": False, "recompute": "full"}
+    return Case(name, source, spec, gpus, batch, fixed, megatron_flops(spec, batch) / (tflops * 1e12 * gpus),
+                kernels=kernels)
+
+
+# The Megatron-LM README of January 2021 (commit 152aab3, images/cases_jan2021.png): Narayanan's
+# models and layouts (model-parallel size tp·pp, tp 8 from 8 on) on a release three months older
+# than theirs of April 2021, whose pipeline ran 1F1B only (no --virtual-pipeline-model-parallel-size)
+# and sent each stage's boundary whole from every tensor-parallel rank (no
+# --scatter-gather-tensors-in-pipeline). Its 1.7B row (137 TFLOP/s on the same layout) repeats
+# April's and is counted there. Rows: params (B), heads, hidden, layers, model-parallel size, GPUs,
+# batch, TFLOP/s per GPU (equation 3).
 MEGATRON_JANUARY_2021 = "Megatron-LM README (github.com/NVIDIA/Megatron-LM, images/cases_jan2021.png, January 2021)"
 MEGATRON_JANUARY_2021_ROWS = [
-    (1.7, 24, 2304, 24, 1, 32, 512, 137), (3.6, 32, 3072, 30, 2, 64, 512, 131), (7.5, 32, 4096, 36, 4, 128, 512, 128),
+    (3.6, 32, 3072, 30, 2, 64, 512, 131), (7.5, 32, 4096, 36, 4, 128, 512, 128),
     (18.4, 48, 6144, 40, 8, 256, 1024, 127), (39.1, 64, 8192, 48, 16, 512, 1536, 128),
     (76.1, 80, 10240, 60, 32, 1024, 1792, 133), (145.6, 96, 12288, 80, 64, 1536, 2304, 136),
     (290.8, 128, 16384, 90, 144, 2160, 2430, 142), (529.6, 128, 20480, 105, 280, 2520, 2520, 152),
@@ -81,25 +88,21 @@ MEGATRON_JANUARY_2021_STACK = replace(STACKS["megatron-2021"], schedules=("1f1b"
 
 
 def megatron_january_2021() -> list[Case]:
-    """The README's ten runs of January 2021, every one held out."""
-    cases = []
-    for params, heads, hidden, layers, model_parallel, gpus, batch, tflops in MEGATRON_JANUARY_2021_ROWS:
-        spec, tp = gpt(layers, hidden, heads), min(model_parallel, 8)
-        fixed = {"tp": tp, "pp": model_parallel // tp, "dp": gpus // model_parallel, "cp": 1, "zero": 0, "sp": False,
-                 "recompute": "full"}
-        step = megatron_flops(spec, batch) / (tflops * 1e12 * gpus)
-        cases.append(Case(f"GPT {params}B, January 2021", MEGATRON_JANUARY_2021, spec, gpus, batch, fixed, step,
-                          kernels=MEGATRON_JANUARY_2021_STACK))
-    return cases
+    """The README's runs of January 2021, every one held out."""
+    return [equation_3_case(f"GPT {params}B, January 2021", MEGATRON_JANUARY_2021, heads, hidden, layers,
+                            min(model_parallel, 8), model_parallel // min(model_parallel, 8), gpus, batch, tflops,
+                            MEGATRON_JANUARY_2021_STACK)
+            for params, heads, hidden, layers, model_parallel, gpus, batch, tflops in MEGATRON_JANUARY_2021_ROWS]
 
 
 # The Megatron-LM README of September 2020 (commit 5281919, images/tables.tex, from which its
-# cases.png, scaling-mp.png and scaling-dp.png are made): four GPT-2 models (vocabulary 51,200, 1,024 tokens) weak-scaled by tensor
-# parallelism over one node, 8 sequences a step on a DGX-2 (V100) and 16 on a DGX A100 (40 GB, as
-# Selene's nodes were then), and the A100 runs again under 128-way data parallelism (2,048
-# sequences). Iteration times in ms; the TFLOP/s beside them are equation 3's, so every block was
-# recomputed (--checkpoint-activations). That release has no pipeline and no gradient accumulation
-# (one micro-batch a step) and trains in fp16 with its local DDP, which all-reduces after backward.
+# cases.png, scaling-mp.png and scaling-dp.png are made): four GPT-2 models (vocabulary 51,200,
+# 1,024 tokens) weak-scaled by tensor parallelism over one node, 8 sequences a step on a DGX-2 (V100)
+# and 16 on a DGX A100 (40 GB, as Selene's nodes were then), and the A100 runs again under 128-way
+# data parallelism (2,048 sequences). Iteration times in ms; the TFLOP/s beside them are equation
+# 3's, so every block was recomputed (--checkpoint-activations). That release has no pipeline and no
+# gradient accumulation (one micro-batch a step) and trains in fp16 with its local DDP, which
+# all-reduces after backward.
 MEGATRON_2020 = "Megatron-LM README (github.com/NVIDIA/Megatron-LM, images/tables.tex, September 2020)"
 MEGATRON_2020_MODELS = {"1B": (15, 1920, 24, 1), "2B": (18, 2304, 30, 2), "4B": (24, 3072, 36, 4), "8B": (32, 4096, 42, 8)}
 MEGATRON_2020_ROWS = (("v100", 1, 8, {"1B": 1121, "2B": 1093, "4B": 1238, "8B": 1407}),  # GPU, dp, batch, ms
@@ -522,10 +525,11 @@ def async_tensor_parallel() -> list[Ablation]:
 
 def torchtitan_compilation() -> list[Ablation]:
     """torchtitan's tables 1 and 3 (llama3_h100_202412_torchtitan.md): Llama 3.1 8B under FSDP on 8 and
-    on 128 H100s, with torch.compile (fused elementwise kernels) and without (--unfused)."""
+    on 128 H100s, with torch.compile (fused elementwise kernels) and without (plait's --unfused)."""
     runs = {case.name: case for case in sum(torchtitan_runs(), [])}
-    return [Ablation(f"Llama 3.1 8B on {gpus} H100s: torch.compile against eager", runs[f"llama-8b FSDP{gpus}"].source,
-                     (runs[f"llama-8b FSDP{gpus}"], runs[f"llama-8b FSDP{gpus} eager"])) for gpus in (8, 128)]
+    pairs = [(runs[f"llama-8b FSDP{gpus}"], runs[f"llama-8b FSDP{gpus} eager"]) for gpus in (8, 128)]
+    return [Ablation(f"Llama 3.1 8B on {compiled.gpus} H100s: torch.compile against eager", compiled.source,
+                     (compiled, eager)) for compiled, eager in pairs]
 
 
 def ablations() -> list[Ablation]:
