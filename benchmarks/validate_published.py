@@ -56,7 +56,8 @@ def megatron_2021() -> list[Case]:
         (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163), (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
     ]
     return [equation_3_case(f"GPT {params}B", MEGATRON_2021, heads, hidden, layers, t, p, gpus, batch, tflops,
-                            STACKS["megatron-2021"]) for params, heads, hidden, layers, t, p, gpus, batch, tflops in rows]
+                            STACKS["megatron-2021"])
+            for params, heads, hidden, layers, t, p, gpus, batch, tflops in rows]
 
 
 def equation_3_case(name: str, source: str, heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int,
@@ -398,8 +399,8 @@ def torchtitan_runs() -> tuple[list[Case], list[Case]]:
 # nodes with 1,600 Gb/s between them (8 × 200 Gb/s). Every row of a model of 1B parameters or more
 # that ran Composer's PURE mixed precision (bf16 gathers and reduce-scatters): the A100 40 GB table
 # whole, one node or more, and the A100 80 GB table's rows on two nodes or more (its one-node rows
-# ran DEFAULT, which gathers fp32 parameters: not described here); the H100 table states no network
-# between nodes and is left out. MPT's shapes are the llm-foundry yamls' (layers, hidden, heads;
+# ran DEFAULT, whose gather and reduction dtypes changed between Composer releases, and the table
+# does not say which release); the H100 table states no network between nodes and is left out. MPT's shapes are the llm-foundry yamls' (layers, hidden, heads;
 # MLP 4×, vocabulary 50,368, tied, learned positions as long as the sequence, which the tables'
 # parameter counts show); MPT has no biases, which the gpt2 family counts (under 0.2% of the
 # parameters). Rows on two nodes or more: model, GPUs, GPU, micro-batch, global batch, tokens per
@@ -616,8 +617,8 @@ def published_runs() -> tuple[list[Case], list[Case]]:
     nemo_fit, nemo_held = nemo_dgxc()
     zb_fit, zb_held = zero_bubble_runs()
     return (core_fit + titan_fit + zero3_fit + nemo_fit + zb_fit,
-            megatron_2021() + megatron_january_2021() + korthikanti_2022() + megatron_2020() + bloom() + llama_3() + core_held + megatron_core_strong_scaling() + titan_held
-            + async_tp_runs() + ptdp_table_2() + zero3_held + llm_foundry_runs() + torchtitan_a100() + mt_nlg()
+            megatron_2021() + megatron_january_2021() + korthikanti_2022() + megatron_2020() + bloom() + llama_3()
+            + core_held + megatron_core_strong_scaling() + titan_held + async_tp_runs() + ptdp_table_2() + zero3_held + llm_foundry_runs() + torchtitan_a100() + mt_nlg()
             + nemo_held + zb_held)
 
 

@@ -284,14 +284,13 @@ STACKS = {
                                   hybrid_sharding=False),
     # DeepSpeed's ZeRO-3 as Narayanan et al. 2021 (table 2) ran it against PTD-P, on Megatron-LM's
     # model of that year (its kernels, the catalog's efficiency, the reduction after backward that both
-    # codes run): fetch_sub_module gathers each
-    # linear's weight and prefetches the next, the layer released after its forward is gathered
-    # again for the recomputed one (stage3.py, April 2021), and its gathers and reduce-scatters reach
-    # a fraction of the bus bandwidth NCCL's rings give, fitted on the paper's three 175B runs
-    # (benchmarks/validate_published.py; the three 530B runs held out). That fraction, 0.107 of
-    # 192 GB/s, is ~21 GB/s: each GPU moved its parameters at about one adapter's rate. Why is not
-    # measured; candidates are its one collective per tensor, each launched after a device-wide
-    # torch.cuda.synchronize.
+    # codes run): fetch_sub_module gathers each linear's weight and prefetches the next, the layer
+    # released after its forward is gathered again for the recomputed one (stage3.py, April 2021), and
+    # its gathers and reduce-scatters reach a fraction of the bus bandwidth NCCL's rings give, fitted
+    # on the paper's three 175B runs (benchmarks/validate_published.py; the three 530B runs held out).
+    # That fraction, 0.107 of 192 GB/s, is ~21 GB/s: each GPU moved its parameters at about one
+    # adapter's rate. Why is not measured; candidates are its one collective per tensor, each launched
+    # after a device-wide torch.cuda.synchronize.
     "deepspeed-zero3": replace(MEGATRON_2021, zero3_gather_unit="linear", zero3_regathers_for_recompute=True,
                                zero3_collective_efficiency=DEEPSPEED_ZERO3_COLLECTIVES, schedules=("1f1b",),
                                main_grad_buffer=False,
