@@ -22,7 +22,8 @@ from plait.facts.validity import run_problems
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
 from plait.plan.hardware import CATALOG, hardware
-from plait.plan.search import PLANNER_ERROR, search
+from plait.plan.ranking import PLANNER_ERROR
+from plait.plan.search import search
 from plait.plan.simulate import Workload, evaluate
 
 CASES = 220

@@ -104,7 +104,8 @@ def test_a_layout_over_more_dimensions_must_win_by_more_than_the_planners_error(
     planner's own error, so plan recommends that; strictly by time the other comes first."""
     from plait.models.spec import model_spec
     from plait.plan.hardware import hardware
-    from plait.plan.search import PLANNER_ERROR, layout_complexity, search
+    from plait.plan.ranking import PLANNER_ERROR, layout_complexity
+    from plait.plan.search import search
     from plait.plan.simulate import Workload
 
     workload, hw = Workload(model_spec("llama-8b"), global_batch=64), hardware("h100-sxm")
@@ -126,7 +127,8 @@ def test_context_parallelism_on_a_short_sequence_must_win_by_more_than_the_plann
     from plait.facts.stack import STACKS
     from plait.models.spec import model_spec
     from plait.plan.hardware import hardware
-    from plait.plan.search import CONTEXT_PARALLEL_PRECEDENT_TOKENS, PLANNER_ERROR, layout_complexity, search
+    from plait.plan.ranking import CONTEXT_PARALLEL_PRECEDENT_TOKENS, PLANNER_ERROR, layout_complexity
+    from plait.plan.search import search
     from plait.plan.simulate import Workload
 
     workload, hw = Workload(model_spec("llama-1b"), global_batch=32, kernels=STACKS["megatron"]), hardware("h100-sxm")
@@ -145,7 +147,7 @@ def test_zero3_wider_than_any_run_published_at_ring_bandwidth_counts_as_one_more
     a step, and hybrid sharding gathers over its shard group only."""
     from plait.facts.stack import STACKS
     from plait.layout import Layout
-    from plait.plan.search import FULL_SHARD_PRECEDENT_RANKS, layout_complexity
+    from plait.plan.ranking import FULL_SHARD_PRECEDENT_RANKS, layout_complexity
 
     wide = 2 * FULL_SHARD_PRECEDENT_RANKS
 

@@ -8,7 +8,8 @@ from plait.errors import ConfigError
 from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.plan.hardware import hardware
-from plait.plan.search import scan, scanned_layout
+from plait.plan.scan import scan
+from plait.plan.space import scanned_layout
 from plait.plan.simulate import Workload, evaluate
 
 

@@ -12,7 +12,9 @@ from plait.plan.comm import Link, all_reduce_seconds, group_link, reduce_scatter
 from plait.plan.compute import Gemm, gemm_seconds, layer_shape
 from plait.plan.costs import layer_cost
 from plait.plan.hardware import CATALOG, catalog_name_of, hardware, stack_hardware
-from plait.plan.search import SCANNED, best_layout, scan, scanned_layout, search
+from plait.plan.scan import scan
+from plait.plan.search import best_layout, search
+from plait.plan.space import SCANNED, scanned_layout
 from plait.plan.simulate import Workload, evaluate
 
 

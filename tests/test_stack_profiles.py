@@ -179,7 +179,7 @@ def test_torch_async_tp_gains_on_torchtitans_runs_what_they_measured_within_the_
     """torchtitan's Llama 3.1 70B on 256 H100s (FSDP 32, TP 8, full recomputation) and 8B on 64
     (FSDP 8, TP 8, per-op checkpointing) ran 1.09× and 1.10× faster under async TP than under
     vanilla TP; the planner's gain for each pinned pair lies within its own error of that."""
-    from plait.plan.search import PLANNER_ERROR
+    from plait.plan.ranking import PLANNER_ERROR
 
     published, micro_pipeline, _ = _async_tp_gains(model)
     assert micro_pipeline == pytest.approx(published, rel=PLANNER_ERROR)
@@ -663,7 +663,7 @@ def test_a_stacks_cost_per_chunk_pass_lands_on_every_forward_and_backward_pass()
     chunks both ways every micro-batch, and the warm-up and drain hold the step for pp − 1 passes
     more each way: 2·(v·m + pp − 1) times it, under every schedule, in the play and in the search's
     closed form alike, whether the stack's sends block or not."""
-    from plait.plan.search import scan
+    from plait.plan.scan import scan
 
     spec = ModelSpec("gpt2", 16, 512, 8, 8, 2048, 1024, 128, tie_embeddings=True)
     hw, extra = hardware("a100-80gb"), 0.01
