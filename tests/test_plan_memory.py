@@ -252,7 +252,8 @@ def test_every_published_run_fits_the_gpu_it_ran_on():
     fit: its GPU holds what CUDA reports (an A100 80GB 79.25 GiB, 85.1 × 10⁹ bytes, not 80 × 10⁹).
     Among them the zero-bubble paper's 28.3B ZB-1p runs, whose peak it measured at 73 GB, and
     llm-foundry's 1B and 3B runs on A100s of 40 GB."""
-    from benchmarks.validate_published import ablations, published_runs, refused_or_predicted
+    from benchmarks.stack_fits import refused_or_predicted
+    from benchmarks.validate_published import ablations, published_runs
 
     cases = sum(published_runs(), []) + [case for ablation in ablations() for case in ablation.fastest_first]
     assert len(cases) > 200

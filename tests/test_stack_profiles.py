@@ -160,7 +160,7 @@ def _async_tp_gains(model: str) -> tuple[float, float, float]:
     """torchtitan's gain of async TP over vanilla TP on ``model`` (asyncTP_llama3_h100_2025-06_torchtitan.md),
     and the planner's for the pinned pair, with torch's micro-pipeline and with every collective fused
     (Transformer Engine's userbuffers)."""
-    from benchmarks.validate_published import async_tensor_parallel
+    from benchmarks.pytorch_runs import async_tensor_parallel
 
     pair = next(a for a in async_tensor_parallel() if a.name.startswith(model + ":")).fastest_first
 
@@ -415,7 +415,7 @@ def test_korthikantis_layer_timings_compare_as_published():
     gradient is all-gathered before its backward can start (only the column-parallel linears'
     reduce-scatters hide under their weight gradients). Without them sequence parallelism with
     selective recomputation read 8 points off."""
-    from benchmarks.validate_published import TABLE_4_LAYOUTS, table_4_layer_ms
+    from benchmarks.megatron_runs import TABLE_4_LAYOUTS, table_4_layer_ms
 
     published = [ms for _, _, ms in TABLE_4_LAYOUTS]
     predicted = table_4_layer_ms(hardware("a100-80gb"))
@@ -456,7 +456,8 @@ def test_composers_backward_post_prefetch_accounts_for_mpt_70bs_sixteen_regather
     BACKWARD_POST every backward gather stands exposed, and the planner lands within 2% of the
     published step; prefetched before the gradients (FSDP2's way) the gathers would hide and the
     step read 6% fast."""
-    from benchmarks.validate_published import llm_foundry_runs, predict
+    from benchmarks.pytorch_runs import llm_foundry_runs
+    from benchmarks.stack_fits import predict
 
     (case,) = [c for c in llm_foundry_runs() if c.name == "MPT 70b FSDP32, 80gb"]
     assert STACKS["llm-foundry"].zero3_backward_prefetch == "post"
@@ -595,7 +596,7 @@ def test_megatrons_interleaved_exchange_makes_a_forward_output_wait_a_backward()
     Megatron-LM of 2021 ran it: each steady-state step exchanges its forward's output with its
     backward's gradient after both, so the next rank's forward starts a backward later than if the
     output were sent as it is made, and the step is longer."""
-    from benchmarks.validate_published import megatron_2021
+    from benchmarks.megatron_runs import megatron_2021
     from plait.plan.costs import stage_boundaries
     from plait.plan.pipeline import play
     from plait.plan.search import best_layout
@@ -619,7 +620,7 @@ def test_megatron_before_megatron_core_interleaves_three_stages_or_more():
     """Megatron-LM's README of 2021-23: "The interleaved schedule is not supported for pipelines with
     2 stages". The planner gives Narayanan's 39.1B run on two stages (table 1) the 1F1B it ran, where
     it had picked interleaving; Megatron-Core interleaves two stages."""
-    from benchmarks.validate_published import megatron_2021
+    from benchmarks.megatron_runs import megatron_2021
     from plait.facts.validity import pipeline_problems
     from plait.plan.search import best_layout
 
@@ -694,7 +695,7 @@ def test_the_zero_bubble_forks_cost_per_chunk_pass_fitted_on_one_model_holds_for
     other three within 0.15 ms, where without it each is 0.9 ms or more short; and it puts ZB-1p
     ahead of interleaved 1F1B at 14.6B on two nodes at every micro-batch count, as published
     (4.5-6.0% apart), where the planner had read them the other way."""
-    from benchmarks.validate_published import predicting_chunk_pass as at
+    from benchmarks.stack_fits import predicting_chunk_pass as at
     from benchmarks.zero_bubble_runs import (CHUNK_PASS_FITTED_ON, MODELS, ZERO_BUBBLE_CHUNK_PASS_S, marginal_microbatch_seconds,
                                              table_4, unpredicted_per_extra_chunk)
 
