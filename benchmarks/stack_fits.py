@@ -1,5 +1,6 @@
-"""The planner's predictions of a published run, and the fits of the stacks' figures on published
-runs (``benchmarks/validate_published.py --fit`` prints them; the values live in plait.facts.stack)."""
+"""The planner's predictions of a published run (its step, its pinned layout's peak, its order against
+another run), and the fits of the stacks' figures on published runs
+(``benchmarks/validate_published.py --fit`` prints them; the values live in plait.facts.stack)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from dataclasses import replace
 from benchmarks.megatron_runs import TABLE_4_LAYOUTS, table_4_layer_ms
 from benchmarks.published_case import Case
 from benchmarks.zero_bubble_runs import CHUNK_PASS_FITTED_ON, marginal_microbatch_seconds, unpredicted_per_extra_chunk
-
 from plait.errors import ConfigError
+from plait.layout import Layout
 from plait.plan.hardware import hardware
 from plait.plan.search import best_layout
 from plait.plan.simulate import Workload, evaluate
@@ -36,6 +37,13 @@ def refused_or_predicted(case: Case) -> float:
 def ordered(predicted: list[float], i: int, j: int) -> bool:
     """Whether the planner puts layout i ahead of layout j: never when it refuses either."""
     return math.isfinite(predicted[i] + predicted[j]) and predicted[i] < predicted[j]
+
+
+def predicted_peak(case: Case) -> float:
+    """The planner's peak bytes for the case's pinned layout at its micro-batch, fitting or not."""
+    layout = Layout(**case.fixed, microbatches=case.batch // (case.fixed["dp"] * case.micro_batch))
+    workload = Workload(case.spec, case.batch, "bf16", case.kernels)
+    return evaluate(workload, case.hardware(), case.gpus, layout).peak_memory_bytes
 
 
 def fit_catalog_efficiency() -> float:

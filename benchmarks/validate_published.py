@@ -33,14 +33,13 @@ from benchmarks.pytorch_runs import (
 )
 from benchmarks.stack_fits import (
     fit_catalog_efficiency, fit_chunk_pass, fit_efficiency, fit_layer_host, fit_zero3_efficiency, ordered, predict,
-    predicting_chunk_pass, refused_or_predicted,
+    predicted_peak, predicting_chunk_pass, refused_or_predicted,
 )
 from benchmarks.zero_bubble_runs import (
     CHUNK_PASS_FITTED_ON, ZERO_BUBBLE, ZERO_BUBBLE_CHUNK_PASS_S, ZERO_BUBBLE_MEGATRON, chunk_pass_fitted,
     marginal_microbatch_seconds, unpredicted_per_extra_chunk, zero_bubble_ablations, zero_bubble_memory,
     zero_bubble_runs,
 )
-
 from plait.errors import ConfigError
 from plait.facts.stack import DEEPSPEED_BF16_OPTIMIZER, STACKS
 from plait.layout import Layout
@@ -290,13 +289,6 @@ def print_bloom_head_alignment() -> None:
     for table, layout, smaller, larger, predicted in sweeps:
         print(f"| {table} | {layout} | {smaller.micro_batch} → {larger.micro_batch} "
               f"| {larger.measured_step_s / smaller.measured_step_s - 1:+.1%} | {predicted:+.1%} |")
-
-
-def predicted_peak(case: Case) -> float:
-    """The planner's peak bytes for the case's pinned layout at its micro-batch, fitting or not."""
-    layout = Layout(**case.fixed, microbatches=case.batch // (case.fixed["dp"] * case.micro_batch))
-    workload = Workload(case.spec, case.batch, "bf16", case.kernels)
-    return evaluate(workload, case.hardware(), case.gpus, layout).peak_memory_bytes
 
 
 def print_zero_bubble_memory() -> None:

@@ -9,8 +9,8 @@ from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.plan.hardware import hardware
 from plait.plan.scan import scan
-from plait.plan.space import scanned_layout
 from plait.plan.simulate import Workload, evaluate
+from plait.plan.space import scanned_layout
 
 
 def test_sharding_inside_the_node_trades_memory_for_the_inter_node_traffic():

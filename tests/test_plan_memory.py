@@ -204,7 +204,7 @@ def _bloom_ran():
 def test_blooms_layouts_fit_where_they_ran(case):
     """Megatron-DeepSpeed with ZeRO-1 and full recomputation, as BLOOM's team ran them (the
     validation's stack, Jean Zay's nodes and DeepSpeed's cut of the stages)."""
-    from benchmarks.validate_published import predicted_peak
+    from benchmarks.stack_fits import predicted_peak
 
     assert predicted_peak(case) <= case.hardware().usable_memory_bytes
 

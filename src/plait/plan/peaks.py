@@ -37,7 +37,7 @@ class RankHold(NamedTuple):
     @classmethod
     def of(cls, counts: tuple[tuple[int, ...], ...], chunk_layers: tuple[int, ...], first: bool, last: bool) -> "RankHold":
         pairs = {(sum(n * size for n, size in zip(count, chunk_layers)), count[-1] if last else 0) for count in counts}
-        return cls(counts, chunk_layers, first, last, undominated(pairs), sum(chunk_layers), {})
+        return cls(counts, chunk_layers, first, last, _undominated(pairs), sum(chunk_layers), {})
 
     def partial_bytes(self, recomputed_layers: int, kept: float, recomputed: float, head: float) -> float:
         """The most activation bytes held where the first ``recomputed_layers`` layers of each chunk
@@ -45,7 +45,7 @@ class RankHold(NamedTuple):
         the head holds ``head``."""
         peaks = self.partial_peaks.get(recomputed_layers)
         if peaks is None:  # per peak (layers recomputed, layers kept, head copies) held
-            peaks = self.partial_peaks[recomputed_layers] = undominated({
+            peaks = self.partial_peaks[recomputed_layers] = _undominated({
                 (sum(c * min(n, recomputed_layers) for c, n in zip(count, self.chunk_layers)),
                  sum(c * max(0, n - recomputed_layers) for c, n in zip(count, self.chunk_layers)),
                  count[-1] if self.last else 0) for count in self.counts})
@@ -53,12 +53,12 @@ class RankHold(NamedTuple):
 
 
 def beside_activations(holds: tuple[RankHold, ...], kinds: tuple[tuple, ...], besides: dict[tuple, float]
-            ) -> Iterator[tuple[RankHold, float]]:
+                       ) -> Iterator[tuple[RankHold, float]]:
     """Each examined rank's hold with its bytes besides the activations, looked up by its kind."""
     return zip(holds, map(besides.__getitem__, kinds))
 
 
-def undominated(points: set[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+def _undominated(points: set[tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
     """The points no other point equals or exceeds in every coordinate."""
     return tuple(p for p in points if not any(o != p and all(x >= y for x, y in zip(o, p)) for o in points))
 
@@ -81,7 +81,7 @@ def schedule_peak(ranks: Iterable[tuple[RankHold, float]], act: float, head: flo
 
 
 def replayed_adds(working: float, schedule: str, v: int, freed: float, kept_in_every_chunk: bool = False
-              ) -> tuple[float, float]:
+                  ) -> tuple[float, float]:
     """What the replayed block adds on a rank other than the last and on the last
     (plait.facts.activations.replayed_block_bytes), which holds the last chunk alone when v is 1."""
     return (replayed_block_bytes(working, schedule, kept_in_every_chunk, False, freed),
@@ -105,7 +105,7 @@ def fewest_recomputed(ranks: tuple, kept: float, recomputed: float, head: float,
 
 
 def partial_candidate(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank: int, head: float, working: float,
-             schedule: str, freed: float) -> tuple:
+                      schedule: str, freed: float) -> tuple:
     """(``full``, the per-layer figures of a chunk recomputing its first ``blocks`` layers, its peak
     with the replayed block's ``working`` bytes where they add, ``blocks``): time a blend of none and
     full by the share of a rank's layers recomputed."""

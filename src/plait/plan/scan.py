@@ -321,8 +321,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         smallest = min(range(len(schedules)), key=lightest.__getitem__)
                         name, v, holds, _, kinds = schedules[smallest]
                         rc = min(recomputes, key=held.__getitem__)
-                        found.note_smallest(schedule_peak(beside_activations(holds, kinds, besides), held[rc], head_act,
-                                                  replayed_adds(working[rc], name, v, freed)),
+                        found.note_smallest(schedule_peak(beside_activations(holds, kinds, besides), held[rc],
+                                                          head_act, replayed_adds(working[rc], name, v, freed)),
                                             (dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
                                              0, offload))
                         continue
@@ -348,7 +348,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     key = (tp, cp, sp, mbs, (dp, replicate) if zero == 3 and pp == 1 else 0,
                            (zero, dp > 1) if hw.host_overhead else None, algorithm, passes, stream)
                     if key not in works:
-                        works[key] = {rc: layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in costed}
+                        works[key] = {rc: _layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in costed}
                     # (plait's ZeRO-3 without stages reduces its ends' gradients every micro-batch, ZeRO-2 all of them)
                     flush_key = mesh_key + ((m,) if kernels.plait_engine and (zero == 3 and pp == 1
                                                                                 or reduction_rounds(staged) > 1) else ())
@@ -406,11 +406,11 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                             # (every chunk keeping a block, only zb-h1 adds the replayed one: replayed_block_bytes)
                             replayed = working["full"] if name == "zb-h1" else 0.0
                             blocks = pinned_blocks or fewest_recomputed(ranks, per_rc["none"][0], per_rc["full"][0],
-                                                                         head_act, capacity - replayed)
+                                                                        head_act, capacity - replayed)
                             if pinned_blocks or blocks is not None and blocks * v < min(
                                     hold.layers for hold, _ in ranks if hold.layers):
-                                candidates.append(partial_candidate(ranks, v, per_rc, blocks, per_rank, head_act, working["full"],
-                                                           name, freed))
+                                candidates.append(partial_candidate(ranks, v, per_rc, blocks, per_rank, head_act,
+                                                                    working["full"], name, freed))
                         for rc, (_, mean, work, embedding_extra, fill_zb, flushed, backward, forward), peak, blocks in candidates:
                             if gathered and v > 1:
                                 flushed = flush.exposed(per_rank * backward, gather_window(per_rank * forward, v, pp, m)) + flush.optimizer
@@ -438,7 +438,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     return found
 
 
-def layer_work(layout: Layout, workload: Workload, hw: Hardware, mbs: int, times: dict) -> tuple[float, ...]:
+def _layer_work(layout: Layout, workload: Workload, hw: Hardware, mbs: int, times: dict) -> tuple[float, ...]:
     """(forward + backward + recompute + exposed comm, zb-h1's F + I − W, forward, backward, ZeRO-3's
     unhidden first gather) of one layer."""
     lc = layer_cost(workload.spec, hw, layout, mbs, workload.precision, workload.kernels, times[layout.recompute])

@@ -71,13 +71,13 @@ def schedule_choices(pp: int, m: int, layers: int, fixed: dict) -> list[tuple[st
     out = []
     for name in options(fixed, "schedule", ("naive", "gpipe", "1f1b", "zb-h1", "interleaved-1f1b")):
         if name == "interleaved-1f1b":
-            out += [(name, v) for v in virtual_stage_choices(pp, layers, fixed)]
+            out += [(name, v) for v in _virtual_stage_choices(pp, layers, fixed)]
         else:
             out.append((name, 1))
     return [(n, v) for n, v in out if fixed.get("virtual_stages", v) == v]
 
 
-def virtual_stage_choices(pp: int, layers: int, fixed: dict) -> tuple[int, ...] | range:
+def _virtual_stage_choices(pp: int, layers: int, fixed: dict) -> tuple[int, ...] | range:
     """Interleaving's chunks per rank to try: as pinned, else as many as a given split has chunks per
     rank (it may leave its end chunks empty, so more than layers / pp), else every v of at least a
     block a chunk."""
