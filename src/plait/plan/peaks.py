@@ -1,12 +1,20 @@
-"""Peak memory of the pipeline ranks the scan examines: what each holds of every chunk at its peaks
-(plait.facts.in_flight), under whole, partial or no recomputation, and the bound on larger
-micro-batches that lets a mesh stop early."""
+"""Peak memory of the pipeline ranks the scan examines: which ranks it examines for each schedule
+and what each holds of every chunk at its peaks (plait.facts.in_flight), under whole, partial or no
+recomputation, and the bound on larger micro-batches that lets a mesh stop early."""
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Iterator, NamedTuple
 
 from plait.facts.activations import replayed_block_bytes
+from plait.facts.in_flight import held_chunk_counts, peak_microbatches
+from plait.facts.stack import Kernels
+from plait.facts.validity import pipeline_problems
+from plait.layout import Layout
+from plait.models.spec import ModelSpec
+from plait.plan.space import schedule_choices
+from plait.schedules.split import split_layers
 
 
 def beyond(lightest: list[float], states: float, weight_copies: bool) -> float:
@@ -50,6 +58,59 @@ class RankHold(NamedTuple):
                  sum(c * max(0, n - recomputed_layers) for c, n in zip(count, self.chunk_layers)),
                  count[-1] if self.last else 0) for count in self.counts})
         return max(held * recomputed + whole * kept + copies * head for held, whole, copies in peaks)
+
+
+class StageShapes:
+    """What the examined pipeline ranks of each schedule hold, per stage count and micro-batch
+    count, as the stage split the play uses cuts them; each computed once per scan."""
+
+    def __init__(self, spec: ModelSpec, kernels: Kernels, fixed: dict):
+        self.spec, self.kernels, self.fixed = spec, kernels, fixed
+        self.stage_layers = fixed.get("stage_layers")
+        self.schedule_fits = functools.cache(self._schedule_fits)
+        self.schedules = functools.cache(self._schedules)
+        self.rank_kinds = functools.cache(self._rank_kinds)
+        self.held_at_peaks = functools.cache(self._held_at_peaks)
+        self.middle_layers = functools.cache(self._middle_layers)
+        self.examined_ranks = functools.cache(self._examined_ranks)
+
+    def _schedule_fits(self, pp: int, m: int, name: str, v: int) -> bool:
+        return not pipeline_problems(self.spec, Layout(pp=pp, microbatches=m, schedule=name, virtual_stages=v,
+                                                       stage_layers=self.stage_layers), self.kernels)
+
+    def _schedules(self, pp: int, m: int) -> list[tuple[str, int, tuple[RankHold, ...], int, tuple[tuple, ...]]]:
+        """(schedule, v, what the examined ranks hold at their peaks, the most layers a middle rank
+        holds, and each examined rank's (first, last, layers): what its bytes besides the
+        activations read) of those that can run."""
+        listed = [(n, v, self.held_at_peaks(n, pp, v, peak_microbatches(pp, v, m)))
+                  for n, v in schedule_choices(pp, m, self.spec.layers, self.fixed)
+                  if pp == 1 or self.schedule_fits(pp, m, n, v)]
+        return [(n, v, holds, self.middle_layers(pp, v), tuple((hold.first, hold.last, hold.layers) for hold in holds))
+                for n, v, holds in listed]
+
+    def _rank_kinds(self, pp: int, m: int) -> tuple[tuple, ...]:
+        """Every (first, last, layers) an examined rank of the schedules of ``schedules`` has."""
+        return tuple({kind: None for *_, kinds in self.schedules(pp, m) for kind in kinds})
+
+    def _held_at_peaks(self, name: str, pp: int, v: int, m: int) -> tuple[RankHold, ...]:
+        return tuple(RankHold.of(held_chunk_counts(name, pp, v, m, r), chunks, r == 0, r == pp - 1)
+                     for r, chunks in self.examined_ranks(pp, v))
+
+    def _middle_layers(self, pp: int, v: int) -> int:
+        return max((sum(chunks) for r, chunks in self.examined_ranks(pp, v) if 0 < r < pp - 1), default=0)
+
+    def _examined_ranks(self, pp: int, v: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """(rank, layers in each of its chunks) of the first rank, of the first middle rank with each
+        cut of its chunks, and of the last, as the stage split the play uses cuts them (with
+        interleaving the ends often hold fewer than ⌈layers / pp⌉). Every peak of a rank is covered
+        by a peak of each earlier rank (as many of each chunk or more: tests/test_plan_memory.py),
+        so a middle rank whose chunks are cut as an earlier one's holds no more than it."""
+        counts = [len(r) for r in split_layers(self.spec, pp, v, self.stage_layers)]
+        cuts = {}
+        for rank in range(1, pp - 1):
+            cuts.setdefault(tuple(counts[rank::pp]), rank)
+        return ((0, tuple(counts[0::pp])), *((rank, cut) for cut, rank in cuts.items()),
+                *(((pp - 1, tuple(counts[pp - 1::pp])),) if pp > 1 else ()))
 
 
 def beside_activations(holds: tuple[RankHold, ...], kinds: tuple[tuple, ...], besides: dict[tuple, float]

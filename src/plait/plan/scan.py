@@ -12,26 +12,26 @@ from plait.facts.activations import (
     activation_bytes_per_layer, autocast_copies_weights, head_activation_bytes, held_between_passes,
     loss_backward_bytes, recompute_working_bytes, residual_stream_bytes,
 )
-from plait.facts.in_flight import held_chunk_counts, peak_microbatches
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors, reduction_rounds
+from plait.facts.stack import Kernels
 from plait.facts.validity import (
-    fit_problems, layout_problems, mesh_problems, pipeline_problems, reads_saved_once_per_backward,
-    recomputes_once_per_backward, spec_problems,
+    fit_problems, layout_problems, mesh_problems, reads_saved_once_per_backward, recomputes_once_per_backward,
+    spec_problems,
 )
 from plait.facts.weight_passes import WeightPasses, layer_passes
 from plait.layout import RECOMPUTE, SCHEDULES, ZIGZAG_ALGORITHMS, Layout
+from plait.models.spec import ModelSpec
 from plait.plan.compute import LayerTimes, end_pass_seconds, gradient_seconds, head_times, layer_times
 from plait.plan.costs import end_collectives, layer_cost, stage_boundaries
 from plait.plan.hardware import Hardware
 from plait.plan.memory import other_bytes
 from plait.plan.peaks import (
-    RankHold, beside_activations, beyond, fewest_recomputed, partial_candidate, replayed_adds, schedule_peak,
+    StageShapes, beside_activations, beyond, fewest_recomputed, partial_candidate, replayed_adds, schedule_peak,
 )
 from plait.plan.pipeline import estimate_step
 from plait.plan.ranking import complexity, full_shard_ranks
 from plait.plan.simulate import FlushCosts, Workload, flush_costs, gather_window
-from plait.plan.space import divisors, meshes, options, refused, schedule_choices, scanned_layout, zero_choices
-from plait.schedules.split import split_layers
+from plait.plan.space import divisors, meshes, options, refused, scanned_layout, zero_choices
 
 
 @dataclass
@@ -131,82 +131,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     times_cache: dict[tuple, LayerTimes] = {}
     flushes: dict[tuple, FlushCosts] = {}
     states: dict[tuple, tuple[float, float]] = {}
-
-    @functools.cache
-    def schedule_fits(pp: int, m: int, name: str, v: int) -> bool:
-        return not pipeline_problems(spec, Layout(pp=pp, microbatches=m, schedule=name, virtual_stages=v,
-                                                  stage_layers=stage_layers), kernels)
-
-    @functools.cache
-    def schedule_list(pp: int, m: int) -> list[tuple[str, int, tuple[RankHold, ...], int, tuple[tuple, ...]]]:
-        """(schedule, v, what the examined ranks hold at their peaks, the most layers a middle rank
-        holds, and each examined rank's (first, last, layers): what its bytes besides the
-        activations read) of those that can run."""
-        listed = [(n, v, held_at_peaks(n, pp, v, peak_microbatches(pp, v, m)))
-                  for n, v in schedule_choices(pp, m, layers, fixed) if pp == 1 or schedule_fits(pp, m, n, v)]
-        return [(n, v, holds, middle_layers(pp, v), tuple((hold.first, hold.last, hold.layers) for hold in holds))
-                for n, v, holds in listed]
-
-    @functools.cache
-    def rank_kinds(pp: int, m: int) -> tuple[tuple, ...]:
-        """Every (first, last, layers) an examined rank of the schedules of ``schedule_list`` has."""
-        return tuple({kind: None for *_, kinds in schedule_list(pp, m) for kind in kinds})
-
-    @functools.cache
-    def held_at_peaks(name: str, pp: int, v: int, m: int) -> tuple[RankHold, ...]:
-        return tuple(RankHold.of(held_chunk_counts(name, pp, v, m, r), chunks, r == 0, r == pp - 1)
-                     for r, chunks in examined_ranks(pp, v))
-
-    @functools.cache
-    def layer_pass_bytes(tp: int, pp: int, zero: int) -> WeightPasses:
-        """A layer's passes over its weights in each micro-batch (plait.facts.weight_passes): they read
-        the mesh's tp and pp and the ZeRO stage (the compression is the scan's)."""
-        return layer_passes(spec, Layout(tp=tp, pp=pp, zero=zero, grad_compression=compression), precision, kernels)
-
-    @functools.cache
-    def end_pass_s(tp: int, pp: int, zero: int, first: bool, last: bool) -> float:
-        """The ends' passes in each micro-batch on a rank holding the first and last stage as ``first``
-        and ``last`` say (plait.facts.weight_passes)."""
-        layout = Layout(tp=tp, pp=pp, zero=zero, grad_compression=compression)
-        return sum(end_pass_seconds(spec, hw, layout, precision, kernels, first, last))
-
-    @functools.cache
-    def gradient_s(tp: int, pp: int, zero: int, m: int) -> tuple[float, float, float]:
-        """A step's gradient accumulation (plait.plan.compute.gradient_seconds): one layer's, and the
-        ends' on the first and on the last rank (with no stages, one rank holds both)."""
-        layout = Layout(tp=tp, pp=pp, zero=zero, microbatches=m, grad_compression=compression)
-        return (gradient_seconds(spec, hw, layout, precision, kernels, 1, False, False),
-                gradient_seconds(spec, hw, layout, precision, kernels, 0, True, pp == 1),
-                gradient_seconds(spec, hw, layout, precision, kernels, 0, pp == 1, True))
-
-    @functools.cache
-    def middle_layers(pp: int, v: int) -> int:
-        return max((sum(chunks) for r, chunks in examined_ranks(pp, v) if 0 < r < pp - 1), default=0)
-
-    @functools.cache
-    def examined_ranks(pp: int, v: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
-        """(rank, layers in each of its chunks) of the first rank, of the first middle rank with each
-        cut of its chunks, and of the last, as the stage split the play uses cuts them (with
-        interleaving the ends often hold fewer than ⌈layers / pp⌉). Every peak of a rank is covered
-        by a peak of each earlier rank (as many of each chunk or more: tests/test_plan_memory.py),
-        so a middle rank whose chunks are cut as an earlier one's holds no more than it."""
-        counts = [len(r) for r in split_layers(spec, pp, v, stage_layers)]
-        cuts = {}
-        for rank in range(1, pp - 1):
-            cuts.setdefault(tuple(counts[rank::pp]), rank)
-        return ((0, tuple(counts[0::pp])), *((rank, cut) for cut, rank in cuts.items()),
-                *(((pp - 1, tuple(counts[pp - 1::pp])),) if pp > 1 else ()))
-
-    @functools.cache
-    def end_times(tp: int, cp: int, sp: bool, mbs: int, stream: int) -> tuple[float, float, float, float]:
-        """(head's work, embedding's work, head's activation bytes, its loss backward's passing bytes)
-        per micro-batch, the residual stream ``stream`` bytes a value: the tp and cp groups' links
-        depend only on their sizes (tp innermost, cp next) among the ``gpus`` ranks."""
-        layout = Layout(dp=gpus // (tp * cp), tp=tp, cp=cp, sp=sp)
-        head, ends = head_times(spec, hw, precision, mbs, tp, cp), end_collectives(spec, hw, layout, mbs, stream)
-        return (head.forward + head.backward + ends.head_forward + ends.head_backward,
-                ends.embedding_forward + ends.embedding_backward, head_activation_bytes(spec, mbs, tp, sp, cp, precision),
-                loss_backward_bytes(spec, mbs, tp, cp, kernels))
+    shapes = StageShapes(spec, kernels, fixed)
+    schedule_list, rank_kinds = shapes.schedules, shapes.rank_kinds
+    costs = _PassCosts(spec, hw, precision, kernels, compression, gpus)
+    layer_pass_bytes, end_pass_s, gradient_s, end_times = costs.layer_passes, costs.end_passes, costs.gradients, costs.ends
 
     found, capacity = Scan(), hw.usable_memory_bytes
     if spec_problems(spec) or not recomputes:  # no layout can run it (the caller says why, from run_problems)
@@ -436,6 +364,50 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
             if examined and not larger_may_fit:
                 break
     return found
+
+
+class _PassCosts:
+    """The scan's costs that read only a few of a layout's sizes, each computed once per scan."""
+
+    def __init__(self, spec: ModelSpec, hw: Hardware, precision: str, kernels: Kernels, compression: str, gpus: int):
+        self.spec, self.hw, self.precision, self.kernels = spec, hw, precision, kernels
+        self.compression, self.gpus = compression, gpus
+        self.layer_passes = functools.cache(self._layer_passes)
+        self.end_passes = functools.cache(self._end_passes)
+        self.gradients = functools.cache(self._gradients)
+        self.ends = functools.cache(self._ends)
+
+    def _layer_passes(self, tp: int, pp: int, zero: int) -> WeightPasses:
+        """A layer's passes over its weights in each micro-batch (plait.facts.weight_passes): they read
+        the mesh's tp and pp and the ZeRO stage (the compression is the scan's)."""
+        return layer_passes(self.spec, Layout(tp=tp, pp=pp, zero=zero, grad_compression=self.compression),
+                            self.precision, self.kernels)
+
+    def _end_passes(self, tp: int, pp: int, zero: int, first: bool, last: bool) -> float:
+        """The ends' passes in each micro-batch on a rank holding the first and last stage as ``first``
+        and ``last`` say (plait.facts.weight_passes)."""
+        layout = Layout(tp=tp, pp=pp, zero=zero, grad_compression=self.compression)
+        return sum(end_pass_seconds(self.spec, self.hw, layout, self.precision, self.kernels, first, last))
+
+    def _gradients(self, tp: int, pp: int, zero: int, m: int) -> tuple[float, float, float]:
+        """A step's gradient accumulation (plait.plan.compute.gradient_seconds): one layer's, and the
+        ends' on the first and on the last rank (with no stages, one rank holds both)."""
+        layout = Layout(tp=tp, pp=pp, zero=zero, microbatches=m, grad_compression=self.compression)
+        spec, hw, precision, kernels = self.spec, self.hw, self.precision, self.kernels
+        return (gradient_seconds(spec, hw, layout, precision, kernels, 1, False, False),
+                gradient_seconds(spec, hw, layout, precision, kernels, 0, True, pp == 1),
+                gradient_seconds(spec, hw, layout, precision, kernels, 0, pp == 1, True))
+
+    def _ends(self, tp: int, cp: int, sp: bool, mbs: int, stream: int) -> tuple[float, float, float, float]:
+        """(head's work, embedding's work, head's activation bytes, its loss backward's passing bytes)
+        per micro-batch, the residual stream ``stream`` bytes a value: the tp and cp groups' links
+        depend only on their sizes (tp innermost, cp next) among the ``gpus`` ranks."""
+        spec, hw, precision = self.spec, self.hw, self.precision
+        layout = Layout(dp=self.gpus // (tp * cp), tp=tp, cp=cp, sp=sp)
+        head, ends = head_times(spec, hw, precision, mbs, tp, cp), end_collectives(spec, hw, layout, mbs, stream)
+        return (head.forward + head.backward + ends.head_forward + ends.head_backward,
+                ends.embedding_forward + ends.embedding_backward, head_activation_bytes(spec, mbs, tp, sp, cp, precision),
+                loss_backward_bytes(spec, mbs, tp, cp, self.kernels))
 
 
 def _layer_work(layout: Layout, workload: Workload, hw: Hardware, mbs: int, times: dict) -> tuple[float, ...]:
