@@ -3,7 +3,9 @@
 ``plait train`` (and its ``--dry-run`` and ``--auto``), ``plait simulate``, ``plait plan``'s search
 and ``plait explain`` all ask ``run_problems`` or ``check_run``; nothing else decides what is
 valid. Every parallelism composes with every other; what is refused has no meaning (a
-compression with nothing to compress) or does not fit the model, each with its reason.
+compression with nothing to compress), does not fit the model, is a composition the engine does
+not run (per-operation recomputation or activation offload under zb-h1, PowerSGD under tp or pp),
+or is what a reference stack lacks, each with its reason.
 """
 
 from __future__ import annotations
