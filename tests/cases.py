@@ -76,7 +76,7 @@ def assert_traced_volumes_are_the_facts(config: RunConfig, volumes: dict[int, di
     for rank, measured in volumes.items():
         pp_rank, dp_rank = rank // (layout.dp * layout.cp * layout.tp), rank // (layout.cp * layout.tp) % layout.dp
         expected = step_volumes(config.model, layout, config.train.global_batch, config.train.precision, pp_rank,
-                                dp_rank)
+                                dp_rank, rank // layout.tp % layout.cp)
         assert measured == {group: dict(ops) for group, ops in expected.items()}, f"rank {rank}"
 
 

@@ -105,12 +105,13 @@ def autocast_during_backward(config: RunConfig) -> list[bool]:
 
 
 def held_model_state(config: RunConfig) -> dict:
-    """This rank's measured model-state bytes after training ``config``, with its pp and dp coordinates."""
+    """This rank's measured model-state bytes after training ``config``, with its pp, dp and cp coordinates."""
     from plait.train.loop import train
 
     topology = build_topology(config.layout, CPU)
     result = train(config, topology)
-    return {"held": dict(result.model_state_bytes), "pp": topology.coordinate("pp"), "dp": topology.coordinate("dp")}
+    return {"held": dict(result.model_state_bytes), "pp": topology.coordinate("pp"), "dp": topology.coordinate("dp"),
+            "cp": topology.coordinate("cp")}
 
 
 def offloaded_activation_bytes(config: RunConfig) -> dict:

@@ -31,7 +31,7 @@ MODELS = ("tiny", "tiny-llama")
 PRECISIONS = ("fp32", "bf16")
 # test_data_parallel_parity.py and test_zero.py: dp 2 and 4 under every ZeRO stage, with accumulation.
 DATA_PARALLEL = [{"dp": dp, "zero": stage} for dp in (2, 4) for stage in (0, 1, 2, 3)]
-DATA_PARALLEL += [{"dp": 2, "microbatches": 2}, {"dp": 4, "zero": 2, "microbatches": 2}]
+DATA_PARALLEL += [{"dp": 2, "microbatches": 2}, {"dp": 4, "zero": 2, "microbatches": 2}, {"cp": 2, "zero": 2}]
 # tests/test_ring_attention.py: ring context parallelism keeps k, v with their kv-heads; and
 # tests/test_gathered_attention.py: all-gather keeps every rank's.
 RING = [{"cp": 2, "cp_algorithm": "ring"}, {"cp": 4, "tp": 2, "cp_algorithm": "ring"},
@@ -88,7 +88,7 @@ def test_every_rank_holds_the_shared_model_state_fact(held, index):
     for outcome in held[index]:
         layers, first, last = pipeline_share(config.model, config.layout, outcome["pp"])
         fact = rank_model_states(config.model, config.layout, config.train.precision, layers, first, last,
-                                 STACKS["plait"], outcome["dp"])
+                                 STACKS["plait"], outcome["dp"], outcome["cp"])
         assert outcome["held"] == {"parameters": fact.params, "gradients": fact.grads, "optimizer": fact.optimizer}
 
 

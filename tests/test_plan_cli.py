@@ -114,7 +114,7 @@ def test_a_layout_over_more_dimensions_must_win_by_more_than_the_planners_error(
     layout = chosen.layout
     assert (layout.dp, layout.tp, layout.cp, layout.pp) == (64, 1, 1, 1) and layout.zero >= 2
     seq_len = workload.spec.seq_len
-    assert layout_complexity(chosen.layout, hw.gpus_per_node, seq_len, workload.kernels) < layout_complexity(fastest.layout, hw.gpus_per_node, seq_len, workload.kernels)
+    assert layout_complexity(chosen.layout, hw.gpus_per_node, seq_len) < layout_complexity(fastest.layout, hw.gpus_per_node, seq_len)
     assert fastest.step_time_s < chosen.step_time_s <= fastest.step_time_s * (1 + PLANNER_ERROR)
 
 
@@ -137,27 +137,24 @@ def test_context_parallelism_on_a_short_sequence_must_win_by_more_than_the_plann
     assert fastest.layout.cp > 1 and chosen.layout.cp == 1
     assert fastest.step_time_s < chosen.step_time_s <= fastest.step_time_s * (1 + PLANNER_ERROR)
     short, long = workload.spec.seq_len, CONTEXT_PARALLEL_PRECEDENT_TOKENS
-    assert layout_complexity(fastest.layout, hw.gpus_per_node, short, workload.kernels) > layout_complexity(chosen.layout, hw.gpus_per_node, short, workload.kernels)
-    assert layout_complexity(fastest.layout, hw.gpus_per_node, long, workload.kernels) == layout_complexity(chosen.layout, hw.gpus_per_node, long, workload.kernels)
+    assert layout_complexity(fastest.layout, hw.gpus_per_node, short) > layout_complexity(chosen.layout, hw.gpus_per_node, short)
+    assert layout_complexity(fastest.layout, hw.gpus_per_node, long) == layout_complexity(chosen.layout, hw.gpus_per_node, long)
 
 
 def test_zero3_wider_than_any_run_published_at_ring_bandwidth_counts_as_one_more_dimension():
     """No published run gathers every layer, micro-batch by micro-batch, over more than 128 ranks but
     DeepSpeed's of 2021, which ran at a ninth of NCCL's ring bandwidth. A pipeline stage gathers once
     a step, and hybrid sharding gathers over its shard group only."""
-    from plait.facts.stack import STACKS
     from plait.layout import Layout
     from plait.plan.ranking import FULL_SHARD_PRECEDENT_RANKS, layout_complexity
 
     wide = 2 * FULL_SHARD_PRECEDENT_RANKS
 
-    def level(stack: str = "plait", **sizes):
-        return layout_complexity(Layout(**sizes), 8, 2048, STACKS[stack])
+    def level(**sizes):
+        return layout_complexity(Layout(**sizes), 8, 2048)
     assert level(dp=wide, zero=3) == level(dp=wide, zero=1) + 1
     assert level(dp=FULL_SHARD_PRECEDENT_RANKS, zero=3) == level(dp=FULL_SHARD_PRECEDENT_RANKS, zero=1)
     assert level(dp=wide, pp=2, microbatches=2, zero=3) == level(dp=wide, pp=2, microbatches=2, zero=1)
     assert level(dp=wide, dp_replicate=2, zero=3) == level(dp=wide, zero=1)
-    # Where ZeRO shards over the context-parallel ranks too (Megatron's, torchtitan's), they count.
-    assert level(dp=FULL_SHARD_PRECEDENT_RANKS, cp=2, zero=3) == level(dp=FULL_SHARD_PRECEDENT_RANKS, cp=2, zero=1)
-    assert level("pytorch", dp=FULL_SHARD_PRECEDENT_RANKS, cp=2, zero=3) == \
-        level("pytorch", dp=FULL_SHARD_PRECEDENT_RANKS, cp=2, zero=1) + 1
+    # ZeRO shards over the context-parallel ranks too (plait's, Megatron's, torchtitan's): they count.
+    assert level(dp=FULL_SHARD_PRECEDENT_RANKS, cp=2, zero=3) == level(dp=FULL_SHARD_PRECEDENT_RANKS, cp=2, zero=1) + 1

@@ -150,6 +150,26 @@ def test_torchtitans_8b_with_per_op_checkpointing_fits_where_it_ran(gpus, report
     assert not evaluate(workload, hw, gpus, Layout(dp=gpus, zero=3, recompute="selective")).fits
 
 
+@pytest.mark.parametrize("stack", ["plait", "pytorch"])
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_context_parallel_ranks_shard_zero_as_data_parallel_ranks_do(stack, zero):
+    """ZeRO shards over every rank holding the same weights, the dp and the cp ranks together, as
+    Megatron-LM's distributed optimizer and torchtitan's FSDP2 over its dp_shard_cp mesh do (torchtitan
+    ran Llama 3.1 8B as FSDP 1 · CP 8 at 262,144 tokens on 8 H100s, docs/performance.md, table 2): on 8
+    GPUs a rank holds the same optimizer state (and from ZeRO-2 on gradients, at ZeRO-3 parameters)
+    whether cp is 1, 2 or 8, far less than one GPU holds (a different split: one GPU has no fp32 master
+    beside fp32 weights)."""
+    workload = Workload(model_spec("llama-8b"), 8, "bf16", STACKS[stack])
+    hw = hardware("h100-96gb", memory_bytes=10**15)
+    held = [evaluate(workload, hw, 8, Layout(dp=8 // cp, cp=cp, zero=zero, recompute="full",
+                                             cp_algorithm="ring")).memory_breakdown for cp in (1, 2, 8)]
+    alone = evaluate(replace(workload, global_batch=1), hw, 1, Layout(recompute="full")).memory_breakdown
+    sharded = ("optimizer", "grads", "params")[:zero]
+    for kind in sharded:
+        assert held[0][kind] == held[1][kind] == held[2][kind]
+        assert held[2][kind] < alone[kind] / 4
+
+
 def _peaks_by_micro_batch(stack: str, zero: int, schedule: str, v: int, recompute: str,
                           precision: str = "bf16") -> list[int]:
     """gpt3-175b, dp2·tp8·pp8, 1,024 sequences: the peak per rank at micro-batches of 1, 2, ... 64."""

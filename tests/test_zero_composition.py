@@ -16,6 +16,12 @@ LAYOUTS = [
     {"dp": 2, "tp": 2, "sp": True, "zero": 2, "microbatches": 2},
     {"dp": 2, "cp": 2, "zero": 1},
     {"dp": 2, "cp": 2, "zero": 2},
+    # ZeRO shards over the cp ranks too (dp·cp), as Megatron-LM's distributed optimizer and torchtitan's FSDP2
+    {"cp": 2, "zero": 3},
+    {"cp": 2, "zero": 2, "microbatches": 2},
+    {"dp": 2, "cp": 2, "zero": 3},
+    {"cp": 2, "tp": 2, "zero": 1},
+    {"cp": 2, "pp": 2, "zero": 3, "schedule": "1f1b", "microbatches": 2},
     {"dp": 2, "pp": 2, "zero": 2, "schedule": "1f1b", "microbatches": 4},
     {"dp": 2, "pp": 2, "zero": 2, "schedule": "interleaved-1f1b", "virtual_stages": 2, "microbatches": 2},
     {"dp": 2, "pp": 2, "zero": 2, "schedule": "zb-h1", "microbatches": 4},
@@ -44,7 +50,8 @@ def expected_model_states(config, rank: int) -> dict[str, int]:
     layout = config.layout
     pp_rank, dp_rank = rank // (layout.dp * layout.cp * layout.tp), rank // (layout.cp * layout.tp) % layout.dp
     layers, first, last = pipeline_share(config.model, layout, pp_rank)
-    states = plait_model_states(config.model, layout, config.train.precision, layers, first, last, dp_rank)
+    states = plait_model_states(config.model, layout, config.train.precision, layers, first, last, dp_rank,
+                                rank // layout.tp % layout.cp)
     return {"parameters": states.params, "gradients": states.grads, "optimizer": states.optimizer}
 
 
@@ -84,7 +91,7 @@ BF16_LAYOUTS = [
     ("tiny-llama", {"dp": 2, "pp": 2, "zero": 1, "schedule": "zb-h1", "microbatches": 2}),
     ("tiny-llama", {"dp": 2, "pp": 2, "zero": 3, "schedule": "zb-h1", "microbatches": 2}),
     ("tiny-llama", {"dp": 2, "pp": 2, "zero": 3, "schedule": "1f1b", "microbatches": 2, "grad_compression": "bf16"}),
-    # bf16 on the dp wire only: context-parallel ranks average the gradients as held (fp32 here)
+    # bf16 on the dp·cp wire: the cp ranks reduce with the dp ranks, in bf16 too
     ("tiny-llama", {"dp": 2, "cp": 2, "grad_compression": "bf16"}),
     ("tiny-llama", {"dp": 2, "cp": 2, "zero": 3, "grad_compression": "bf16"}),
 ]

@@ -34,6 +34,11 @@ def default_precision(on_gpu: bool) -> str:
     return "bf16" if on_gpu else "fp32"
 
 
+def _joined_with_cp(dim: str, size: int, cp: int) -> str:
+    """The name of the group of ``dim``'s ``size`` ranks with the ``cp`` ranks beside them."""
+    return dim if cp == 1 else "cp" if size == 1 else f"{dim}_cp"
+
+
 @dataclass(frozen=True)
 class Layout:
     """Sizes of each parallel dimension plus the choices that go with them."""
@@ -63,8 +68,30 @@ class Layout:
 
     @property
     def dp_shard(self) -> int:
-        """Ranks ZeRO shards over: the dp ranks of one replica group."""
+        """The dp ranks of one replica group (all of them without hybrid sharding)."""
         return self.dp // self.dp_replicate
+
+    @property
+    def replica_dim(self) -> str:
+        """The group of every rank holding the same weights, which averages their gradients: the dp
+        ranks with the cp ranks beside them (each saw its own slice of the same sequences), ``dp_cp``;
+        named ``dp`` or ``cp`` where the other is 1 (a group is named by its ranks)."""
+        return _joined_with_cp("dp", self.dp, self.cp)
+
+    @property
+    def zero_dim(self) -> str:
+        """The group ZeRO shards over and reduce-scatters in: the replica group, or under hybrid
+        sharding one replica group's dp ranks with the cp ranks beside them (``dp_shard_cp``), as
+        Megatron-LM's distributed optimizer and torchtitan's FSDP2 shard."""
+        return _joined_with_cp("dp_shard", self.dp_shard, self.cp) if self.dp_replicate > 1 else self.replica_dim
+
+    def group_size(self, dim: str) -> int:
+        """Ranks in the group ``dim``: a mesh dimension, or one of the groups joining several
+        (``dp_replicate``, ``dp_shard``, ``dp_cp``, ``dp_shard_cp``)."""
+        if dim in MESH_DIMS:
+            return getattr(self, dim)
+        return {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "dp_cp": self.dp * self.cp,
+                "dp_shard_cp": self.dp_shard * self.cp}[dim]
 
     @property
     def world_size(self) -> int:
@@ -135,10 +162,10 @@ class Layout:
         if self.cp_algorithm not in CP_ALGORITHMS:
             raise ConfigError(f"unknown context-parallel algorithm {self.cp_algorithm!r}; "
                               f"use one of {', '.join(CP_ALGORITHMS)}")
-        if self.zero and self.dp == 1:
+        if self.zero and self.dp * self.cp == 1:
             raise ConfigError(
-                f"ZeRO stage {self.zero} shards over the data-parallel group and has no effect with --dp 1; "
-                "pass --dp 2 or more, or drop --zero"
+                f"ZeRO stage {self.zero} shards over the data- and context-parallel ranks and has no effect with "
+                "--dp 1 and --cp 1; pass --dp 2 or more (or --cp), or drop --zero"
             )
         if self.dp % self.dp_replicate:
             raise ConfigError(f"--dp-replicate {self.dp_replicate} must divide --dp {self.dp}: the dp ranks form "

@@ -255,7 +255,8 @@ def layer_kernel_scales(times: dict[str, float], profile: Hardware, precision: s
     return out
 
 
-PARALLEL_STYLES = {  # two ranks each; plait.plan.costs.parallel_styles names what a layout uses
+# Two ranks each, fitted in this order; plait.plan.costs.parallel_styles names what a layout uses.
+PARALLEL_STYLES = {
     "zero0": Layout(dp=2), "zero1": Layout(dp=2, zero=1), "zero2": Layout(dp=2, zero=2), "zero3": Layout(dp=2, zero=3),
     "tp": Layout(tp=2), "sp": Layout(tp=2, sp=True), "cp": Layout(cp=2),
 }
@@ -302,9 +303,10 @@ def fit_wrapper_overhead(measured: dict[int, float], predicted: dict[int, float]
 def measure_wrapper_overhead(profile: Hardware, precision: str, passes: int = 3) -> dict[str, HostOverhead]:
     """Run on both ranks of a two-rank group: per family and parallel style, the host seconds per
     layer and per step by which plait's step there exceeds the planner's prediction of it with the
-    single-device host overhead (``profile``'s) alone. Every probe is timed in ``passes`` passes
-    over all of them, and its median taken, so that a burst of steal time spoils one reading, not
-    a fit."""
+    single-device host overhead (``profile``'s) and the styles fitted before it: a cp probe's step
+    runs DDP over its cp ranks too (they reduce their gradients as dp ranks do), which the ``zero0``
+    style already holds. Every probe is timed in ``passes`` passes over all of them, and its median
+    taken, so that a burst of steal time spoils one reading, not a fit."""
     topologies = {style: build_topology(layout, torch.device("cpu")) for style, layout in PARALLEL_STYLES.items()}
     probes = [(style, family, layers) for style in PARALLEL_STYLES for family in FAMILIES for layers in PROBE_LAYERS]
     readings: dict[tuple, list[float]] = {probe: [] for probe in probes}
@@ -315,7 +317,8 @@ def measure_wrapper_overhead(profile: Hardware, precision: str, passes: int = 3)
     for style, layout in PARALLEL_STYLES.items():
         for family in FAMILIES:
             measured = {n: statistics.median(readings[style, family, n]) for n in PROBE_LAYERS}
-            predicted = {n: evaluate(Workload(probe_spec(family, n), layout.dp, precision, STACKS["plait"]), profile,
+            fitted = replace(profile, host_overhead={**profile.host_overhead, **out})
+            predicted = {n: evaluate(Workload(probe_spec(family, n), layout.dp, precision, STACKS["plait"]), fitted,
                                      layout.world_size, layout).step_time_s for n in PROBE_LAYERS}
             out[f"{family}/{style}"] = fit_wrapper_overhead(measured, predicted, profile.host_overhead[family])
     return out

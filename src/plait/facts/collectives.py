@@ -16,7 +16,7 @@ from plait.facts.activations import residual_stream_bytes
 from plait.facts.model_state import FP32, held_gradient_bytes, owned_rows, padded_vocab, reference_bytes
 from plait.facts.stack import Kernels
 from plait.layout import Layout
-from plait.models.flops import block_norms, kv_heads_per_rank, layer_parameter_count, norm_parameter_count
+from plait.models.flops import block_norms, kv_heads_per_rank, norm_parameter_count
 from plait.models.spec import ModelSpec
 
 
@@ -141,28 +141,22 @@ def head_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: boo
 def outside_layer_collective_bytes(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,
                                    cp: int = 1) -> dict[str, int]:
     """Bytes each rank hands each collective per step outside the layers (a one-stage model in plait's
-    fp32): the embedding's and head's calls, plus the gradient sums of the weights there that ranks
-    replicate: the final norm's over tp under sp (it saw a sequence shard) and, under cp, all of this
-    rank's, averaged over cp (the norm's a second time under sp)."""
+    fp32): the embedding's and head's calls, plus the final norm's gradient summed over tp under sp
+    (it saw a sequence shard). The cp ranks' gradient average is the data-parallel reduction's, over
+    dp·cp (plait.facts.step_volumes)."""
     volumes: dict[str, int] = {}
     for call in embedding_collectives(spec, batch, seq, tp, sp, cp) + head_collectives(spec, batch, seq, tp, sp, cp):
         volumes[call.op] = volumes.get(call.op, 0) + (call.forward + call.backward) * call.handed_bytes
-    summed = 0
     if tp > 1 and sp:
-        summed += norm_parameter_count(spec)
-    if cp > 1:
-        rows = padded_vocab(spec.vocab, tp) // tp * spec.hidden
-        positions = spec.seq_len * spec.hidden if spec.learned_positions else 0
-        summed += rows * (1 if spec.tie_embeddings else 2) + positions + norm_parameter_count(spec)
-    if summed:
-        volumes["all_reduce"] = volumes.get("all_reduce", 0) + summed * FP32
+        volumes["all_reduce"] = volumes.get("all_reduce", 0) + norm_parameter_count(spec) * FP32
     return volumes
 
 
 def collective_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,
                                cp: int = 1, recompute: str = "none", cp_algorithm: str = "all-to-all") -> dict[str, int]:
     """Bytes each rank hands each collective per layer and step (forward, backward, gradient sync),
-    in plait's fp32 model: ``layer_collectives`` plus the gradient reductions of replicated weights."""
+    in plait's fp32 model: ``layer_collectives`` plus the tp sums of replicated weights' gradients
+    (the cp ranks' gradient average is the data-parallel reduction's, over dp·cp)."""
     volumes: dict[str, int] = {}
 
     def add(name: str, count: int) -> None:
@@ -172,9 +166,6 @@ def collective_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 
     for call in layer_collectives(spec, batch, seq, tp, sp, cp, recompute, cp_algorithm=cp_algorithm):
         add(call.op, (call.forward + call.backward) * call.handed_bytes)
     add("all_reduce", replicated_layer_gradient_elements(spec, tp, sp) * FP32)
-    if cp > 1:
-        # gradients averaged over cp: this rank's share of the layer's parameters
-        add("all_reduce", _local_layer_parameters(spec, tp) * FP32)
     return volumes
 
 
@@ -188,18 +179,6 @@ def replicated_layer_gradient_elements(spec: ModelSpec, tp: int, sp: bool) -> in
     if tp > 1 and spec.kv_heads % tp:
         elements += 2 * spec.kv_dim * (spec.hidden + (1 if spec.has_bias else 0))
     return elements
-
-
-def _local_layer_parameters(spec: ModelSpec, tp: int) -> int:
-    """Parameters of one block that a tp rank holds: sharded matrices, replicated norms and row biases."""
-    if tp == 1:
-        return layer_parameter_count(spec)
-    h, f = spec.hidden, spec.ffn_hidden
-    kv_local = spec.kv_dim // tp if spec.kv_heads % tp == 0 else spec.kv_dim
-    bias = spec.has_bias
-    attention = 2 * h * h // tp + 2 * h * kv_local + (h // tp + 2 * kv_local + h if bias else 0)
-    mlp = (3 if spec.gated_mlp else 2) * h * f // tp + (f // tp + h if bias else 0)
-    return attention + mlp + block_norms(spec) * norm_parameter_count(spec)
 
 
 def boundary_split_over_tp(layout: Layout, kernels: Kernels) -> bool:
@@ -220,11 +199,11 @@ def stage_boundary_bytes(spec: ModelSpec, layout: Layout, micro_batch: int, prec
     return micro_batch * tokens * spec.hidden * element // (layout.tp if boundary_split_over_tp(layout, kernels) else 1)
 
 
-def tied_embedding_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels, dp_rank: int = 0) -> int:
+def tied_embedding_bytes(spec: ModelSpec, layout: Layout, precision: str, kernels: Kernels, zero_rank: int = 0) -> int:
     """Bytes the first and the last pipeline stage each send the other after backward when the embedding
     and the head share one weight (GPT-2): the gradient of its copy, this tensor-parallel rank's rows
     (plait.parallel.gradients sums the two); in plait's engine as the stage holds them after its
-    reduction (``held_gradient_bytes``), from ZeRO 2 on only the rows this data-parallel rank owns;
+    reduction (``held_gradient_bytes``), from ZeRO 2 on only the rows it owns as ``zero_rank`` of ZeRO's group;
     a reference stack all-reduces the whole gradient as it holds it (``reference_bytes``: Megatron-LM's
     main_grad, fp32 in bf16), or its fp32 copy where it keeps one (DeepSpeed's BF16_Optimizer swaps
     ``_hp_grad``, ``Kernels.fp32_grad_accumulation``). None without stages or without tied weights."""
@@ -232,7 +211,7 @@ def tied_embedding_bytes(spec: ModelSpec, layout: Layout, precision: str, kernel
         return 0
     rows = padded_vocab(spec.vocab, layout.tp) // layout.tp
     if kernels.plait_engine and layout.zero >= 2:
-        rows = owned_rows(rows, dp_rank % layout.dp_shard, layout.dp_shard)
+        rows = owned_rows(rows, zero_rank, layout.group_size(layout.zero_dim))
     element = (held_gradient_bytes(layout, precision) if kernels.plait_engine
                else FP32 if kernels.fp32_grad_accumulation else reference_bytes(precision, layout.zero, kernels)[1])
     return rows * spec.hidden * element

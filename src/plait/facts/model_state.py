@@ -177,15 +177,21 @@ def sharded_elements(counts: Counter, rank: int, ranks: int) -> tuple[int, int, 
     return whole, owned, padded
 
 
+def zero_rank(layout: Layout, dp_rank: int, cp_rank: int = 0) -> int:
+    """A rank's place in ZeRO's group of ``layout.dp_shard · layout.cp`` ranks
+    (``Layout.zero_dim``) from its global dp and cp coordinates: dp_shard outer, cp inner."""
+    return (dp_rank % layout.dp_shard) * layout.cp + cp_rank
+
+
 def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: int, first: bool, last: bool,
-                       dp_rank: int = 0) -> ModelStates:
+                       dp_rank: int = 0, cp_rank: int = 0) -> ModelStates:
     """Bytes of parameters, gradients and optimizer state one rank holds in plait, at their largest.
 
-    ZeRO shards over the dp ranks only (those of one replica group under hybrid sharding, HSDP;
-    ``dp_rank`` is the global dp coordinate): context-parallel ranks hold the same weights and average
-    their gradients after backward (FSDP2's and ``ShardedAdamW``'s mesh is the dp dimension), so
-    cp shards nothing. bf16 keeps fp32 parameters under autocast (ZeRO 0) or FSDP2's fp32 shards
-    (ZeRO 3); ZeRO 1 and 2 hold bf16 parameters and an fp32 master of the rows the rank owns
+    ZeRO shards over the dp and cp ranks together (those of one replica group under hybrid sharding,
+    HSDP; ``dp_rank`` and ``cp_rank`` are the global coordinates, ``zero_rank``): the cp ranks hold
+    the same weights, and their gradients are averaged with dp's (plait.parallel.gradients), as
+    Megatron-LM's distributed optimizer and torchtitan's FSDP2 shard. bf16 keeps fp32 parameters
+    under autocast (ZeRO 0) or FSDP2's fp32 shards (ZeRO 3); ZeRO 1 and 2 hold bf16 parameters and an fp32 master of the rows the rank owns
     (``holds_bf16_weights``), ZeRO 1 bf16 gradients, ZeRO 2 the fp32 sum of each micro-batch's
     reduce-scattered rows (plait.parallel.gradient_shards). Under tensor parallelism the rows are those of the
     rank's tp shard. Stage 1 and 2 shard each tensor by rows, as torch.chunk;
@@ -193,11 +199,10 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     Adam keeps two fp32 moments per owned element and one fp32 step counter per tensor.
     """
     counts = rank_tensor_shape_counts(spec, layers, first, last, layout.tp, layout.pp)
-    # ZeRO shards over one replica group's ranks (all dp ranks without hybrid sharding).
-    zero, dp, dp_rank = layout.zero, layout.dp_shard, dp_rank % layout.dp_shard
+    zero, ranks = layout.zero, layout.dp_shard * layout.cp
     half = holds_bf16_weights(precision, zero)
     weight_bytes = BF16 if half else FP32
-    whole, owned, padded = sharded_elements(counts, dp_rank, dp)
+    whole, owned, padded = sharded_elements(counts, zero_rank(layout, dp_rank, cp_rank), ranks)
     owned = owned if zero >= 1 else whole
     params = padded * FP32 if zero == 3 else whole * weight_bytes
     grads = padded * FP32 if zero == 3 else owned * FP32 if zero == 2 else whole * weight_bytes
@@ -206,7 +211,7 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
         # once after it (plait.parallel.gradients); under ZeRO-3 it also keeps its fp32 parameters
         # gathered for the whole step (plait.parallel.stage_sharding), and FSDP2 accumulates the
         # gradients in its reduce dtype, bf16 under --grad-compression bf16. (ZeRO-2's fp32 rows
-        # after it outweigh the whole bf16 gradients only where dp 2 gives this rank the larger half.)
+        # after it outweigh the whole bf16 gradients only where a group of 2 gives this rank the larger half.)
         grads = max(whole * weight_bytes, grads)
         if zero == 3:
             params += whole * FP32
@@ -216,17 +221,17 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
 
 
 def rank_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: int, first: bool, last: bool,
-                      kernels: Kernels | None = None, dp_rank: int = 0) -> ModelStates:
+                      kernels: Kernels | None = None, dp_rank: int = 0, cp_rank: int = 0) -> ModelStates:
     """Model-state bytes of one rank of a pipeline stage holding ``layers`` layers, on ``kernels``' stack.
 
     plait's own (``kernels`` None or ``plait_engine``): what plait's engine holds (``plait_model_states``).
-    A reference stack: ``reference_bytes``' split of ``rank_parameters`` sharded over dp·cp
-    (Megatron-LM's distributed optimizer shards over the data- and context-parallel ranks together),
+    A reference stack: ``reference_bytes``' split of ``rank_parameters`` sharded over dp·cp,
+    the data- and context-parallel ranks together (as plait and Megatron-LM's distributed optimizer shard),
     and an fp32 copy of every gradient where the stack accumulates in one besides its bf16 gradients
     (``Kernels.fp32_grad_accumulation``).
     """
     if kernels is None or kernels.plait_engine:
-        return plait_model_states(spec, layout, precision, layers, first, last, dp_rank)
+        return plait_model_states(spec, layout, precision, layers, first, last, dp_rank, cp_rank)
     params = rank_parameters(spec, layers, first, last, layout.tp, layout.pp)
     states = model_state_bytes(params, precision, layout.zero, layout.dp * layout.cp, kernels)
     if kernels.fp32_grad_accumulation:
@@ -250,13 +255,11 @@ def reference_bytes(precision: str, zero: int, kernels: Kernels) -> tuple[int, i
     return PAPER_BYTES["fp32"]
 
 
-def zero_group(layout: Layout, kernels: Kernels) -> tuple[int, int]:
-    """(ranks, stride between neighbours in global ranks) of the group ZeRO shards over: the dp
-    ranks of one replica group in plait (FSDP2 and ShardedAdamW take the dp mesh dimension, or
-    dp_shard under hybrid sharding; cp ranks average afterwards), with the cp ranks too in
-    Megatron-LM's distributed optimizer. Mesh order pp, dp, cp, tp: dp's neighbours are cp·tp apart."""
-    if kernels.plait_engine:
-        return layout.dp_shard, layout.cp * layout.tp
+def zero_group(layout: Layout) -> tuple[int, int]:
+    """(ranks, stride between neighbours in global ranks) of the group ZeRO shards over: the dp and cp
+    ranks together, those of one replica group under hybrid sharding (``Layout.zero_dim``),
+    as Megatron-LM's distributed optimizer and torchtitan's FSDP2 shard. Mesh order pp, dp, cp, tp:
+    the group's neighbours are tp apart."""
     return layout.dp_shard * layout.cp, layout.tp
 
 
@@ -285,7 +288,7 @@ def communicated_bytes(layout: Layout, precision: str, kernels: Kernels) -> tupl
 
 def held_gradient_bytes(layout: Layout, precision: str) -> int:
     """Bytes per element of the gradients a rank holds after the data-parallel reduction, which
-    context-parallel ranks (and ZeRO-2's replica groups) average after backward: ZeRO-2's rows in
+    ZeRO-2's replica groups (hybrid sharding) average after backward: ZeRO-2's rows in
     fp32, else the gradients' own dtype (bf16 over ZeRO-1's bf16 weights, fp32 under autocast and
     in FSDP2's shards), uncompressed: --grad-compression is the dp wire's only, and FSDP2 widens
     its reduced shards back to fp32."""

@@ -22,7 +22,7 @@ from plait.facts.collectives import (
 )
 from plait.facts.model_state import (
     communicated_bytes, held_gradient_bytes, pipeline_share, rank_tensor_shape_counts, reduction_rounds,
-    sharded_elements,
+    sharded_elements, zero_rank,
 )
 from plait.facts.recompute import rank_recompute
 from plait.facts.stack import STACKS
@@ -34,23 +34,22 @@ SCALAR = 4  # one fp32 value: the step's loss, the pipeline's squared gradient n
 
 
 def step_volumes(spec: ModelSpec, layout: Layout, global_batch: int, precision: str = "fp32",
-                 pp_rank: int = 0, dp_rank: int = 0) -> dict[str, Counter]:
+                 pp_rank: int = 0, dp_rank: int = 0, cp_rank: int = 0) -> dict[str, Counter]:
     """{group: {op: bytes}} the rank at pipeline coordinate ``pp_rank`` and data-parallel coordinate
-    ``dp_rank`` hands in one step of plait's engine (groups of one rank move nothing and are left out;
-    under hybrid sharding ZeRO's collectives run on ``dp_shard`` and ``dp_replicate``)."""
+    ``dp_rank`` and context-parallel coordinate ``cp_rank`` hands in one step of plait's engine (groups
+    of one rank move nothing and are left out; the gradients' reduction runs on ``Layout.replica_dim``
+    and ZeRO's on ``Layout.zero_dim``, and under hybrid sharding on ``dp_replicate`` too)."""
     volumes: dict[str, Counter] = {}
-    sizes = {"dp": layout.dp, "tp": layout.tp, "cp": layout.cp, "pp": layout.pp, "dp_shard": layout.dp_shard,
-             "dp_replicate": layout.dp_replicate}
 
     def add(group: str, op: str, count: int) -> None:
-        if sizes[group] > 1:
+        if layout.group_size(group) > 1:
             volumes.setdefault(group, Counter())[op] += int(count)
 
     layers, first, last = pipeline_share(spec, layout, pp_rank)
     micro_batch = global_batch // layout.dp // layout.microbatches
     _inside_the_model(spec, layout, micro_batch, pp_rank, layers, first, last, precision, add)
-    _pipeline(spec, layout, micro_batch, pp_rank, dp_rank, first, last, precision, add)
-    _data_parallel(spec, layout, layers, first, last, precision, dp_rank, add)
+    _pipeline(spec, layout, micro_batch, pp_rank, zero_rank(layout, dp_rank, cp_rank), first, last, precision, add)
+    _data_parallel(spec, layout, layers, first, last, precision, zero_rank(layout, dp_rank, cp_rank), add)
     add("dp", "all_reduce", SCALAR)  # the logged loss, averaged over dp
     add("cp", "all_reduce", SCALAR)  # and over cp
     return volumes
@@ -84,8 +83,8 @@ def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank
     add("tp", "all_reduce", reduction_rounds(layout) * replicated * stream)
 
 
-def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, dp_rank: int, first: bool, last: bool,
-              precision: str, add) -> None:
+def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, zero_rank: int, first: bool,
+              last: bool, precision: str, add) -> None:
     """Each chunk sends its micro-batch's output on and its input's gradient back (the model's first
     and last chunk one fewer), receiving as many; the end stages swap the tied embedding's gradient;
     a barrier starts the schedule, the last stage broadcasts the loss and the stages sum their
@@ -96,7 +95,7 @@ def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, d
     mine = range(pp_rank, chunks, layout.pp)
     hops = sum((c < chunks - 1) + (c > 0) for c in mine)
     moved = layout.microbatches * hops * stage_boundary_bytes(spec, layout, micro_batch, precision, STACKS["plait"])
-    tied = tied_embedding_bytes(spec, layout, precision, STACKS["plait"], dp_rank) if first != last else 0
+    tied = tied_embedding_bytes(spec, layout, precision, STACKS["plait"], zero_rank) if first != last else 0
     for op in ("send", "recv"):
         add("pp", op, moved + tied)
     add("pp", "barrier", 0)
@@ -105,35 +104,31 @@ def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, d
 
 
 def _data_parallel(spec: ModelSpec, layout: Layout, layers: int, first: bool, last: bool, precision: str,
-                   dp_rank: int, add) -> None:
-    """ZeRO 0 all-reduces every gradient over dp; ZeRO 1 all-reduces them and gathers the updated
-    rows each rank owns; ZeRO 2 reduce-scatters each micro-batch's (on a pipeline stage the
-    accumulated ones) and gathers the rows, which it sums in fp32; ZeRO 3 (FSDP2) gathers
-    every parameter in each micro-batch's forward and again in its backward and reduce-scatters each
+                   rank: int, add) -> None:
+    """Over the replica group (dp·cp, ``Layout.replica_dim``) ZeRO 0 all-reduces every gradient; ZeRO 1
+    all-reduces them and gathers the updated rows each rank owns in ZeRO's group (``Layout.zero_dim``,
+    where the rank is ``rank``); ZeRO 2 reduce-scatters each micro-batch's (on a pipeline stage the
+    accumulated ones) and gathers the rows, which it sums in fp32; ZeRO 3 (FSDP2) gathers every
+    parameter in each micro-batch's forward and again in its backward and reduce-scatters each
     micro-batch's gradients (on a pipeline stage, which keeps them for the schedule, it gathers once
-    a step and reduce-scatters the accumulated gradients). Under hybrid sharding ZeRO's collectives
-    run in the replica group (``dp_shard``) and the shards' gradients are all-reduced across
-    replicas (``dp_replicate``; ZeRO 1 all-reduces over all of dp as before). Then cp averages the
-    gradients this rank keeps (all of them below ZeRO 2, its shard from it)."""
+    a step and reduce-scatters the accumulated gradients). Under hybrid sharding ZeRO's group is one
+    replica group's and the shards' gradients are all-reduced across replicas (``dp_replicate``)."""
     counts = rank_tensor_shape_counts(spec, layers, first, last, layout.tp, layout.pp)
     grad_bytes, param_bytes = communicated_bytes(layout, precision, STACKS["plait"])
-    shard_group = "dp_shard" if layout.dp_replicate > 1 else "dp"
-    ranks = layout.dp_shard
-    whole, owned, padded = sharded_elements(counts, dp_rank % ranks, ranks)
+    shard_group, ranks = layout.zero_dim, layout.group_size(layout.zero_dim)
+    whole, owned, padded = sharded_elements(counts, rank, ranks)
     zero = layout.zero
     if zero <= 1:
-        add("dp", "all_reduce", whole * grad_bytes)
+        add(layout.replica_dim, "all_reduce", whole * grad_bytes)
     if zero in (1, 2):
         add(shard_group, "all_gather", owned * param_bytes)
     per_micro_batch = (reduction_rounds(layout) if zero == 2 else
                        layout.microbatches if zero == 3 and layout.pp == 1 else 1)
-    # cp averages the gradients as the rank holds them (``held_gradient_bytes``), which ZeRO-2's
-    # replicas do too; FSDP2's replicas all-reduce its padded shards in the reduce dtype, cp
-    # averages the unpadded ones.
+    # ZeRO-2's replicas average the rows as the rank holds them (``held_gradient_bytes``); FSDP2's
+    # all-reduce its padded shards in the reduce dtype.
     row_bytes = held_gradient_bytes(layout, precision)
     if zero >= 2:
         add(shard_group, "reduce_scatter", per_micro_batch * (padded * ranks if zero == 3 else whole) * grad_bytes)
         add("dp_replicate", "all_reduce", per_micro_batch * padded * grad_bytes if zero == 3 else owned * row_bytes)
     if zero == 3:
         add(shard_group, "all_gather", (2 * per_micro_batch if layout.pp == 1 else 1) * padded * param_bytes)
-    add("cp", "all_reduce", (whole if zero < 2 else owned) * row_bytes)

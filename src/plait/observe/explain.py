@@ -84,7 +84,8 @@ class Explanation:
 
         return [
             ("compute", predicted["compute_s"] + predicted["optimizer_s"], scale * split["compute_s"]["median"], "s"),
-            ("exposed dp communication", predicted["exposed_dp_comm_s"], measured("dp", "dp_shard", "dp_replicate"), "s"),
+            ("exposed dp communication", predicted["exposed_dp_comm_s"],
+             measured("dp", "dp_shard", "dp_replicate", "dp_cp", "dp_shard_cp"), "s"),
             ("exposed tp and cp communication", predicted["critical_path_comm_s"], measured("tp", "cp"), "s"),
             ("exposed pp communication", None, measured("pp"), "s"),
             ("bubble", predicted["bubble_s"], scale * split["bubble_s"]["median"], "s"),

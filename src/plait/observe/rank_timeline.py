@@ -18,8 +18,8 @@ from plait.schedules.actions import Kind
 
 MAX_ROWS = 16
 SPAN_COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "gradient sync": "#8172b3", "optimizer": "#937860"}
-GROUP_COLOURS = {"dp": "#c44e52", "dp_shard": "#c44e52", "dp_replicate": "#a6761d", "tp": "#bcbd22",
-                 "cp": "#e7298a", "pp": "#64b5cd"}
+GROUP_COLOURS = {"dp": "#c44e52", "dp_shard": "#c44e52", "dp_cp": "#c44e52", "dp_shard_cp": "#c44e52",
+                 "dp_replicate": "#a6761d", "tp": "#bcbd22", "cp": "#e7298a", "pp": "#64b5cd"}
 BUBBLE, OTHER_GROUP = "#bbbbbb", "#444444"
 
 

@@ -22,14 +22,15 @@ from plait.observe.collective_trace import CollectiveTracer
 from plait.schedules.simulate import Span
 from plait.topology import Topology
 
-GROUP_DIMS = ("tp", "cp", "dp", "pp", "dp_shard", "dp_replicate")  # a group's name when two dims share its ranks
+# A group's name when two dims share its ranks: the first here.
+GROUP_DIMS = ("tp", "cp", "dp", "pp", "dp_shard", "dp_replicate", "dp_cp", "dp_shard_cp")
 
 
 def layout_group_names(topology: Topology) -> dict[tuple[int, ...], str]:
     """Each process group of the layout, by its sorted global ranks, to its dimension's name."""
     names: dict[tuple[int, ...], str] = {}
     for dim in reversed(GROUP_DIMS):
-        if dim.startswith("dp_") and topology.hybrid_mesh is None:
+        if dim.startswith("dp_") and dim not in topology.merged:
             continue
         if topology.size(dim) > 1:
             names[tuple(sorted(dist.get_process_group_ranks(topology.group(dim))))] = dim

@@ -30,7 +30,6 @@ from dataclasses import replace
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
@@ -74,12 +73,12 @@ def compress_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, topol
     """Put the layout's gradient compression into the reduction that runs during backward: DDP's comm
     hook, or the bf16 wire of plait's own ``buckets`` (ZeRO-2's reduce-scatter, or the all-reduce
     where DDP cannot run; default ZeRO-2's, from the optimizer). (FSDP2 takes it as it wraps the
-    model: ``compressed_policy``; reductions after backward take it in ``average_flat``.)"""
+    model: ``compressed_policy``.)"""
     compression = topology.layout.grad_compression
-    if compression == "none" or topology.size("dp") == 1:
+    if compression == "none" or topology.size(topology.replica_dim) == 1:
         return
     if isinstance(model, DistributedDataParallel):
-        group = topology.group("dp")
+        group = topology.group(topology.replica_dim)
         if compression == "bf16":
             model.register_comm_hook(group, bf16_hook)
         else:
@@ -91,12 +90,3 @@ def compress_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, topol
 def compressed_policy(policy: MixedPrecisionPolicy, compression: str) -> MixedPrecisionPolicy:
     """FSDP2's mixed-precision policy with its gradient reduce-scatter in bf16 under bf16 compression."""
     return replace(policy, reduce_dtype=torch.bfloat16) if compression == "bf16" else policy
-
-
-def average_flat(flat: torch.Tensor, topology: Topology, dim: str) -> torch.Tensor:
-    """The mean of ``flat`` over mesh dimension ``dim``; data-parallel ranks under bf16 compression
-    send it in bf16, as torch's bf16 hook does (cast, divide, sum, widen)."""
-    group, size = topology.group(dim), topology.size(dim)
-    if dim == "dp" and topology.layout.grad_compression == "bf16" and flat.dtype != torch.bfloat16:
-        return funcol.all_reduce(flat.to(torch.bfloat16).div_(size), "sum", group).wait().to(flat.dtype)
-    return funcol.all_reduce(flat, "sum", group).wait() / size

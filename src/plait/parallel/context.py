@@ -32,7 +32,8 @@ are for cp beyond heads/tp and grouped-query models, the ring where its hops hid
 attention, the all-gather where many ranks would make them many small steps.
 
 Every rank of a cp group holds the same weights; each computes gradients from its own tokens, so
-gradients are averaged over cp after backward (``plait.parallel.gradients``).
+the cp ranks average their gradients together with the dp ranks, in backward, and ZeRO shards over
+both (``plait.parallel.gradients``, ``Layout.zero_dim``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Data parallelism over the mesh's ``dp`` dimension, with the ZeRO stages 0–3.
+"""Data parallelism with the ZeRO stages 0–3, over every rank that holds the same weights: the dp
+ranks and, under context parallelism, the cp ranks beside them (``dp_cp``; each saw its own slice of
+the same sequences), whose gradients are averaged together and over which ZeRO shards, as in
+Megatron-LM's distributed optimizer and torchtitan's FSDP2 (``plait.topology``).
 
 - stage 0: PyTorch DDP, replicated parameters; bucketed gradient all-reduce overlapping backward.
 - stage 1: DDP plus ``ShardedAdamW``: each rank keeps the optimizer state of 1/Nd of every parameter.
@@ -45,13 +48,13 @@ NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
 
 
 def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "fp32") -> nn.Module:
-    """Replicate (stages 0, 1) or shard (stages 2, 3) ``model`` over the dp group."""
+    """Replicate (stages 0, 1) or shard (stages 2, 3) ``model`` over the dp (and cp) ranks."""
     stage = topology.layout.zero
-    if topology.size("dp") == 1:
+    if topology.size(topology.replica_dim) == 1:
         return model
     hold_weights(model, topology, precision)
     if stage == 3:
-        # FSDP2 over the dp mesh dimension shards DTensors already split over tp (2-D).
+        # FSDP2 over ZeRO's group shards DTensors already split over tp (2-D).
         return fully_shard_model(model, topology.fsdp_mesh, precision, topology.layout.grad_compression)
     if stage == 2:
         return model  # ShardedAdamW(gradient_chunks=...) reduce-scatters the gradients itself
@@ -62,15 +65,15 @@ def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "
     # The model's buffers (RoPE's tables) are constants every rank computes alike: DDP's default
     # broadcast of them before every forward would move them each step for nothing.
     bucket_mb = default_bucket_bytes(list(model.parameters())) / 2**20
-    return DistributedDataParallel(model, process_group=topology.group("dp"), gradient_as_bucket_view=True,
-                                   bucket_cap_mb=bucket_mb, **NO_BUFFER_SYNC)
+    return DistributedDataParallel(model, process_group=topology.group(topology.replica_dim),
+                                   gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb, **NO_BUFFER_SYNC)
 
 
 def hold_weights(model: nn.Module, topology: Topology, precision: str) -> None:
     """Parameters in bf16 where ZeRO 1 or 2 keeps their fp32 master (plait.facts.model_state.
     holds_bf16_weights): the parameters only (buffers such as RoPE's tables stay fp32, as in every
     other layout); ``ShardedAdamW`` keeps the fp32 master of each rank's rows."""
-    if holds_bf16_weights(precision, topology.layout.zero) and topology.size("dp") > 1:
+    if holds_bf16_weights(precision, topology.layout.zero) and topology.size(topology.replica_dim) > 1:
         cast_parameters(model, torch.bfloat16)
 
 
@@ -112,12 +115,12 @@ def fully_shard_model(model: nn.Module, mesh: DeviceMesh, precision: str, grad_c
 
 
 def zero_optimizer_mesh(topology: Topology) -> DeviceMesh | None:
-    """The mesh ``ShardedAdamW`` shards over: the dp mesh for stages 1 and 2, else none (with
+    """The mesh ``ShardedAdamW`` shards over: ZeRO's group for stages 1 and 2, else none (with
     ``topology.tp_dp_mesh`` for tensor-parallel parameters).
 
     Stage 3 needs none: its parameters are already DTensor shards, and so is Adam's state.
     """
-    if topology.layout.zero in (1, 2) and topology.size("dp") > 1:
+    if topology.layout.zero in (1, 2) and topology.size(topology.zero_dim) > 1:
         return topology.zero_mesh
     return None
 

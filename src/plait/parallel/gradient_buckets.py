@@ -195,7 +195,7 @@ class GradientBuckets:
 
 
 class GradientAllReduce(GradientBuckets):
-    """Every gradient averaged over the dp ``group`` in place, bucket by bucket: ZeRO 0/1 where DDP
+    """Every gradient averaged over the dp·cp ``group`` in place, bucket by bucket: ZeRO 0/1 where DDP
     cannot run."""
 
     def __init__(self, chunks: Mapping[int, list[nn.Parameter]], group: dist.ProcessGroup, bucket_bytes: int,

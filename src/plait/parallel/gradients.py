@@ -1,27 +1,28 @@
 """Every layout's gradient reduction: which hooks reduce in backward, and what is left after it.
 
-Data-parallel gradients are averaged inside backward, bucket by bucket as backward produces them,
-by the mechanism each layout was built on: DDP's all-reduce (ZeRO 0, 1), ``GradientAllReduce``
-(ZeRO 0, 1 where DDP cannot run: under tensor parallelism, whose DTensor weights DDP cannot hold,
-and on pipeline stages), ``GradientReduceScatter`` (ZeRO-2), FSDP2's reduce-scatter (ZeRO-3); the
-buckets' size is ``plait.facts.buckets``' rule. ``gradient_sync`` switches them off for every
-micro-batch but the last, but for the reduce-scatters (FSDP2's, ZeRO-2's), which run every
-micro-batch's. A
-pipeline stage runs one backward per (chunk, micro-batch), split into input and weight halves
-under zero-bubble schedules, which DDP's per-backward hooks cannot follow:
-there plait's buckets reduce each chunk's gradients from its last backward action on, overlapping
-the rest of the schedule (``plait.parallel.gradient_buckets``), and ZeRO-3's FSDP2 reduce-scatters
-once after the schedule (``plait.parallel.stage_sharding``). What is left is finished here, once
-per step, after backward (``finish_gradients``), in this order:
+Data-parallel gradients are averaged inside backward over every rank holding the same weights: the
+dp ranks and the cp ranks beside them (``Topology.replica_dim``; each cp rank saw its own slice of
+the sequences), bucket by bucket as backward produces them, by the mechanism each layout was built
+on: DDP's all-reduce (ZeRO 0, 1), ``GradientAllReduce`` (ZeRO 0, 1 where DDP cannot run: under
+tensor parallelism, whose DTensor weights DDP cannot hold, and on pipeline stages),
+``GradientReduceScatter`` (ZeRO-2), FSDP2's reduce-scatter (ZeRO-3), the last two over ZeRO's
+group (``Topology.zero_dim``); the buckets' size is ``plait.facts.buckets``' rule.
+``gradient_sync`` switches them off for every micro-batch but the last, but for the
+reduce-scatters (FSDP2's, ZeRO-2's), which run every micro-batch's. A pipeline stage runs one
+backward per (chunk, micro-batch), split into input and weight halves under zero-bubble
+schedules, which DDP's per-backward hooks cannot follow: there plait's buckets reduce each chunk's
+gradients from its last backward action on, overlapping the rest of the schedule
+(``plait.parallel.gradient_buckets``), and ZeRO-3's FSDP2 reduce-scatters once after the schedule
+(``plait.parallel.stage_sharding``). What is left is finished here, once per step, after backward
+(``finish_gradients``), in this order:
 
 1. tensor parallelism: every gradient laid out as its parameter is;
 2. a pipeline stage's dp reduction: waiting for its chunks' buckets, or ZeRO-3's reduce-scatter
    (``scatter_after``);
 3. tied embeddings over pipeline stages (GPT-2): the first and last stages' copies summed (their
    gradients, or the same rows of them), as in Megatron-LM, so they stay equal;
-4. replicas no hook averaged: context-parallel ranks always (each saw its own slice of the
-   sequences); under hybrid sharding's ZeRO-2, the replica groups (the reduce-scatter ran inside
-   each). Under ZeRO-2 these are the rank's gradient rows.
+4. under hybrid sharding's ZeRO-2, the replica groups' gradient rows averaged (the reduce-scatter
+   ran inside each).
 
 ``clip_gradients`` then takes the global norm: over the optimizer's gradients on one stage, summed
 over the stages (a tied weight counted once) under pipeline parallelism.
@@ -35,12 +36,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from plait.parallel.compression import average_flat
 from plait.parallel.gradient_buckets import GradientAllReduce, GradientBuckets, default_bucket_bytes
 from plait.parallel.gradient_shards import GradientReduceScatter
 from plait.parallel.grad_norm import clip_grad_norm, scale_to_norm, total_norm
@@ -68,26 +69,26 @@ def gradient_reduction(topology: Topology, tied_peer: int | None = None,
                        scatter_after: Callable[[], None] | None = None) -> GradientReduction:
     """The reduction left after backward on ``topology``; ``tied_peer`` as the pipeline found it,
     ``scatter_after`` as ``parallelize`` built it on a pipeline stage."""
-    zero, pipelined = topology.layout.zero, topology.size("pp") > 1
     # ZeRO-2 under hybrid sharding reduce-scatters inside a replica group; the groups average here.
-    hybrid_rows = zero == 2 and topology.size("dp_replicate") > 1
-    dims = ("dp_replicate",) * hybrid_rows + ("cp",) * (topology.size("cp") > 1)
-    return GradientReduction(dims, tied_peer, stage_norm=pipelined, scatter_after=scatter_after)
+    hybrid_rows = topology.layout.zero == 2 and topology.size("dp_replicate") > 1
+    return GradientReduction(("dp_replicate",) * hybrid_rows, tied_peer, stage_norm=topology.size("pp") > 1,
+                             scatter_after=scatter_after)
 
 
 def data_parallel_buckets(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
                           chunks: Mapping[int, list[nn.Parameter]] | None = None) -> GradientBuckets | None:
-    """plait's own hooks that reduce the gradients over dp in backward: ZeRO-2's (the optimizer's),
+    """plait's own hooks that reduce the gradients over dp·cp in backward: ZeRO-2's (the optimizer's),
     or below it the all-reduce where DDP cannot run (under tp, on a pipeline stage, whose ``chunks``
     are given); None where DDP or FSDP2 reduce, or nothing does."""
     if isinstance(optimizer, ShardedAdamW) and optimizer.gradient_shards is not None:
         return optimizer.gradient_shards
     pipelined = chunks is not None
-    if topology.size("dp") == 1 or topology.layout.zero >= 2 or not (pipelined or topology.size("tp") > 1):
+    replicas = topology.replica_dim
+    if topology.size(replicas) == 1 or topology.layout.zero >= 2 or not (pipelined or topology.size("tp") > 1):
         return None
     chunks = chunks or {0: list(model.parameters())}
     params = [param for params in chunks.values() for param in params]
-    return GradientAllReduce(chunks, topology.group("dp"), default_bucket_bytes(params), per_chunk=pipelined)
+    return GradientAllReduce(chunks, topology.group(replicas), default_bucket_bytes(params), per_chunk=pipelined)
 
 
 @contextlib.contextmanager
@@ -150,7 +151,8 @@ def average_gradients(gradients: list[torch.Tensor], topology: Topology, dims: t
         by_dtype.setdefault(grad.dtype, []).append(grad)
     for dim in dims:
         for same in by_dtype.values():
-            flat = average_flat(torch.cat([g.reshape(-1) for g in same]), topology, dim)  # dp: --grad-compression
+            flat = funcol.all_reduce(torch.cat([g.reshape(-1) for g in same]), "sum", topology.group(dim)).wait()
+            flat /= topology.size(dim)
             for grad, part in zip(same, flat.split([g.numel() for g in same])):
                 grad.copy_(part.view_as(grad))
 

@@ -36,8 +36,8 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 class ShardedAdamW(torch.optim.Optimizer):
     """AdamW (decoupled weight decay, PyTorch's fused kernel, as ``build_optimizer``) with state sharded over ``mesh``.
 
-    ``mesh`` is the dp mesh; under tensor parallelism ``tp_dp_mesh`` (plait.parallel.zero_rows)
-    places the rows of each tp shard. With ``gradient_chunks`` (chunk → the model's parameters in
+    ``mesh`` is ZeRO's group (the dp ranks, with the cp ranks beside them: ``Layout.zero_dim``); under
+    tensor parallelism ``tp_dp_mesh`` (plait.parallel.zero_rows) places the rows of each tp shard. With ``gradient_chunks`` (chunk → the model's parameters in
     order; one chunk without pipeline parallelism) the gradients are reduce-scattered too (ZeRO-2),
     bucketed in the reverse of that order (``bucket_bytes``, default plait.facts.buckets' rule),
     in backward, or on a pipeline stage (``per_chunk``) as its executor finishes each chunk.

@@ -1,5 +1,5 @@
-"""ZeRO-3 on pipeline stages: FSDP2 over the dp ranks on a pipeline rank's pruned model (its
-blocks, then the root holding its ends), as torchtitan composes FSDP2 with pipelining.
+"""ZeRO-3 on pipeline stages: FSDP2 over ZeRO's group (the dp·cp ranks) on a pipeline rank's pruned
+model (its blocks, then the root holding its ends), as torchtitan composes FSDP2 with pipelining.
 
 A pipeline schedule runs many forward and backward passes per step, so the units gather their
 parameters once, in the step's first forward, and keep them until the step's last backward
@@ -9,7 +9,7 @@ small beside the activations of the micro-batches it keeps in flight. Gradients 
 unsharded over the micro-batches and are reduce-scattered once, after the schedule (``reduce``),
 as PyTorch's own pipelining does (``torch.distributed.pipelining.stage._PipelineStageBase
 .perform_reduce_grad``): FSDP2's autograd hooks fire when a module's input gradient is computed,
-which zero-bubble schedules do before the weight gradients. Between steps a rank holds 1/dp of
+which zero-bubble schedules do before the weight gradients. Between steps a rank holds 1/(dp·cp) of
 its stage; during a step it holds the gathered stage and its shards, more than ZeRO-2 on the same
 stage holds, so ZeRO-3 on a stage pays only when the optimizer state is what does not fit.
 """
@@ -25,7 +25,7 @@ from plait.parallel.data import fully_shard_model
 
 
 class ShardedStage:
-    """A pipeline rank's pruned ``model`` under FSDP2 over ``mesh`` (the dp dimension).
+    """A pipeline rank's pruned ``model`` under FSDP2 over ``mesh`` (ZeRO's group).
 
     The chunk views (plait.parallel.pipeline) share the model's hooks, so each runs the root's."""
 

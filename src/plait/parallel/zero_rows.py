@@ -1,7 +1,8 @@
 """Which rows of every parameter a ZeRO-1/2 rank owns, and how those rows stand as a DTensor of the
 whole parameter, so any layout can load what another saved.
 
-A parameter's rows are split over the dp ranks as ``torch.chunk`` splits dim 0 (DTensor's
+A parameter's rows are split over ZeRO's group (the dp ranks, with the cp ranks beside them;
+called dp below) as ``torch.chunk`` splits dim 0 (DTensor's
 ``Shard(0)``). Under tensor parallelism a rank holds a tp shard (a DTensor); its dp ranks split
 that local shard's rows further, as Megatron's distributed optimizer splits each tp rank's
 parameters. Described on the (tp, dp) mesh, with tp the outer dimension, that is DTensor's plain

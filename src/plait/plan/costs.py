@@ -64,7 +64,7 @@ def parallel_styles(layout: Layout) -> list[str]:
         styles.append("sp" if layout.sp else "tp")
     if layout.cp > 1:
         styles.append("cp")
-    if layout.dp > 1 and layout.tp == 1:  # under tp the replicas average outside DDP and FSDP
+    if layout.dp * layout.cp > 1 and layout.tp == 1:  # under tp the replicas average outside DDP and FSDP
         styles.append(f"zero{layout.zero}")
     return styles
 

@@ -4,7 +4,6 @@ a layout with fewer parallel dimensions first when the faster one wins by less t
 from __future__ import annotations
 
 from plait.facts.model_state import zero_group
-from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.plan.comm import group_spread
 from plait.plan.simulate import Prediction
@@ -37,17 +36,17 @@ def complexity(dp: int, tp: int, cp: int, pp: int, gpus_per_node: int, seq_len: 
             + (cp > 1 and seq_len < CONTEXT_PARALLEL_PRECEDENT_TOKENS) + (zero3_shards > FULL_SHARD_PRECEDENT_RANKS))
 
 
-def full_shard_ranks(layout: Layout, kernels: Kernels) -> int:
+def full_shard_ranks(layout: Layout) -> int:
     """The ranks a ZeRO-3 group gathers each layer over, micro-batch by micro-batch (0 when it does not)."""
-    return zero_group(layout, kernels)[0] if layout.zero == 3 and layout.pp == 1 else 0
+    return zero_group(layout)[0] if layout.zero == 3 and layout.pp == 1 else 0
 
 
-def layout_complexity(layout: Layout, gpus_per_node: int, seq_len: int, kernels: Kernels) -> int:
+def layout_complexity(layout: Layout, gpus_per_node: int, seq_len: int) -> int:
     return complexity(layout.dp, layout.tp, layout.cp, layout.pp, gpus_per_node, seq_len,
-                      full_shard_ranks(layout, kernels))
+                      full_shard_ranks(layout))
 
 
-def rank(predictions: list[Prediction], gpus_per_node: int, seq_len: int, kernels: Kernels,
+def rank(predictions: list[Prediction], gpus_per_node: int, seq_len: int,
          tie_break: str = "simplicity") -> list[Prediction]:
     """Fastest first; with ``simplicity``, the layouts predicted within the planner's own error of the
     fastest count as tied and come first by complexity (``complexity``), then by time: a layout
@@ -57,4 +56,4 @@ def rank(predictions: list[Prediction], gpus_per_node: int, seq_len: int, kernel
         return by_time
     limit = by_time[0].step_time_s * (1 + PLANNER_ERROR)
     tied = [p for p in by_time if p.step_time_s <= limit]
-    return sorted(tied, key=lambda p: (layout_complexity(p.layout, gpus_per_node, seq_len, kernels), p.step_time_s)) + by_time[len(tied):]
+    return sorted(tied, key=lambda p: (layout_complexity(p.layout, gpus_per_node, seq_len), p.step_time_s)) + by_time[len(tied):]

@@ -123,7 +123,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     # 0.1% of a step) nor smaller than with it, and ZeRO-1 never beats ZeRO-2 without hybrid
     # sharding (same gathers, a reduce-scatter no longer than ZeRO-1's reduction, less memory) where
     # ZeRO-2 reduces once a step: on a reference stack always, on plait's engine with one micro-batch
-    # or on pipeline stages, over more than 2 ranks (its fp32 rows are as large as the whole bf16
+    # or on pipeline stages, over more than 2 dp·cp ranks (its fp32 rows are as large as the whole bf16
     # gradients over 2). Tests hold both claims.
     waiting = replace(kernels, blocking_sends=SCHEDULES)  # each boundary's transfer apart from its gather
     works: dict[tuple, dict] = {}
@@ -162,7 +162,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 by_stream: dict[int, tuple[float, ...]] = {}  # what the residual stream's dtype decides
                 times_of: dict[tuple, dict] = {}  # per weight passes and recomputation, filled when a layout may fit
                 # (where plait's ZeRO-2 reduces once a step over more than 2 ranks; see above)
-                zero2_dominates = not kernels.plait_engine or reduction_rounds(replace(base, zero=2)) == 1 and dp > 2
+                zero2_dominates = (not kernels.plait_engine
+                                   or reduction_rounds(replace(base, zero=2)) == 1 and dp * cp > 2)
                 verdicts: dict[tuple[int, int], list[str]] = {}  # the shared validation's, by (ZeRO, dp_replicate)
                 for zero, replicate in zero_choices(fixed, hw, base):
                     dominated = zero == 1 and replicate == 1 and "zero" not in fixed and zero2_dominates
@@ -274,7 +275,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # ZeRO-3's per-layer gathers (without stages) depend on its group; a measured host's
                     # wrapper overhead on the stage.
                     key = (tp, cp, sp, mbs, (dp, replicate) if zero == 3 and pp == 1 else 0,
-                           (zero, dp > 1) if hw.host_overhead else None, algorithm, passes, stream)
+                           (zero, dp * cp > 1) if hw.host_overhead else None, algorithm, passes, stream)
                     if key not in works:
                         works[key] = {rc: _layer_work(replace(staged, recompute=rc), workload, hw, mbs, times) for rc in costed}
                     # (plait's ZeRO-3 without stages reduces its ends' gradients every micro-batch, ZeRO-2 all of them)
@@ -304,7 +305,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # Each schedule takes the fastest recomputation that fits (zb-h1 one it can replay twice).
                     order = sorted(recomputes, key=lambda rc: per_rc[rc][2])
                     order_zb = [rc for rc in order if rc not in zb_refuses] if zb_refuses else order
-                    level = complexity(dp, tp, cp, pp, hw.gpus_per_node, spec.seq_len, full_shard_ranks(staged, kernels))
+                    level = complexity(dp, tp, cp, pp, hw.gpus_per_node, spec.seq_len, full_shard_ranks(staged))
                     bar = found.bar(level, keep) if bound else math.inf
                     if min(floors.values()) >= bar:
                         oversized = sum(light > capacity for light in lightest)

@@ -75,7 +75,7 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
             prediction = evaluate(workload, hw, gpus, layout) if layout not in played else None
             if prediction and prediction.fits:
                 ranked.append(prediction)
-    ranked = rank(ranked, hw.gpus_per_node, workload.spec.seq_len, workload.kernels, tie_break)
+    ranked = rank(ranked, hw.gpus_per_node, workload.spec.seq_len, tie_break)
     return SearchResult(ranked[:top], found.scored, found.fitting, explain(ranked, found, hw, tie_break), found.bounded,
                         found.oversized)
 

@@ -160,39 +160,38 @@ def gather_window(forward: float, virtual_stages: int, pp: int, microbatches: in
 
 def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float, grad_bytes: int,
                             held_bytes: int) -> tuple[float, float]:
-    """(in backward, after backward) seconds of plait's data- and context-parallel reduction of
-    ``grads`` bytes, ``grad_bytes`` an element on the wire and ``held_bytes`` as the rank holds it
-    after (plait.facts.model_state.held_gradient_bytes) (plait.parallel.gradients): over dp, an
-    all-reduce below ZeRO-2 and a reduce-scatter from it, run by hooks inside backward bucket by
-    bucket (DDP, plait's own buckets under tp or on a pipeline stage, ZeRO-2's, FSDP2's), on a
-    pipeline stage from each chunk's last backward action on, except ZeRO-3 on a pipeline stage,
-    whose FSDP2 reduce-scatter follows the schedule (plait.parallel.stage_sharding); then an
-    all-reduce over cp of what dp left, as held. Under hybrid sharding the
-    reduce-scatter runs inside a replica group and an all-reduce of the rows across the groups
-    follows it (in FSDP2's backward hook at ZeRO-3, after backward at ZeRO-2)."""
-    dp_link = group_link(hw, layout, "dp")
-    as_held = held_bytes / grad_bytes
+    """(in backward, after backward) seconds of plait's data-parallel reduction of ``grads`` bytes,
+    ``grad_bytes`` an element on the wire and ``held_bytes`` as the rank holds it after
+    (plait.facts.model_state.held_gradient_bytes) (plait.parallel.gradients): over every rank holding
+    the same weights (dp·cp), an all-reduce below ZeRO-2 and a reduce-scatter over ZeRO's group from
+    it, run by hooks inside backward bucket by bucket (DDP, plait's own buckets under tp or on a
+    pipeline stage, ZeRO-2's, FSDP2's), on a pipeline stage from each chunk's last backward action
+    on, except ZeRO-3 on a pipeline stage, whose FSDP2 reduce-scatter follows the schedule
+    (plait.parallel.stage_sharding). Under hybrid sharding the reduce-scatter runs inside a replica
+    group and an all-reduce of the rows across the groups follows it (in FSDP2's backward hook at
+    ZeRO-3, after backward at ZeRO-2)."""
+    after = 0.0
     if layout.zero < 2:
-        dp_seconds, held = all_reduce_seconds(grads, layout.dp, dp_link), grads * as_held
+        reduce = all_reduce_seconds(grads, layout.dp * layout.cp, merged_link(hw, layout, ("dp", "cp")))
     else:
-        shard_link = strided_link(hw, layout.dp_shard, layout.cp * layout.tp, layout.world_size)
-        rows = grads / layout.dp_shard
-        dp_seconds, held = reduce_scatter_seconds(grads, layout.dp_shard, shard_link), rows * as_held
-        replica_link = strided_link(hw, layout.dp_replicate, layout.dp_shard * layout.cp * layout.tp, layout.world_size)
-        # (FSDP2's replicas all-reduce in the wire's dtype, in its backward hook; ZeRO-2's the rows as held)
-        across = all_reduce_seconds(rows if layout.zero == 3 else held, layout.dp_replicate, replica_link)
-        dp_seconds += across if layout.zero == 3 else 0.0
-    cp_seconds = all_reduce_seconds(held, layout.cp, group_link(hw, layout, "cp"))
-    cp_seconds += across if layout.zero == 2 else 0.0  # plait.parallel.gradients averages the groups with cp
+        shards, stride = zero_group(layout)
+        rows = grads / shards
+        reduce = reduce_scatter_seconds(grads, shards, strided_link(hw, shards, stride, layout.world_size))
+        replica_link = strided_link(hw, layout.dp_replicate, shards * stride, layout.world_size)
+        # FSDP2's replicas all-reduce in the wire's dtype, in its backward hook; ZeRO-2's the rows as held
+        if layout.zero == 3:
+            reduce += all_reduce_seconds(rows, layout.dp_replicate, replica_link)
+        else:
+            after = all_reduce_seconds(rows * held_bytes / grad_bytes, layout.dp_replicate, replica_link)
     in_backward = layout.pp == 1 or layout.zero < 3
-    return (dp_seconds, cp_seconds) if in_backward else (0.0, dp_seconds + cp_seconds)
+    return (reduce, after) if in_backward else (0.0, reduce + after)
 
 
 def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float, tensors: int) -> FlushCosts:
     """Data-parallel reduction of ``params`` parameters' gradients, ZeRO's gathers and Adam."""
     precision, kernels = workload.precision, workload.kernels
     replicas, replica_link = layout.dp * layout.cp, merged_link(hw, layout, ("dp", "cp"))
-    shards, stride = zero_group(layout, kernels)
+    shards, stride = zero_group(layout)
     link = strided_link(hw, shards, stride, layout.world_size)
     g_bytes, p_bytes = communicated_bytes(layout, precision, kernels)
     # ZeRO-3 without stages reduces each layer's gradients in that layer's backward, where
@@ -204,18 +203,14 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     grads = reduced_gradient_elements(workload.spec, layout, reduced) * g_bytes
     after = 0.0
     if layout.grad_compression == "powersgd":
-        # Three all-reduces over dp in turn (the tensors sent whole, then P, then Q); context-parallel
-        # ranks average the whole gradients afterwards.
+        # Three all-reduces over dp·cp in turn (the tensors sent whole, then P, then Q).
         shapes = rank_tensor_shapes(workload.spec, workload.spec.layers, True, True, 1, 1)
-        reduce = sum(all_reduce_seconds(n * g_bytes, layout.dp, group_link(hw, layout, "dp"))
-                     for n in powersgd_elements(shapes))
-        after = all_reduce_seconds(params * g_bytes, layout.cp, group_link(hw, layout, "cp"))
+        reduce = sum(all_reduce_seconds(n * g_bytes, replicas, replica_link) for n in powersgd_elements(shapes))
     elif kernels.plait_engine:
         held_bytes = held_gradient_bytes(layout, precision)
         reduce, after = plait_reduction_seconds(hw, layout, grads, g_bytes, held_bytes)
-        if per_layer:  # the context-parallel average after backward covers every layer's shard
+        if per_layer:  # every micro-batch's; hybrid ZeRO-3's all-reduce across replicas is in FSDP2's hook
             reduce *= layout.microbatches
-            after = plait_reduction_seconds(hw, layout, params * g_bytes, g_bytes, held_bytes)[1]
     elif layout.zero == 0 or (layout.zero == 1 and not (kernels.main_grad_buffer or kernels.zero1_reduces_partitions)):
         reduce = all_reduce_seconds(grads, replicas, replica_link)
     else:  # reduce-scatter over the ZeRO group; replica groups (hybrid sharding) average the shard

@@ -90,14 +90,14 @@ def _virtual_stage_choices(pp: int, layers: int, fixed: dict) -> tuple[int, ...]
 
 
 def zero_choices(fixed: dict, hw: Hardware, base: Layout) -> list[tuple[int, int]]:
-    """(ZeRO stage, dp_replicate) pairs to score: every stage sharding over all dp ranks and, when
+    """(ZeRO stage, dp_replicate) pairs to score: every stage sharding over all dp·cp ranks and, when
     the dp ranks span nodes, hybrid sharding inside a node (the largest group of at least two dp
     ranks whose cp·tp blocks fill a node a whole number of times, so no group straddles two; the
     groups replicate across nodes)."""
     dp, block = base.dp, base.cp * base.tp
     inside = max((s for s in divisors(dp) if hw.gpus_per_node % (s * block) == 0), default=1)
     replicates = (fixed["dp_replicate"],) if "dp_replicate" in fixed else (1, dp // inside) if 2 <= inside < dp else (1,)
-    return [(zero, replicate) for zero in options(fixed, "zero", (0, 1, 2, 3) if dp > 1 else (0,))
+    return [(zero, replicate) for zero in options(fixed, "zero", (0, 1, 2, 3) if dp * base.cp > 1 else (0,))
             for replicate in (replicates if zero else (1,))]
 
 

@@ -34,14 +34,14 @@ def zero3_layer_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision
     sharding the reduce-scatter is followed by the all-reduce of the shard across replica groups,
     in the same backward hook (FSDP2, plait.facts.model_state). Only the bandwidth term is the
     stack's (``Kernels.zero3_collective_efficiency``); the ring's latency is NCCL's."""
-    shards, stride = zero_group(layout, kernels)
+    shards, stride = zero_group(layout)
     link = strided_link(hw, shards, stride, layout.world_size)
     link = replace(link, bandwidth=link.bandwidth * kernels.zero3_collective_efficiency)
     grad_bytes, param_bytes = communicated_bytes(layout, precision, kernels)
     parameters = layer_parameter_count(spec) / layout.tp
     gather = all_gather_seconds(parameters * param_bytes, shards, link)
     scatter = reduce_scatter_seconds(parameters * grad_bytes, shards, link)
-    replicas = layout.dp * (1 if kernels.plait_engine else layout.cp) // shards
+    replicas = layout.dp * layout.cp // shards
     if replicas > 1:
         scatter += all_reduce_seconds(parameters * grad_bytes / shards, replicas,
                                       strided_link(hw, replicas, shards * stride, layout.world_size))
