@@ -22,6 +22,8 @@ LAYOUTS = [
     {"dp": 2, "cp": 2, "zero": 3},
     {"cp": 2, "tp": 2, "zero": 1},
     {"cp": 2, "pp": 2, "zero": 3, "schedule": "1f1b", "microbatches": 2},
+    # FSDP2 2-D over ZeRO's dp·cp group and tp: one root mesh
+    {"dp": 2, "cp": 2, "tp": 2, "zero": 3},
     {"dp": 2, "pp": 2, "zero": 2, "schedule": "1f1b", "microbatches": 4},
     {"dp": 2, "pp": 2, "zero": 2, "schedule": "interleaved-1f1b", "virtual_stages": 2, "microbatches": 2},
     {"dp": 2, "pp": 2, "zero": 2, "schedule": "zb-h1", "microbatches": 4},
@@ -36,6 +38,8 @@ LAYOUTS = [
     {"dp": 4, "dp_replicate": 2, "zero": 1},
     {"dp": 4, "dp_replicate": 2, "tp": 2, "zero": 2},
     {"dp": 4, "dp_replicate": 2, "pp": 2, "zero": 3, "schedule": "1f1b", "microbatches": 2},
+    {"dp": 4, "dp_replicate": 2, "tp": 2, "zero": 3},
+    {"dp": 4, "dp_replicate": 2, "cp": 2, "zero": 2},
 ]
 
 

@@ -97,10 +97,6 @@ class Layout:
     def world_size(self) -> int:
         return self.pp * self.dp * self.cp * self.tp
 
-    @property
-    def mesh_shape(self) -> tuple[int, ...]:
-        return tuple(getattr(self, name) for name in MESH_DIMS)
-
     def describe(self) -> str:
         """A short human name such as ``dp2·tp2·pp2 (1f1b, m=4)``."""
         parts = [f"{name}{getattr(self, name)}" for name in ("dp", "tp", "cp", "pp") if getattr(self, name) > 1]
@@ -165,7 +161,7 @@ class Layout:
         if self.zero and self.dp * self.cp == 1:
             raise ConfigError(
                 f"ZeRO stage {self.zero} shards over the data- and context-parallel ranks and has no effect with "
-                "--dp 1 and --cp 1; pass --dp 2 or more (or --cp), or drop --zero"
+                "--dp 1 and --cp 1; pass --dp 2 or more (or --cp 2 or more), or drop --zero"
             )
         if self.dp % self.dp_replicate:
             raise ConfigError(f"--dp-replicate {self.dp_replicate} must divide --dp {self.dp}: the dp ranks form "

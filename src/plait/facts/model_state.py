@@ -225,15 +225,15 @@ def rank_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: i
     """Model-state bytes of one rank of a pipeline stage holding ``layers`` layers, on ``kernels``' stack.
 
     plait's own (``kernels`` None or ``plait_engine``): what plait's engine holds (``plait_model_states``).
-    A reference stack: ``reference_bytes``' split of ``rank_parameters`` sharded over dp·cp,
-    the data- and context-parallel ranks together (as plait and Megatron-LM's distributed optimizer shard),
+    A reference stack: ``reference_bytes``' split of ``rank_parameters`` sharded over ZeRO's group
+    (``zero_group``: the data- and context-parallel ranks together, one replica group's under hybrid sharding),
     and an fp32 copy of every gradient where the stack accumulates in one besides its bf16 gradients
     (``Kernels.fp32_grad_accumulation``).
     """
     if kernels is None or kernels.plait_engine:
         return plait_model_states(spec, layout, precision, layers, first, last, dp_rank, cp_rank)
     params = rank_parameters(spec, layers, first, last, layout.tp, layout.pp)
-    states = model_state_bytes(params, precision, layout.zero, layout.dp * layout.cp, kernels)
+    states = model_state_bytes(params, precision, layout.zero, zero_group(layout)[0], kernels)
     if kernels.fp32_grad_accumulation:
         return ModelStates(states.params, states.grads + FP32 * params, states.optimizer)
     return states
@@ -290,8 +290,8 @@ def held_gradient_bytes(layout: Layout, precision: str) -> int:
     """Bytes per element of the gradients a rank holds after the data-parallel reduction, which
     ZeRO-2's replica groups (hybrid sharding) average after backward: ZeRO-2's rows in
     fp32, else the gradients' own dtype (bf16 over ZeRO-1's bf16 weights, fp32 under autocast and
-    in FSDP2's shards), uncompressed: --grad-compression is the dp wire's only, and FSDP2 widens
-    its reduced shards back to fp32."""
+    in FSDP2's shards), uncompressed: --grad-compression is the dp·cp reduction's wire only, and
+    FSDP2 widens its reduced shards back to fp32."""
     return BF16 if layout.zero != 2 and holds_bf16_weights(precision, layout.zero) else FP32
 
 

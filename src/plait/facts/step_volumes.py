@@ -48,8 +48,9 @@ def step_volumes(spec: ModelSpec, layout: Layout, global_batch: int, precision: 
     layers, first, last = pipeline_share(spec, layout, pp_rank)
     micro_batch = global_batch // layout.dp // layout.microbatches
     _inside_the_model(spec, layout, micro_batch, pp_rank, layers, first, last, precision, add)
-    _pipeline(spec, layout, micro_batch, pp_rank, zero_rank(layout, dp_rank, cp_rank), first, last, precision, add)
-    _data_parallel(spec, layout, layers, first, last, precision, zero_rank(layout, dp_rank, cp_rank), add)
+    in_zero_group = zero_rank(layout, dp_rank, cp_rank)
+    _pipeline(spec, layout, micro_batch, pp_rank, in_zero_group, first, last, precision, add)
+    _data_parallel(spec, layout, layers, first, last, precision, in_zero_group, add)
     add("dp", "all_reduce", SCALAR)  # the logged loss, averaged over dp
     add("cp", "all_reduce", SCALAR)  # and over cp
     return volumes
@@ -83,7 +84,7 @@ def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank
     add("tp", "all_reduce", reduction_rounds(layout) * replicated * stream)
 
 
-def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, zero_rank: int, first: bool,
+def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, in_zero_group: int, first: bool,
               last: bool, precision: str, add) -> None:
     """Each chunk sends its micro-batch's output on and its input's gradient back (the model's first
     and last chunk one fewer), receiving as many; the end stages swap the tied embedding's gradient;
@@ -95,7 +96,7 @@ def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, z
     mine = range(pp_rank, chunks, layout.pp)
     hops = sum((c < chunks - 1) + (c > 0) for c in mine)
     moved = layout.microbatches * hops * stage_boundary_bytes(spec, layout, micro_batch, precision, STACKS["plait"])
-    tied = tied_embedding_bytes(spec, layout, precision, STACKS["plait"], zero_rank) if first != last else 0
+    tied = tied_embedding_bytes(spec, layout, precision, STACKS["plait"], in_zero_group) if first != last else 0
     for op in ("send", "recv"):
         add("pp", op, moved + tied)
     add("pp", "barrier", 0)

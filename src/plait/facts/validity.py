@@ -160,7 +160,7 @@ def compression_problems(layout: Layout) -> list[str]:
         return []
     if layout.dp * layout.cp == 1:
         return [f"--grad-compression {compression} compresses the data-parallel gradient reduction and has no "
-                "effect with --dp 1 and --cp 1; pass --dp 2 or more, or drop --grad-compression"]
+                "effect with --dp 1 and --cp 1; pass --dp 2 or more (or --cp 2 or more), or drop --grad-compression"]
     if compression != "powersgd":
         return []
     if layout.zero >= 2:

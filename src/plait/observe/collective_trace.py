@@ -76,7 +76,8 @@ class CollectiveTracer(TorchDispatchMode):
     """``with CollectiveTracer(group_names) as tracer: ...`` then ``tracer.transfers``, ``tracer.waits``.
 
     ``group_names`` maps a process group's ranks (a sorted tuple of global ranks) to its name in
-    the layout (dp, tp, cp, pp, dp_replicate, dp_shard); other groups are named by their ranks."""
+    the layout (dp, tp, cp, pp, dp_replicate, dp_shard, dp_cp, dp_shard_cp); other groups are named
+    by their ranks."""
 
     def __init__(self, group_names: dict[tuple[int, ...], str]):
         super().__init__()

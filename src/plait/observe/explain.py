@@ -82,11 +82,18 @@ class Explanation:
         def measured(*groups: str) -> float:
             return scale * sum(exposed.get(group, 0.0) for group in groups)
 
+        data, model = ("dp", "dp_shard", "dp_replicate", "dp_cp", "dp_shard_cp"), ("tp", "cp")
+        if self.layout.replica_dim == "cp":  # at dp 1 the gradients' reduction runs on cp's own ranks
+            communication = [("exposed dp, tp and cp communication",
+                              predicted["exposed_dp_comm_s"] + predicted["critical_path_comm_s"],
+                              measured(*data, *model), "s")]
+        else:
+            communication = [
+                ("exposed dp communication", predicted["exposed_dp_comm_s"], measured(*data), "s"),
+                ("exposed tp and cp communication", predicted["critical_path_comm_s"], measured(*model), "s")]
         return [
             ("compute", predicted["compute_s"] + predicted["optimizer_s"], scale * split["compute_s"]["median"], "s"),
-            ("exposed dp communication", predicted["exposed_dp_comm_s"],
-             measured("dp", "dp_shard", "dp_replicate", "dp_cp", "dp_shard_cp"), "s"),
-            ("exposed tp and cp communication", predicted["critical_path_comm_s"], measured("tp", "cp"), "s"),
+            *communication,
             ("exposed pp communication", None, measured("pp"), "s"),
             ("bubble", predicted["bubble_s"], scale * split["bubble_s"]["median"], "s"),
             ("other", None, scale * split["other_s"]["median"], "s"),

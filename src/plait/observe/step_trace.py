@@ -30,7 +30,7 @@ def layout_group_names(topology: Topology) -> dict[tuple[int, ...], str]:
     """Each process group of the layout, by its sorted global ranks, to its dimension's name."""
     names: dict[tuple[int, ...], str] = {}
     for dim in reversed(GROUP_DIMS):
-        if dim.startswith("dp_") and dim not in topology.merged:
+        if dim not in topology.dims:
             continue
         if topology.size(dim) > 1:
             names[tuple(sorted(dist.get_process_group_ranks(topology.group(dim))))] = dim

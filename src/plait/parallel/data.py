@@ -120,7 +120,7 @@ def zero_optimizer_mesh(topology: Topology) -> DeviceMesh | None:
 
     Stage 3 needs none: its parameters are already DTensor shards, and so is Adam's state.
     """
-    if topology.layout.zero in (1, 2) and topology.size(topology.zero_dim) > 1:
+    if topology.layout.zero in (1, 2) and topology.size(topology.replica_dim) > 1:
         return topology.zero_mesh
     return None
 

@@ -17,7 +17,7 @@ gradients from its last backward action on, overlapping the rest of the schedule
 (``finish_gradients``), in this order:
 
 1. tensor parallelism: every gradient laid out as its parameter is;
-2. a pipeline stage's dp reduction: waiting for its chunks' buckets, or ZeRO-3's reduce-scatter
+2. a pipeline stage's dp·cp reduction: waiting for its chunks' buckets, or ZeRO-3's reduce-scatter
    (``scatter_after``);
 3. tied embeddings over pipeline stages (GPT-2): the first and last stages' copies summed (their
    gradients, or the same rows of them), as in Megatron-LM, so they stay equal;
@@ -54,10 +54,11 @@ from plait.topology import Topology
 class GradientReduction:
     """What this rank's gradients still need after backward, decided once when the model is parallelized.
 
-    ``replica_dims``: mesh dimensions averaged here. ``tied_peer``: the pp rank holding the other
-    copy of a tied embedding (None: no copy elsewhere). ``stage_norm``: the norm is summed over the
-    pp group. ``scatter_after``: what finishes a pipeline stage's data-parallel reduction after the
-    schedule (waiting for its chunks' buckets, or ZeRO-3's reduce-scatter)."""
+    ``replica_dims``: groups averaged here (``dp_replicate`` under hybrid-sharded ZeRO-2, else none).
+    ``tied_peer``: the pp rank holding the other copy of a tied embedding (None: no copy elsewhere).
+    ``stage_norm``: the norm is summed over the pp group. ``scatter_after``: what finishes a pipeline
+    stage's data-parallel reduction after the schedule (waiting for its chunks' buckets, or ZeRO-3's
+    reduce-scatter)."""
 
     replica_dims: tuple[str, ...] = ()
     tied_peer: int | None = None

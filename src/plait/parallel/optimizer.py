@@ -1,4 +1,5 @@
-"""The optimizer: AdamW decaying matrices only, its state sharded over dp under ZeRO stages 1 and 2."""
+"""The optimizer: AdamW decaying matrices only, its state sharded over ZeRO's group (the dp and cp
+ranks) under ZeRO stages 1 and 2."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float, topology: Topology | None = None,
                     chunks: Mapping[int, list[nn.Parameter]] | None = None) -> torch.optim.Optimizer:
     """AdamW decaying 2-D and larger parameters only. Under ZeRO stage 1 or 2 of ``topology``, its
-    state is sharded over the data-parallel ranks, and for stage 2 the gradients too, reduced in
+    state is sharded over ZeRO's group (the dp and cp ranks), and for stage 2 the gradients too, reduced in
     buckets as each of ``chunks`` (a pipeline stage's chunks: chunk → its parameters in order;
     default the whole model) finishes its backward."""
     groups = parameter_groups(model, weight_decay)

@@ -12,9 +12,9 @@ tensor (a sequence shard under sp or cp), and the last stage takes the loss on v
 
 Tied embeddings (GPT-2) live on the first and last stages at once, as in Megatron-LM: both copies
 start equal and ``plait.parallel.gradients`` sums their gradients after each step, so they stay
-equal (the executor starts each chunk's dp·cp reduction during the schedule). The pipeline returns data — the
-loss, the measured timelines and the bubble figures — and draws nothing: the training loop hands
-them to ``plait.observe``.
+equal (the executor starts each chunk's dp·cp reduction during the schedule). The pipeline returns
+data — the loss, the measured timelines and the bubble figures — and draws nothing: the training
+loop hands them to ``plait.observe``.
 """
 
 from __future__ import annotations

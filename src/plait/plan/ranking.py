@@ -56,4 +56,5 @@ def rank(predictions: list[Prediction], gpus_per_node: int, seq_len: int,
         return by_time
     limit = by_time[0].step_time_s * (1 + PLANNER_ERROR)
     tied = [p for p in by_time if p.step_time_s <= limit]
-    return sorted(tied, key=lambda p: (layout_complexity(p.layout, gpus_per_node, seq_len), p.step_time_s)) + by_time[len(tied):]
+    by_complexity = sorted(tied, key=lambda p: (layout_complexity(p.layout, gpus_per_node, seq_len), p.step_time_s))
+    return by_complexity + by_time[len(tied):]
