@@ -192,6 +192,15 @@ def layer_times(
 ) -> LayerTimes:
     """Predicted compute time of one transformer layer on one rank (no communication), with the
     engine's passes over its weights (plait.facts.weight_passes)."""
+    return layer_times_by_recompute(spec, hw, precision, micro_batch, tp, cp, sp, (recompute,), kernels, cp_algorithm,
+                                    weight_passes)[recompute]
+
+
+def layer_times_by_recompute(spec: ModelSpec, hw: Hardware, precision: str, micro_batch: int, tp: int, cp: int,
+                             sp: bool, recomputes: tuple[str, ...], kernels: Kernels, cp_algorithm: str,
+                             weight_passes: WeightPasses) -> dict[str, LayerTimes]:
+    """``layer_times`` under each of ``recomputes``, what they share computed once (the planner's
+    search asks for several at a time)."""
     shape = layer_shape(spec, micro_batch, tp, cp, sp, precision, kernels)
     memory_rate = hw.memory_gbps * 1e9
     weights = sum(gemm_seconds(hw, precision, g) for g in shape.weights)
@@ -230,18 +239,26 @@ def layer_times(
     backward_input = with_host(hw, scale.backward * (grad_input + attention_backward + 2 * elementwise),
                                host.layer_backward) + kernels.layer_host_s
     attention *= scale.forward
-    extra = {"none": 0.0, "selective": attention}.get(recompute)
     tokens = micro_batch * spec.seq_len // cp
     shapes = linear_shapes(spec, tp)
-    if recompute == "full":  # the forward, but for a closing w2 no backward needs (plait.models.flops.layer_flops)
-        closing = 0.0 if kernels.recompute_whole_forward else gemm_seconds(hw, precision, Gemm(tokens, *shapes["w2"][::-1]))
-        extra = forward - scale.forward * (closing + weight_forward - weight_recomputed)
-    elif recompute == "op":  # the unkept matmuls and every elementwise kernel run again
-        rerun = sum(gemm_seconds(hw, precision, Gemm(tokens, *shapes[name][::-1])) for name in recomputed_linears(spec))
-        extra = with_host(hw, scale.forward * (rerun + elementwise + weight_recomputed), host.layer_forward)
-        if not op_keeps_attention(kernels, cp, cp_algorithm):
-            extra += attention
-    return LayerTimes(forward, backward_input, grad_weight, extra, attention, scale.backward * attention_backward)
+    times = {}
+    for recompute in recomputes:
+        extra = {"none": 0.0, "selective": attention}.get(recompute)
+        if recompute == "full":  # the forward, but for a closing w2 no backward needs (plait.models.flops.layer_flops)
+            closing = (0.0 if kernels.recompute_whole_forward
+                       else gemm_seconds(hw, precision, Gemm(tokens, *shapes["w2"][::-1])))
+            extra = forward - scale.forward * (closing + weight_forward - weight_recomputed)
+        elif recompute == "op":  # the unkept matmuls and every elementwise kernel run again
+            rerun = sum(gemm_seconds(hw, precision, Gemm(tokens, *shapes[name][::-1]))
+                        for name in recomputed_linears(spec))
+            extra = with_host(hw, scale.forward * (rerun + elementwise + weight_recomputed), host.layer_forward)
+            if not op_keeps_attention(kernels, cp, cp_algorithm):
+                extra += attention
+        times[recompute] = LayerTimes(forward, backward_input, grad_weight, extra, attention,
+                                      scale.backward * attention_backward)
+    return times
+
+
 
 
 def gradient_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str, kernels: Kernels,

@@ -113,9 +113,12 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     tp_backward = 0.0  # the backward's own tensor-parallel collectives (not the recomputed forward's)
     windows = None  # the matmuls a fused collective runs inside (fused_windows), when any is fused
     stream = residual_stream_bytes(precision, layout.zero, layout.pp, kernels)
+    links = {}  # a group's link, found once for its several calls
     for call in layer_collectives(spec, micro_batch, spec.seq_len, layout.tp, layout.sp, layout.cp, layout.recompute,
                                   e, kernels.recompute_whole_forward, layout.cp_algorithm, stream):
-        link = group_link(hw, layout, call.group)
+        if call.group not in links:
+            links[call.group] = group_link(hw, layout, call.group)
+        link = links[call.group]
         if call.op == "send":
             seconds, into = send_seconds(call.tensor_bytes, link), ring
         else:

@@ -21,7 +21,7 @@ from plait.facts.validity import (
 from plait.facts.weight_passes import WeightPasses, layer_passes
 from plait.layout import RECOMPUTE, SCHEDULES, ZIGZAG_ALGORITHMS, Layout
 from plait.models.spec import ModelSpec
-from plait.plan.compute import LayerTimes, end_pass_seconds, gradient_seconds, head_times, layer_times
+from plait.plan.compute import LayerTimes, end_pass_seconds, gradient_seconds, head_times, layer_times_by_recompute
 from plait.plan.costs import end_collectives, layer_cost, stage_boundaries
 from plait.plan.hardware import Hardware
 from plait.plan.memory import other_bytes
@@ -128,7 +128,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     waiting = replace(kernels, blocking_sends=SCHEDULES)  # each boundary's transfer apart from its gather
     works: dict[tuple, dict] = {}
     acts: dict[tuple, tuple[float, float]] = {}
-    times_cache: dict[tuple, LayerTimes] = {}
+    times_cache: dict[tuple, dict[str, LayerTimes]] = {}
     flushes: dict[tuple, FlushCosts] = {}
     states: dict[tuple, tuple[float, float]] = {}
     shapes = StageShapes(spec, kernels, fixed)
@@ -144,6 +144,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
         params = (rank_parameters(spec, per_rank, True, pp == 1, tp, pp), rank_parameters(spec, per_rank, pp == 1, True, tp, pp))
         tensors = max(rank_tensors(spec, per_rank, True, pp == 1, pp), rank_tensors(spec, per_rank, pp == 1, True, pp))
         per_replica = workload.global_batch // dp
+        zeros = zero_choices(fixed, hw, Layout(dp=dp, tp=tp, cp=cp))
         # Smallest micro-batches first, so that a mesh can stop where no larger ones can fit
         # (``beyond`` below).
         for m in reversed(options(fixed, "microbatches", divisors(per_replica))):
@@ -152,6 +153,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 continue
             schedules = schedule_list(pp, m)
             examined = larger_may_fit = False
+            # (where plait's ZeRO-2 reduces once a step over more than 2 ranks; see above)
+            zero2_dominates = (not kernels.plait_engine or dp * cp > 2
+                               and reduction_rounds(Layout(dp=dp, cp=cp, pp=pp, microbatches=m, zero=2)) == 1)
             for sp in options(fixed, "sp", (True, False) if tp > 1 else (False,)):
                 base = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m, grad_compression=compression,
                               cp_algorithm=algorithm, offload_activations=offload)
@@ -161,11 +165,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     continue
                 by_stream: dict[int, tuple[float, ...]] = {}  # what the residual stream's dtype decides
                 times_of: dict[tuple, dict] = {}  # per weight passes and recomputation, filled when a layout may fit
-                # (where plait's ZeRO-2 reduces once a step over more than 2 ranks; see above)
-                zero2_dominates = (not kernels.plait_engine
-                                   or reduction_rounds(replace(base, zero=2)) == 1 and dp * cp > 2)
                 verdicts: dict[tuple[int, int], list[str]] = {}  # the shared validation's, by (ZeRO, dp_replicate)
-                for zero, replicate in zero_choices(fixed, hw, base):
+                for zero, replicate in zeros:
                     dominated = zero == 1 and replicate == 1 and "zero" not in fixed and zero2_dominates
                     # With one schedule (pp 1) only Layout.validate checks it: the mesh carries it.
                     schedule, v = schedules[0][:2] if pp == 1 else ("1f1b", 1)
@@ -264,14 +265,28 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     layer_gradients, first_gradients, last_gradients = gradient_s(tp, pp, zero, m)
                     times = times_of.setdefault(passes, {})
                     if not times:
-                        for rc in costed:
-                            # (a layer's compute reads the algorithm only as zig-zag or not: plait runs the
-                            # ring's and the all-gather's attention as one blockwise kernel)
-                            time_key = (tp, cp, sp, mbs, rc, algorithm in ZIGZAG_ALGORITHMS if cp > 1 else None, passes)
-                            if time_key not in times_cache:
-                                times_cache[time_key] = layer_times(spec, hw, precision, mbs, tp, cp, sp, rc, kernels,
-                                                                    algorithm, passes)
-                            times[rc] = times_cache[time_key]
+                        # (a layer's compute reads the algorithm only as zig-zag or not: plait runs the
+                        # ring's and the all-gather's attention as one blockwise kernel)
+                        time_key = (tp, cp, sp, mbs, algorithm in ZIGZAG_ALGORITHMS if cp > 1 else None, passes)
+                        if time_key not in times_cache:
+                            times_cache[time_key] = layer_times_by_recompute(spec, hw, precision, mbs, tp, cp, sp,
+                                                                             costed, kernels, algorithm, passes)
+                        times.update(times_cache[time_key])
+                    level = complexity(dp, tp, cp, pp, hw.gpus_per_node, spec.seq_len, full_shard_ranks(staged))
+                    bar = found.bar(level, keep) if bound else math.inf
+                    # The floor below from the layers' compute alone (their communication, the ends'
+                    # extra work and the flush only add to it): when even that cannot enter the kept
+                    # layouts, none of these schedules can, and nothing more is costed.
+                    compute_floor = min(
+                        m * (per_rank * c if pp > 1 else layers * c + head_work) + per_rank * layer_gradients
+                        + min(0.0, (pp - 1) * (t.forward + t.backward_input + t.recompute - t.backward_weight)
+                              * layers / pp)
+                        for t in (times[rc] for rc in costed) for c in (t.forward + t.backward + t.recompute,))
+                    if compute_floor >= bar:
+                        oversized = sum(light > capacity for light in lightest)
+                        found.oversized += oversized
+                        found.bounded += len(schedules) - oversized
+                        continue
                     # ZeRO-3's per-layer gathers (without stages) depend on its group; a measured host's
                     # wrapper overhead on the stage.
                     key = (tp, cp, sp, mbs, (dp, replicate) if zero == 3 and pp == 1 else 0,
@@ -305,8 +320,6 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # Each schedule takes the fastest recomputation that fits (zb-h1 one it can replay twice).
                     order = sorted(recomputes, key=lambda rc: per_rc[rc][2])
                     order_zb = [rc for rc in order if rc not in zb_refuses] if zb_refuses else order
-                    level = complexity(dp, tp, cp, pp, hw.gpus_per_node, spec.seq_len, full_shard_ranks(staged))
-                    bar = found.bar(level, keep) if bound else math.inf
                     if min(floors.values()) >= bar:
                         oversized = sum(light > capacity for light in lightest)
                         found.oversized += oversized
