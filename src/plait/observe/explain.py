@@ -83,7 +83,7 @@ class Explanation:
             return scale * sum(exposed.get(group, 0.0) for group in groups)
 
         data, model = ("dp", "dp_shard", "dp_replicate", "dp_cp", "dp_shard_cp"), ("tp", "cp")
-        if self.layout.replica_dim == "cp":  # at dp 1 the gradients' reduction runs on cp's own ranks
+        if "cp" in (self.layout.replica_dim, self.layout.zero_dim):  # dp's reduction runs on cp's own ranks
             communication = [("exposed dp, tp and cp communication",
                               predicted["exposed_dp_comm_s"] + predicted["critical_path_comm_s"],
                               measured(*data, *model), "s")]

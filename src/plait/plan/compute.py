@@ -259,8 +259,6 @@ def layer_times_by_recompute(spec: ModelSpec, hw: Hardware, precision: str, micr
     return times
 
 
-
-
 def gradient_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str, kernels: Kernels,
                      layers: int, first: bool, last: bool) -> float:
     """A step's accumulation of the gradients (plait.facts.weight_passes) on a rank of ``layers``

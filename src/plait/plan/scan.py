@@ -277,10 +277,12 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # The floor below from the layers' compute alone (their communication, the ends'
                     # extra work and the flush only add to it): when even that cannot enter the kept
                     # layouts, none of these schedules can, and nothing more is costed.
+                    # (summed in the floor's own order, each term no larger than its counterpart there)
                     compute_floor = min(
-                        m * (per_rank * c if pp > 1 else layers * c + head_work) + per_rank * layer_gradients
-                        + min(0.0, (pp - 1) * (t.forward + t.backward_input + t.recompute - t.backward_weight)
-                              * layers / pp)
+                        m * (per_rank * c if pp > 1 else layers * c + head_work)
+                        + min(0.0, (pp - 1) * ((t.forward + t.backward_input + t.recompute - t.backward_weight)
+                                               * layers / pp))
+                        + per_rank * layer_gradients
                         for t in (times[rc] for rc in costed) for c in (t.forward + t.backward + t.recompute,))
                     if compute_floor >= bar:
                         oversized = sum(light > capacity for light in lightest)
