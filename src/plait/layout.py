@@ -85,6 +85,12 @@ class Layout:
         Megatron-LM's distributed optimizer and torchtitan's FSDP2 shard."""
         return _joined_with_cp("dp_shard", self.dp_shard, self.cp) if self.dp_replicate > 1 else self.replica_dim
 
+    @property
+    def replicas_dim(self) -> str:
+        """Under hybrid sharding, the group across the replica groups: ``dp_replicate``, named ``dp``
+        where each group has one dp rank (a group is named by its ranks)."""
+        return "dp" if self.dp_shard == 1 else "dp_replicate"
+
     def group_size(self, dim: str) -> int:
         """Ranks in the group ``dim``: a mesh dimension, or one of the groups joining several
         (``dp_replicate``, ``dp_shard``, ``dp_cp``, ``dp_shard_cp``)."""
