@@ -40,6 +40,8 @@ LAYOUTS = [
     {"dp": 4, "dp_replicate": 2, "pp": 2, "zero": 3, "schedule": "1f1b", "microbatches": 2},
     {"dp": 4, "dp_replicate": 2, "tp": 2, "zero": 3},
     {"dp": 4, "dp_replicate": 2, "cp": 2, "zero": 2},
+    # FSDP2's HSDP mesh unflattened from dp·cp's group: (dp_replicate, dp_shard·cp)
+    {"dp": 4, "dp_replicate": 2, "cp": 2, "zero": 3},
     # one-rank shards beside cp: ZeRO's group is cp's own ranks (Layout.zero_dim "cp")
     {"dp": 2, "dp_replicate": 2, "cp": 2, "zero": 3},
 ]

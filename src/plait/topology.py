@@ -20,7 +20,7 @@ class Topology:
     ``group`` and ``mesh_of`` take by name: the root's dimensions and those flattened from several
     of them (``dp`` under hybrid sharding, and ``Layout.replica_dim`` and ``Layout.zero_dim`` where
     they join dp and cp), all of one root, so FSDP2 can pair ZeRO's group with tp's.
-    ``hybrid_mesh``: (dp_replicate, ZeRO's group), on which FSDP2 runs HSDP. ``tp_dp_mesh``: the same
+    ``hybrid_mesh``: (dp_replicate, ZeRO's group), on which FSDP2 runs HSDP at ZeRO-3. ``tp_dp_mesh``: the same
     ranks as a (tp, ZeRO's group) mesh, which places ZeRO-1/2's rows of a tp shard
     (plait.parallel.zero_rows). Each is built only for a layout that uses it."""
 
@@ -83,6 +83,17 @@ def _merged_mesh(device_type: str, ranks: torch.Tensor, names: tuple[str, ...], 
     return DeviceMesh(device_type, ranks.reshape(*ranks.shape[:len(rest)], -1), mesh_dim_names=(*rest, name))
 
 
+def _hybrid_mesh(layout: Layout, mesh: DeviceMesh, dims: dict[str, DeviceMesh]) -> DeviceMesh:
+    """(dp_replicate, ZeRO's group) for FSDP2's HSDP. Where ZeRO's group joins dp_shard and cp, the
+    replicas' group (dp_replicate outermost) is unflattened into the two, as torchtitan builds its
+    meshes: torch deprecates slicing a flattened dimension from the root. That makes two groups
+    beside the root's over the same ranks."""
+    if layout.zero_dim in mesh.mesh_dim_names:
+        return mesh["dp_replicate", layout.zero_dim]
+    return dims[layout.replica_dim]._unflatten(0, (layout.dp_replicate, layout.group_size(layout.zero_dim)),
+                                               ("dp_replicate", layout.zero_dim))
+
+
 def build_topology(layout: Layout, device: torch.device) -> Topology:
     """Build the root mesh over the already-initialised default process group, and the groups
     joining several of its dimensions that the layout uses."""
@@ -103,7 +114,7 @@ def build_topology(layout: Layout, device: torch.device) -> Topology:
     for name in ("dp", layout.replica_dim, layout.zero_dim):  # in one order on every rank: each makes a group
         if name not in dims:
             dims[name] = mesh[joined[name]]._flatten(name)
-    hybrid_mesh = mesh["dp_replicate", layout.zero_dim] if hybrid else None
+    hybrid_mesh = _hybrid_mesh(layout, mesh, dims) if hybrid and layout.zero == 3 else None
     tp_dp_mesh = None
     if layout.zero in (1, 2) and layout.tp > 1 and layout.dp * layout.cp > 1:
         # ZeRO's group last, so that (tp, ZeRO's group) slices in order.
