@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import astuple, replace
+import json
+from dataclasses import asdict, astuple, replace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from plait.calibrate.host import (
     fit_wrapper_overhead, probe_spec, working_spec,
 )
 from plait.calibrate.machine import SIZES, fit_ring_scale
+from plait.errors import ConfigError
 from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.flops import embedding_tensor_count, head_tensor_count, layer_tensor_count
@@ -119,6 +121,29 @@ def test_a_calibrated_profile_round_trips_through_its_file(tmp_path):
                       reduce_scatter_scale=CollectiveScale(2.1, 3.4), all_gather_scale=CollectiveScale(0.5, 3.6))
     save_profile(profile, tmp_path / "profile.json")
     assert load_profile(tmp_path / "profile.json") == profile
+
+
+def test_a_profile_whose_cp_overhead_meant_another_measurement_is_refused_and_kept(tmp_path):
+    """Unmarked profiles (format 1) measured cp's wrapper without the gradients' reduction over cp,
+    which the planner now adds as zero0's: such a profile is refused, whole and unchanged; one
+    without a cp figure means the same in both formats and still loads."""
+    cp_measured = replace(CPU_LIKE, host_overhead={"gpt2": HostOverhead(1e-3), "gpt2/cp": HostOverhead(2e-3)})
+    save_profile(cp_measured, tmp_path / "profile.json")
+    assert load_profile(tmp_path / "profile.json") == cp_measured
+    for name, profile in (("old.json", cp_measured), ("old-without-cp.json", replace(cp_measured, host_overhead={}))):
+        record = json.loads((tmp_path / "profile.json").read_text()) | {"host_overhead": {
+            family: asdict(seconds) for family, seconds in profile.host_overhead.items()}}
+        del record["profile_format"]
+        (tmp_path / name).write_text(json.dumps(record))
+    before = (tmp_path / "old.json").read_text()
+    with pytest.raises(ConfigError, match="profile format 1.*without the gradients' reduction over cp.*plait calibrate"):
+        load_profile(tmp_path / "old.json")
+    assert (tmp_path / "old.json").read_text() == before
+    assert load_profile(tmp_path / "old-without-cp.json") == replace(cp_measured, host_overhead={})
+    newer = json.loads(before) | {"profile_format": 99}
+    (tmp_path / "newer.json").write_text(json.dumps(newer))
+    with pytest.raises(ConfigError, match="profile format 99, and this plait reads format"):
+        load_profile(tmp_path / "newer.json")
 
 
 def test_communication_hides_under_compute_only_as_far_as_the_hardware_overlaps():

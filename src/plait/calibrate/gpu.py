@@ -21,7 +21,6 @@ come from the catalog entry the driver's device name gives (plait.plan.hardware.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -41,7 +40,7 @@ from plait.calibrate.machine import (
 )
 from plait.errors import ConfigError
 from plait.plan.compute import Gemm, gemm_seconds, matmul_rate
-from plait.plan.hardware import Hardware, catalog_name_of, hardware
+from plait.plan.hardware import Hardware, catalog_name_of, hardware, save_profile
 from plait.plan.least_squares import relative_least_squares
 
 # (tokens, output features, input features): the layers of 1B-70B models at micro-batch × sequence
@@ -158,5 +157,5 @@ def calibrate_gpu(out: str | Path, name: str, precision: str) -> Hardware:
     profile, fits = measure_device(hardware(entry), name, precision, GPU_SIZES, GPU_MATMULS, GPU_ATTENTION,
                                    ELEMENTWISE_ELEMENTS, NORM_WIDTH)
     fits = {**fits, "device_name": device_name, "catalog_entry": entry}
-    Path(out).write_text(json.dumps({**profile.to_dict(), "calibration": fits}, indent=2) + "\n")
+    save_profile(profile, out, fits)
     return profile

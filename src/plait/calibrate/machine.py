@@ -24,7 +24,6 @@ Each fit's points, measured and predicted, are written beside the profile.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import statistics
@@ -44,7 +43,7 @@ from plait.parallel.gradient_shards import all_gather_single, reduce_scatter_sin
 from plait.parallel.ring_attention import block_attention, block_gradients
 from plait.plan.comm import LINK_EFFICIENCY, Link, all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
 from plait.plan.compute import Gemm, attention_matmul_seconds, block_kernel_seconds, gemm_seconds
-from plait.plan.hardware import CollectiveScale, Hardware
+from plait.plan.hardware import CollectiveScale, Hardware, save_profile
 from plait.plan.least_squares import relative_least_squares
 
 SHAPES = [(64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 512, 512),
@@ -336,5 +335,5 @@ def calibrate(out: str | Path, name: str = "this-machine", precision: str = "fp3
     """Measure, fit, write the profile (with each fit's errors) to ``out`` and return it."""
     threads = threads or max(1, (os.cpu_count() or 2) // 2)
     profile, fits = _on_two_ranks(threads, _calibration_job, name, precision, threads)
-    Path(out).write_text(json.dumps({**profile.to_dict(), "calibration": fits}, indent=2) + "\n")
+    save_profile(profile, out, fits)
     return profile

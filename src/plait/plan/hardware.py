@@ -348,6 +348,31 @@ def check_figure(key: str, value) -> None:
                           f"got {value!r}")
 
 
+# The meaning of a profile's figures, raised when one changes. 2: a cp layout's wrapper overhead
+# ("gpt2/cp") is measured over DDP on the cp ranks, whose own overhead ("gpt2/zero0") the planner
+# adds beside it; format 1 measured cp with its gradients averaged after backward.
+PROFILE_FORMAT = 2
+
+
+def check_profile_format(data, path: Path) -> None:
+    """ConfigError unless the profile is a JSON object whose figures mean what this plait reads:
+    written in another format, or unmarked (format 1) with a cp wrapper overhead the planner would
+    now count twice."""
+    rerun = f"rerun `plait calibrate --out {path}`"
+    if not isinstance(data, dict):
+        raise ConfigError(f"hardware profile {path} is not a JSON object of hardware figures; {rerun}")
+    written = data.get("profile_format", 1)
+    if written == PROFILE_FORMAT:
+        return
+    overheads = data.get("host_overhead")
+    if written == 1 and not any(key.endswith("/cp") for key in (overheads if isinstance(overheads, dict) else {})):
+        return  # format 1 differs from 2 only in the cp wrapper's overhead, which this profile lacks
+    reason = (": its cp wrapper overhead was measured without the gradients' reduction over cp, which the "
+              "planner now counts apart" if written == 1 else "")
+    raise ConfigError(f"hardware profile {path} follows profile format {written!r}, and this plait reads format "
+                      f"{PROFILE_FORMAT}{reason}; {rerun}")
+
+
 def load_profile(path: str | Path) -> Hardware:
     """A hardware profile written by ``plait calibrate`` (a JSON object of Hardware's fields)."""
     path = Path(path)
@@ -355,6 +380,7 @@ def load_profile(path: str | Path) -> Hardware:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise ConfigError(f"cannot read hardware profile {path}: {error}; run `plait calibrate --out {path}`") from error
+    check_profile_format(data, path)
     names = {f.name for f in fields(Hardware)}
     try:
         values = {k: v for k, v in data.items() if k in names}
@@ -376,5 +402,7 @@ def load_profile(path: str | Path) -> Hardware:
     return profile
 
 
-def save_profile(profile: Hardware, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
+def save_profile(profile: Hardware, path: str | Path, calibration: dict | None = None) -> None:
+    """Write ``profile`` as JSON, marked with the format it follows, beside calibrate's fits if given."""
+    record = {**profile.to_dict(), "profile_format": PROFILE_FORMAT}
+    Path(path).write_text(json.dumps(record | ({"calibration": calibration} if calibration else {}), indent=2) + "\n")
