@@ -15,7 +15,7 @@ from plait.facts.collectives import (
 )
 from plait.facts.model_state import communicated_bytes, rank_parameters
 from plait.facts.stack import STACKS
-from plait.layout import Layout
+from plait.layout import DATA_GROUPS, Layout
 from plait.models.spec import model_spec
 from plait.observe.time_split import split_step
 from plait.train.launch import print_summary
@@ -77,7 +77,10 @@ def test_trace_has_a_track_per_rank_and_collectives_with_group_op_and_bytes(runs
     assert names == {rank["rank"]: rank["name"] for rank in traces}
     assert len(set(names.values())) == len(names)
     groups = {e["args"]["group"] for e in trace["traceEvents"] if e.get("cat") == "collective" and e["ph"] == "b"}
-    assert groups == {dim for dim in ("dp", "tp", "cp", "pp") if LAYOUTS[name].get(dim, 1) > 1}
+    layout = Layout(**LAYOUTS[name])
+    # the gradients' reduction on its own group, dp·cp's, even where dp is 1 (cp's own ranks)
+    assert groups == ({dim for dim in ("dp", "tp", "cp", "pp") if LAYOUTS[name].get(dim, 1) > 1}
+                      | ({layout.replica_dim} if layout.dp * layout.cp > 1 else set()))
     assert all(e["args"]["bytes"] >= 0 and e["args"]["op"] for e in trace["traceEvents"]
                if e.get("cat") == "collective" and e["ph"] == "b")
     assert (run_dir / "timeline.png").stat().st_size > 10_000
@@ -118,16 +121,14 @@ def test_explain_sets_every_layouts_measured_time_beside_the_planners(runs, name
     rows = {quantity: (predicted, measured) for quantity, predicted, measured, _ in explanation.rows()}
     assert rows["step time"][1] == summary["step_time_s"] and rows["step time"][0] > 0
     exposed = summary["time_split"]["exposed_comm_by_group_s"]
-    if "cp" in (explanation.layout.replica_dim, explanation.layout.zero_dim):  # dp's reduction on cp's ranks: one row
-        assert rows["exposed dp, tp and cp communication"][1] == sum(exposed.get(g, 0.0) for g in ("tp", "cp"))
-        assert rows["exposed dp, tp and cp communication"][0] > 0
-    else:
-        assert rows["exposed dp communication"][1] == exposed.get("dp", 0.0)
-        assert rows["exposed tp and cp communication"][1] == exposed.get("tp", 0.0) + exposed.get("cp", 0.0)
-        for group, quantity in (("dp", "exposed dp communication"), ("tp", "exposed tp and cp communication"),
-                                ("cp", "exposed tp and cp communication")):
-            if LAYOUTS[name].get(group, 1) > 1:  # the planner predicts a cost for every group the layout has
-                assert rows[quantity][0] > 0, quantity
+    data = sum(exposed.get(group, 0.0) for group in DATA_GROUPS)
+    assert rows["exposed dp communication"][1] == data and rows["exposed tp and cp communication"][1] == \
+        exposed.get("tp", 0.0) + exposed.get("cp", 0.0)
+    layout = explanation.layout
+    for size, quantity in ((layout.dp * layout.cp, "exposed dp communication"), (layout.tp, "exposed tp and cp communication"),
+                           (layout.cp, "exposed tp and cp communication")):
+        if size > 1:  # the planner predicts a cost for every group the layout has (cp2's replicas: dp·cp's)
+            assert rows[quantity][0] > 0, quantity
     assert f"bottleneck: {bottleneck(summary['time_split'])}" in explanation.report()
     volumes = [(predicted, measured) for quantity, predicted, measured, unit in explanation.rows()
                if quantity.endswith("bytes per step (rank 0)")]

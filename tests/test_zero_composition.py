@@ -42,7 +42,7 @@ LAYOUTS = [
     {"dp": 4, "dp_replicate": 2, "cp": 2, "zero": 2},
     # FSDP2's HSDP mesh unflattened from dp·cp's group: (dp_replicate, dp_shard·cp)
     {"dp": 4, "dp_replicate": 2, "cp": 2, "zero": 3},
-    # one-rank shards beside cp: ZeRO's group is cp's own ranks (Layout.zero_dim "cp")
+    # one-rank shards beside cp: ZeRO shards over dp_shard_cp, cp's ranks in a group of its own
     {"dp": 2, "dp_replicate": 2, "cp": 2, "zero": 3},
 ]
 

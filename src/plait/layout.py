@@ -26,6 +26,9 @@ ZIGZAG_ALGORITHMS = ("ring", "all-gather")
 # Mesh dimension order, outermost first: tensor parallel is innermost so its heavy traffic stays
 # on the fastest links (inside a node), pipeline outermost as it moves the least.
 MESH_DIMS = ("pp", "dp", "cp", "tp")
+# The groups data parallelism communicates on: the gradients' reduction and ZeRO's
+# (``Layout.replica_dim``, ``Layout.zero_dim``), the replicas of hybrid sharding, the loss's average.
+DATA_GROUPS = ("dp", "dp_shard", "dp_replicate", "dp_cp", "dp_shard_cp")
 
 
 def default_precision(on_gpu: bool) -> str:
@@ -34,9 +37,9 @@ def default_precision(on_gpu: bool) -> str:
     return "bf16" if on_gpu else "fp32"
 
 
-def _joined_with_cp(dim: str, size: int, cp: int) -> str:
-    """The name of the group of ``dim``'s ``size`` ranks with the ``cp`` ranks beside them."""
-    return dim if cp == 1 else "cp" if size == 1 else f"{dim}_cp"
+def _joined_with_cp(dim: str, cp: int) -> str:
+    """The name of the group of ``dim``'s ranks with the cp ranks beside them."""
+    return dim if cp == 1 else f"{dim}_cp"
 
 
 @dataclass(frozen=True)
@@ -74,22 +77,19 @@ class Layout:
     @property
     def replica_dim(self) -> str:
         """The group of every rank holding the same weights, which averages their gradients: the dp
-        ranks with the cp ranks beside them (each saw its own slice of the same sequences), ``dp_cp``;
-        named ``dp`` or ``cp`` where the other is 1 (a group is named by its ranks)."""
-        return _joined_with_cp("dp", self.dp, self.cp)
+        ranks with the cp ranks beside them (each saw its own slice of the same sequences), ``dp_cp``,
+        or ``dp`` without cp. Groups are named by their role, each its own process group
+        (plait.topology), so that at dp 1 a trace tells the gradients' reduction from cp's attention
+        traffic on the same ranks."""
+        return _joined_with_cp("dp", self.cp)
 
     @property
     def zero_dim(self) -> str:
         """The group ZeRO shards over and reduce-scatters in: the replica group, or under hybrid
         sharding one replica group's dp ranks with the cp ranks beside them (``dp_shard_cp``), as
-        Megatron-LM's distributed optimizer and torchtitan's FSDP2 shard."""
-        return _joined_with_cp("dp_shard", self.dp_shard, self.cp) if self.dp_replicate > 1 else self.replica_dim
-
-    @property
-    def replicas_dim(self) -> str:
-        """Under hybrid sharding, the group across the replica groups: ``dp_replicate``, named ``dp``
-        where each group has one dp rank (a group is named by its ranks)."""
-        return "dp" if self.dp_shard == 1 else "dp_replicate"
+        Megatron-LM's distributed optimizer and torchtitan's FSDP2 shard. Under hybrid sharding the
+        replica groups average across each other on ``dp_replicate``."""
+        return _joined_with_cp("dp_shard", self.cp) if self.dp_replicate > 1 else self.replica_dim
 
     def group_size(self, dim: str) -> int:
         """Ranks in the group ``dim``: a mesh dimension, or one of the groups joining several

@@ -19,7 +19,8 @@ class Topology:
     sharding. ``dims`` holds the 1-D mesh of every group the layout names, which ``coordinate``,
     ``group`` and ``mesh_of`` take by name: the root's dimensions and those flattened from several
     of them (``dp`` under hybrid sharding, and ``Layout.replica_dim`` and ``Layout.zero_dim`` where
-    they join dp and cp), all of one root, so FSDP2 can pair ZeRO's group with tp's.
+    they join dp and cp, each its own process group even where dp is 1), all of one root, so FSDP2
+    can pair ZeRO's group with tp's.
     ``hybrid_mesh``: (dp_replicate, ZeRO's group), on which FSDP2 runs HSDP at ZeRO-3. ``tp_dp_mesh``: the same
     ranks as a (tp, ZeRO's group) mesh, which places ZeRO-1/2's rows of a tp shard
     (plait.parallel.zero_rows). Each is built only for a layout that uses it."""
@@ -61,6 +62,17 @@ class Topology:
     def fsdp_mesh(self) -> DeviceMesh:
         """FSDP2's mesh: ZeRO's group, or (dp_replicate, ZeRO's group), on which FSDP2 runs HSDP."""
         return self.hybrid_mesh if self.hybrid_mesh is not None else self.zero_mesh
+
+    def group_names(self) -> dict[str, str]:
+        """Each process group the layout's collectives run on, by torch's name for it
+        (``ProcessGroup.group_name``), to the group's name in the layout. Groups over the same ranks
+        in different roles (cp's own and the replicas' at dp 1) are different process groups, so a
+        trace names each by its role. Groups of one rank are left out."""
+        meshes = list(self.dims.items())
+        for extra in (self.hybrid_mesh, self.tp_dp_mesh):
+            if extra is not None:
+                meshes += [(name, extra[name]) for name in extra.mesh_dim_names]
+        return {mesh.get_group().group_name: name for name, mesh in meshes if self.size(name) > 1}
 
     @property
     def rank(self) -> int:
@@ -113,7 +125,10 @@ def build_topology(layout: Layout, device: torch.device) -> Topology:
     joined = {"dp": data, "dp_cp": (*data, "cp"), "dp_shard_cp": ("dp_shard", "cp")}
     for name in ("dp", layout.replica_dim, layout.zero_dim):  # in one order on every rank: each makes a group
         if name not in dims:
-            dims[name] = mesh[joined[name]]._flatten(name)
+            # A group of every rank would be the default one, which another role's group of every
+            # rank (cp's alone, dp_replicate's) is too; naming its backend makes it a group of its own.
+            own = dist.get_backend() if layout.group_size(name) == world else None
+            dims[name] = mesh[joined[name]]._flatten(name, own)
     hybrid_mesh = _hybrid_mesh(layout, mesh, dims) if hybrid and layout.zero == 3 else None
     tp_dp_mesh = None
     if layout.zero in (1, 2) and layout.tp > 1 and layout.dp * layout.cp > 1:

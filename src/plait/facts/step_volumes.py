@@ -130,6 +130,6 @@ def _data_parallel(spec: ModelSpec, layout: Layout, layers: int, first: bool, la
     row_bytes = held_gradient_bytes(layout, precision)
     if zero >= 2:
         add(shard_group, "reduce_scatter", per_micro_batch * (padded * ranks if zero == 3 else whole) * grad_bytes)
-        add(layout.replicas_dim, "all_reduce", per_micro_batch * padded * grad_bytes if zero == 3 else owned * row_bytes)
+        add("dp_replicate", "all_reduce", per_micro_batch * padded * grad_bytes if zero == 3 else owned * row_bytes)
     if zero == 3:
         add(shard_group, "all_gather", (2 * per_micro_batch if layout.pp == 1 else 1) * padded * param_bytes)

@@ -75,11 +75,11 @@ def _tensor_bytes(value) -> int:
 class CollectiveTracer(TorchDispatchMode):
     """``with CollectiveTracer(group_names) as tracer: ...`` then ``tracer.transfers``, ``tracer.waits``.
 
-    ``group_names`` maps a process group's ranks (a sorted tuple of global ranks) to its name in
-    the layout (dp, tp, cp, pp, dp_replicate, dp_shard, dp_cp, dp_shard_cp); other groups are named
-    by their ranks."""
+    ``group_names`` maps a process group's name in torch (``ProcessGroup.group_name``) to its name
+    in the layout (dp, tp, cp, pp, dp_replicate, dp_shard, dp_cp, dp_shard_cp:
+    ``Topology.group_names``); other groups are named by their ranks."""
 
-    def __init__(self, group_names: dict[tuple[int, ...], str]):
+    def __init__(self, group_names: dict[str, str]):
         super().__init__()
         self.group_names = group_names
         self.transfers: list[Transfer] = []
@@ -154,5 +154,4 @@ class CollectiveTracer(TorchDispatchMode):
         else:
             group = dist.distributed_c10d._resolve_process_group(values["group_name"])
         ranks = tuple(dist.get_process_group_ranks(group))
-        name = self.group_names.get(tuple(sorted(ranks)))
-        return name or "ranks " + ",".join(map(str, ranks)), ranks
+        return self.group_names.get(group.group_name) or "ranks " + ",".join(map(str, ranks)), ranks

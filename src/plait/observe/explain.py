@@ -18,7 +18,7 @@ from pathlib import Path
 from plait.errors import ConfigError
 from plait.facts.stack import STACKS
 from plait.facts.step_volumes import step_volumes
-from plait.layout import Layout
+from plait.layout import DATA_GROUPS, Layout
 from plait.models.spec import ModelSpec
 from plait.observe.bottleneck import bottleneck
 from plait.observe.run_files import SUMMARY_FILE
@@ -82,18 +82,10 @@ class Explanation:
         def measured(*groups: str) -> float:
             return scale * sum(exposed.get(group, 0.0) for group in groups)
 
-        data, model = ("dp", "dp_shard", "dp_replicate", "dp_cp", "dp_shard_cp"), ("tp", "cp")
-        if "cp" in (self.layout.replica_dim, self.layout.zero_dim):  # dp's reduction runs on cp's own ranks
-            communication = [("exposed dp, tp and cp communication",
-                              predicted["exposed_dp_comm_s"] + predicted["critical_path_comm_s"],
-                              measured(*data, *model), "s")]
-        else:
-            communication = [
-                ("exposed dp communication", predicted["exposed_dp_comm_s"], measured(*data), "s"),
-                ("exposed tp and cp communication", predicted["critical_path_comm_s"], measured(*model), "s")]
         return [
             ("compute", predicted["compute_s"] + predicted["optimizer_s"], scale * split["compute_s"]["median"], "s"),
-            *communication,
+            ("exposed dp communication", predicted["exposed_dp_comm_s"], measured(*DATA_GROUPS), "s"),
+            ("exposed tp and cp communication", predicted["critical_path_comm_s"], measured("tp", "cp"), "s"),
             ("exposed pp communication", None, measured("pp"), "s"),
             ("bubble", predicted["bubble_s"], scale * split["bubble_s"]["median"], "s"),
             ("other", None, scale * split["other_s"]["median"], "s"),

@@ -22,21 +22,6 @@ from plait.observe.collective_trace import CollectiveTracer
 from plait.schedules.simulate import Span
 from plait.topology import Topology
 
-# A group's name when two dims share its ranks: the first here.
-GROUP_DIMS = ("tp", "cp", "dp", "pp", "dp_shard", "dp_replicate", "dp_cp", "dp_shard_cp")
-
-
-def layout_group_names(topology: Topology) -> dict[tuple[int, ...], str]:
-    """Each process group of the layout, by its sorted global ranks, to its dimension's name."""
-    names: dict[tuple[int, ...], str] = {}
-    for dim in reversed(GROUP_DIMS):
-        if dim not in topology.dims:
-            continue
-        if topology.size(dim) > 1:
-            names[tuple(sorted(dist.get_process_group_ranks(topology.group(dim))))] = dim
-    return names
-
-
 def rank_name(topology: Topology) -> str:
     """This rank's coordinates on the layout's dimensions that are split, e.g. ``dp1·tp0·pp1``."""
     dims = [dim for dim in ("dp", "cp", "tp", "pp") if topology.size(dim) > 1]
@@ -50,7 +35,7 @@ class StepTracer:
                  profiled: range = range(0), profile_dir: Path | None = None):
         self.every, self.first_step, self.end_step = every, first_step, end_step
         self.profiled, self.profile_dir = profiled, profile_dir
-        self.group_names = layout_group_names(topology)
+        self.group_names = topology.group_names()
         self.name = rank_name(topology)
         self.coordinates = {dim: topology.coordinate(dim) for dim in ("dp", "cp", "tp", "pp")}
         self.records: list[dict] = []
