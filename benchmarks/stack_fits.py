@@ -63,9 +63,10 @@ def fit_efficiency(cases: list[Case]) -> float:
     return fit_stack_figure(cases, lambda kernels, e: replace(kernels, matmul_efficiency=((gpu, e),)), 0.4, 1.0)
 
 
-def fit_layer_host(cases: list[Case]) -> float:
-    """The host seconds per layer forward and backward of the cases' stack minimising the median |error| over them."""
-    return fit_stack_figure(cases, lambda kernels, s: replace(kernels, layer_host_s=s), 0.0, 0.05)
+def fit_tp_layer_pass(cases: list[Case]) -> float:
+    """The seconds per layer forward and backward under tensor parallelism of the cases' stack minimising the
+    median |error| over them."""
+    return fit_stack_figure(cases, lambda kernels, s: replace(kernels, tp_layer_pass_s=s), 0.0, 0.05)
 
 
 def fit_zero3_efficiency(cases: list[Case]) -> float:

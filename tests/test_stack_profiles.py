@@ -211,21 +211,26 @@ def test_plan_names_the_stack_it_used(capsys):
     assert json.loads(capsys.readouterr().out)[0]["stack"] == "pytorch with --async-tp"
 
 
-def test_a_host_that_cannot_run_ahead_adds_its_time_to_every_layer():
-    """BLOOM's Megatron-DeepSpeed (synchronous kernel launches): each layer's forward and backward on
-    a chunk cost ``layer_host_s`` more, so a chunk of n layers pays n times it, with or without stages,
-    and a full recomputation pays it again for the rerun forward."""
-    blocking = STACKS["megatron-deepspeed"]
-    ahead = replace(blocking, layer_host_s=0.0)
+def test_a_stack_cost_per_layer_pass_under_tensor_parallelism_is_paid_by_every_layer_and_only_under_tp():
+    """Megatron-DeepSpeed (BLOOM's tables at tp 4 and 8, BigScience's 1.3B at tp 2): each layer's
+    forward and backward on a chunk cost ``tp_layer_pass_s`` more under tensor parallelism, so a chunk
+    of n layers pays n times it, with or without stages, and a full recomputation pays it again for
+    the rerun forward; at tp 1 (the 1.3B's flat micro-batch sweeps) nothing."""
+    paying = STACKS["megatron-deepspeed"]
+    free = replace(paying, tp_layer_pass_s=0.0)
     spec, hw = model_spec("gpt2-large"), hardware("a100-80gb")
-    for layout, counts in ((Layout(pp=4, microbatches=8), (9, 9, 9, 9)), (Layout(), (36,))):
-        paid, unpaid = (chunk_costs(spec, hw, layout, 1, "bf16", k, counts) for k in (blocking, ahead))
-        for with_host, without, n in zip(paid, unpaid, counts):
-            assert with_host.forward - without.forward == pytest.approx(n * blocking.layer_host_s)
-            assert with_host.backward - without.backward == pytest.approx(n * blocking.layer_host_s)
-    full = Layout(recompute="full")
-    paid, unpaid = (chunk_costs(spec, hw, full, 1, "bf16", k, (36,))[0] for k in (blocking, ahead))
-    assert paid.backward - unpaid.backward == pytest.approx(2 * 36 * blocking.layer_host_s)
+    for layout, counts in ((Layout(tp=2, pp=4, microbatches=8), (9, 9, 9, 9)), (Layout(tp=2), (36,))):
+        paid, unpaid = (chunk_costs(spec, hw, layout, 1, "bf16", k, counts) for k in (paying, free))
+        for with_cost, without, n in zip(paid, unpaid, counts):
+            assert with_cost.forward - without.forward == pytest.approx(n * paying.tp_layer_pass_s)
+            assert with_cost.backward - without.backward == pytest.approx(n * paying.tp_layer_pass_s)
+    full = Layout(tp=2, recompute="full")
+    paid, unpaid = (chunk_costs(spec, hw, full, 1, "bf16", k, (36,))[0] for k in (paying, free))
+    assert paid.backward - unpaid.backward == pytest.approx(2 * 36 * paying.tp_layer_pass_s)
+    for layout in (Layout(pp=4, microbatches=8), Layout(recompute="full")):
+        counts = (9, 9, 9, 9) if layout.pp > 1 else (36,)
+        assert chunk_costs(spec, hw, layout, 1, "bf16", paying, counts) == chunk_costs(spec, hw, layout, 1, "bf16",
+                                                                                       free, counts)
 
 
 def test_an_overlapped_parameter_gather_hides_under_the_next_forward_but_its_first_bucket():

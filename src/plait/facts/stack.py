@@ -95,13 +95,16 @@ class Kernels:
     # blocks above the diagonal does half that work, so one running it at a large matmul's rate
     # reads 2.0 (plait.plan.hardware.Hardware.attention_efficiency).
     attention_efficiency: tuple[tuple[str, float], ...] = ()
-    # Seconds each layer's forward and its backward take beyond their kernels, fitted where a stack's
-    # runs show a cost per layer pass that the kernels do not explain: BLOOM's Megatron-DeepSpeed,
-    # which ran with CUDA_LAUNCH_BLOCKING=1 against a hang (train/tr11-176B-ml/README.md), though its
-    # prequel found that flag cost little from 160 GPUs on, so the cause is not established; 0 where
-    # the host queues kernels ahead (Megatron-LM, torchtitan, plait on a GPU, whose measured hosts
-    # calibrate describes instead).
-    layer_host_s: float = 0.0
+    # Seconds each layer's forward and its backward take beyond their kernels under tensor parallelism,
+    # fitted where a stack's runs show a cost per layer pass that the kernels do not explain:
+    # Megatron-DeepSpeed's, fitted on BLOOM's tables (tp 4 and 8 on A100s, which ran with
+    # CUDA_LAUNCH_BLOCKING=1 against a hang, though its prequel found that flag cost little from 160
+    # GPUs on). BigScience's 1.3B on V100s (benchmarks/bigscience_v100_runs.py) shows the same cost at
+    # tp 2 (its tp-2 rows against tp 1's, with and without recomputation: 2.6 ms a layer pass) and
+    # none at tp 1 (its micro-batch sweeps are flat), so it is charged only where tp > 1; its cause is
+    # not established. 0 where the stacks' runs show none (Megatron-LM, torchtitan, plait on a GPU,
+    # whose measured hosts calibrate describes instead).
+    tp_layer_pass_s: float = 0.0
     # Seconds each forward and each backward (input) pass of a pipeline chunk takes beyond its layers,
     # where a stack's runs show a cost per pass that neither the layers nor the exchanges explain: the
     # zero-bubble paper's Megatron-LM fork, whose interleaved 1F1B ran slower than predicted by the same
@@ -222,7 +225,7 @@ WHOLE_BLOCKS = ("none", "full")
 # benchmarks/validate_published.py --fit
 MEGATRON_CORE_H100 = 0.486
 PYTORCH_H100_96GB = 0.490
-DEEPSPEED_LAYER_HOST_S = 0.0030
+DEEPSPEED_TP_LAYER_PASS_S = 0.0030
 DEEPSPEED_ZERO3_COLLECTIVES = 0.107
 NEMO_H100 = 0.568
 # Hopper-native causal attention (Transformer Engine's cuDNN fused attention, FlashAttention-3):
@@ -274,7 +277,7 @@ STACKS = {
     # DeepSpeed's, as deepspeed-zero3 describes it), and a cost per layer pass
     # fitted on BLOOM's own layout search (benchmarks/validate_published.py: the 181B model's '48 node
     # contenders' table; the prequel's twenty-three other tables held out).
-    "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, layer_host_s=DEEPSPEED_LAYER_HOST_S,
+    "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, tp_layer_pass_s=DEEPSPEED_TP_LAYER_PASS_S,
                                   schedules=("1f1b",), blocking_sends=("1f1b",), reduce_after_schedule=True,
                                   pipeline_max_zero=1, zero1_reduces_partitions=True, tp_backward_overlap=False,
                                   zero3_gather_unit="linear", zero3_regathers_for_recompute=True,

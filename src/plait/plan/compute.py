@@ -229,15 +229,17 @@ def layer_times_by_recompute(spec: ModelSpec, hw: Hardware, precision: str, micr
                    + ELEMENTWISE_KERNELS * hw.kernel_overhead_s)
     weight_forward, weight_backward, weight_recomputed = (passed / memory_rate for passed in weight_passes)
     host, scale = host_overhead(hw, spec), hw.layer_kernel_scale.get(spec.family, UNSCALED)
-    # (a stack whose host cannot run ahead adds its own time to each layer's forward and backward)
+    # (a stack whose host cannot run ahead adds its own time to each layer's forward and backward, and
+    # a stack's cost per layer pass under tensor parallelism its own)
+    tp_pass = kernels.tp_layer_pass_s if tp > 1 else 0.0
     forward = with_host(hw, scale.forward * (weights + attention + elementwise + weight_forward),
-                        host.layer_forward) + kernels.layer_host_s
+                        host.layer_forward) + tp_pass
     # Backward: dX = dY·Wᵀ is an (m×n)·(n×k) product, dW = Xᵀ·dY a (k×m)·(m×n) one.
     grad_input = sum(gemm_seconds(hw, precision, Gemm(g.m, g.k, g.n, g.batch)) for g in shape.weights)
     grad_weight = scale.backward * (sum(gemm_seconds(hw, precision, Gemm(g.k, g.n, g.m, g.batch)) for g in shape.weights)
                                     + weight_backward)
     backward_input = with_host(hw, scale.backward * (grad_input + attention_backward + 2 * elementwise),
-                               host.layer_backward) + kernels.layer_host_s
+                               host.layer_backward) + tp_pass
     attention *= scale.forward
     tokens = micro_batch * spec.seq_len // cp
     shapes = linear_shapes(spec, tp)
