@@ -1,6 +1,7 @@
 """BigScience's layout search for its 1.3B model on two nodes of Jean Zay's V100s (experiments/tr3m-1B3.md),
-predicted by benchmarks/validate_published.py: every row held out (megatron-deepspeed's figure is
-BLOOM's)."""
+predicted by benchmarks/validate_published.py. megatron-deepspeed's cost per layer pass is BLOOM's, but
+that it is paid only under tensor parallelism was chosen on these tables, so they count with the
+fitted runs."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from plait.layout import PRECISIONS, Layout, default_precision
 from plait.models.spec import SPEC_FIELDS, model_spec
 from plait.observe.simulated import simulated_timeline, simulated_trace
 from plait.observe.timeline import draw_timeline
-from plait.plan.hardware import CATALOG, Hardware, apply_overrides, hardware, load_profile
+from plait.plan.hardware import CATALOG, Hardware, apply_overrides, hardware, load_profile, profile_json
 from plait.plan.search import NothingFits, best_layout, search
 from plait.plan.simulate import Prediction, Workload, evaluate
 
@@ -54,7 +54,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                             "megatron-core: as megatron with Transformer Engine's tensor-parallel communication inside "
                             "the matmuls and its own H100 efficiency; nemo: as megatron-core with Hopper-native causal attention "
                             "and the H100 efficiency of NVIDIA's 2025 NeMo recipes; megatron-deepspeed: DeepSpeed's pipeline engine "
-                            "and its cost per layer pass; deepspeed-zero3: DeepSpeed's ZeRO-3 of 2021, gathering linear by "
+                            "and its cost per layer pass under tensor parallelism; deepspeed-zero3: DeepSpeed's ZeRO-3 of 2021, gathering linear by "
                             "linear; pytorch: torchtitan under torch.compile; llm-foundry: MosaicML's FSDP without "
                             "torch.compile, with flash-attn's cross entropy (docs/VALIDATION.md)")
     stack.add_argument("--attention", choices=("flash", "eager"),
@@ -288,5 +288,5 @@ def run_calibrate(args: argparse.Namespace, argv: list[str] | None = None) -> in
         from plait.calibrate.machine import calibrate
 
         profile = calibrate(args.out, args.name, args.precision or "fp32", args.threads)
-    print(json.dumps(profile.to_dict(), indent=2))
+    print(profile_json(profile), end="")
     return 0

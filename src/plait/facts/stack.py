@@ -99,10 +99,10 @@ class Kernels:
     # fitted where a stack's runs show a cost per layer pass that the kernels do not explain:
     # Megatron-DeepSpeed's, fitted on BLOOM's tables (tp 4 and 8 on A100s, which ran with
     # CUDA_LAUNCH_BLOCKING=1 against a hang, though its prequel found that flag cost little from 160
-    # GPUs on). BigScience's 1.3B on V100s (benchmarks/bigscience_v100_runs.py) shows the same cost at
-    # tp 2 (its tp-2 rows against tp 1's, with and without recomputation: 2.6 ms a layer pass) and
-    # none at tp 1 (its micro-batch sweeps are flat), so it is charged only where tp > 1; its cause is
-    # not established. 0 where the stacks' runs show none (Megatron-LM, torchtitan, plait on a GPU,
+    # GPUs on). BigScience's 1.3B on V100s (benchmarks/bigscience_v100_runs.py) shows a like cost at
+    # tp 2 (its tp-2 rows against tp 1's, with and without recomputation: 2.6 ms a layer pass, 0.25 of
+    # it tp's kernels and collectives) and none at tp 1 (its micro-batch sweeps are flat), so it is
+    # charged only where tp > 1; its cause is not established. 0 where the stacks' runs show none (Megatron-LM, torchtitan, plait on a GPU,
     # whose measured hosts calibrate describes instead).
     tp_layer_pass_s: float = 0.0
     # Seconds each forward and each backward (input) pass of a pipeline chunk takes beyond its layers,
@@ -274,7 +274,7 @@ STACKS = {
     # Megatron-DeepSpeed (BLOOM, 2022): Megatron-LM's fused softmax without flash attention, dropout,
     # DeepSpeed's 1F1B pipeline engine reducing gradients after its schedule, its ZeRO optimizer
     # (ZeRO-1 reducing each rank's partition; DEEPSPEED_BF16_OPTIMIZER below; ZeRO-3 without stages
-    # DeepSpeed's, as deepspeed-zero3 describes it), and a cost per layer pass
+    # DeepSpeed's, as deepspeed-zero3 describes it), and a cost per layer pass under tensor parallelism
     # fitted on BLOOM's own layout search (benchmarks/validate_published.py: the 181B model's '48 node
     # contenders' table; the prequel's twenty-three other tables held out).
     "megatron-deepspeed": Kernels(dropout=True, flash_attention=False, tp_layer_pass_s=DEEPSPEED_TP_LAYER_PASS_S,

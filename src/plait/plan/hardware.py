@@ -402,7 +402,12 @@ def load_profile(path: str | Path) -> Hardware:
     return profile
 
 
-def save_profile(profile: Hardware, path: str | Path, calibration: dict | None = None) -> None:
-    """Write ``profile`` as JSON, marked with the format it follows, beside calibrate's fits if given."""
+def profile_json(profile: Hardware, calibration: dict | None = None) -> str:
+    """``profile`` as the JSON a profile file holds, marked with the format it follows, beside
+    calibrate's fits if given."""
     record = {**profile.to_dict(), "profile_format": PROFILE_FORMAT}
-    Path(path).write_text(json.dumps(record | ({"calibration": calibration} if calibration else {}), indent=2) + "\n")
+    return json.dumps(record | ({"calibration": calibration} if calibration else {}), indent=2) + "\n"
+
+
+def save_profile(profile: Hardware, path: str | Path, calibration: dict | None = None) -> None:
+    Path(path).write_text(profile_json(profile, calibration))
