@@ -35,7 +35,8 @@ def test_each_role_is_a_process_group_of_its_own_on_every_rank(layout):
             topology = build_topology(layout, torch.device("cpu"))
             names = topology.group_names()
             split = {role for role in roles(layout) if layout.group_size(role) > 1}
-            assert {role: names.get(topology.group(role).group_name) for role in split} == {role: role for role in split}
+            named = {role: names.get(topology.group(role).group_name) for role in split}
+            assert named == {role: role for role in split}
             for role in split:
                 assert len(dist.get_process_group_ranks(topology.group(role))) == layout.group_size(role)
             if layout.cp > 1:  # the replicas' group holds cp's ranks and more, never cp's group itself

@@ -102,8 +102,8 @@ class Kernels:
     # GPUs on). BigScience's 1.3B on V100s (benchmarks/bigscience_v100_runs.py) shows a like cost at
     # tp 2 (its tp-2 rows against tp 1's, with and without recomputation: 2.6 ms a layer pass, 0.25 of
     # it tp's kernels and collectives) and none at tp 1 (its micro-batch sweeps are flat), so it is
-    # charged only where tp > 1; its cause is not established. 0 where the stacks' runs show none (Megatron-LM, torchtitan, plait on a GPU,
-    # whose measured hosts calibrate describes instead).
+    # charged only where tp > 1; its cause is not established. 0 where the stacks' runs show none
+    # (Megatron-LM, torchtitan, plait on a GPU, whose measured hosts calibrate describes instead).
     tp_layer_pass_s: float = 0.0
     # Seconds each forward and each backward (input) pass of a pipeline chunk takes beyond its layers,
     # where a stack's runs show a cost per pass that neither the layers nor the exchanges explain: the
