@@ -5,8 +5,11 @@ fitted runs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from benchmarks.deepspeed_megatron_runs import deepspeed_stage_layers
 from benchmarks.published_case import Ablation, Case
+from benchmarks.stack_fits import predict
 from plait.facts.stack import STACKS
 from plait.models.spec import ModelSpec
 from plait.plan.hardware import device_memory
@@ -65,3 +68,22 @@ def tr3m_ablations() -> list[Ablation]:
     return [Ablation(f"BigScience 1.3B (tr3m) on 8 V100 {section.split()[0]}: layouts, micro-batches, recomputation",
                      cases[0].source, tuple(sorted(cases, key=lambda case: case.measured_step_s)))
             for section, cases in tr3m_tables().items()]
+
+
+def print_tp_layer_pass_evidence() -> None:
+    """What tp 2 cost the 1.3B beyond tp 1 (each at micro-batch 1 on the 32 GB nodes, with and without
+    recomputation), per layer pass of the tp-2 run's step, published and as the planner reads it
+    without megatron-deepspeed's cost per layer pass under tp (``Kernels.tp_layer_pass_s``)."""
+    runs = {(case.fixed["tp"], case.fixed["pp"], case.micro_batch, case.fixed["recompute"]): case
+            for case in tr3m_tables()["32GB node"]}
+    print("\n| 1.3B, 32 GB nodes | layer passes a step at tp 2 | tp 2 beyond tp 1, published (s) | per pass (ms) "
+          "| predicted without the cost (s) | per pass (ms) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for recompute in ("full", "none"):
+        tp2, tp1 = runs[2, 1, 1, recompute], runs[1, 1, 1, recompute]
+        passes = tp2.batch // tp2.fixed["dp"] * tp2.spec.layers * (3 if recompute == "full" else 2)
+        free = [replace(case, kernels=replace(case.kernels, tp_layer_pass_s=0.0)) for case in (tp2, tp1)]
+        published = tp2.measured_step_s - tp1.measured_step_s
+        predicted = predict(free[0], free[0].hardware())[0] - predict(free[1], free[1].hardware())[0]
+        print(f"| recomputation {recompute} | {passes} | {published:.0f} | {1e3 * published / passes:.2f} | "
+              f"{predicted:.1f} | {1e3 * predicted / passes:.2f} |")

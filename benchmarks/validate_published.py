@@ -18,7 +18,7 @@ import statistics
 import sys
 from dataclasses import replace
 
-from benchmarks.bigscience_v100_runs import tr3m_ablations, tr3m_runs
+from benchmarks.bigscience_v100_runs import print_tp_layer_pass_evidence, tr3m_ablations, tr3m_runs
 from benchmarks.deepspeed_megatron_runs import bloom, bloom_layout_search, bloom_memory, mt_nlg
 from benchmarks.megatron_ci_runs import megatron_ci_ablations, megatron_ci_runs
 from benchmarks.megatron_runs import (
@@ -220,6 +220,7 @@ def main() -> None:
     print_chunk_pass_effect()
     print_bloom_memory()
     print_bloom_head_alignment()
+    print_tp_layer_pass_evidence()
 
 
 # The FSDP runs whose per-layer gathers would show at a fraction of the ring's bandwidth: many

@@ -199,7 +199,7 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     Adam keeps two fp32 moments per owned element and one fp32 step counter per tensor.
     """
     counts = rank_tensor_shape_counts(spec, layers, first, last, layout.tp, layout.pp)
-    zero, ranks = layout.zero, layout.dp_shard * layout.cp
+    zero, ranks = layout.zero, zero_group(layout)[0]
     half = holds_bf16_weights(precision, zero)
     weight_bytes = BF16 if half else FP32
     whole, owned, padded = sharded_elements(counts, zero_rank(layout, dp_rank, cp_rank), ranks)
