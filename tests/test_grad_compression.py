@@ -124,7 +124,7 @@ def test_the_planner_times_the_bytes_each_compression_moves():
     gpt2, hw = model_spec("gpt2"), hardware("a100-80gb", gpus_per_node=8)
     workload = Workload(gpt2, 256, "fp32")
     params = parameter_count(gpt2)
-    reduce = {c: flush_costs(workload, hw, Layout(dp=16, grad_compression=c), params, 1).reduce
+    reduce = {c: flush_costs(workload, hw, Layout(dp=16, grad_compression=c), params, 1, 0).reduce
               for c in ("none", "bf16", "powersgd")}
     assert reduce["powersgd"] < reduce["bf16"] < 0.55 * reduce["none"]
     predicted = {c: evaluate(workload, hw, 16, Layout(dp=16, microbatches=2, grad_compression=c))

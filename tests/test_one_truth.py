@@ -201,3 +201,40 @@ def test_plan_refuses_nothing_train_accepts():
             assert search(workload, hw, 8, pinned, top=1).ranked[0].layout == layout
             checked += 1
     assert checked > 150, checked
+
+
+def test_a_split_given_at_one_stage_is_refused_before_any_worker_and_plan_ranks_the_stages_it_fits(capsys):
+    """--stage-layers at --pp 1 (two chunk sizes, one stage) is refused by train's validation in one line,
+    where the engine's stage split would otherwise raise in every worker; plan, free to choose pp, ranks
+    only layouts whose stages take the split."""
+    assert main(["train", "--model", "tiny", "--dp", "2", "--stage-layers", "3,1", "--dry-run"]) == 2
+    assert "--pp 1 has one stage; pass --pp 2" in capsys.readouterr().err
+    assert main(["plan", "--model", "tiny", "--gpus", "4", "--stage-layers", "3,1", "--global-batch", "16",
+                 "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)
+    assert ranked and all(p["layout"]["pp"] == 2 and p["layout"]["stage_layers"] == [3, 1] for p in ranked)
+
+
+def test_a_given_split_with_empty_end_chunks_plans_more_stages_than_layers(capsys):
+    """Six stages of a four-block model, the embedding and the head alone at the ends: train accepts it,
+    and so simulate predicts it, the same step as the dry run's."""
+    pins = ["--model", "tiny", "--pp", "6", "--stage-layers", "0,1,1,1,1,0", "--microbatches", "6", "--schedule", "1f1b",
+            "--global-batch", "12", "--gpu", "h100-sxm", "--precision", "bf16"]
+    assert main(["train", *pins, "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert main(["simulate", *pins, "--gpus", "6", "--json"]) == 0
+    predicted = json.loads(capsys.readouterr().out)
+    assert predicted["layout"]["stage_layers"] == [0, 1, 1, 1, 1, 0]
+    assert f"{predicted['step_time_s']:.4g} s per step" in dry
+
+
+def test_a_dry_run_for_a_named_gpu_takes_its_precision_as_plan_does(capsys):
+    """On a host without CUDA, `train --dry-run --gpu h100-sxm` checks a command for an H100, which trains
+    in bf16 there: plan's top pick, dry-run without --precision, predicts plan's step and memory."""
+    common = ["--model", "llama-8b", "--global-batch", "64", "--gpu", "h100-sxm"]
+    assert main(["plan", *common, "--gpus", "16", "--top", "1", "--json"]) == 0
+    top = json.loads(capsys.readouterr().out)[0]
+    assert top["precision"] == "bf16"
+    assert main(["train", *common, *layout_flags(Layout(**top["layout"] | {"stage_layers": None})), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert ", bf16" in out and f"{top['step_time_s']:.4g} s per step" in out

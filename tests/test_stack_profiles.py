@@ -244,8 +244,8 @@ def test_an_overlapped_parameter_gather_hides_under_the_next_forward_but_its_fir
     spec = ModelSpec("gpt2", 48, 7168, 56, 56, 4 * 7168, 131072, 4096, tie_embeddings=False)
     layout, hw = Layout(dp=48, tp=8, sp=True, zero=1), stack_hardware(hardware("h100-sxm"), CORE)
     params = spec.layers * 12 * spec.hidden**2 / layout.tp
-    overlapped = flush_costs(Workload(spec, 192, "bf16", CORE), hw, layout, params, 400)
-    after = flush_costs(Workload(spec, 192, "bf16", replace(CORE, param_gather_overlap=False)), hw, layout, params, 400)
+    overlapped = flush_costs(Workload(spec, 192, "bf16", CORE), hw, layout, params, 400, 0)
+    after = flush_costs(Workload(spec, 192, "bf16", replace(CORE, param_gather_overlap=False)), hw, layout, params, 400, 0)
     assert after.gather > 0.1 and overlapped.gather == after.gather
     assert 0 < overlapped.first_gather < 0.05 * overlapped.gather
     assert overlapped.exposed(0.6, forward=0.3) == pytest.approx(after.exposed(0.6) - after.gather + overlapped.first_gather)
@@ -282,7 +282,7 @@ def test_deepspeeds_bf16_optimizer_holds_an_fp32_gradient_copy_sharded_over_noth
     spec, layout = model_spec("gpt3-175b"), Layout(dp=dp, tp=4, pp=12, zero=1)
     plain, extra = (rank_model_states(spec, layout, "bf16", 8, False, False, kernels)
                     for kernels in (STACKS["megatron-deepspeed"], DEEPSPEED_BF16_OPTIMIZER))
-    assert extra.grads - plain.grads == pytest.approx(4 * rank_parameters(spec, 8, False, False, 4, 12))
+    assert extra.grads - plain.grads == pytest.approx(4 * rank_parameters(spec, 8, False, False, 4))
     assert (extra.params, extra.optimizer) == (plain.params, plain.optimizer)
 
 
@@ -295,7 +295,7 @@ def test_megatron_in_bf16_holds_fp32_main_gradients_and_nemos_performance_recipe
     from plait.facts.model_state import rank_model_states, rank_parameters
 
     spec, layout = model_spec("llama-70b"), Layout(dp=8, tp=4, pp=4, zero=zero)
-    params = rank_parameters(spec, 20, False, False, 4, 4)
+    params = rank_parameters(spec, 20, False, False, 4)
     shards = {"gradients": 8 if zero >= 2 else 1, "optimizer": 8 if zero >= 1 else 1}
     core = rank_model_states(spec, layout, "bf16", 20, False, False, STACKS["megatron-core"])
     assert (core.params, core.grads, core.optimizer) == pytest.approx(
@@ -317,7 +317,7 @@ def test_fsdp_reduce_scatters_fp32_gradients_into_fp32_shards(stack):
     from plait.plan.zero3 import zero3_layer_seconds
 
     spec, layout = model_spec("llama-70b"), Layout(dp=64, zero=3)
-    params = rank_parameters(spec, spec.layers, True, True, 1, 1)
+    params = rank_parameters(spec, spec.layers, True, True, 1)
     held = rank_model_states(spec, layout, "bf16", spec.layers, True, True, STACKS[stack])
     assert (held.params, held.grads, held.optimizer) == pytest.approx(
         (4 * params / 64, 4 * params / 64, 8 * params / 64))
@@ -378,7 +378,7 @@ def test_zero1_reduce_scatters_in_megatron_and_deepspeeds_zero_optimizer_where_i
     spec, hw, layout = model_spec("llama-70b"), hardware("a100-80gb"), Layout(dp=64, tp=8, pp=4, zero=1)
     params = spec.layers * 12 * spec.hidden**2 / (8 * 4)
     stacks = {name: STACKS[name] for name in ("nemo", "megatron-core", "megatron-deepspeed")}
-    flushes = {name: flush_costs(Workload(spec, 512, "bf16", kernels), hw, layout, params, 100)
+    flushes = {name: flush_costs(Workload(spec, 512, "bf16", kernels), hw, layout, params, 100, 0)
                for name, kernels in {**stacks, "bf16-optimizer": DEEPSPEED_BF16_OPTIMIZER}.items()}
     reduce = {stack: flush.reduce + flush.after for stack, flush in flushes.items()}  # DeepSpeed's waits after
     assert reduce["nemo"] == pytest.approx(reduce["megatron-deepspeed"], rel=0.01)
@@ -403,8 +403,8 @@ def test_deepspeed_and_megatron_before_its_overlap_reduce_gradients_after_the_la
     hooked = replace(kernels, reduce_after_schedule=False)
     for layout in (Layout(dp=8, pp=4, microbatches=8), *(Layout(dp=8, zero=zero) for zero in zero_stages)):
         params = spec.layers * 12 * spec.hidden**2 / layout.pp
-        after = flush_costs(Workload(spec, 64, "bf16", kernels), hw, layout, params, 100)
-        during = flush_costs(Workload(spec, 64, "bf16", hooked), hw, layout, params, 100)
+        after = flush_costs(Workload(spec, 64, "bf16", kernels), hw, layout, params, 100, 0)
+        during = flush_costs(Workload(spec, 64, "bf16", hooked), hw, layout, params, 100, 0)
         assert after.reduce == 0 and after.after == pytest.approx(during.reduce + during.after), layout
         assert after.exposed(10.0) > during.exposed(10.0), layout
 

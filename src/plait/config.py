@@ -326,20 +326,25 @@ def model_and_train(args: argparse.Namespace, tables: dict[str, dict]) -> tuple[
     return spec, name, train
 
 
-def on_device(train: TrainSpec, args: argparse.Namespace, tables: dict[str, dict]) -> TrainSpec:
-    """``train`` with the precision the run's device takes (``default_precision``) unless one was given.
+def on_device(train: TrainSpec, args: argparse.Namespace, tables: dict[str, dict],
+              on_gpu: bool | None = None) -> TrainSpec:
+    """``train`` with the precision the run's device takes (``default_precision``) unless one was given:
+    a GPU's if ``on_gpu`` (a dry run checking a command for the device it names), else this host's.
 
-    Called once everything else is valid: finding the device imports torch, which takes seconds.
+    Called once everything else is valid: finding the host's device imports torch, which takes seconds.
     """
     if "precision" in tables["train"] or getattr(args, "precision", None) is not None:
         return train
-    import torch  # only `plait train` resolves its device; the planner never reaches here
+    if on_gpu is None:
+        import torch  # only `plait train` resolves its device; the planner never reaches here
 
-    return replace(train, precision=default_precision(on_gpu=torch.cuda.is_available()))
+        on_gpu = torch.cuda.is_available()
+    return replace(train, precision=default_precision(on_gpu=on_gpu))
 
 
-def config_from_args(args: argparse.Namespace, layout: Layout | None = None) -> RunConfig:
-    """Defaults ← TOML file ← flags, validated; ``layout`` (from ``--auto``) replaces the layout settings."""
+def config_from_args(args: argparse.Namespace, layout: Layout | None = None, on_gpu: bool | None = None) -> RunConfig:
+    """Defaults ← TOML file ← flags, validated; ``layout`` (from ``--auto``) replaces the layout settings;
+    ``on_gpu`` as ``on_device`` takes it."""
     tables = config_tables(args)
     spec, name, train = model_and_train(args, tables)
     if layout is None:
@@ -354,7 +359,7 @@ def config_from_args(args: argparse.Namespace, layout: Layout | None = None) -> 
             raise
         raise ConfigError(f"{error} (with the default layout {layout.describe()}; "
                           "pass --dp, --tp, --pp or --microbatches to choose another)") from error
-    return replace(config, train=on_device(train, args, tables))
+    return replace(config, train=on_device(train, args, tables, on_gpu))
 
 
 # Settings of one invocation rather than of the run: left out of the config.toml a run writes.

@@ -36,12 +36,15 @@ def add_prediction_arguments(parser: argparse.ArgumentParser) -> None:
     choice.add_argument("--hardware-profile", metavar="FILE", help="predict with a profile from `plait calibrate`")
 
 
-def prediction_hardware(args: argparse.Namespace) -> Hardware | None:
-    """The device the prediction is for, or None on a CPU given no profile."""
+def named_hardware(args: argparse.Namespace) -> Hardware | None:
+    """The device --hardware-profile or --gpu names, if either does."""
     if args.hardware_profile:
         return load_profile(args.hardware_profile)
-    if args.gpu:
-        return hardware(args.gpu)
+    return hardware(args.gpu) if args.gpu else None
+
+
+def detected_hardware() -> Hardware | None:
+    """The catalog GPU the driver names, or None on a CPU."""
     import torch
 
     if not torch.cuda.is_available():
@@ -85,8 +88,9 @@ def describe_prediction(config: RunConfig, prediction: Prediction | None, hw: Ha
     return "\n".join(lines)
 
 
-def auto_config(args: argparse.Namespace, hw: Hardware | None) -> RunConfig:
-    """Ask the planner for the fastest layout of --ranks ranks on ``hw``; print the choice and why."""
+def auto_config(args: argparse.Namespace, hw: Hardware | None, on_gpu: bool | None) -> RunConfig:
+    """Ask the planner for the fastest layout of --ranks ranks on ``hw``; print the choice and why
+    (``on_gpu`` as ``plait.config.on_device`` takes it)."""
     if hw is None:
         raise ConfigError("--auto on a CPU needs this machine's profile: run `plait calibrate --out FILE` once, "
                           "then pass --hardware-profile FILE")
@@ -101,13 +105,13 @@ def auto_config(args: argparse.Namespace, hw: Hardware | None) -> RunConfig:
         raise ConfigError(f"--ranks must be a positive integer, got {ranks}")
     tables = config_tables(args)
     spec, name, train = model_and_train(args, tables)
-    train = on_device(train, args, tables)
+    train = on_device(train, args, tables, on_gpu)
     pinned = layout_values(args, tables)
     workload = Workload(spec, train.global_batch, train.precision, STACKS[DEFAULT_STACK])
     result = search(workload, hw, ranks, pinned, top=1)
     layout = result.ranked[0].layout
     print(f"plait: --auto picked {layout.describe()} for {ranks} rank(s) on {hw.name}: {result.reason}", flush=True)
-    return config_from_args(args, layout)
+    return config_from_args(args, layout, on_gpu)
 
 
 def layout_flags(layout: Layout) -> list[str]:
@@ -146,9 +150,12 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     if args.ranks is not None and not args.auto:
         raise ConfigError("--ranks sets how many ranks --auto plans for; add --auto, or give the layout "
                           "(--dp, --tp, --cp, --pp) whose product is the rank count")
-    config = None if args.auto else config_from_args(args)  # checked before prediction_hardware imports torch
-    hw = prediction_hardware(args) if (args.dry_run or args.auto) else None
-    config = auto_config(args, hw) if args.auto else config
+    named = named_hardware(args)
+    # A dry run checks a command for the device it names, and so takes that device's precision.
+    on_gpu = named.host_runs_ahead if args.dry_run and named is not None else None
+    config = None if args.auto else config_from_args(args, on_gpu=on_gpu)  # checked before torch is imported
+    hw = (named or detected_hardware()) if (args.dry_run or args.auto) else None
+    config = auto_config(args, hw, on_gpu) if args.auto else config
     if args.dry_run:
         from plait.interop.hf import check_init_from
         from plait.train.data import check_data

@@ -181,6 +181,16 @@ def replicated_layer_gradient_elements(spec: ModelSpec, tp: int, sp: bool) -> in
     return elements
 
 
+def replicated_gradient_elements(spec: ModelSpec, layers: int, last: bool, tp: int, sp: bool) -> int:
+    """Gradient elements the tp ranks of a pipeline stage sum once their backward is done: its
+    ``layers`` blocks' (``replicated_layer_gradient_elements``) and, on the last stage under sp, the
+    final norm's."""
+    elements = layers * replicated_layer_gradient_elements(spec, tp, sp)
+    if last and tp > 1 and sp:
+        elements += norm_parameter_count(spec)
+    return elements
+
+
 def boundary_split_over_tp(layout: Layout, kernels: Kernels) -> bool:
     """Whether each tensor-parallel rank sends only its 1/tp piece of a stage's boundary tensor, the
     receiving stage all-gathering the pieces over tp (``Kernels.pipeline_boundary_split``); under sp

@@ -14,9 +14,7 @@ from dataclasses import dataclass
 
 from plait.facts.stack import Kernels
 from plait.layout import Layout
-from plait.models.flops import (
-    block_norms, embedding_tensor_count, head_tensor_count, layer_parameter_count, layer_tensor_count, norm_parameter_count,
-)
+from plait.models.flops import block_norms, embedding_tensor_count, head_tensor_count, layer_tensor_count
 from plait.models.spec import ALIGNED_ROWS, ModelSpec
 
 ADAM_MOMENTS = 2
@@ -67,23 +65,21 @@ def model_state_bytes(parameters: float, precision: str, zero: int, shards: int,
     return ModelStates(params=split["parameters"], grads=split["gradients"], optimizer=split["optimizer"])
 
 
-def rank_parameters(spec: ModelSpec, layers: int, first: bool, last: bool, tp: int, pp: int) -> float:
-    """Parameters one tensor-parallel rank of a pipeline stage holds.
+def rank_parameters(spec: ModelSpec, layers: int, first: bool, last: bool, tp: int) -> int:
+    """Parameters one tensor-parallel rank of a pipeline stage holds: the elements of
+    ``rank_tensor_shapes`` (kv-heads fewer than tp, norms and row-parallel biases whole)."""
+    block, ends = _block_and_end_shapes(spec, first, last, tp)
+    return layers * _elements(block) + _elements(ends)
 
-    Weights and biases are split over tp (the embedding and head by ``padded_vocab``'s rows), norms are
-    replicated. With tied embeddings and pp > 1 the last stage keeps its own copy of the
-    embedding matrix for the head, as Megatron-LM does.
-    """
-    norms = block_norms(spec) * norm_parameter_count(spec)
-    count = layers * ((layer_parameter_count(spec) - norms) / tp + norms)
-    vocabulary = padded_vocab(spec.vocab, tp) * spec.hidden / tp
-    if first:
-        count += vocabulary + (spec.seq_len * spec.hidden if spec.learned_positions else 0)
-    if last:
-        count += norm_parameter_count(spec)
-        if not spec.tie_embeddings or pp > 1:
-            count += vocabulary
-    return count
+
+def rank_layer_parameters(spec: ModelSpec, tp: int) -> int:
+    """Parameters of one block on one tensor-parallel rank (``rank_parameters`` of one layer without
+    the model's ends)."""
+    return _elements(_block_and_end_shapes(spec, False, False, tp)[0])
+
+
+def _elements(shapes: list[tuple[int, int]]) -> int:
+    return sum(rows * columns for rows, columns in shapes)
 
 
 def rank_tensors(spec: ModelSpec, layers: int, first: bool, last: bool, pp: int) -> int:
@@ -232,7 +228,7 @@ def rank_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: i
     """
     if kernels is None or kernels.plait_engine:
         return plait_model_states(spec, layout, precision, layers, first, last, dp_rank, cp_rank)
-    params = rank_parameters(spec, layers, first, last, layout.tp, layout.pp)
+    params = rank_parameters(spec, layers, first, last, layout.tp)
     states = model_state_bytes(params, precision, layout.zero, zero_group(layout)[0], kernels)
     if kernels.fp32_grad_accumulation:
         return ModelStates(states.params, states.grads + FP32 * params, states.optimizer)

@@ -17,7 +17,7 @@ from collections import Counter
 
 from plait.facts.activations import ACTIVATION_BYTES, residual_stream_bytes
 from plait.facts.collectives import (
-    embedding_collectives, head_collectives, layer_collectives, replicated_layer_gradient_elements, stage_boundary_bytes,
+    embedding_collectives, head_collectives, layer_collectives, replicated_gradient_elements, stage_boundary_bytes,
     tied_embedding_bytes,
 )
 from plait.facts.model_state import (
@@ -27,7 +27,6 @@ from plait.facts.model_state import (
 from plait.facts.recompute import rank_recompute
 from plait.facts.stack import STACKS
 from plait.layout import Layout
-from plait.models.flops import norm_parameter_count
 from plait.models.spec import ModelSpec
 
 SCALAR = 4  # one fp32 value: the step's loss, the pipeline's squared gradient norm
@@ -77,9 +76,7 @@ def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank
         add(call.group, call.op, count * (call.forward + call.backward) * call.handed_bytes)
         if call.op == "send":  # each ring hop receives its like from the rank before
             add(call.group, "recv", count * (call.forward + call.backward) * call.handed_bytes)
-    replicated = layers * replicated_layer_gradient_elements(spec, tp, sp)
-    if last and tp > 1 and sp:
-        replicated += norm_parameter_count(spec)  # the final norm's
+    replicated = replicated_gradient_elements(spec, layers, last, tp, sp)
     # (laid out as their parameters once a step, or by ZeRO-2's buckets every micro-batch's)
     add("tp", "all_reduce", reduction_rounds(layout) * replicated * stream)
 

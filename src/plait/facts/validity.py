@@ -109,9 +109,10 @@ def reads_saved_once_per_backward(schedule: str, offload: bool) -> bool:
 
 def pipeline_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["plait"]) -> list[str]:
     """The schedule (one the stack runs), the stage split and the schedule's backward under the
-    recomputation, when the layout has pipeline stages."""
+    recomputation, when the layout has pipeline stages; without, the split of the one rank's chunks,
+    which --recompute-layers counts by (plait.facts.recompute)."""
     if layout.pp == 1:
-        return []
+        return split_problems(spec, 1, layout.virtual_stages, layout.stage_layers)
     if not kernels.schedules:
         return ["this software stack has no pipeline parallelism; pass --pp 1"]
     problems = (split_problems(spec, layout.pp, layout.virtual_stages, layout.stage_layers)

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from plait.facts.activations import activation_bytes_per_layer
 from plait.facts.collectives import stage_boundary_bytes
-from plait.facts.model_state import communicated_bytes, rank_parameters
+from plait.facts.model_state import communicated_bytes, rank_layer_parameters, rank_parameters
 from plait.facts.stack import Kernels
 from plait.layout import Layout
-from plait.models.flops import layer_parameter_count, neighbour_share
+from plait.models.flops import neighbour_share
 from plait.models.spec import ModelSpec
 
 
@@ -57,9 +57,9 @@ def other_bytes(
         # Two of the units the stack gathers by are live at once, and the gradients of two (one
         # reduce-scattering while the next is computed).
         held, unsharded = (neighbour_share(spec),) * 2 if kernels.zero3_gather_unit == "linear" else (2.0, 1.0)
-        extra += layer_parameter_count(spec) / layout.tp * (held * params + unsharded * grads)
+        extra += rank_layer_parameters(spec, layout.tp) * (held * params + unsharded * grads)
     if layout.grad_compression == "powersgd":  # no tp, no pp: the rank holds the whole model
-        extra += rank_parameters(spec, spec.layers, True, True, 1, 1) * communicated_bytes(layout, precision, kernels)[0]
+        extra += rank_parameters(spec, spec.layers, True, True, 1) * communicated_bytes(layout, precision, kernels)[0]
     return extra
 
 

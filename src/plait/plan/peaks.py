@@ -84,7 +84,7 @@ class StageShapes:
         activations read) of those that can run."""
         listed = [(n, v, self.held_at_peaks(n, pp, v, peak_microbatches(pp, v, m)))
                   for n, v in schedule_choices(pp, m, self.spec.layers, self.fixed)
-                  if pp == 1 or self.schedule_fits(pp, m, n, v)]
+                  if self.schedule_fits(pp, m, n, v)]
         return [(n, v, holds, self.middle_layers(pp, v), tuple((hold.first, hold.last, hold.layers) for hold in holds))
                 for n, v, holds in listed]
 

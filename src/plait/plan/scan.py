@@ -12,6 +12,7 @@ from plait.facts.activations import (
     activation_bytes_per_layer, autocast_copies_weights, head_activation_bytes, held_between_passes,
     loss_backward_bytes, recompute_working_bytes, residual_stream_bytes,
 )
+from plait.facts.collectives import replicated_gradient_elements
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors, reduction_rounds
 from plait.facts.stack import Kernels
 from plait.facts.validity import (
@@ -141,7 +142,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
         return found
     for tp, cp, pp, dp, algorithm in meshes(workload, gpus, fixed):
         per_rank = math.ceil(layers / pp)
-        params = (rank_parameters(spec, per_rank, True, pp == 1, tp, pp), rank_parameters(spec, per_rank, pp == 1, True, tp, pp))
+        params = (rank_parameters(spec, per_rank, True, pp == 1, tp), rank_parameters(spec, per_rank, pp == 1, True, tp))
         tensors = max(rank_tensors(spec, per_rank, True, pp == 1, pp), rank_tensors(spec, per_rank, pp == 1, True, pp))
         per_replica = workload.global_batch // dp
         zeros = zero_choices(fixed, hw, Layout(dp=dp, tp=tp, cp=cp))
@@ -152,6 +153,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
             if micro_batch and mbs != micro_batch:
                 continue
             schedules = schedule_list(pp, m)
+            if not schedules:  # no schedule can run the split (a given one that needs other chunks)
+                continue
             examined = larger_may_fit = False
             # (where plait's ZeRO-2 reduces once a step over more than 2 ranks; see above)
             zero2_dominates = (not kernels.plait_engine or dp * cp > 2
@@ -299,7 +302,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     flush_key = mesh_key + ((m,) if kernels.plait_engine and (zero == 3 and pp == 1
                                                                                 or reduction_rounds(staged) > 1) else ())
                     if flush_key not in flushes:
-                        flushes[flush_key] = flush_costs(workload, hw, staged, max(params), tensors)
+                        flushes[flush_key] = flush_costs(workload, hw, staged, max(params), tensors,
+                                                         replicated_gradient_elements(spec, per_rank, True, tp, sp))
                     flush = flushes[flush_key]
                     # Per recomputation: a stage's activations per micro-batch, and its work per
                     # micro-batch (less the pipeline engine's, which grows with v) with its flush.

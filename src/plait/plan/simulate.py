@@ -12,19 +12,19 @@ from dataclasses import dataclass, field, replace
 
 from plait.facts.activations import (
     activation_bytes_per_layer, head_activation_bytes, held_between_passes, loss_backward_bytes, op_keeps_attention,
-    recompute_working_bytes, replayed_block_bytes,
+    recompute_working_bytes, replayed_block_bytes, residual_stream_bytes,
 )
 from plait.facts.buckets import BUCKET_CAP_BYTES, bucket_bytes
-from plait.facts.collectives import tied_embedding_bytes
+from plait.facts.collectives import replicated_gradient_elements, tied_embedding_bytes
 from plait.facts.recompute import block_recompute, chunk_recompute
 from plait.facts.model_state import (
-    communicated_bytes, held_gradient_bytes, powersgd_elements, rank_model_states, rank_parameters, rank_tensor_shapes,
-    rank_tensors, reduced_gradient_elements, reduction_rounds, zero_group,
+    communicated_bytes, held_gradient_bytes, powersgd_elements, rank_layer_parameters, rank_model_states, rank_parameters,
+    rank_tensor_shapes, rank_tensors, reduced_gradient_elements, reduction_rounds, zero_group,
 )
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.facts.validity import check_run
 from plait.layout import Layout
-from plait.models.flops import attention_core_forward_flops, flops_per_sequence, layer_flops, layer_parameter_count
+from plait.models.flops import attention_core_forward_flops, flops_per_sequence, layer_flops
 from plait.models.spec import ModelSpec
 from plait.plan.comm import (
     all_gather_seconds, all_reduce_seconds, exposed_under, group_link, merged_link, pipeline_link, reduce_scatter_seconds,
@@ -187,8 +187,11 @@ def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float, grad_byt
     return (reduce, after) if in_backward else (0.0, reduce + after)
 
 
-def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float, tensors: int) -> FlushCosts:
-    """Data-parallel reduction of ``params`` parameters' gradients, ZeRO's gathers and Adam."""
+def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float, tensors: int,
+                replicated: int) -> FlushCosts:
+    """Data-parallel reduction of ``params`` parameters' gradients, the tp sum of the ``replicated``
+    gradient elements of weights every tp rank holds whole
+    (plait.facts.collectives.replicated_gradient_elements), ZeRO's gathers and Adam."""
     precision, kernels = workload.precision, workload.kernels
     replicas, replica_link = layout.dp * layout.cp, merged_link(hw, layout, ("dp", "cp"))
     shards, stride = zero_group(layout)
@@ -199,7 +202,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     # embedding's and head's, reduced at the end of a backward with nothing to hide under: on plait's
     # engine every micro-batch's (plait.parallel.gradients), so once for each.
     per_layer = layout.zero == 3 and layout.pp == 1
-    reduced = params - workload.spec.layers * layer_parameter_count(workload.spec) / layout.tp if per_layer else params
+    reduced = params - workload.spec.layers * rank_layer_parameters(workload.spec, layout.tp) if per_layer else params
     grads = reduced_gradient_elements(workload.spec, layout, reduced) * g_bytes
     after = 0.0
     if layout.grad_compression == "powersgd":
@@ -231,16 +234,21 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     once = layout.zero in (1, 2) or (layout.zero == 3 and layout.pp > 1)
     gather = all_gather_seconds(params * p_bytes, shards, link) if once else 0.0
     first_gather = gather * min(1.0, bucket / bucketed) if kernels.param_gather_overlap and bucketed else None
-    # The logged loss is averaged over the replicas; a tensor-parallel gradient norm sums over tp
-    # (ZeRO-2/3's sum over dp is left out: one latency).
-    scalars = all_reduce_seconds(4, replicas, replica_link)
-    if layout.tp > 1:
-        scalars += all_reduce_seconds(4, layout.tp, group_link(hw, layout, "tp"))
-    local = params / shards if layout.zero >= 1 else params
-    optimizer = optimizer_seconds(hw, local, tensors, precision) + wrapper_overhead(hw, workload.spec, layout).step
     # plait's ZeRO-2 without stages reduce-scatters every micro-batch's gradients in its backward
     # (plait.parallel.gradients), each waited for at that backward's end.
     rounds = reduction_rounds(layout) if kernels.plait_engine else 1
+    # The logged loss is averaged over the replicas; a tensor-parallel gradient norm sums over tp
+    # (ZeRO-2/3's sum over dp is left out: one latency), as do the replicated weights' gradients,
+    # in the weights' dtype, each round.
+    scalars = all_reduce_seconds(4, replicas, replica_link)
+    if layout.tp > 1:
+        tp_link = group_link(hw, layout, "tp")
+        scalars += all_reduce_seconds(4, layout.tp, tp_link)
+        if replicated:
+            stream = residual_stream_bytes(precision, layout.zero, layout.pp, kernels)
+            scalars += rounds * all_reduce_seconds(replicated * stream, layout.tp, tp_link)
+    local = params / shards if layout.zero >= 1 else params
+    optimizer = optimizer_seconds(hw, local, tensors, precision) + wrapper_overhead(hw, workload.spec, layout).step
     return FlushCosts(reduce, last_bucket, gather, scalars, optimizer, hw.comm_overlap, after, first_gather, rounds)
 
 
@@ -273,8 +281,9 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         mine = range(rank, pp * v, pp)
         layers = sum(counts[c] for c in mine)
         first, last = 0 in mine, pp * v - 1 in mine
-        params = rank_parameters(spec, layers, first, last, layout.tp, pp)
-        flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp))
+        params = rank_parameters(spec, layers, first, last, layout.tp)
+        flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp),
+                            replicated_gradient_elements(spec, layers, last, layout.tp, layout.sp))
         forward = gather_window(sum(chunks[c].forward for c in mine), v, pp, m)
         gradients = gradient_seconds(spec, hw, layout, precision, workload.kernels, layers, first, last)
         tails.append((flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer, gradients))

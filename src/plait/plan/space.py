@@ -53,8 +53,12 @@ def meshes(workload: Workload, gpus: int, fixed: dict) -> Iterator[tuple[int, in
     layout), whose data parallelism divides the global batch. Without cp the algorithm changes
     nothing: the pinned one, or the default."""
     spec, kernels = workload.spec, workload.kernels
+    given = fixed.get("stage_layers")
     for tp, cp, pp, dp in mesh_sizes(gpus, fixed):
-        if split_problems(spec, pp) or workload.global_batch % dp:
+        # A given split fixes the chunks a rank holds, and may leave its end chunks empty.
+        cut = split_problems(spec, pp) if given is None else (
+            len(given) % pp or split_problems(spec, pp, len(given) // pp, given))
+        if cut or workload.global_batch % dp:
             continue
         algorithms = options(fixed, "cp_algorithm", kernels.cp_algorithms) if cp > 1 else (
             fixed.get("cp_algorithm", Layout.cp_algorithm),)

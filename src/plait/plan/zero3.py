@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from plait.facts.model_state import communicated_bytes, zero_group
+from plait.facts.model_state import communicated_bytes, rank_layer_parameters, zero_group
 from plait.facts.stack import Kernels
 from plait.layout import Layout
-from plait.models.flops import layer_parameter_count, linear_shares
+from plait.models.flops import linear_shares
 from plait.models.spec import ModelSpec
 from plait.plan.comm import all_gather_seconds, all_reduce_seconds, exposed_under, reduce_scatter_seconds, strided_link
 from plait.plan.compute import LayerTimes
@@ -38,7 +38,7 @@ def zero3_layer_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision
     link = strided_link(hw, shards, stride, layout.world_size)
     link = replace(link, bandwidth=link.bandwidth * kernels.zero3_collective_efficiency)
     grad_bytes, param_bytes = communicated_bytes(layout, precision, kernels)
-    parameters = layer_parameter_count(spec) / layout.tp
+    parameters = rank_layer_parameters(spec, layout.tp)
     gather = all_gather_seconds(parameters * param_bytes, shards, link)
     scatter = reduce_scatter_seconds(parameters * grad_bytes, shards, link)
     replicas = layout.dp * layout.cp // shards
