@@ -144,7 +144,7 @@ def zero2_gradient_rows(config: RunConfig, bucket_bytes: int) -> dict:
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
 
-    from plait.parallel.zero_rows import owned_rows
+    from plait.facts.model_state import owned_slice
     from plait.parallel.optimizer import BETAS, parameter_groups
     from plait.parallel.sharded_adamw import ShardedAdamW
     from plait.train.data import BatchSource, training_tokens
@@ -171,7 +171,7 @@ def zero2_gradient_rows(config: RunConfig, bucket_bytes: int) -> dict:
     # Relative to the largest gradient anywhere: the attention key bias's true gradient is 0 (softmax
     # ignores it), so its own largest element is rounding noise no two summation orders share.
     scale = max(param.grad.abs().max().item() for param in reference.parameters())
-    error = max((shards[mine].to_local() - theirs.grad[owned_rows(theirs.shape[0], rank, ranks)]).abs().max().item()
+    error = max((shards[mine].to_local() - theirs.grad[owned_slice(theirs.shape[0], rank, ranks)]).abs().max().item()
                 for mine, theirs in zip(model.parameters(), reference.parameters()))
     return {"buckets": len(optimizer.gradient_shards.buckets), "relative_error": error / scale,
             "gradients_after_first_scatter": sum(start > first_scatter for start in accumulated) / len(accumulated)}
@@ -227,7 +227,7 @@ def zero2_rows_over_micro_batches(config: RunConfig) -> dict:
 
     from plait.parallel.gradients import gradient_sync
     from plait.parallel.sharded_adamw import ShardedAdamW
-    from plait.parallel.zero_rows import owned_rows
+    from plait.facts.model_state import owned_slice
 
     topology = build_topology(config.layout, torch.device("cpu"))
     rank, ranks = topology.coordinate("dp"), topology.size("dp")
@@ -250,5 +250,5 @@ def zero2_rows_over_micro_batches(config: RunConfig) -> dict:
     shards = optimizer.gradient_shards.shards
     rows = [shards[param].to_local() for param in model.parameters()]
     return {"whole_after": whole_after, "dtypes": sorted({str(row.dtype) for row in rows}),
-            "error": max((row.double() - total[owned_rows(param.shape[0], rank, ranks)]).abs().max().item()
+            "error": max((row.double() - total[owned_slice(param.shape[0], rank, ranks)]).abs().max().item()
                          / total.abs().max().item() for row, total, param in zip(rows, expected, model.parameters()))}

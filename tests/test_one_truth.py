@@ -37,6 +37,11 @@ class Case:
     global_batch: int
     gpu: str
 
+    @property
+    def precision(self) -> str:
+        """What plait trains in on the case's GPU (fp32 on one without bf16)."""
+        return "bf16" if hardware(self.gpu).has_bf16 else "fp32"
+
     def model_flags(self) -> list[str]:
         s = self.spec
         return ["--family", s.family, "--layers", str(s.layers), "--hidden", str(s.hidden), "--heads", str(s.heads),
@@ -60,7 +65,7 @@ def random_case(rng: random.Random) -> Case:
 
 def _train_args(case: Case, flags: list[str], *extra: str):
     return build_parser().parse_args(["train", *case.model_flags(), "--global-batch", str(case.global_batch),
-                                      "--precision", "bf16", *flags, *extra])
+                                      "--precision", case.precision, *flags, *extra])
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +74,7 @@ def planned() -> list[tuple[Case, list]]:
     rng, out = random.Random(20261123), []
     for _ in range(CASES):
         case = random_case(rng)
-        workload = Workload(case.spec, case.global_batch, "bf16")
+        workload = Workload(case.spec, case.global_batch, case.precision)
         try:
             ranked = search(workload, hardware(case.gpu), case.gpus, top=10).ranked
         except ConfigError as error:
@@ -104,7 +109,7 @@ def test_the_ranked_layouts_fit_with_headroom(planned):
 def test_dry_run_accepts_the_top_picks(planned, capsys):
     sample = [(case, ranked[0]) for case, ranked in planned if ranked][:12]
     for case, top in sample:
-        argv = ["train", *case.model_flags(), "--global-batch", str(case.global_batch), "--precision", "bf16",
+        argv = ["train", *case.model_flags(), "--global-batch", str(case.global_batch), "--precision", case.precision,
                 *layout_flags(top.layout), "--gpu", case.gpu, "--dry-run"]
         assert main(argv) == 0, capsys.readouterr().err
         assert top.layout.describe() in capsys.readouterr().out
@@ -238,3 +243,51 @@ def test_a_dry_run_for_a_named_gpu_takes_its_precision_as_plan_does(capsys):
     assert main(["train", *common, *layout_flags(Layout(**top["layout"] | {"stage_layers": None})), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert ", bf16" in out and f"{top['step_time_s']:.4g} s per step" in out
+
+
+def test_plan_prints_the_train_command_whose_dry_run_predicts_its_pick_on_the_cluster_it_was_given(capsys):
+    """A cluster of four GPUs a node on a slow network, 94 GB parts: plan's top pick comes with the train
+    command that runs it, and that command's --dry-run predicts the same step and memory."""
+    argv = ["plan", "--model", "llama-8b", "--gpu", "h100-sxm", "--gpus", "16", "--global-batch", "64", "--top", "1",
+            "--gpus-per-node", "4", "--inter-node-gbps", "12.5", "--memory-gb", "94"]
+    assert main([*argv, "--json"]) == 0
+    top = json.loads(capsys.readouterr().out)[0]
+    command = top["train_command"]
+    assert command[:2] == ["plait", "train"] and "--gpus-per-node" in command
+    assert main([*command[1:], "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"{top['step_time_s']:.4g} s per step" in out and f"{top['peak_memory_bytes'] / 2**20:,.1f} MiB" in out
+    assert main(argv) == 0
+    assert f"train it: {' '.join(command)}" in capsys.readouterr().out
+    assert main(["plan", *argv[1:], "--stack", "megatron", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["train_command"] is None  # not a run plait trains
+
+
+def test_a_device_figure_without_a_prediction_is_refused(capsys):
+    assert main(["train", "--model", "tiny", "--memory-gb", "40"]) == 2
+    assert "--memory-gb only changes the device a prediction is for; add --dry-run or --auto" in capsys.readouterr().err
+
+
+def test_a_part_without_bf16_plans_plait_in_fp32_and_refuses_bf16(capsys):
+    """A V100 computes in fp16, which plait does not train in: plan and a dry run for it take fp32, and
+    bf16 is refused in one line; another stack's half precision is the V100's fp16."""
+    common = ["--model", "gpt2", "--gpu", "v100"]
+    assert main(["plan", *common, "--gpus", "8", "--top", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["precision"] == "fp32"
+    assert main(["train", *common, "--dp", "8", "--global-batch", "64", "--dry-run"]) == 0
+    assert ", fp32" in capsys.readouterr().out
+    for command in (["plan", *common, "--gpus", "8"], ["train", *common, "--dp", "8", "--global-batch", "64", "--dry-run"]):
+        assert main([*command, "--precision", "bf16"]) == 2
+        assert "the v100 has no bf16" in capsys.readouterr().err
+    assert main(["plan", *common, "--gpus", "8", "--top", "1", "--stack", "megatron", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["precision"] == "bf16"
+
+
+def test_a_model_too_large_for_its_gpus_names_the_count_that_fits_and_plans_pick_there(capsys):
+    assert main(["plan", "--model", "llama-8b", "--gpu", "h800", "--gpus", "1", "--global-batch", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "2 GPUs would fit it at the same global batch, plan's pick there " in err
+    assert main(["plan", "--model", "llama-8b", "--gpu", "h800", "--gpus", "2", "--global-batch", "8", "--top", "1",
+                 "--json"]) == 0
+    top = json.loads(capsys.readouterr().out)[0]["layout"]
+    assert err.strip().endswith(Layout(**top | {"stage_layers": None}).describe())

@@ -139,6 +139,18 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the output projection reuses the token embedding")
 
 
+def model_flags(args: argparse.Namespace) -> list[str]:
+    """The model flags given (``add_model_arguments``), as a command line repeats them."""
+    flags = ["--model", args.model] if args.model else []
+    for name in ("family", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
+        if getattr(args, name) is not None:
+            flags += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    for name in ("parallel_block", "tie_embeddings"):
+        if getattr(args, name) is not None:
+            flags.append(("--" if getattr(args, name) else "--no-") + name.replace("_", "-"))
+    return flags
+
+
 def _layer_counts(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(","))
@@ -338,7 +350,7 @@ def on_device(train: TrainSpec, args: argparse.Namespace, tables: dict[str, dict
     if on_gpu is None:
         import torch  # only `plait train` resolves its device; the planner never reaches here
 
-        on_gpu = torch.cuda.is_available()
+        on_gpu = torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
     return replace(train, precision=default_precision(on_gpu=on_gpu))
 
 

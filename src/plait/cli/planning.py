@@ -8,9 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 from dataclasses import replace
 from pathlib import Path
 
+from plait.cli.device import add_device_overrides, device_hardware
+from plait.cli.training import train_command
 from plait.config import add_layout_arguments, add_model_arguments, layout_values
 from plait.errors import ConfigError
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
@@ -18,7 +21,7 @@ from plait.layout import PRECISIONS, Layout, default_precision
 from plait.models.spec import SPEC_FIELDS, model_spec
 from plait.observe.simulated import simulated_timeline, simulated_trace
 from plait.observe.timeline import draw_timeline
-from plait.plan.hardware import CATALOG, Hardware, apply_overrides, hardware, load_profile, profile_json
+from plait.plan.hardware import CATALOG, Hardware, hardware, load_profile, profile_json
 from plait.plan.search import NothingFits, best_layout, search
 from plait.plan.simulate import Prediction, Workload, evaluate
 
@@ -30,21 +33,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--gpu", default="h100-sxm", help=f"one of {', '.join(CATALOG)} (default h100-sxm)")
     group.add_argument("--hardware-profile", metavar="FILE", help="a profile written by `plait calibrate`, instead of --gpu")
     group.add_argument("--gpus", type=int, default=8, help="devices in all (default 8)")
-    group.add_argument("--gpus-per-node", type=int)
-    group.add_argument("--intra-node-gbps", type=float, help="per-device bandwidth inside a node, GB/s each way")
-    group.add_argument("--inter-node-gbps", type=float, help="per-device network bandwidth between nodes, GB/s each way")
-    group.add_argument("--inter-node-ring-gbps", type=float,
-                       help="the most bus bandwidth one group's rings reach between nodes, GB/s, where NCCL lays them "
-                            "over fewer adapters than the group has members in a node (its all_reduce_perf busbw)")
-    group.add_argument("--peak-tflops", type=float, help="dense peak TFLOP/s at --precision")
-    group.add_argument("--memory-gb", type=float, help="device memory a process may allocate, in GB (10^9 bytes): "
-                       "what torch.cuda.get_device_properties().total_memory reports (an A100 80GB: 85.1)")
-    group.add_argument("--memory-bandwidth", type=float, metavar="GBPS",
-                       help="device memory bandwidth in GB/s (an HBM2e or power-capped part of a catalog GPU)")
+    add_device_overrides(group)
     group.add_argument("--global-batch", type=int, help="sequences per step (default: ~1M tokens, a multiple of --gpus)")
     group.add_argument("--microbatch-size", type=int, help="sequences per micro-batch (default: searched)")
-    group.add_argument("--memory-headroom", type=float, metavar="FRACTION",
-                       help="share of device memory the plan leaves free (default 0.05)")
     group.add_argument("--precision", choices=PRECISIONS,
                        help="default: what plait train uses on the device (bf16 on GPUs, fp32 on a CPU profile)")
     stack = parser.add_argument_group("software stack (default: plait train's own run)")
@@ -136,27 +127,19 @@ def planning_inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]
     """The workload, hardware and pinned layout fields that plan and simulate read from their flags."""
     model = {name: getattr(args, name, None) for name in SPEC_FIELDS + ("family",)}
     spec = model_spec(args.model, **model)
-    overrides = {
-        "intra_node_gbps": args.intra_node_gbps, "inter_node_gbps": args.inter_node_gbps,
-        "inter_node_ring_gbps": args.inter_node_ring_gbps,
-        "gpus_per_node": args.gpus_per_node,
-        "memory_bytes": None if args.memory_gb is None else args.memory_gb * 1e9,
-        "memory_gbps": args.memory_bandwidth,
-    }
     for flag in ("top", "microbatch_size"):
         value = getattr(args, flag, None)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
-    if args.memory_headroom is not None and not 0 <= args.memory_headroom < 1:
-        raise ConfigError(f"--memory-headroom is a fraction of device memory in [0, 1), got {args.memory_headroom}")
-    if args.hardware_profile:
-        hw = apply_overrides(load_profile(args.hardware_profile), **overrides)
-    else:
-        hw = hardware(args.gpu, **overrides)
-    precision = args.precision or default_precision(on_gpu=hw.host_runs_ahead)
-    hw = apply_overrides(hw, **{("bf16_tflops" if precision == "bf16" else "fp32_tflops"): args.peak_tflops})
-    if args.memory_headroom is not None:
-        hw = replace(hw, memory_headroom=args.memory_headroom)
+    base = load_profile(args.hardware_profile) if args.hardware_profile else hardware(args.gpu)
+    # plait's own runs take what plait train takes there; other stacks' half precision is the part's
+    # (fp16 on a V100, at the same rate)
+    kernels = stack_kernels(args)
+    plait_runs = kernels == STACKS[DEFAULT_STACK]
+    precision = args.precision or default_precision(on_gpu=base.trains_bf16 if plait_runs else base.host_runs_ahead)
+    if plait_runs and base.precision_problem(precision):  # what plait train would refuse
+        raise ConfigError(base.precision_problem(precision))
+    hw = device_hardware(args, base, precision)
     if not isinstance(args.gpus, int) or args.gpus < 1:
         raise ConfigError(f"--gpus must be a positive integer, got {args.gpus!r}")
 
@@ -169,7 +152,7 @@ def planning_inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]
     if args.async_tp and (fixed.get("tp") == 1 or fixed.get("sp") is False):
         raise ConfigError("--async-tp fuses tensor-parallel collectives under sequence parallelism, which --tp 1 or "
                           "--no-sp leaves out: drop that flag or --async-tp")
-    return Workload(spec, batch, precision, stack_kernels(args)), hw, fixed
+    return Workload(spec, batch, precision, kernels), hw, fixed
 
 
 def stack_name(args: argparse.Namespace) -> str:
@@ -192,8 +175,13 @@ def check_output_file(flag: str, path: str | None) -> None:
 def run_plan(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     workload, hw, fixed = planning_inputs(args)
     result = search(workload, hw, args.gpus, fixed, args.microbatch_size, top=args.top, tie_break=args.tie_break)
+    # What plait train runs is plait's own stack: only its plans are a train command.
+    runs = workload.kernels == STACKS[DEFAULT_STACK]
+    commands = [train_command(args, p.layout, workload.global_batch, workload.precision) if runs else None
+                for p in result.ranked]
     if args.json:
-        ranked = [{**p.to_dict(), "stack": stack_name(args), "precision": workload.precision} for p in result.ranked]
+        ranked = [{**p.to_dict(), "stack": stack_name(args), "precision": workload.precision, "train_command": command}
+                  for p, command in zip(result.ranked, commands)]
         ranked[0]["reason"] = result.reason
         print(json.dumps(ranked, indent=2))
         return 0
@@ -206,6 +194,8 @@ def run_plan(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         print(f"{i}. {p.layout.describe():60s} mbs={p.micro_batch_size:<3d} {p.step_time_s:9.4g} s/step  "
               f"MFU {p.mfu:6.1%}  bubble {p.bubble_fraction:5.1%}  {p.peak_memory_bytes / 1e9:6.1f} GB")
     print(f"why: {result.reason}")
+    if runs:
+        print(f"train it: {shlex.join(commands[0])}")
     return 0
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-from plait.config import RunConfig, config_from_args, config_tables, layout_values, model_and_train, on_device
+from plait.cli.device import OVERRIDE_FLAGS, add_device_overrides, device_hardware, given_overrides, override_flags
+from plait.config import (
+    RunConfig, config_from_args, config_tables, layout_values, model_and_train, model_flags, on_device,
+)
 from plait.errors import ConfigError
 from plait.facts.stack import DEFAULT_STACK, STACKS
 from plait.layout import Layout
@@ -18,8 +21,9 @@ from plait.plan.hardware import CATALOG, Hardware, catalog_name_of, hardware, lo
 from plait.plan.search import search
 from plait.plan.simulate import Prediction, Workload, evaluate
 
-# The flags --auto removes from the workers' command line, with how many values each takes.
-AUTO_FLAGS = {"--auto": 0, "--ranks": 1}
+# The flags --auto removes from the workers' command line, with how many values each takes: its own,
+# and the device's figures, which only a prediction reads.
+AUTO_FLAGS = {"--auto": 0, "--ranks": 1, **{"--" + name.replace("_", "-"): 1 for name in OVERRIDE_FLAGS}}
 
 
 def add_prediction_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +38,7 @@ def add_prediction_arguments(parser: argparse.ArgumentParser) -> None:
     choice = group.add_mutually_exclusive_group()
     choice.add_argument("--gpu", choices=tuple(CATALOG), help="predict for this catalog GPU (default: the driver's)")
     choice.add_argument("--hardware-profile", metavar="FILE", help="predict with a profile from `plait calibrate`")
+    add_device_overrides(group)
 
 
 def named_hardware(args: argparse.Namespace) -> Hardware | None:
@@ -88,10 +93,10 @@ def describe_prediction(config: RunConfig, prediction: Prediction | None, hw: Ha
     return "\n".join(lines)
 
 
-def auto_config(args: argparse.Namespace, hw: Hardware | None, on_gpu: bool | None) -> RunConfig:
-    """Ask the planner for the fastest layout of --ranks ranks on ``hw``; print the choice and why
-    (``on_gpu`` as ``plait.config.on_device`` takes it)."""
-    if hw is None:
+def auto_config(args: argparse.Namespace, device: Hardware | None, on_gpu: bool | None) -> RunConfig:
+    """Ask the planner for the fastest layout of --ranks ranks on ``device`` (with the figures the
+    flags override); print the choice and why (``on_gpu`` as ``plait.config.on_device`` takes it)."""
+    if device is None:
         raise ConfigError("--auto on a CPU needs this machine's profile: run `plait calibrate --out FILE` once, "
                           "then pass --hardware-profile FILE")
     ranks = args.ranks
@@ -107,11 +112,20 @@ def auto_config(args: argparse.Namespace, hw: Hardware | None, on_gpu: bool | No
     spec, name, train = model_and_train(args, tables)
     train = on_device(train, args, tables, on_gpu)
     pinned = layout_values(args, tables)
+    hw = device_hardware(args, device, train.precision)
     workload = Workload(spec, train.global_batch, train.precision, STACKS[DEFAULT_STACK])
     result = search(workload, hw, ranks, pinned, top=1)
     layout = result.ranked[0].layout
     print(f"plait: --auto picked {layout.describe()} for {ranks} rank(s) on {hw.name}: {result.reason}", flush=True)
     return config_from_args(args, layout, on_gpu)
+
+
+def train_command(args: argparse.Namespace, layout: Layout, global_batch: int, precision: str) -> list[str]:
+    """The plait train command line that runs ``layout`` of the model and device plan's or simulate's
+    flags give, and whose --dry-run predicts what they did."""
+    device = ["--hardware-profile", args.hardware_profile] if args.hardware_profile else ["--gpu", args.gpu]
+    return ["plait", "train", *model_flags(args), "--global-batch", str(global_batch), "--precision", precision,
+            *layout_flags(layout), *device, *override_flags(args)]
 
 
 def layout_flags(layout: Layout) -> list[str]:
@@ -150,12 +164,19 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     if args.ranks is not None and not args.auto:
         raise ConfigError("--ranks sets how many ranks --auto plans for; add --auto, or give the layout "
                           "(--dp, --tp, --cp, --pp) whose product is the rank count")
+    if given_overrides(args) and not (args.dry_run or args.auto):
+        flags = override_flags(args)[::2]
+        raise ConfigError(f"{' and '.join(flags)} only change{'s' if len(flags) == 1 else ''} the device a prediction "
+                          f"is for; add --dry-run or --auto, or drop {'it' if len(flags) == 1 else 'them'}")
     named = named_hardware(args)
     # A dry run checks a command for the device it names, and so takes that device's precision.
-    on_gpu = named.host_runs_ahead if args.dry_run and named is not None else None
+    on_gpu = named.trains_bf16 if args.dry_run and named is not None else None
     config = None if args.auto else config_from_args(args, on_gpu=on_gpu)  # checked before torch is imported
-    hw = (named or detected_hardware()) if (args.dry_run or args.auto) else None
-    config = auto_config(args, hw, on_gpu) if args.auto else config
+    device = (named or detected_hardware()) if (args.dry_run or args.auto) else None
+    config = auto_config(args, device, on_gpu) if args.auto else config
+    hw = None if device is None else device_hardware(args, device, config.train.precision)
+    if hw is not None and hw.precision_problem(config.train.precision):
+        raise ConfigError(hw.precision_problem(config.train.precision))
     if args.dry_run:
         from plait.interop.hf import check_init_from
         from plait.train.data import check_data

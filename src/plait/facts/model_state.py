@@ -146,10 +146,18 @@ def _block_and_end_shapes(spec: ModelSpec, first: bool, last: bool, tp: int) -> 
     return block, ends
 
 
-def owned_rows(rows: int, rank: int, ranks: int) -> int:
-    """Rows of a ``rows``-row tensor that ``rank`` of ``ranks`` owns: torch.chunk's split, as DTensor's Shard(0)."""
+def owned_slice(rows: int, rank: int, ranks: int) -> slice:
+    """The rows of a ``rows``-row tensor that ``rank`` of ``ranks`` owns: torch.chunk's split, as
+    DTensor's Shard(0) (ZeRO-1/2's rows, plait.parallel.zero_rows)."""
     chunk = -(-rows // ranks)
-    return max(0, min(rows, (rank + 1) * chunk) - min(rows, rank * chunk))
+    start = min(rank * chunk, rows)
+    return slice(start, min(start + chunk, rows))
+
+
+def owned_rows(rows: int, rank: int, ranks: int) -> int:
+    """How many rows ``owned_slice`` gives ``rank``."""
+    owned = owned_slice(rows, rank, ranks)
+    return owned.stop - owned.start
 
 
 def pipeline_share(spec: ModelSpec, layout: Layout, pp_rank: int) -> tuple[int, bool, bool]:

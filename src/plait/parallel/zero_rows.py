@@ -16,12 +16,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-
-def owned_rows(rows: int, rank: int, ranks: int) -> slice:
-    """The rows of a ``rows``-row tensor that ``rank`` of ``ranks`` owns: torch.chunk's split, as Shard(0)."""
-    chunk = -(-rows // ranks)
-    start = min(rank * chunk, rows)
-    return slice(start, min(start + chunk, rows))
+from plait.facts.model_state import owned_slice
 
 
 def row_shape(tensor: torch.Tensor, rows: slice) -> tuple[int, ...]:
@@ -45,7 +40,7 @@ class RowSplit:
 
     def rows(self, param: torch.Tensor, rank: int | None = None) -> slice:
         """The rows of ``param``'s local tensor that dp rank ``rank`` (default: this one) owns."""
-        return owned_rows(local_tensor(param).shape[0], self.rank if rank is None else rank, self.ranks)
+        return owned_slice(local_tensor(param).shape[0], self.rank if rank is None else rank, self.ranks)
 
     def shape(self, param: torch.Tensor, rank: int | None = None) -> tuple[int, ...]:
         return row_shape(local_tensor(param), self.rows(param, rank))

@@ -131,6 +131,9 @@ class Hardware:
     # device, so calibrate measures it with plait's own model and it adds to the kernels' time.
     host_overhead: dict[str, HostOverhead] = field(default_factory=dict, hash=False)
     host_runs_ahead: bool = True
+    # Whether the part computes in bf16 natively. A V100's mixed precision is fp16, which plait does
+    # not train in; the catalog's half-precision rate then models other stacks' fp16 runs.
+    has_bf16: bool = True
     # plait's blockwise attention (its ring's and all-gather's) against the planner's model of it
     # (plait.plan.compute.block_kernel_seconds), forward and backward: 1 in the catalog; calibrate
     # times the kernel itself, whose score blocks may outgrow what the bandwidth probes measured.
@@ -159,6 +162,18 @@ class Hardware:
     # multi-tensor kernels launch once for all tensors. Calibrate measures plait's optimizer.
     optimizer_parameter_s: float | None = None
     optimizer_tensor_s: float = 0.0
+
+    @property
+    def trains_bf16(self) -> bool:
+        """Whether plait train takes bf16 here by default: a GPU that computes in it."""
+        return self.host_runs_ahead and self.has_bf16
+
+    def precision_problem(self, precision: str) -> str | None:
+        """Why plait cannot train in ``precision`` here, if it cannot."""
+        if precision == "bf16" and not self.has_bf16:
+            return (f"the {self.name} has no bf16 (its mixed precision is fp16, which plait does not train in); "
+                    "pass --precision fp32")
+        return None
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -217,7 +232,7 @@ CATALOG: dict[str, Hardware] = {
     # 300 GB/s bidirectional = 150 per direction. Nodes as DGX-2H (Shoeybi et al. 2019, Megatron-LM):
     # 16 GPUs on NVSwitch, 8 × 100 Gb/s InfiniBand per node = 6.25 GB/s per GPU.
     "v100": Hardware("v100", 125, 15.7, device_memory(32), 900, 150, 6.25, gpus_per_node=16, host_link_gbps=PCIE_GEN3,
-            attention_score_s=causal_exponentials(1.96)),
+            attention_score_s=causal_exponentials(1.96), has_bf16=False),
     # NVIDIA A100 Tensor Core GPU datasheet (2021): BF16 312 TFLOPS dense, FP32 19.5 TFLOPS,
     # 40 GB HBM2 at 1,555 GB/s; NVLink 3 600 GB/s bidirectional = 300 GB/s per direction.
     # DGX A100 user guide: 8× ConnectX-6 200 Gb/s HDR InfiniBand → 25 GB/s per GPU.
@@ -335,9 +350,9 @@ def check_block_points(points: tuple) -> None:
 
 def check_figure(key: str, value) -> None:
     """ConfigError unless hardware figure ``key`` is a finite number of the right sign (or None where allowed)."""
-    if key == "host_runs_ahead":
+    if key in ("host_runs_ahead", "has_bf16"):
         if not isinstance(value, bool):
-            raise ConfigError(f"hardware figure host_runs_ahead must be true or false, got {value!r}")
+            raise ConfigError(f"hardware figure {key} must be true or false, got {value!r}")
         return
     if value is None and key in MAY_BE_NONE:
         return

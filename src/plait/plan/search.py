@@ -112,11 +112,19 @@ def _does_not_fit(workload: Workload, hw: Hardware, gpus: int, found: Scan) -> s
     peak, fields = found.smallest
     head = (f"no layout fits {gpus} × {hw.name} ({hw.memory_bytes / 1e9:.0f} GB each, {hw.memory_headroom:.0%} kept free): the smallest, "
             f"{scanned_layout(fields).describe()}, needs {peak / 1e9:.1f} GB per GPU")
+    # The fewest GPUs that fit it, at the same global batch or at as many sequences a GPU, and plan's
+    # pick there.
     for scale in (2, 4, 8, 16, 32, 64):
-        wider = replace(workload, global_batch=workload.global_batch * scale)
-        more = scan(wider, hw, gpus * scale, {}, None, keep=1)
-        if more.fitting:
-            return f"{head}; {gpus * scale} GPUs would fit it, fastest as {more.layouts()[0].describe()}"
+        for batch in dict.fromkeys((workload.global_batch, workload.global_batch * scale)):
+            wider = replace(workload, global_batch=batch)
+            if not scan(wider, hw, gpus * scale, {}, None, keep=1).fitting:
+                continue
+            try:
+                pick = search(wider, hw, gpus * scale, top=1).ranked[0].layout.describe()
+            except ConfigError:  # beyond the devices the planner searches, or no pick fits once played
+                continue
+            kept = "the same global batch" if batch == workload.global_batch else f"global batch {batch} (as many a GPU)"
+            return f"{head}; {gpus * scale} GPUs would fit it at {kept}, plan's pick there {pick}"
     return f"{head}; use a smaller model or GPUs with more memory"
 
 
