@@ -83,8 +83,9 @@ def describe_prediction(config: RunConfig, prediction: Prediction | None, hw: Ha
         return "\n".join(lines)
     memory = "  ".join(f"{k} {v / 2**20:,.1f}" for k, v in prediction.memory_breakdown.items())
     lines += [
-        f"memory  {prediction.peak_memory_bytes / 2**20:,.1f} MiB on the fullest rank of {hw.memory_bytes / 2**20:,.0f} "
-        f"MiB, {hw.memory_headroom:.0%} kept free{'' if prediction.fits else ': DOES NOT FIT'} (MiB: {memory})",
+        f"memory  {prediction.peak_memory_bytes / 2**20:,.1f} MiB ({prediction.peak_memory_bytes / 1e9:.1f} GB, as plan "
+        f"gives it) on the fullest rank of {hw.memory_bytes / 2**20:,.0f} MiB, {hw.memory_headroom:.0%} kept free"
+        f"{'' if prediction.fits else ': DOES NOT FIT'} (MiB: {memory})",
         f"time    {prediction.step_time_s:.4g} s per step predicted on {hw.name}, bubble "
         f"{prediction.bubble_fraction:.1%}, {train.global_batch * spec.seq_len / prediction.step_time_s:,.0f} tokens/s",
     ]
