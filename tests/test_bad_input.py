@@ -41,6 +41,11 @@ def files(tmp_path: Path) -> dict[str, str]:
         '{"name": "x", "bf16_tflops": 1, "fp32_tflops": 1, "memory_bytes": 1e10, "memory_gbps": 1, "intra_node_gbps": 1, '
         '"inter_node_gbps": 1, "block_attention_points": [[1e6, 1.2, 0.9], [1e5, 1.1, 0.8]]}')
     (tmp_path / "not_json.json").write_text("bf16_tflops: 1")
+    measured = '{"name": "x", "bf16_tflops": 1, "fp32_tflops": 1, "memory_bytes": 1e10, "memory_gbps": 1, ' \
+               '"intra_node_gbps": 1, "inter_node_gbps": 1, '
+    (tmp_path / "text_scale.json").write_text(measured + '"all_gather_scale": {"latency": "x", "bandwidth": 1}}')
+    (tmp_path / "negative_overhead.json").write_text(measured + '"host_overhead": {"gpt2": {"layer_forward": -1}}}')
+    (tmp_path / "all_headroom.json").write_text(measured + '"memory_headroom": 2}')
     (tmp_path / "folder").mkdir()
     damaged_run = tmp_path / "damaged_run"
     damaged_run.mkdir()
@@ -67,6 +72,9 @@ BAD_INPUTS = {
     "ZeRO stage outside 0-3": (["--dp", "2", "--zero", "4"], "use 0, 1, 2 or 3"),
     "ZeRO without data parallelism": (["--dp", "1", "--zero", "2"], "no effect with --dp 1"),
     "missing data file": (["--data", "/no/such/file.txt"], "does not exist"),
+    "dry run into a started run": (["--dry-run", "--run-dir", "{finished_run}"], "already holds a run; pass --resume"),
+    "dry run into a file": (["--dry-run", "--run-dir", "{short}"], "is a file, not a directory"),
+    "device figure without a prediction": (["--memory-gb", "40"], "only changes the device a prediction is for"),
     "empty data file": (["--data", "{empty}"], "is empty"),
     "data shorter than a sequence": (["--data", "{short}"], "fewer than one sequence"),
     "token outside vocabulary": (["--data", "{wide}"], "vocabulary is 256"),
@@ -199,6 +207,18 @@ BAD_COMMANDS = {
                                                 "cannot read hardware profile"),
     "calibrate on no cores": (["calibrate", "--threads", "0"], "--threads must be a positive number of cores"),
     "calibrate into a missing folder": (["calibrate", "--out", "no_dir/profile.json"], "the folder no_dir does not"),
+    "calibrate over a file that is not a profile": (["calibrate", "--out", "{short}"],
+                                                   "exists and is not a hardware profile plait would replace"),
+    "schedule drawn over a file that is not a drawing": (["schedule", "1f1b", "--pp", "2", "--microbatches", "4",
+                                                          "--out", "{short}"], "exists and is not a PNG drawing"),
+    "simulate a trace over a file that is not a trace": (["simulate", "--model", "tiny", "--dp", "8", "--trace",
+                                                          "{short}"], "exists and is not a Chrome trace"),
+    "simulate with a measured scale that is not a number": (["simulate", "--model", "tiny", "--hardware-profile",
+                                                             "{text_scale}"], "all_gather_scale.latency must be a finite"),
+    "plan with a negative measured overhead": (["plan", "--model", "tiny", "--hardware-profile", "{negative_overhead}"],
+                                               "host_overhead.gpt2.layer_forward must be a finite number, 0 or more"),
+    "plan with a profile keeping all memory free": (["plan", "--model", "tiny", "--hardware-profile", "{all_headroom}"],
+                                                    "memory_headroom is a fraction of device memory below 1"),
     "schedule of an unknown name": (["schedule", "zigzag", "--pp", "2", "--microbatches", "4"], "invalid choice"),
     "verify with no data parallelism": (["verify", "--dp", "0"], "dp must be a positive integer"),
 }

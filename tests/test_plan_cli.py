@@ -158,3 +158,15 @@ def test_zero3_wider_than_any_run_published_at_ring_bandwidth_counts_as_one_more
     assert level(dp=wide, dp_replicate=2, zero=3) == level(dp=wide, zero=1)
     # ZeRO shards over the context-parallel ranks too (plait's, Megatron's, torchtitan's): they count.
     assert level(dp=FULL_SHARD_PRECEDENT_RANKS, cp=2, zero=3) == level(dp=FULL_SHARD_PRECEDENT_RANKS, cp=2, zero=1) + 1
+
+
+def test_a_second_run_replaces_the_trace_and_drawings_plait_wrote(tmp_path, capsys):
+    """What plait wrote at a path it may write again (a simulated trace and timeline, a schedule's
+    drawing), rewritten by the next run: only a file of another kind is refused."""
+    trace, timeline, drawing = (str(tmp_path / name) for name in ("t.json", "t.png", "s.png"))
+    for _ in range(2):
+        assert main(["simulate", "--model", "tiny", "--gpus", "2", "--dp", "2", "--trace", trace, "--timeline",
+                     timeline]) == 0
+        assert main(["schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--out", drawing]) == 0
+    assert "traceEvents" in json.loads((tmp_path / "t.json").read_text())
+    capsys.readouterr()

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from plait.cli.device import add_device_overrides, device_hardware
+from plait.cli.outputs import check_output_file
 from plait.cli.training import train_command
 from plait.config import add_layout_arguments, add_model_arguments, layout_values
 from plait.errors import ConfigError
@@ -161,17 +162,6 @@ def stack_name(args: argparse.Namespace) -> str:
     return args.stack + (f" with --{', --'.join(f.replace('_', '-') for f in changed)}" if changed else "")
 
 
-def check_output_file(flag: str, path: str | None) -> None:
-    """A file a command will write: refused before any work if its folder is missing or it is a folder."""
-    if path is None:
-        return
-    target = Path(path)
-    if target.is_dir():
-        raise ConfigError(f"{flag} {path} is a folder; name a file to write")
-    if not target.parent.is_dir():
-        raise ConfigError(f"{flag} {path}: the folder {target.parent} does not exist; create it or name another")
-
-
 def run_plan(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     workload, hw, fixed = planning_inputs(args)
     result = search(workload, hw, args.gpus, fixed, args.microbatch_size, top=args.top, tie_break=args.tie_break)
@@ -201,8 +191,8 @@ def run_plan(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
 def run_simulate(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     """Predict one layout; exit 1 when it does not fit (after printing its per-rank memory)."""
-    check_output_file("--trace", args.trace)
-    check_output_file("--timeline", args.timeline)
+    check_output_file("--trace", args.trace, "trace")
+    check_output_file("--timeline", args.timeline, "png")
     workload, hw, fixed = planning_inputs(args)
     try:
         prediction = best_layout(workload, hw, args.gpus, fixed, args.microbatch_size, args.tie_break)
@@ -262,7 +252,7 @@ def run_explain(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
 
 def run_calibrate(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    check_output_file("--out", args.out)
+    check_output_file("--out", args.out, "profile")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads must be a positive number of cores, got {args.threads}")
     import torch

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from plait.cli.outputs import check_output_file
 from plait.layout import SCHEDULES
 
 UNIT_SECONDS = 1e-3  # one forward is drawn as 1 ms: the picture's axis counts forwards
@@ -33,6 +34,7 @@ def run_schedule(args: argparse.Namespace, argv: list[str]) -> int:
     from plait.observe.timeline import draw_timeline
     from plait.schedules import UNIT_COSTS, check, generate, simulate
 
+    check_output_file("--out", args.out, "png")
     schedule = generate(args.name, args.pp, args.microbatches, args.virtual_stages)  # bad sizes: one line
     in_flight = check(schedule)
     timeline = simulate(schedule, cost={kind: cost * UNIT_SECONDS for kind, cost in UNIT_COSTS.items()})

@@ -184,6 +184,10 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
 
         check_data(config)
         check_init_from(config)
+        if config.train.run_dir is not None:  # (a new directory of its own otherwise)
+            from plait.train.run_dir import prepare_run_dir
+
+            prepare_run_dir(config, create=False)
         prediction = None if hw is None else evaluate(_workload(config), hw, config.layout.world_size, config.layout)
         print("plait train --dry-run: the run is valid; nothing was started")
         print(describe_prediction(config, prediction, hw))

@@ -337,6 +337,23 @@ MAY_BE_ZERO = ("kernel_overhead_s", "reserved_bytes", "comm_overlap", "optimizer
                "attention_score_s", "attention_backward_score_s")
 
 
+def check_measured_figures(profile: Hardware) -> None:
+    """ConfigError unless every figure calibrate measures inside its tables (host overheads, layer and
+    collective scales) is a finite number, none negative, and the headroom leaves some memory."""
+    tables = {f"host_overhead.{family}": overhead for family, overhead in profile.host_overhead.items()}
+    tables |= {f"layer_kernel_scale.{family}": scale for family, scale in profile.layer_kernel_scale.items()}
+    tables |= {"reduce_scatter_scale": profile.reduce_scatter_scale, "all_gather_scale": profile.all_gather_scale}
+    for name, table in tables.items():
+        for figure in fields(table):
+            value = getattr(table, figure.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"hardware figure {name}.{figure.name} must be a finite number, 0 or more, "
+                                  f"got {value!r}")
+    if profile.memory_headroom >= 1:
+        raise ConfigError(f"hardware figure memory_headroom is a fraction of device memory below 1, got "
+                          f"{profile.memory_headroom!r}")
+
+
 def check_block_points(points: tuple) -> None:
     """ConfigError unless ``points`` are (scores, forward scale, backward scale) of positive finite
     numbers, fewest scores first, no size twice."""
@@ -375,7 +392,8 @@ def check_profile_format(data, path: Path) -> None:
     now count twice."""
     rerun = f"rerun `plait calibrate --out {path}`"
     if not isinstance(data, dict):
-        raise ConfigError(f"hardware profile {path} is not a JSON object of hardware figures; {rerun}")
+        raise ConfigError(f"hardware profile {path} is not a JSON object of hardware figures; run "
+                          "`plait calibrate --out FILE` to write one")
     written = data.get("profile_format", 1)
     if written == PROFILE_FORMAT:
         return
@@ -394,7 +412,8 @@ def load_profile(path: str | Path) -> Hardware:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as error:
-        raise ConfigError(f"cannot read hardware profile {path}: {error}; run `plait calibrate --out {path}`") from error
+        raise ConfigError(f"cannot read hardware profile {path}: {error}; run `plait calibrate --out FILE` to write "
+                          "one") from error
     check_profile_format(data, path)
     names = {f.name for f in fields(Hardware)}
     try:
@@ -412,6 +431,7 @@ def load_profile(path: str | Path) -> Hardware:
         for key in OVERRIDABLE:
             check_figure(key, getattr(profile, key))
         check_block_points(profile.block_attention_points)
+        check_measured_figures(profile)
     except ConfigError as error:
         raise ConfigError(f"hardware profile {path}: {error}; rerun `plait calibrate`") from None
     return profile

@@ -73,14 +73,17 @@ def changes(folder: Path, config: RunConfig) -> list[str]:
     return [field for field in SAME_RUN if record.get(field) != now[field]]
 
 
-def resumable_checkpoint(run_dir: Path, config: RunConfig) -> Path | None:
+def resumable_checkpoint(run_dir: Path, config: RunConfig, set_aside: bool = True) -> Path | None:
     """The newest whole checkpoint of ``run_dir`` that belongs to this run; damaged newer ones are set
-    aside, each with a line saying why. None if no whole one is left (the run starts again from step
-    0); ConfigError if the run changed."""
+    aside (or, without ``set_aside``, only named), each with a line saying why. None if no whole one is
+    left (the run starts again from step 0); ConfigError if the run changed."""
     for checkpoint in reversed(complete_checkpoints(run_dir)):
         problem = damage(checkpoint)
         if problem is None:
             break
+        if not set_aside:
+            print(f"plait: {checkpoint.name} is damaged ({problem}); the run will set it aside", flush=True)
+            continue
         aside = next(path for n in range(1, 1000)
                      if not (path := checkpoint.with_name(checkpoint.name + (f".{n}" if n > 1 else "") + DAMAGED)).exists())
         os.replace(checkpoint, aside)

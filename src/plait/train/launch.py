@@ -23,14 +23,14 @@ from plait.config import RunConfig
 from plait.errors import ConfigError
 from plait.interop.hf import check_init_from
 from plait.observe.progress import Progress
-from plait.observe.run_files import METRICS_FILE
 from plait.observe.time_split import proportions
 from plait.topology import build_topology
-from plait.train.checkpoint import CheckpointNotWritten, checkpoint_step
+from plait.train.checkpoint import CheckpointNotWritten
 from plait.train.checkpoint_record import resumable_checkpoint
+from plait.train.run_dir import prepare_run_dir
 from plait.train.data import check_data
 from plait.train.loop import NonFiniteLoss, train
-from plait.train.start import default_run_dir, inside_torchrun
+from plait.train.start import inside_torchrun
 from plait.train.watchdog import stall_watchdog
 
 # A collective that has not completed after this long raises on the rank that waits, naming it.
@@ -44,44 +44,6 @@ CPU_RANKS_PER_CORE = 8
 # NCCL's own watchdog keeps a flight record of each rank's last collectives and, when one times out,
 # dumps it to RUN/nccl_trace_rank_<r> (read it with torch's `torchfrtrace`); a user's setting wins.
 NCCL_FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
-
-
-def prepare_run_dir(config: RunConfig) -> tuple[Path, Path | None]:
-    """Resolve and create the run directory, refusing to overwrite a started run; with --resume, also
-    the checkpoint to continue (checked whole and this run's), or None: a run directory with no whole
-    checkpoint (killed before its first, or new) starts from step 0, so no directory is ever locked."""
-    train_spec = config.train
-    if train_spec.run_dir is None:
-        if train_spec.resume:
-            raise ConfigError("--resume needs --run-dir naming the run to continue")
-        run_dir = Path(default_run_dir())
-    else:
-        run_dir = Path(train_spec.run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"--run-dir {run_dir} is a file, not a directory; choose another --run-dir")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(f"--run-dir {run_dir} cannot be created ({error.strerror}); choose a --run-dir you can "
-                          "write to") from None
-    if not os.access(run_dir, os.W_OK | os.X_OK):
-        raise ConfigError(f"--run-dir {run_dir} is not writable; make it writable or choose another --run-dir")
-    checkpoint = None
-    if train_spec.resume:
-        checkpoint = resumable_checkpoint(run_dir, config)  # whole, this run's, read without running anything
-        if checkpoint is None:
-            print(f"plait: {run_dir} holds no complete checkpoint; the run starts from step 0", flush=True)
-        elif checkpoint_step(checkpoint) >= train_spec.steps:
-            raise ConfigError(f"{checkpoint} has already taken {checkpoint_step(checkpoint)} steps; pass a larger "
-                              f"--steps than {train_spec.steps} to train the run further")
-        else:
-            print(f"plait: resuming from {checkpoint.name}", flush=True)
-    elif (run_dir / METRICS_FILE).exists():
-        raise ConfigError(
-            f"{run_dir} already holds a run; pass --resume to continue it (from its newest complete checkpoint, "
-            "or from step 0 if it has none) or choose another --run-dir"
-        )
-    return run_dir, checkpoint
 
 
 def agreed_checkpoint(config: RunConfig, run_dir: Path) -> Path | None:

@@ -1,0 +1,52 @@
+"""Files a command writes, checked before any work: the folder must exist, and a file already there is
+replaced only when it is one plait wrote of that kind (a profile, a trace, a drawing), never a file of
+the user's that a mistyped path names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from plait.errors import ConfigError
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _is_json_object_with(path: Path, key: str) -> bool:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and key in data
+
+
+def _is_png(path: Path) -> bool:
+    try:
+        with path.open("rb") as file:
+            return file.read(len(PNG_SIGNATURE)) == PNG_SIGNATURE
+    except OSError:
+        return False
+
+
+# What plait writes, by kind: how to recognise one, and its name in a sentence.
+KINDS = {
+    "profile": (lambda path: _is_json_object_with(path, "bf16_tflops"), "a hardware profile"),
+    "trace": (lambda path: _is_json_object_with(path, "traceEvents"), "a Chrome trace"),
+    "png": (_is_png, "a PNG drawing"),
+}
+
+
+def check_output_file(flag: str, path: str | None, kind: str) -> None:
+    """Refuse ``path`` (given by ``flag``) before any work if its folder is missing, it is a folder, or it
+    is a file other than the ``kind`` plait writes there."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; name a file to write")
+    if not target.parent.is_dir():
+        raise ConfigError(f"{flag} {path}: the folder {target.parent} does not exist; create it or name another")
+    recognise, what = KINDS[kind]
+    if target.exists() and not recognise(target):
+        raise ConfigError(f"{flag} {path} exists and is not {what} plait would replace; name another file, "
+                          "or move that one away first")
