@@ -170,3 +170,13 @@ def test_a_second_run_replaces_the_trace_and_drawings_plait_wrote(tmp_path, caps
         assert main(["schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--out", drawing]) == 0
     assert "traceEvents" in json.loads((tmp_path / "t.json").read_text())
     capsys.readouterr()
+
+
+def test_a_reader_that_leaves_early_ends_plan_quietly():
+    """`plait plan ... | head -1`: the pipe closes under plan's later lines, which is no error to report."""
+    plan = subprocess.Popen([sys.executable, "-m", "plait", "plan", "--model", "gpt2", "--gpus", "8", "--top", "400",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # more than a pipe holds
+    first = plan.stdout.readline()
+    plan.stdout.close()
+    assert plan.wait(timeout=60) in (0, 1) and first.startswith(b"[")
+    assert plan.stderr.read() == b""

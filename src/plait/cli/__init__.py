@@ -4,6 +4,8 @@ schedule."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from plait.cli.interop import add_interop_commands
@@ -59,3 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"plait: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C in a command running in this process (a one-rank run, a plan)
+        print("plait: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except BrokenPipeError:  # the reader left (`plait plan | head`): stop quietly, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

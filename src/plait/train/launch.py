@@ -7,8 +7,10 @@ many) runs as that rank's worker.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -205,5 +207,47 @@ def launch(config: RunConfig, argv: list[str]) -> int:
         f"--max-restarts={config.train.max_restarts}",
         "-m", "plait", "train", *argv, "--run-dir", str(run_dir),
     ]
-    completed = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": str(threads), **checked})
-    return completed.returncode
+    return run_torchrun(command, {**os.environ, "OMP_NUM_THREADS": str(threads), **checked})
+
+
+# Signals that stop a local run: each is handed to torchrun as SIGTERM, on which its agent stops every
+# worker (SIGTERM, then SIGKILL after its grace period) before it exits.
+STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PR_SET_PDEATHSIG = 1
+
+
+def _torchrun_dies_with_its_parent() -> None:
+    """In the torchrun child: SIGTERM when the launcher dies, even by SIGKILL (Linux's parent-death
+    signal), so its workers, each in a session of its own, are never left running without it."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the handlers below still forward every catchable signal
+        pass
+
+
+def run_torchrun(command: list[str], env: dict[str, str]) -> int:
+    """Run ``command`` (torchrun) in a session of its own and wait for it, handing it any stopping
+    signal this launcher gets (a terminal's Ctrl-C, `kill`, `timeout`) rather than dying without it:
+    Python's subprocess.run would SIGKILL torchrun on Ctrl-C, whose workers then live on. Returns its
+    status, or 128 + the signal that stopped the run, after saying so in one line."""
+    process = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_torchrun_dies_with_its_parent)
+    received: list[int] = []
+
+    def hand_on(signum, frame) -> None:
+        if not received:
+            print(f"plait: {signal.Signals(signum).name} received; stopping every rank", file=sys.stderr, flush=True)
+        received.append(signum)
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+
+    previous = {signum: signal.signal(signum, hand_on) for signum in STOPPING_SIGNALS}
+    try:
+        status = process.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received:
+        print(f"plait: stopped by {signal.Signals(received[0]).name}; resume with --resume from the newest complete "
+              "checkpoint", file=sys.stderr, flush=True)
+        return 128 + received[0]
+    return status
