@@ -1,5 +1,6 @@
 """A local run stopped by a signal to the one process a user or a supervisor knows (`kill`, `timeout`,
-a terminal's Ctrl-C): every rank stops with it, and the launcher says so in one line."""
+a terminal's Ctrl-C): every rank stops with it, and the launcher says so in one line. While it runs,
+its directory is its own."""
 
 from __future__ import annotations
 
@@ -41,6 +42,13 @@ def test_a_signal_to_the_launcher_stops_every_rank(tmp_path, stop):
         assert launcher.poll() is None and time.monotonic() < deadline, launcher.stderr.read().decode()[-2000:]
         time.sleep(0.5)
     assert len(processes_naming(str(run_dir))) >= 3  # the launcher, torchrun, two workers
+    if stop == signal.SIGTERM:  # meanwhile a second run into the same directory is refused, dry or not
+        for dry in ([], ["--dry-run"]):
+            second = subprocess.run([sys.executable, "-m", "plait", "train", "--model", "tiny", "--dp", "2",
+                                     "--global-batch", "4", "--steps", "100000", "--run-dir", str(run_dir), "--resume",
+                                     *dry], capture_output=True, text=True, timeout=60,
+                                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+            assert second.returncode == 2 and "is in use by another plait train" in second.stderr, second.stderr
     launcher.send_signal(stop)
     status = launcher.wait(timeout=60)
     deadline = time.monotonic() + 60

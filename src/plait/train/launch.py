@@ -195,7 +195,7 @@ def launch(config: RunConfig, argv: list[str]) -> int:
     check_devices(config)
     check_data(config)
     check_init_from(config)
-    run_dir, checkpoint = prepare_run_dir(config)
+    run_dir, checkpoint, lock = prepare_run_dir(config)  # held until this launcher returns
     world = config.layout.world_size
     checked = {RESUME_ENV: "" if checkpoint is None else str(checkpoint)} if config.train.resume else {}
     if world == 1 and not config.train.max_restarts:  # one rank with no restarts runs in this process

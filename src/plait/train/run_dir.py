@@ -4,6 +4,7 @@ run or has taken the steps asked for. A dry run makes the same checks without ch
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -15,12 +16,40 @@ from plait.train.checkpoint_record import resumable_checkpoint
 from plait.train.start import default_run_dir
 
 
-def prepare_run_dir(config: RunConfig, create: bool = True) -> tuple[Path, Path | None]:
+class RunDirLock:
+    """An exclusive lock on a run directory, held by the process that launches or runs the run for as
+    long as it lives (flock on the directory itself: nothing is written, and the kernel releases it
+    when the process ends, however it ends). A second run into a held directory is refused before it
+    reads or writes anything there. Where the file system cannot lock (some network mounts), nothing
+    is held."""
+
+    def __init__(self, run_dir: Path, hold: bool):
+        self.run_dir, self.fd = run_dir, None
+        try:
+            fd = os.open(run_dir, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(f"--run-dir {run_dir} is in use by another plait train; wait for it to end or choose "
+                              "another --run-dir") from None
+        except OSError:
+            os.close(fd)
+            return
+        if hold:
+            self.fd = fd
+        else:
+            os.close(fd)  # (a dry run only asks)
+
+
+def prepare_run_dir(config: RunConfig, create: bool = True) -> tuple[Path, Path | None, RunDirLock | None]:
     """Resolve and create the run directory, refusing to overwrite a started run; with --resume, also
     the checkpoint to continue (checked whole and this run's), or None: a run directory with no whole
     checkpoint (killed before its first, or new) starts from step 0, so no directory is ever locked.
     Without ``create`` (a dry run) the same checks change nothing: no directory is made and a damaged
-    checkpoint is named, not set aside."""
+    checkpoint is named, not set aside. The lock it returns must live as long as the run."""
     train_spec = config.train
     if train_spec.run_dir is None:
         if train_spec.resume:
@@ -38,6 +67,7 @@ def prepare_run_dir(config: RunConfig, create: bool = True) -> tuple[Path, Path 
                               "write to") from None
     if run_dir.is_dir() and not os.access(run_dir, os.W_OK | os.X_OK):
         raise ConfigError(f"--run-dir {run_dir} is not writable; make it writable or choose another --run-dir")
+    lock = RunDirLock(run_dir, hold=create) if run_dir.is_dir() else None
     checkpoint = None
     if train_spec.resume:
         # whole, this run's, read without running anything
@@ -54,4 +84,4 @@ def prepare_run_dir(config: RunConfig, create: bool = True) -> tuple[Path, Path 
             f"{run_dir} already holds a run; pass --resume to continue it (from its newest complete checkpoint, "
             "or from step 0 if it has none) or choose another --run-dir"
         )
-    return run_dir, checkpoint
+    return run_dir, checkpoint, lock
