@@ -84,6 +84,28 @@ def test_explain_refuses_what_it_cannot_predict_in_one_line(run_dir, tmp_path, c
     assert len(lines) == 1 and lines[0].startswith("plait: error:") and expected in lines[0], lines
 
 
+@pytest.mark.parametrize("damage, expected", [
+    (("trace.json", lambda text: text[:500]), "trace.json is not a readable trace"),
+    (("trace.json", lambda text: "[]"), "trace.json is not a readable trace"),
+    (("summary.json", lambda text: json.dumps({**json.loads(text), "layout": "garbage"})), "summary.json is damaged"),
+    (("summary.json", lambda text: json.dumps({**json.loads(text), "model_spec": {"layers": 2}})),
+     "summary.json is damaged"),
+], ids=["truncated trace", "trace of no events", "summary layout of another type", "summary model cut short"])
+def test_a_damaged_run_file_is_refused_in_one_line_before_any_report(run_dir, profile, tmp_path, capsys, damage,
+                                                                        expected):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    name, change = damage
+    (copy / name).write_text(change((copy / name).read_text()))
+    assert main(["explain", str(copy), "--hardware-profile", str(profile)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], lines
+    assert captured.out == ""
+
+
 @pytest.fixture(scope="module")
 def dp_run_dir(pool, tmp_path_factory):
     """A finished data-parallel run's directory (no pipeline)."""

@@ -44,6 +44,9 @@ class Explanation:
     hardware: Hardware
     prediction: Prediction
 
+    def __post_init__(self) -> None:
+        self._trace  # read and checked now: a damaged trace is refused before anything is printed
+
     def rows(self) -> list[tuple[str, float | None, float | None, str]]:
         """(quantity, predicted, measured, unit) for every figure both sides have."""
         p, s = self.prediction, self.summary
@@ -94,10 +97,25 @@ class Explanation:
         ]
 
     @cached_property
+    def _trace(self) -> dict | None:
+        """trace.json, read once and checked whole: its traced volumes and (with stages) its timeline."""
+        path = self.run_dir / TRACE_FILE
+        if not path.exists():
+            return None
+        try:
+            trace = json.loads(path.read_text())
+            traced_step_volumes(trace, rank=0)
+            if self.layout.pp > 1:
+                timeline_from_trace(trace)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as error:
+            raise ConfigError(f"{path} is not a readable trace ({type(error).__name__}: {error}); it is damaged: "
+                              "move it away to explain the run without it, or train the run again") from None
+        return trace
+
+    @cached_property
     def _traced_volumes(self) -> dict[tuple[str, str], int] | None:
-        """Rank 0's bytes per group and op in its last traced step (trace.json read once), or None."""
-        trace = self.run_dir / TRACE_FILE
-        return traced_step_volumes(json.loads(trace.read_text()), rank=0) if trace.exists() else None
+        """Rank 0's bytes per group and op in its last traced step, or None without trace.json."""
+        return None if self._trace is None else traced_step_volumes(self._trace, rank=0)
 
     def volume_rows(self) -> list[tuple[str, float | None, float | None, str]]:
         """Bytes rank 0 handed each group's collectives and transfers in its last traced step, beside
@@ -164,10 +182,9 @@ class Explanation:
 
     def draw(self) -> Path | None:
         """explain.png: the measured pipeline step above the simulated one; None without trace.json."""
-        trace = self.run_dir / TRACE_FILE
-        if self.layout.pp == 1 or not trace.exists():
+        if self.layout.pp == 1 or self._trace is None:
             return None
-        measured = timeline_from_trace(json.loads(trace.read_text()))
+        measured = timeline_from_trace(self._trace)
         simulated = simulated_timeline(self.workload, self.hardware, self.layout.world_size, self.layout)
         path = self.run_dir / EXPLAIN_PICTURE
         draw_timelines([
@@ -220,12 +237,18 @@ def run_hardware(summary: dict, gpu: str | None, profile: Hardware | None) -> Ha
 def explain(run_dir: Path, gpu: str | None = None, profile: Hardware | None = None) -> Explanation:
     """Predict the run in ``run_dir`` and pair each prediction with its measurement."""
     summary = read_summary(run_dir)
-    layout_fields = {f.name for f in fields(Layout)}
-    values = {k: v for k, v in summary["layout"].items() if k in layout_fields}
-    if values.get("stage_layers") is not None:
-        values["stage_layers"] = tuple(values["stage_layers"])
-    layout = Layout(**values)
-    workload = Workload(ModelSpec(**summary["model_spec"]), summary["global_batch"], summary["precision"], STACKS["plait"])
+    try:
+        layout_fields = {f.name for f in fields(Layout)}
+        values = {k: v for k, v in summary["layout"].items() if k in layout_fields}
+        if values.get("stage_layers") is not None:
+            values["stage_layers"] = tuple(values["stage_layers"])
+        layout = Layout(**values)
+        workload = Workload(ModelSpec(**summary["model_spec"]), summary["global_batch"], summary["precision"],
+                            STACKS["plait"])
+        world = summary["world_size"]
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ConfigError(f"{Path(run_dir) / SUMMARY_FILE} is damaged ({type(error).__name__}: {error}); train the run "
+                          "again") from None
     hw = run_hardware(summary, gpu, profile)
-    prediction = evaluate(workload, hw, summary["world_size"], layout)
+    prediction = evaluate(workload, hw, world, layout)
     return Explanation(Path(run_dir), summary, workload, layout, hw, prediction)
