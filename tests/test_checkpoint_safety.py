@@ -139,3 +139,26 @@ def test_turning_held_out_evaluation_on_or_off_is_another_run(tmp_path):
                                        (evaluated, evaluated, [])):
         (tmp_path / RUN_FILE).write_text(json.dumps(run_identity(written)))
         assert changes(tmp_path, resumed) == expected
+
+
+def test_what_stands_where_a_checkpoint_goes_is_set_aside_and_a_checkpoints_file_is_refused(tmp_path):
+    """A folder without its step file at the step a run saves (or a file of that name) is not a checkpoint:
+    resume passes over it, the save moves it aside as damaged and completes; a file where the checkpoints
+    folder goes is refused before the run starts. Only folders named for their step are checkpoints."""
+    run_dir = tmp_path / "run"
+    stray = run_dir / "checkpoints" / "step_0000002"
+    stray.mkdir(parents=True)
+    (stray / "notes.txt").write_text("mine")
+    (run_dir / "checkpoints" / "step_0000001x").mkdir()
+    (run_dir / "checkpoints" / "step_0000001x" / "step.json").write_text('{"step": 1}')
+    resumed = _train(run_dir, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "holds no complete checkpoint; the run starts from step 0" in resumed.stdout
+    assert "step_0000002 stood where this checkpoint goes" in resumed.stdout
+    assert (run_dir / "checkpoints" / "step_0000002.damaged" / "notes.txt").read_text() == "mine"
+    assert json.loads((run_dir / "checkpoints" / "step_0000002" / "step.json").read_text())["step"] == 2
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "checkpoints").write_text("not a folder")
+    refused = _train(other)
+    assert refused.returncode == 2 and "is a file where the run keeps its checkpoints" in refused.stderr

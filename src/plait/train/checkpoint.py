@@ -17,6 +17,7 @@ import io
 import json
 import os
 import pickle
+import re
 import shutil
 import zlib
 from pathlib import Path
@@ -125,12 +126,22 @@ def checkpoint_root(run_dir: Path) -> Path:
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """The complete checkpoints of ``run_dir``, oldest first (neither partial nor set aside as damaged)."""
+    """The complete checkpoints of ``run_dir``, oldest first: folders named for their step (not partial,
+    not set aside as damaged, nothing else a user put there) that hold their step file."""
     root = checkpoint_root(run_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step_*")
-                  if not p.name.endswith((PARTIAL, DAMAGED)) and (p / STEP_FILE).exists())
+    named = [p for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name) and (p / STEP_FILE).is_file()]
+    return sorted(named, key=lambda p: int(p.name.removeprefix("step_")))
+
+
+def move_aside(path: Path) -> Path:
+    """Rename ``path`` (a damaged checkpoint, or whatever stands where one is written) to a name marked
+    damaged that nothing holds yet, and return it: nothing a run saved is deleted."""
+    aside = next(candidate for n in range(1, 1000)
+                 if not (candidate := path.with_name(path.name + (f".{n}" if n > 1 else "") + DAMAGED)).exists())
+    os.replace(path, aside)
+    return aside
 
 
 def checkpoint_step(path: Path) -> int:
@@ -195,6 +206,9 @@ def complete_checkpoint(run_dir: Path, step: int, partial: Path, identity: dict,
             (partial / STEP_FILE).write_text(json.dumps({"step": step}) + "\n")
         except OSError as error:  # the other ranks wait at the barrier below until the launcher ends them
             raise _not_written(step, partial, f"rank 0: {_in_words(error)}") from None
+        if final.exists() or final.is_symlink():  # no complete checkpoint (resume takes the newest): a stray
+            print(f"plait: {final.name} stood where this checkpoint goes and was not a complete one; set aside as "
+                  f"{move_aside(final).name}", flush=True)
         os.replace(partial, final)
         if keep:
             for old in complete_checkpoints(run_dir)[:-keep]:  # never one set aside as damaged

@@ -12,13 +12,12 @@ refused in one line (the latter unless ``--resume-changed``).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 
 from plait.config import RunConfig
 from plait.errors import ConfigError
-from plait.train.checkpoint import DAMAGED, RUN_FILE, STEP_FILE, checkpoint_metadata, complete_checkpoints, crc32_of
+from plait.train.checkpoint import RUN_FILE, STEP_FILE, checkpoint_metadata, complete_checkpoints, crc32_of, move_aside
 from plait.train.data import HELD_OUT_SHARE
 from plait.version import plait_version
 
@@ -84,9 +83,7 @@ def resumable_checkpoint(run_dir: Path, config: RunConfig, set_aside: bool = Tru
         if not set_aside:
             print(f"plait: {checkpoint.name} is damaged ({problem}); the run will set it aside", flush=True)
             continue
-        aside = next(path for n in range(1, 1000)
-                     if not (path := checkpoint.with_name(checkpoint.name + (f".{n}" if n > 1 else "") + DAMAGED)).exists())
-        os.replace(checkpoint, aside)
+        aside = move_aside(checkpoint)
         print(f"plait: {checkpoint.name} is damaged ({problem}); set aside as {aside.name}", flush=True)
     else:
         return None

@@ -11,7 +11,7 @@ from pathlib import Path
 from plait.config import RunConfig
 from plait.errors import ConfigError
 from plait.observe.run_files import METRICS_FILE
-from plait.train.checkpoint import checkpoint_step
+from plait.train.checkpoint import checkpoint_root, checkpoint_step
 from plait.train.checkpoint_record import resumable_checkpoint
 from plait.train.start import default_run_dir
 
@@ -68,6 +68,9 @@ def prepare_run_dir(config: RunConfig, create: bool = True) -> tuple[Path, Path 
     if run_dir.is_dir() and not os.access(run_dir, os.W_OK | os.X_OK):
         raise ConfigError(f"--run-dir {run_dir} is not writable; make it writable or choose another --run-dir")
     lock = RunDirLock(run_dir, hold=create) if run_dir.is_dir() else None
+    if checkpoint_root(run_dir).exists() and not checkpoint_root(run_dir).is_dir():
+        raise ConfigError(f"{checkpoint_root(run_dir)} is a file where the run keeps its checkpoints; move it away or "
+                          "choose another --run-dir")
     checkpoint = None
     if train_spec.resume:
         # whole, this run's, read without running anything
