@@ -35,6 +35,8 @@ def files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "train_value.toml").write_text("train = 5\n")
     (tmp_path / "dp_fraction.toml").write_text("[layout]\ndp = 2.5\n")
     (tmp_path / "seed_bool.toml").write_text("[train]\nseed = true\n")
+    (tmp_path / "negative_theta.toml").write_text('[model]\nname = "tiny-llama"\nrope_theta = -1.0\n')
+    (tmp_path / "nan_eps.toml").write_text('[model]\nname = "tiny-llama"\nnorm_eps = nan\n')
     (tmp_path / "latin1.toml").write_bytes(b"[train]\nseed = 1 # \xe9\n")
     (tmp_path / "incomplete.json").write_text('{"name": "x"}')
     (tmp_path / "unsorted_blocks.json").write_text(
@@ -72,6 +74,8 @@ BAD_INPUTS = {
     "ZeRO stage outside 0-3": (["--dp", "2", "--zero", "4"], "use 0, 1, 2 or 3"),
     "ZeRO without data parallelism": (["--dp", "1", "--zero", "2"], "no effect with --dp 1"),
     "missing data file": (["--data", "/no/such/file.txt"], "does not exist"),
+    "a negative rotary base": (["--config", "{negative_theta}"], "rope_theta must be a positive finite number"),
+    "a norm epsilon that is not a number": (["--config", "{nan_eps}"], "norm_eps must be a positive finite number"),
     "dry run into a started run": (["--dry-run", "--run-dir", "{finished_run}"], "already holds a run; pass --resume"),
     "dry run into a file": (["--dry-run", "--run-dir", "{short}"], "is a file, not a directory"),
     "device figure without a prediction": (["--memory-gb", "40"], "only changes the device a prediction is for"),

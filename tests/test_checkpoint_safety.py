@@ -162,3 +162,15 @@ def test_what_stands_where_a_checkpoint_goes_is_set_aside_and_a_checkpoints_file
     (other / "checkpoints").write_text("not a folder")
     refused = _train(other)
     assert refused.returncode == 2 and "is a file where the run keeps its checkpoints" in refused.stderr
+
+
+@pytest.mark.parametrize("damage", [b"not json\n", b"\xff\xfe\n"], ids=["a line that is not JSON", "bytes not text"])
+def test_a_damaged_metrics_log_is_refused_before_a_resume_starts(trained, damage):
+    run_dir, _ = trained
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_bytes(damage + metrics.read_bytes())
+    saved = metrics.read_bytes()
+    refused = _train(run_dir, "--resume", "--steps", "3")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr[-2000:]
+    assert "metrics.jsonl is damaged" in refused.stderr and "move it away" in refused.stderr
+    assert metrics.read_bytes() == saved

@@ -5,6 +5,7 @@ Pure Python (no torch): the planner imports this to reason about models far too 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 
 from plait.errors import ConfigError
@@ -74,6 +75,10 @@ class ModelSpec:
         for name in ("tie_embeddings", "parallel_block"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model {name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("rope_theta", "norm_eps"):  # a rotary base and a norm's epsilon of 0 or less train NaNs
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"model {name} must be a positive finite number, got {value!r}")
         if self.hidden % self.heads:
             raise ConfigError(
                 f"hidden size {self.hidden} is not divisible by {self.heads} heads; "

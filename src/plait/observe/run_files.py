@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+from plait.errors import ConfigError
 from plait.layout import Layout
 from plait.observe.rank_timeline import draw_rank_timeline
 from plait.observe.rank_trace import rank_events
@@ -30,15 +31,24 @@ def write_json_atomically(path: Path, value: object) -> None:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The steps metrics.jsonl records; ConfigError, saying how to go on, where it is not the file a run
+    writes (a line that is not a step's JSON, bytes that are not text, a folder)."""
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    rows = [json.loads(line) for line in lines[:-1]]
     try:
-        rows += [json.loads(line) for line in lines[-1:]]
-    except ValueError:  # a run killed mid-line: the step it was writing is not kept, and is run again
-        pass
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for line in lines[:-1]]
+        try:
+            rows += [json.loads(line) for line in lines[-1:]]
+        except ValueError:  # a run killed mid-line: the step it was writing is not kept, and is run again
+            pass
+    except (OSError, ValueError) as error:  # (UnicodeDecodeError and JSON's errors are ValueErrors)
+        raise ConfigError(f"{path} is damaged ({type(error).__name__}: {error}); move it away (resuming then keeps "
+                          "no earlier step's line) or choose another --run-dir") from None
+    if not all(isinstance(row, dict) and isinstance(row.get("step"), int) for row in rows):
+        raise ConfigError(f"{path} holds a line that is not a step's record; move it away (resuming then keeps no "
+                          "earlier step's line) or choose another --run-dir")
     return rows
 
 

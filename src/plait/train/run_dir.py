@@ -10,7 +10,7 @@ from pathlib import Path
 
 from plait.config import RunConfig
 from plait.errors import ConfigError
-from plait.observe.run_files import METRICS_FILE
+from plait.observe.run_files import METRICS_FILE, read_metrics
 from plait.train.checkpoint import checkpoint_root, checkpoint_step
 from plait.train.checkpoint_record import resumable_checkpoint
 from plait.train.start import default_run_dir
@@ -73,6 +73,7 @@ def prepare_run_dir(config: RunConfig, create: bool = True) -> tuple[Path, Path 
                           "choose another --run-dir")
     checkpoint = None
     if train_spec.resume:
+        read_metrics(run_dir)  # the lines the resumed run keeps, readable
         # whole, this run's, read without running anything
         checkpoint = resumable_checkpoint(run_dir, config, set_aside=create) if run_dir.is_dir() else None
         if checkpoint is None:
