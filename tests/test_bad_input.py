@@ -74,6 +74,7 @@ BAD_INPUTS = {
     "ZeRO stage outside 0-3": (["--dp", "2", "--zero", "4"], "use 0, 1, 2 or 3"),
     "ZeRO without data parallelism": (["--dp", "1", "--zero", "2"], "no effect with --dp 1"),
     "missing data file": (["--data", "/no/such/file.txt"], "does not exist"),
+    "a profile past the last step": (["--profile-steps", "7:9"], "reaches past the run's last step, 1"),
     "a negative rotary base": (["--config", "{negative_theta}"], "rope_theta must be a positive finite number"),
     "a norm epsilon that is not a number": (["--config", "{nan_eps}"], "norm_eps must be a positive finite number"),
     "dry run into a started run": (["--dry-run", "--run-dir", "{finished_run}"], "already holds a run; pass --resume"),

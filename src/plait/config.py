@@ -90,7 +90,10 @@ class TrainSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be a non-negative integer, got {value!r}")
-        step_range(self.profile_steps)
+        profiled = step_range(self.profile_steps)
+        if profiled and profiled[-1] >= self.steps:  # steps count from 0
+            raise ConfigError(f"profile-steps {self.profile_steps} reaches past the run's last step, {self.steps - 1}; "
+                              f"choose steps from 0 to {self.steps - 1}, or raise --steps")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} is unknown; use one of {', '.join(PRECISIONS)}")
         for name in ("lr", "min_lr_ratio", "grad_clip", "weight_decay"):
