@@ -223,7 +223,7 @@ BAD_COMMANDS = {
     "plan with a negative measured overhead": (["plan", "--model", "tiny", "--hardware-profile", "{negative_overhead}"],
                                                "host_overhead.gpt2.layer_forward must be a finite number, 0 or more"),
     "plan with a profile keeping all memory free": (["plan", "--model", "tiny", "--hardware-profile", "{all_headroom}"],
-                                                    "memory_headroom is a fraction of device memory below 1"),
+                                                    "memory_headroom is a fraction of device memory in [0, 1)"),
     "schedule of an unknown name": (["schedule", "zigzag", "--pp", "2", "--microbatches", "4"], "invalid choice"),
     "verify with no data parallelism": (["verify", "--dp", "0"], "dp must be a positive integer"),
 }

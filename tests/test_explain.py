@@ -90,7 +90,10 @@ def test_explain_refuses_what_it_cannot_predict_in_one_line(run_dir, tmp_path, c
     (("summary.json", lambda text: json.dumps({**json.loads(text), "layout": "garbage"})), "summary.json is damaged"),
     (("summary.json", lambda text: json.dumps({**json.loads(text), "model_spec": {"layers": 2}})),
      "summary.json is damaged"),
-], ids=["truncated trace", "trace of no events", "summary layout of another type", "summary model cut short"])
+    (("summary.json", lambda text: json.dumps({**json.loads(text), "tokens_per_s": "fast"})), "summary.json is damaged"),
+    (("summary.json", lambda text: json.dumps({**json.loads(text), "precision": "fp8"})), "summary.json is damaged"),
+], ids=["truncated trace", "trace of no events", "summary layout of another type", "summary model cut short",
+        "summary figure of another type", "summary precision unknown"])
 def test_a_damaged_run_file_is_refused_in_one_line_before_any_report(run_dir, profile, tmp_path, capsys, damage,
                                                                         expected):
     import shutil

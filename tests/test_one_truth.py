@@ -213,7 +213,7 @@ def test_a_split_given_at_one_stage_is_refused_before_any_worker_and_plan_ranks_
     where the engine's stage split would otherwise raise in every worker; plan, free to choose pp, ranks
     only layouts whose stages take the split."""
     assert main(["train", "--model", "tiny", "--dp", "2", "--stage-layers", "3,1", "--dry-run"]) == 2
-    assert "--pp 1 has one stage; pass --pp 2" in capsys.readouterr().err
+    assert "--pp 1 holds 1 chunk(s) (--virtual-stages); pass --pp 2" in capsys.readouterr().err
     assert main(["plan", "--model", "tiny", "--gpus", "4", "--stage-layers", "3,1", "--global-batch", "16",
                  "--json"]) == 0
     ranked = json.loads(capsys.readouterr().out)

@@ -1,11 +1,9 @@
 """The planner's parameters per tensor-parallel rank are what the engine's shards hold: kv-heads fewer
-than tp stay whole on every rank, as do norms and row-parallel biases, and the tp ranks sum those
-weights' gradients, which the planner times as plait's step moves them. Built in one process on
-torch's fake backend, once for each rank."""
+than tp stay whole on every rank, as do norms and row-parallel biases, and the tp ranks sum the
+gradients of what they hold whole, which the planner times as plait's step moves them. Built in one
+process on torch's fake backend, once for each rank."""
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import pytest
 import torch
@@ -14,10 +12,11 @@ from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from plait.facts.activations import residual_stream_bytes
-from plait.facts.collectives import replicated_gradient_elements
+from plait.facts.collectives import layer_collectives, norm_gradient_elements
 from plait.facts.model_state import rank_layer_parameters, rank_parameters
 from plait.facts.stack import STACKS
 from plait.layout import Layout
+from plait.models.flops import kv_heads_whole
 from plait.models.spec import model_spec
 from plait.models.transformer import Transformer
 from plait.parallel.tensor import apply_tensor_parallel
@@ -43,23 +42,29 @@ def test_each_tensor_parallel_rank_holds_the_parameters_the_planner_counts(name,
             model = apply_tensor_parallel(Transformer(spec), build_topology(Layout(tp=tp), torch.device("cpu")))
             assert local_elements(model) == rank_parameters(spec, spec.layers, True, True, tp)
             assert local_elements(model.layers["0"]) == rank_layer_parameters(spec, tp)
+            # whole wk and wv: each backward sums their whole gradient over tp, as the facts list it
+            attention = model.layers["0"].attention
+            whole = local_elements(attention.wk) + local_elements(attention.wv)
+            summed = [c.handed_bytes for c in layer_collectives(spec, 1, spec.seq_len, tp, stream_bytes=4)
+                      if (c.op, c.forward, c.backward) == ("all_reduce", 0, 1)]
+            assert summed == ([4 * whole] if kv_heads_whole(spec, tp) else [])
         finally:
             dist.destroy_process_group()
 
 
-def test_the_planner_times_the_tp_sum_of_the_gradients_of_weights_held_whole():
-    """tiny-llama at tp 4 under sp: every block's norm and whole wk, wv (and the final norm) have their
-    gradients summed over tp after backward, in the weights' dtype; the flush charges that all-reduce
-    beside the gradient norm's scalar, and nothing where no weight is held whole."""
+def test_the_norms_under_sp_are_summed_once_a_step_and_the_planner_times_it():
+    """tiny-llama at tp 4 under sp: every block's two norms and the final one have their gradients summed
+    over tp after the backward, in the weights' dtype; the flush charges that all-reduce beside the
+    gradient norm's scalar. (Whole wk and wv are summed in each backward, as layer_collectives lists
+    them: tests/test_tensor_context_parity.py holds the traced bytes of both to these facts.)"""
     spec, hw, kernels = model_spec("tiny-llama"), hardware("h100-sxm"), STACKS["plait"]
     layout = Layout(tp=4, sp=True, zero=1)
     workload = Workload(spec, 8, "bf16", kernels)
     params = rank_parameters(spec, spec.layers, True, True, 4)
-    replicated = replicated_gradient_elements(spec, spec.layers, True, 4, True)
-    assert replicated == spec.layers * (2 * spec.hidden + 2 * spec.kv_dim * spec.hidden) + spec.hidden
+    norms = norm_gradient_elements(spec, spec.layers, True, 4, True)
+    assert norms == (2 * spec.layers + 1) * spec.hidden
     stream = residual_stream_bytes("bf16", layout.zero, layout.pp, kernels)
-    summed = flush_costs(workload, hw, layout, params, 40, replicated).scalars
+    summed = flush_costs(workload, hw, layout, params, 40, norms).scalars
     alone = flush_costs(workload, hw, layout, params, 40, 0).scalars
-    assert summed - alone == pytest.approx(all_reduce_seconds(replicated * stream, 4, group_link(hw, layout, "tp")))
-    even = replace(spec, kv_heads=spec.heads)
-    assert replicated_gradient_elements(even, even.layers, True, 4, False) == 0
+    assert summed - alone == pytest.approx(all_reduce_seconds(norms * stream, 4, group_link(hw, layout, "tp")))
+    assert norm_gradient_elements(spec, spec.layers, True, 4, False) == 0

@@ -17,7 +17,9 @@ from tests.test_data_parallel_parity import assert_same_losses
 
 LAYOUTS = [
     {"tp": 2},
-    {"tp": 4},  # tiny-llama: 2 kv-heads over 4 ranks, so each kv-head is replicated on 2 ranks
+    # tiny-llama: 2 kv-heads over 4 ranks, so each kv-head is replicated on 2 ranks, its gradient summed
+    # over tp in each micro-batch's backward
+    {"tp": 4, "microbatches": 2},
     {"tp": 2, "sp": True},
     {"cp": 2},
     {"cp": 4},

@@ -130,12 +130,17 @@ def validate_run(config: RunConfig) -> None:
 
 # ---------------------------------------------------------------- flags
 
+# The model's flags beyond --model and --family: its sizes, then its switches.
+MODEL_SIZE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len")
+MODEL_SWITCH_FLAGS = ("parallel_block", "tie_embeddings")
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", help="preset name, e.g. tiny, tiny-llama, gpt2, llama-8b")
     group.add_argument("--family", choices=FAMILIES)
-    for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab", "seq-len"):
-        group.add_argument(f"--{name}", type=int)
+    for name in MODEL_SIZE_FLAGS:
+        group.add_argument("--" + name.replace("_", "-"), type=int)
     group.add_argument("--parallel-block", action=argparse.BooleanOptionalAction, default=None,
                        help="attention and MLP side by side on one norm's output (GPT-J, PaLM, Falcon)")
     group.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction, default=None,
@@ -145,10 +150,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def model_flags(args: argparse.Namespace) -> list[str]:
     """The model flags given (``add_model_arguments``), as a command line repeats them."""
     flags = ["--model", args.model] if args.model else []
-    for name in ("family", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
+    for name in ("family", *MODEL_SIZE_FLAGS):
         if getattr(args, name) is not None:
             flags += ["--" + name.replace("_", "-"), str(getattr(args, name))]
-    for name in ("parallel_block", "tie_embeddings"):
+    for name in MODEL_SWITCH_FLAGS:
         if getattr(args, name) is not None:
             flags.append(("--" if getattr(args, name) else "--no-") + name.replace("_", "-"))
     return flags
@@ -202,7 +207,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--global-batch", type=int,
                        help=f"sequences per optimizer step, over all ranks (default {defaults.global_batch})")
     group.add_argument("--seed", type=int, help=f"seeds the weights and the data order (default {defaults.seed})")
-    group.add_argument("--precision", choices=PRECISIONS, help="default: bf16 on GPUs, fp32 on CPUs")
+    group.add_argument("--precision", choices=PRECISIONS, help="default: bf16 on GPUs that compute in it, fp32 on CPUs and V100s")
     group.add_argument("--lr", type=float, help=f"peak AdamW learning rate (default {defaults.lr})")
     group.add_argument("--warmup-steps", type=int,
                        help=f"linear warm-up before the cosine decay (default {defaults.warmup_steps})")

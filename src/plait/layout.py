@@ -33,7 +33,8 @@ DATA_GROUPS = ("dp", "dp_shard", "dp_replicate", "dp_cp", "dp_shard_cp")
 
 def default_precision(on_gpu: bool) -> str:
     """What plait train runs when --precision is not given, and so what plan predicts by default:
-    bf16 autocast on GPUs (their tensor cores' format), fp32 on CPUs (which have no fast bf16 path)."""
+    bf16 autocast on GPUs that compute in it (their tensor cores' format), fp32 on CPUs (which have no
+    fast bf16 path) and on GPUs without bf16 (a V100's half precision is fp16)."""
     return "bf16" if on_gpu else "fp32"
 
 

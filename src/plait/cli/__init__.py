@@ -65,5 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print("plait: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
     except BrokenPipeError:  # the reader left (`plait plan | head`): stop quietly, as Python's docs advise
+        if args.handler is run_train:  # (a run's broken pipe is a failure to see, not a reader gone)
+            raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

@@ -5,9 +5,7 @@ One home, so that a train command that plan prints predicts what plan did."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
-from plait.errors import ConfigError
 from plait.plan.hardware import Hardware, apply_overrides
 
 # Flag → the Hardware figure it sets (``--memory-gb`` in 10^9 bytes), in the order plan prints them.
@@ -51,13 +49,8 @@ def override_flags(args: argparse.Namespace) -> list[str]:
 
 def device_hardware(args: argparse.Namespace, base: Hardware, precision: str) -> Hardware:
     """``base`` with the figures the flags override; --peak-tflops is the peak at ``precision``."""
-    given = given_overrides(args)
-    headroom = given.pop("memory_headroom", None)
-    if headroom is not None and not 0 <= headroom < 1:
-        raise ConfigError(f"--memory-headroom is a fraction of device memory in [0, 1), got {headroom}")
     figures = {OVERRIDE_FLAGS[name] or ("bf16_tflops" if precision == "bf16" else "fp32_tflops"): value
-               for name, value in given.items()}
+               for name, value in given_overrides(args).items()}
     if "memory_bytes" in figures:
         figures["memory_bytes"] *= 1e9
-    hw = apply_overrides(base, **figures)
-    return hw if headroom is None else replace(hw, memory_headroom=headroom)
+    return apply_overrides(base, **figures)

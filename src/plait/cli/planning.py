@@ -124,6 +124,11 @@ def stack_kernels(args: argparse.Namespace) -> Kernels:
     return replace(kernels, **{k: v for k, v in overrides.items() if v is not None})
 
 
+def trains_it(kernels: Kernels) -> bool:
+    """Whether a prediction on ``kernels`` is of a run plait train makes: its own stack, as it is."""
+    return kernels == STACKS[DEFAULT_STACK]
+
+
 def planning_inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]:
     """The workload, hardware and pinned layout fields that plan and simulate read from their flags."""
     model = {name: getattr(args, name, None) for name in SPEC_FIELDS + ("family",)}
@@ -136,7 +141,7 @@ def planning_inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]
     # plait's own runs take what plait train takes there; other stacks' half precision is the part's
     # (fp16 on a V100, at the same rate)
     kernels = stack_kernels(args)
-    plait_runs = kernels == STACKS[DEFAULT_STACK]
+    plait_runs = trains_it(kernels)
     precision = args.precision or default_precision(on_gpu=base.trains_bf16 if plait_runs else base.host_runs_ahead)
     if plait_runs and base.precision_problem(precision):  # what plait train would refuse
         raise ConfigError(base.precision_problem(precision))
@@ -165,8 +170,7 @@ def stack_name(args: argparse.Namespace) -> str:
 def run_plan(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     workload, hw, fixed = planning_inputs(args)
     result = search(workload, hw, args.gpus, fixed, args.microbatch_size, top=args.top, tie_break=args.tie_break)
-    # What plait train runs is plait's own stack: only its plans are a train command.
-    runs = workload.kernels == STACKS[DEFAULT_STACK]
+    runs = trains_it(workload.kernels)
     commands = [train_command(args, p.layout, workload.global_batch, workload.precision) if runs else None
                 for p in result.ranked]
     if args.json:

@@ -63,7 +63,7 @@ def train_help() -> dict[str, str]:
         "--cp-algorithm": "context parallelism: all-to-all exchanges heads (cp must divide heads/tp), ring passes K/V "
                           "blocks round the cp ranks, all-gather gathers every rank's K/V at once (both: seq-len a "
                           f"multiple of 2·cp) {_layout_default('cp_algorithm')}",
-        "--precision": "bf16 autocast over fp32 master weights, or fp32 (default: bf16 on GPUs, fp32 on CPUs)",
+        "--precision": "bf16 autocast over fp32 master weights, or fp32 (default: bf16 on GPUs that compute in it, fp32 on CPUs and V100s)",
         "--resume": "continue from the run dir's last checkpoint (default off)",
         "--resume-changed": "with --resume: continue on purpose under another model, seed, data or global batch "
                             "(default off)",

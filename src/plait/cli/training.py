@@ -122,8 +122,8 @@ def auto_config(args: argparse.Namespace, device: Hardware | None, on_gpu: bool 
 
 
 def train_command(args: argparse.Namespace, layout: Layout, global_batch: int, precision: str) -> list[str]:
-    """The plait train command line that runs ``layout`` of the model and device plan's or simulate's
-    flags give, and whose --dry-run predicts what they did."""
+    """The plait train command line that runs ``layout`` of the model and device plan's flags give, and
+    whose --dry-run predicts what plan did."""
     device = ["--hardware-profile", args.hardware_profile] if args.hardware_profile else ["--gpu", args.gpu]
     return ["plait", "train", *model_flags(args), "--global-batch", str(global_batch), "--precision", precision,
             *layout_flags(layout), *device, *override_flags(args)]
@@ -169,7 +169,7 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
         flags = override_flags(args)[::2]
         raise ConfigError(f"{' and '.join(flags)} only change{'s' if len(flags) == 1 else ''} the device a prediction "
                           f"is for; add --dry-run or --auto, or drop {'it' if len(flags) == 1 else 'them'}")
-    named = named_hardware(args)
+    named = named_hardware(args) if (args.dry_run or args.auto) else None  # (a plain run predicts nothing)
     # A dry run checks a command for the device it names, and so takes that device's precision.
     on_gpu = named.trains_bf16 if args.dry_run and named is not None else None
     config = None if args.auto else config_from_args(args, on_gpu=on_gpu)  # checked before torch is imported
@@ -184,7 +184,7 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
 
         check_data(config)
         check_init_from(config)
-        if config.train.run_dir is not None:  # (a new directory of its own otherwise)
+        if config.train.run_dir is not None or config.train.resume:  # (else a new directory of its own)
             from plait.train.run_dir import prepare_run_dir
 
             prepare_run_dir(config, create=False)

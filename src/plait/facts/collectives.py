@@ -16,7 +16,7 @@ from plait.facts.activations import residual_stream_bytes
 from plait.facts.model_state import FP32, held_gradient_bytes, owned_rows, padded_vocab, reference_bytes
 from plait.facts.stack import Kernels
 from plait.layout import Layout
-from plait.models.flops import block_norms, kv_heads_per_rank, norm_parameter_count
+from plait.models.flops import block_norms, kv_heads_per_rank, kv_heads_whole, norm_parameter_count
 from plait.models.spec import ModelSpec
 
 
@@ -66,6 +66,9 @@ def layer_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bo
     saved, so both modes send them again). ``recompute_whole_forward`` (Megatron-LM) reissues all of them.
     ``op`` keeps the reduce-scatters' and all-to-alls' results (plait.facts.activations.op_recompute_bytes)
     and reissues the rest as ``full`` does: sp's two all-gathers, or wo's all-reduce, and the ring or the K/V gather.
+    Where every tp rank holds wk and wv whole (``kv_heads_whole``), each backward all-reduces their
+    gradient (and their biases') over tp, in the weights' dtype, and waits for it
+    (plait.parallel.tensor_communications).
 
     ``element_bytes`` is a value of what the matmuls write (the row-parallel linears' outputs and
     their gradients, q, k, v), ``stream_bytes`` (default the same) one of the residual stream the
@@ -87,6 +90,9 @@ def layer_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bo
         else:
             out.append(Collective("all_reduce", "tp", tp, stream, 2, rerun * (1 + closing)))
             out.append(Collective("all_reduce", "tp", tp, read, 0, 2, input_gradient=True))
+        if kv_heads_whole(spec, tp):
+            whole = 2 * spec.kv_dim * (spec.hidden + (1 if spec.has_bias else 0)) * (stream_bytes or element_bytes)
+            out.append(Collective("all_reduce", "tp", tp, whole, 0, 1))
     if cp > 1 and cp_algorithm == "ring":
         kv_elements = 2 * batch * (seq // cp) * kv_heads_per_rank(spec, tp) * spec.head_dim
         again = 0 if recompute == "none" else cp - 1
@@ -155,7 +161,7 @@ def outside_layer_collective_bytes(spec: ModelSpec, batch: int, seq: int, tp: in
 def collective_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,
                                cp: int = 1, recompute: str = "none", cp_algorithm: str = "all-to-all") -> dict[str, int]:
     """Bytes each rank hands each collective per layer and step (forward, backward, gradient sync),
-    in plait's fp32 model: ``layer_collectives`` plus the tp sums of replicated weights' gradients
+    in plait's fp32 model: ``layer_collectives`` plus the tp sum of the norms' gradients under sp
     (the cp ranks' gradient average is the data-parallel reduction's, over dp·cp)."""
     volumes: dict[str, int] = {}
 
@@ -165,30 +171,18 @@ def collective_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 
 
     for call in layer_collectives(spec, batch, seq, tp, sp, cp, recompute, cp_algorithm=cp_algorithm):
         add(call.op, (call.forward + call.backward) * call.handed_bytes)
-    add("all_reduce", replicated_layer_gradient_elements(spec, tp, sp) * FP32)
+    add("all_reduce", norm_gradient_elements(spec, 1, False, tp, sp) * FP32)
     return volumes
 
 
-def replicated_layer_gradient_elements(spec: ModelSpec, tp: int, sp: bool) -> int:
-    """Gradient elements of one block that the tp ranks sum because they hold the weights whole: the
-    norms (and biases) under sp, which saw only a sequence shard, and kv-heads fewer than tp (whole
-    wk and wv, and biases)."""
-    elements = 0
-    if tp > 1 and sp:
-        elements += block_norms(spec) * norm_parameter_count(spec)
-    if tp > 1 and spec.kv_heads % tp:
-        elements += 2 * spec.kv_dim * (spec.hidden + (1 if spec.has_bias else 0))
-    return elements
-
-
-def replicated_gradient_elements(spec: ModelSpec, layers: int, last: bool, tp: int, sp: bool) -> int:
-    """Gradient elements the tp ranks of a pipeline stage sum once their backward is done: its
-    ``layers`` blocks' (``replicated_layer_gradient_elements``) and, on the last stage under sp, the
-    final norm's."""
-    elements = layers * replicated_layer_gradient_elements(spec, tp, sp)
-    if last and tp > 1 and sp:
-        elements += norm_parameter_count(spec)
-    return elements
+def norm_gradient_elements(spec: ModelSpec, layers: int, last: bool, tp: int, sp: bool) -> int:
+    """Gradient elements the tp ranks of a pipeline stage sum after their backward under sp: the norms'
+    (whole on every rank, each of which saw only its sequence shard) of its ``layers`` blocks and, on
+    the last stage, the final norm's. (The whole wk and wv of ``kv_heads_whole`` are summed in each
+    backward: ``layer_collectives``.)"""
+    if tp == 1 or not sp:
+        return 0
+    return (layers * block_norms(spec) + (1 if last else 0)) * norm_parameter_count(spec)
 
 
 def boundary_split_over_tp(layout: Layout, kernels: Kernels) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from plait.facts.stack import Kernels
 from plait.layout import Layout
-from plait.models.flops import block_norms, embedding_tensor_count, head_tensor_count, layer_tensor_count
+from plait.models.flops import block_norms, embedding_tensor_count, head_tensor_count, kv_heads_whole, layer_tensor_count
 from plait.models.spec import ALIGNED_ROWS, ModelSpec
 
 ADAM_MOMENTS = 2
@@ -125,7 +125,7 @@ def rank_tensor_shape_counts(spec: ModelSpec, layers: int, first: bool, last: bo
 def _block_and_end_shapes(spec: ModelSpec, first: bool, last: bool, tp: int) -> tuple[list, list]:
     """One block's tensor shapes and those of the ends a stage holds (``rank_tensor_shapes``)."""
     h, f = spec.hidden, spec.ffn_hidden
-    kv = spec.kv_dim // tp if spec.kv_heads % tp == 0 else spec.kv_dim
+    kv = spec.kv_dim if kv_heads_whole(spec, tp) else spec.kv_dim // tp
     norm = [(h, 1)] * (2 if spec.family == "gpt2" else 1)
     block = [*norm, (h // tp, h), (kv, h), (kv, h), (h, h // tp), *(norm if block_norms(spec) == 2 else []),
              (f // tp, h), (h, f // tp)]

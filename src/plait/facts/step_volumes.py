@@ -17,7 +17,7 @@ from collections import Counter
 
 from plait.facts.activations import ACTIVATION_BYTES, residual_stream_bytes
 from plait.facts.collectives import (
-    embedding_collectives, head_collectives, layer_collectives, replicated_gradient_elements, stage_boundary_bytes,
+    embedding_collectives, head_collectives, layer_collectives, norm_gradient_elements, stage_boundary_bytes,
     tied_embedding_bytes,
 )
 from plait.facts.model_state import (
@@ -58,11 +58,11 @@ def step_volumes(spec: ModelSpec, layout: Layout, global_batch: int, precision: 
 def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, layers: int, first: bool,
                       last: bool, precision: str, add) -> None:
     """The layers' and ends' tensor- and context-parallel calls of every micro-batch (each block's
-    by its own recomputation), and the sums of replicated weights' gradients over tp (a sequence
-    shard's norms, kv-heads fewer than tp). What the matmuls write moves in the activations'
+    by its own recomputation, whole wk and wv summed in each backward among them), and the norms'
+    gradients under sp summed over tp after the backward. What the matmuls write moves in the activations'
     precision, what the norms and column-parallel linears read in the residual stream's dtype
     (plait.facts.activations.residual_stream_bytes: fp32 under bf16 autocast over fp32 weights), as
-    do the ends' calls and, in the weights' dtype alike, the replicated weights' gradients.
+    do the ends' calls and, in the weights' dtype alike, the weights' gradients summed over tp.
     """
     tp, sp, cp, seq = layout.tp, layout.sp, layout.cp, spec.seq_len
     e, stream = ACTIVATION_BYTES[precision], residual_stream_bytes(precision, layout.zero, layout.pp, STACKS["plait"])
@@ -76,9 +76,9 @@ def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank
         add(call.group, call.op, count * (call.forward + call.backward) * call.handed_bytes)
         if call.op == "send":  # each ring hop receives its like from the rank before
             add(call.group, "recv", count * (call.forward + call.backward) * call.handed_bytes)
-    replicated = replicated_gradient_elements(spec, layers, last, tp, sp)
+    norms = norm_gradient_elements(spec, layers, last, tp, sp)
     # (laid out as their parameters once a step, or by ZeRO-2's buckets every micro-batch's)
-    add("tp", "all_reduce", reduction_rounds(layout) * replicated * stream)
+    add("tp", "all_reduce", reduction_rounds(layout) * norms * stream)
 
 
 def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, in_zero_group: int, first: bool,

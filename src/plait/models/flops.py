@@ -113,6 +113,12 @@ class FlopCount:
         return self.forward + self.backward + self.recompute
 
 
+def kv_heads_whole(spec: ModelSpec, tp: int) -> bool:
+    """Whether every tensor-parallel rank holds wk and wv whole: tp does not split the kv-heads evenly
+    (fewer of them than tp ranks), so each rank keeps them all and slices the head its queries read."""
+    return tp > 1 and spec.kv_heads % tp != 0
+
+
 def kv_heads_per_rank(spec: ModelSpec, tp: int) -> int:
     """Key/value heads on one tensor-parallel rank: sharded, or replicated when tp exceeds them."""
     return max(spec.kv_heads // tp, 1)

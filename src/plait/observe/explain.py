@@ -43,9 +43,7 @@ class Explanation:
     layout: Layout
     hardware: Hardware
     prediction: Prediction
-
-    def __post_init__(self) -> None:
-        self._trace  # read and checked now: a damaged trace is refused before anything is printed
+    trace: dict | None  # trace.json (``read_trace``)
 
     def rows(self) -> list[tuple[str, float | None, float | None, str]]:
         """(quantity, predicted, measured, unit) for every figure both sides have."""
@@ -97,25 +95,9 @@ class Explanation:
         ]
 
     @cached_property
-    def _trace(self) -> dict | None:
-        """trace.json, read once and checked whole: its traced volumes and (with stages) its timeline."""
-        path = self.run_dir / TRACE_FILE
-        if not path.exists():
-            return None
-        try:
-            trace = json.loads(path.read_text())
-            traced_step_volumes(trace, rank=0)
-            if self.layout.pp > 1:
-                timeline_from_trace(trace)
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as error:
-            raise ConfigError(f"{path} is not a readable trace ({type(error).__name__}: {error}); it is damaged: "
-                              "move it away to explain the run without it, or train the run again") from None
-        return trace
-
-    @cached_property
     def _traced_volumes(self) -> dict[tuple[str, str], int] | None:
         """Rank 0's bytes per group and op in its last traced step, or None without trace.json."""
-        return None if self._trace is None else traced_step_volumes(self._trace, rank=0)
+        return None if self.trace is None else traced_step_volumes(self.trace, rank=0)
 
     def volume_rows(self) -> list[tuple[str, float | None, float | None, str]]:
         """Bytes rank 0 handed each group's collectives and transfers in its last traced step, beside
@@ -182,9 +164,9 @@ class Explanation:
 
     def draw(self) -> Path | None:
         """explain.png: the measured pipeline step above the simulated one; None without trace.json."""
-        if self.layout.pp == 1 or self._trace is None:
+        if self.layout.pp == 1 or self.trace is None:
             return None
-        measured = timeline_from_trace(self._trace)
+        measured = timeline_from_trace(self.trace)
         simulated = simulated_timeline(self.workload, self.hardware, self.layout.world_size, self.layout)
         path = self.run_dir / EXPLAIN_PICTURE
         draw_timelines([
@@ -218,6 +200,22 @@ def read_summary(run_dir: Path) -> dict:
     return summary
 
 
+def read_trace(run_dir: Path, layout: Layout) -> dict | None:
+    """trace.json, checked whole (its traced volumes and, with stages, its timeline), or None without one."""
+    path = Path(run_dir) / TRACE_FILE
+    if not path.exists():
+        return None
+    try:
+        trace = json.loads(path.read_text())
+        traced_step_volumes(trace, rank=0)
+        if layout.pp > 1:
+            timeline_from_trace(trace)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as error:
+        raise ConfigError(f"{path} is not a readable trace ({type(error).__name__}: {error}); it is damaged: "
+                          "move it away to explain the run without it, or train the run again") from None
+    return trace
+
+
 def run_hardware(summary: dict, gpu: str | None, profile: Hardware | None) -> Hardware:
     """The hardware to predict on: a given profile or GPU, else the catalog entry of the run's GPU."""
     if profile is not None:
@@ -237,6 +235,9 @@ def run_hardware(summary: dict, gpu: str | None, profile: Hardware | None) -> Ha
 def explain(run_dir: Path, gpu: str | None = None, profile: Hardware | None = None) -> Explanation:
     """Predict the run in ``run_dir`` and pair each prediction with its measurement."""
     summary = read_summary(run_dir)
+    hw = run_hardware(summary, gpu, profile)
+    # A field of another type or value than a run writes fails somewhere below; said here, before
+    # anything is printed (the layout's own refusals are ConfigErrors already, and pass).
     try:
         layout_fields = {f.name for f in fields(Layout)}
         values = {k: v for k, v in summary["layout"].items() if k in layout_fields}
@@ -245,10 +246,12 @@ def explain(run_dir: Path, gpu: str | None = None, profile: Hardware | None = No
         layout = Layout(**values)
         workload = Workload(ModelSpec(**summary["model_spec"]), summary["global_batch"], summary["precision"],
                             STACKS["plait"])
-        world = summary["world_size"]
-    except (KeyError, TypeError, AttributeError) as error:
+        prediction = evaluate(workload, hw, summary["world_size"], layout)
+        explanation = Explanation(Path(run_dir), summary, workload, layout, hw, prediction, read_trace(run_dir, layout))
+        explanation.report()
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
         raise ConfigError(f"{Path(run_dir) / SUMMARY_FILE} is damaged ({type(error).__name__}: {error}); train the run "
                           "again") from None
-    hw = run_hardware(summary, gpu, profile)
-    prediction = evaluate(workload, hw, world, layout)
-    return Explanation(Path(run_dir), summary, workload, layout, hw, prediction)
+    return explanation

@@ -9,7 +9,7 @@ format, so the same viewer or renderer shows prediction and measurement side by 
 
 from __future__ import annotations
 
-from plait.facts.collectives import replicated_gradient_elements
+from plait.facts.collectives import norm_gradient_elements
 from plait.facts.model_state import rank_parameters, rank_tensors
 from plait.layout import Layout
 from plait.observe.trace import timeline_events
@@ -47,7 +47,7 @@ def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout)
         layers, first, last = sum(counts[c] for c in mine), 0 in mine, pp * v - 1 in mine
         params = rank_parameters(spec, layers, first, last, layout.tp)
         flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp),
-                            replicated_gradient_elements(spec, layers, last, layout.tp, layout.sp))
+                            norm_gradient_elements(spec, layers, last, layout.tp, layout.sp))
         exposed = flush.exposed(sum(chunks[c].backward for c in mine),
                                 gather_window(sum(chunks[c].forward for c in mine), v, pp, layout.microbatches))
         gradients = gradient_seconds(spec, hw, layout, precision, workload.kernels, layers, first, last)

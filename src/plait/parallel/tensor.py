@@ -34,6 +34,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from plait.facts.model_state import padded_vocab
+from plait.models.flops import kv_heads_whole
 from plait.models.spec import ModelSpec
 from plait.models.transformer import Transformer
 from plait.parallel.tensor_communications import slice_replicated_rows
@@ -124,7 +125,7 @@ def apply_tensor_parallel(model: Transformer, topology: Topology) -> Transformer
     rank, heads_per_rank = topology.coordinate("tp"), spec.heads // tp
     for block in model.layers.values():
         parallelize_module(block, mesh, block_plan(spec, tp, sp))
-        if spec.kv_heads % tp:
+        if kv_heads_whole(spec, tp):
             head = rank * heads_per_rank // (spec.heads // spec.kv_heads)
             attention = block.attention
             attention.wk = ReplicatedKVHeads(attention.wk, head, spec.head_dim, mesh)

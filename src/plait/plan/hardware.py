@@ -339,7 +339,7 @@ MAY_BE_ZERO = ("kernel_overhead_s", "reserved_bytes", "comm_overlap", "optimizer
 
 def check_measured_figures(profile: Hardware) -> None:
     """ConfigError unless every figure calibrate measures inside its tables (host overheads, layer and
-    collective scales) is a finite number, none negative, and the headroom leaves some memory."""
+    collective scales) is a finite number, none negative."""
     tables = {f"host_overhead.{family}": overhead for family, overhead in profile.host_overhead.items()}
     tables |= {f"layer_kernel_scale.{family}": scale for family, scale in profile.layer_kernel_scale.items()}
     tables |= {"reduce_scatter_scale": profile.reduce_scatter_scale, "all_gather_scale": profile.all_gather_scale}
@@ -349,9 +349,6 @@ def check_measured_figures(profile: Hardware) -> None:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ConfigError(f"hardware figure {name}.{figure.name} must be a finite number, 0 or more, "
                                   f"got {value!r}")
-    if profile.memory_headroom >= 1:
-        raise ConfigError(f"hardware figure memory_headroom is a fraction of device memory below 1, got "
-                          f"{profile.memory_headroom!r}")
 
 
 def check_block_points(points: tuple) -> None:
@@ -373,6 +370,9 @@ def check_figure(key: str, value) -> None:
         return
     if value is None and key in MAY_BE_NONE:
         return
+    if key == "memory_headroom" and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                         and 0 <= value < 1):
+        raise ConfigError(f"hardware figure memory_headroom is a fraction of device memory in [0, 1), got {value!r}")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"hardware figure {key} must be a finite number, got {value!r}")
     if value < 0 or (value == 0 and key not in MAY_BE_ZERO):

@@ -12,7 +12,7 @@ from plait.facts.activations import (
     activation_bytes_per_layer, autocast_copies_weights, head_activation_bytes, held_between_passes,
     loss_backward_bytes, recompute_working_bytes, residual_stream_bytes,
 )
-from plait.facts.collectives import replicated_gradient_elements
+from plait.facts.collectives import norm_gradient_elements
 from plait.facts.model_state import rank_model_states, rank_parameters, rank_tensors, reduction_rounds
 from plait.facts.stack import Kernels
 from plait.facts.validity import (
@@ -303,7 +303,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                                                                                 or reduction_rounds(staged) > 1) else ())
                     if flush_key not in flushes:
                         flushes[flush_key] = flush_costs(workload, hw, staged, max(params), tensors,
-                                                         replicated_gradient_elements(spec, per_rank, True, tp, sp))
+                                                         norm_gradient_elements(spec, per_rank, True, tp, sp))
                     flush = flushes[flush_key]
                     # Per recomputation: a stage's activations per micro-batch, and its work per
                     # micro-batch (less the pipeline engine's, which grows with v) with its flush.

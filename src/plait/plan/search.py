@@ -46,8 +46,10 @@ class SearchResult:
 
 
 def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = None,
-           micro_batch: int | None = None, top: int = PLAYED, tie_break: str = "simplicity") -> SearchResult:
-    """Rank the layouts of ``gpus`` devices that fit; raise ConfigError (saying what would fit) if none does.
+           micro_batch: int | None = None, top: int = PLAYED, tie_break: str = "simplicity",
+           hint: bool = True) -> SearchResult:
+    """Rank the layouts of ``gpus`` devices that fit; raise ConfigError (saying, with ``hint``, what
+    would fit) if none does.
 
     Every layout ranked passes the one validation ``plait train`` uses (plait.facts.validity).
     """
@@ -68,7 +70,7 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
         if len(ranked) >= max(top, PLAYED):
             break
     if not ranked:
-        raise NothingFits(_does_not_fit(workload, hw, gpus, found))
+        raise NothingFits(_does_not_fit(workload, hw, gpus, found, fixed, micro_batch, tie_break, hint))
     if tie_break == "simplicity":  # the simpler contenders the fastest few left out
         played = {p.layout for p in ranked}
         for layout in found.simpler_layouts(fixed.get("stage_layers")):
@@ -108,19 +110,28 @@ def _check_fixed(workload: Workload, gpus: int, fixed: dict) -> None:
         raise ConfigError(f"dp·tp·cp·pp = {product} but --gpus is {gpus}; make the product equal the GPU count")
 
 
-def _does_not_fit(workload: Workload, hw: Hardware, gpus: int, found: Scan) -> str:
+# Pins that size the mesh for the GPUs given: what more GPUs would fit is asked without them.
+MESH_PINS = ("dp", "tp", "cp", "pp", "dp_replicate", "microbatches", "virtual_stages", "stage_layers")
+
+
+def _does_not_fit(workload: Workload, hw: Hardware, gpus: int, found: Scan, fixed: dict, micro_batch: int | None,
+                  tie_break: str, hint: bool) -> str:
     peak, fields = found.smallest
     head = (f"no layout fits {gpus} × {hw.name} ({hw.memory_bytes / 1e9:.0f} GB each, {hw.memory_headroom:.0%} kept free): the smallest, "
             f"{scanned_layout(fields).describe()}, needs {peak / 1e9:.1f} GB per GPU")
+    if not hint:
+        return head
     # The fewest GPUs that fit it, at the same global batch or at as many sequences a GPU, and plan's
-    # pick there.
+    # pick there under the same choices but the mesh's.
+    kept = {name: value for name, value in fixed.items() if name not in MESH_PINS}
     for scale in (2, 4, 8, 16, 32, 64):
         for batch in dict.fromkeys((workload.global_batch, workload.global_batch * scale)):
             wider = replace(workload, global_batch=batch)
-            if not scan(wider, hw, gpus * scale, {}, None, keep=1).fitting:
+            if not scan(wider, hw, gpus * scale, kept, micro_batch, keep=1).fitting:
                 continue
             try:
-                pick = search(wider, hw, gpus * scale, top=1).ranked[0].layout.describe()
+                pick = search(wider, hw, gpus * scale, kept, micro_batch, top=1, tie_break=tie_break,
+                              hint=False).ranked[0].layout.describe()
             except ConfigError:  # beyond the devices the planner searches, or no pick fits once played
                 continue
             kept = "the same global batch" if batch == workload.global_batch else f"global batch {batch} (as many a GPU)"

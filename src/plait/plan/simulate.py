@@ -15,7 +15,7 @@ from plait.facts.activations import (
     recompute_working_bytes, replayed_block_bytes, residual_stream_bytes,
 )
 from plait.facts.buckets import BUCKET_CAP_BYTES, bucket_bytes
-from plait.facts.collectives import replicated_gradient_elements, tied_embedding_bytes
+from plait.facts.collectives import norm_gradient_elements, tied_embedding_bytes
 from plait.facts.recompute import block_recompute, chunk_recompute
 from plait.facts.model_state import (
     communicated_bytes, held_gradient_bytes, powersgd_elements, rank_layer_parameters, rank_model_states, rank_parameters,
@@ -125,8 +125,9 @@ def chunk_offloaded_bytes(workload: Workload, layout: Layout, micro_batch: int, 
 
 @dataclass(frozen=True)
 class FlushCosts:
-    """What follows the pipeline flush on one rank: gradient reduction, parameter gather, the
-    scalar all-reduces of the gradient norm and the logged loss, and the optimizer."""
+    """What follows the pipeline flush on one rank: gradient reduction, parameter gather, the small
+    all-reduces (``scalars``: the gradient norm, the logged loss, the norms' gradients under sp), and
+    the optimizer."""
 
     reduce: float
     last_bucket: float
@@ -188,10 +189,10 @@ def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float, grad_byt
 
 
 def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float, tensors: int,
-                replicated: int) -> FlushCosts:
-    """Data-parallel reduction of ``params`` parameters' gradients, the tp sum of the ``replicated``
-    gradient elements of weights every tp rank holds whole
-    (plait.facts.collectives.replicated_gradient_elements), ZeRO's gathers and Adam."""
+                norms: int) -> FlushCosts:
+    """Data-parallel reduction of ``params`` parameters' gradients, the tp sum of the ``norms``
+    gradient elements of the norms under sp (plait.facts.collectives.norm_gradient_elements), ZeRO's
+    gathers and Adam."""
     precision, kernels = workload.precision, workload.kernels
     replicas, replica_link = layout.dp * layout.cp, merged_link(hw, layout, ("dp", "cp"))
     shards, stride = zero_group(layout)
@@ -238,15 +239,15 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     # (plait.parallel.gradients), each waited for at that backward's end.
     rounds = reduction_rounds(layout) if kernels.plait_engine else 1
     # The logged loss is averaged over the replicas; a tensor-parallel gradient norm sums over tp
-    # (ZeRO-2/3's sum over dp is left out: one latency), as do the replicated weights' gradients,
-    # in the weights' dtype, each round.
+    # (ZeRO-2/3's sum over dp is left out: one latency), as do the norms' gradients under sp, in
+    # the weights' dtype, each round.
     scalars = all_reduce_seconds(4, replicas, replica_link)
     if layout.tp > 1:
         tp_link = group_link(hw, layout, "tp")
         scalars += all_reduce_seconds(4, layout.tp, tp_link)
-        if replicated:
+        if norms:
             stream = residual_stream_bytes(precision, layout.zero, layout.pp, kernels)
-            scalars += rounds * all_reduce_seconds(replicated * stream, layout.tp, tp_link)
+            scalars += rounds * all_reduce_seconds(norms * stream, layout.tp, tp_link)
     local = params / shards if layout.zero >= 1 else params
     optimizer = optimizer_seconds(hw, local, tensors, precision) + wrapper_overhead(hw, workload.spec, layout).step
     return FlushCosts(reduce, last_bucket, gather, scalars, optimizer, hw.comm_overlap, after, first_gather, rounds)
@@ -283,7 +284,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         first, last = 0 in mine, pp * v - 1 in mine
         params = rank_parameters(spec, layers, first, last, layout.tp)
         flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp),
-                            replicated_gradient_elements(spec, layers, last, layout.tp, layout.sp))
+                            norm_gradient_elements(spec, layers, last, layout.tp, layout.sp))
         forward = gather_window(sum(chunks[c].forward for c in mine), v, pp, m)
         gradients = gradient_seconds(spec, hw, layout, precision, workload.kernels, layers, first, last)
         tails.append((flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer, gradients))

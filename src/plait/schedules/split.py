@@ -58,8 +58,9 @@ def split_problems(spec: ModelSpec, pp: int, virtual_stages: int = 1,
     if layers_per_chunk is not None:
         counts = tuple(layers_per_chunk)
         if pp == 1 and len(counts) != chunks:
-            return [f"--stage-layers gives {len(counts)} chunk sizes and --pp 1 has one stage; pass --pp {len(counts)} "
-                    "to split the blocks over that many stages, or drop --stage-layers"]
+            return [f"--stage-layers gives {len(counts)} chunk sizes and --pp 1 holds {chunks} chunk(s) "
+                    f"(--virtual-stages); pass --pp {len(counts)} to split the blocks over that many stages, or drop "
+                    "--stage-layers"]
         if len(counts) != chunks and len(counts) % pp == 0 and len(counts) > pp:
             return [f"--stage-layers gives {len(counts)} chunk sizes, {len(counts) // pp} for each of the {pp} stages; "
                     f"pass --virtual-stages {len(counts) // pp} --schedule interleaved-1f1b"]

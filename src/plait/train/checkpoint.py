@@ -207,8 +207,8 @@ def complete_checkpoint(run_dir: Path, step: int, partial: Path, identity: dict,
         except OSError as error:  # the other ranks wait at the barrier below until the launcher ends them
             raise _not_written(step, partial, f"rank 0: {_in_words(error)}") from None
         if final.exists() or final.is_symlink():  # no complete checkpoint (resume takes the newest): a stray
-            print(f"plait: {final.name} stood where this checkpoint goes and was not a complete one; set aside as "
-                  f"{move_aside(final).name}", flush=True)
+            print(f"plait: {final.name} stood where this checkpoint goes, not a checkpoint this run resumed from; set "
+                  f"aside as {move_aside(final).name}", flush=True)
         os.replace(partial, final)
         if keep:
             for old in complete_checkpoints(run_dir)[:-keep]:  # never one set aside as damaged

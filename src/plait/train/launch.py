@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -84,6 +85,15 @@ def check_devices(config: RunConfig) -> None:
             f"the layout needs {world} ranks, and a local launch on this {os.cpu_count()}-core machine starts at "
             f"most {cap} processes; use a smaller layout, or launch on several machines with torchrun"
         )
+
+
+def check_precision(config: RunConfig) -> None:
+    """bf16 only where the GPU computes in it: a V100 would emulate it, slowly (plan refuses it there
+    in the same words, from the catalog)."""
+    if (config.train.precision == "bf16" and torch.cuda.is_available()
+            and not torch.cuda.is_bf16_supported(including_emulation=False)):
+        raise ConfigError(f"the {torch.cuda.get_device_name()} has no bf16 (its mixed precision is fp16, which plait "
+                          "does not train in); pass --precision fp32")
 
 
 def free_port() -> int:
@@ -193,21 +203,28 @@ def launch(config: RunConfig, argv: list[str]) -> int:
     if inside_torchrun():
         return run_worker(after_restart(config), Path(config.train.run_dir or "runs/torchrun"))
     check_devices(config)
+    check_precision(config)
     check_data(config)
     check_init_from(config)
-    run_dir, checkpoint, lock = prepare_run_dir(config)  # held until this launcher returns
-    world = config.layout.world_size
-    checked = {RESUME_ENV: "" if checkpoint is None else str(checkpoint)} if config.train.resume else {}
-    if world == 1 and not config.train.max_restarts:  # one rank with no restarts runs in this process
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", **checked)
-        return run_worker(config, run_dir, checkpoint)
-    threads = max(1, (os.cpu_count() or 1) // world)
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-        f"--max-restarts={config.train.max_restarts}",
-        "-m", "plait", "train", *argv, "--run-dir", str(run_dir),
-    ]
-    return run_torchrun(command, {**os.environ, "OMP_NUM_THREADS": str(threads), **checked})
+    run_dir, checkpoint, lock = prepare_run_dir(config)
+    try:
+        world = config.layout.world_size
+        checked = {RESUME_ENV: "" if checkpoint is None else str(checkpoint)} if config.train.resume else {}
+        if world == 1 and not config.train.max_restarts:  # one rank with no restarts runs in this process
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
+                              **checked)
+            return run_worker(config, run_dir, checkpoint)
+        threads = max(1, (os.cpu_count() or 1) // world)
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+            f"--max-restarts={config.train.max_restarts}",
+            "-m", "plait", "train", *argv, "--run-dir", str(run_dir),
+        ]
+        return run_torchrun(command, {**os.environ, "OMP_NUM_THREADS": str(threads), **checked},
+                            None if lock is None else lock.fd)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 # Signals that stop a local run: each is handed to torchrun as SIGTERM, on which its agent stops every
@@ -216,31 +233,44 @@ STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1
 
 
-def _torchrun_dies_with_its_parent() -> None:
-    """In the torchrun child: SIGTERM when the launcher dies, even by SIGKILL (Linux's parent-death
-    signal), so its workers, each in a session of its own, are never left running without it."""
+def _dies_with_its_parent() -> Callable[[], None]:
+    """What the torchrun child runs before it starts: SIGTERM when the launcher dies, even by SIGKILL
+    (Linux's parent-death signal), so its workers, each in a session of its own, are never left
+    running without it; a launcher already gone by then ends it at once. (libc is looked up here, in
+    the parent.)"""
+    parent = os.getpid()
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux: the handlers below still forward every catchable signal
-        pass
+        return lambda: None
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(128 + signal.SIGTERM)
+
+    return arm
 
 
-def run_torchrun(command: list[str], env: dict[str, str]) -> int:
-    """Run ``command`` (torchrun) in a session of its own and wait for it, handing it any stopping
-    signal this launcher gets (a terminal's Ctrl-C, `kill`, `timeout`) rather than dying without it:
-    Python's subprocess.run would SIGKILL torchrun on Ctrl-C, whose workers then live on. Returns its
-    status, or 128 + the signal that stopped the run, after saying so in one line."""
-    process = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_torchrun_dies_with_its_parent)
+def run_torchrun(command: list[str], env: dict[str, str], lock_fd: int | None) -> int:
+    """Run ``command`` (torchrun) in a session of its own and wait for it, handing it the first stopping
+    signal this launcher gets (a terminal's Ctrl-C, `kill`, `timeout`; its agent then stops every
+    worker, escalating on its own) rather than dying without it: Python's subprocess.run would SIGKILL
+    torchrun on Ctrl-C, whose workers then live on. A signal ignored here (under nohup) stays ignored.
+    torchrun inherits the run directory's lock (``lock_fd``), which so lasts until it has stopped every
+    rank. Returns its status, or 128 + the signal that stopped the run, after saying so in one line."""
+    process = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_dies_with_its_parent(),
+                               pass_fds=() if lock_fd is None else (lock_fd,))
     received: list[int] = []
 
     def hand_on(signum, frame) -> None:
-        if not received:
+        if not received and process.poll() is None:
             print(f"plait: {signal.Signals(signum).name} received; stopping every rank", file=sys.stderr, flush=True)
-        received.append(signum)
-        if process.poll() is None:
             process.send_signal(signal.SIGTERM)
+        received.append(signum)
 
-    previous = {signum: signal.signal(signum, hand_on) for signum in STOPPING_SIGNALS}
+    caught = [signum for signum in STOPPING_SIGNALS if signal.getsignal(signum) is not signal.SIG_IGN]
+    previous = {signum: signal.signal(signum, hand_on) for signum in caught}
     try:
         status = process.wait()
     finally:

@@ -17,14 +17,14 @@ from plait.train.start import default_run_dir
 
 
 class RunDirLock:
-    """An exclusive lock on a run directory, held by the process that launches or runs the run for as
-    long as it lives (flock on the directory itself: nothing is written, and the kernel releases it
-    when the process ends, however it ends). A second run into a held directory is refused before it
-    reads or writes anything there. Where the file system cannot lock (some network mounts), nothing
-    is held."""
+    """An exclusive lock on a run directory for the run's life (flock on the directory itself: nothing
+    is written). The launcher holds it until ``release`` and hands it to torchrun (``fd``), so that it
+    lasts until every rank has stopped; the kernel releases it when the last holder ends, however it
+    ends. A second run into a held directory is refused before it reads or writes anything there.
+    Where the file system cannot lock (some network mounts), nothing is held."""
 
     def __init__(self, run_dir: Path, hold: bool):
-        self.run_dir, self.fd = run_dir, None
+        self.fd: int | None = None
         try:
             fd = os.open(run_dir, os.O_RDONLY)
         except OSError:
@@ -43,11 +43,16 @@ class RunDirLock:
         else:
             os.close(fd)  # (a dry run only asks)
 
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
 
 def prepare_run_dir(config: RunConfig, create: bool = True) -> tuple[Path, Path | None, RunDirLock | None]:
     """Resolve and create the run directory, refusing to overwrite a started run; with --resume, also
     the checkpoint to continue (checked whole and this run's), or None: a run directory with no whole
-    checkpoint (killed before its first, or new) starts from step 0, so no directory is ever locked.
+    checkpoint (killed before its first, or new) starts from step 0, so no run is ever stuck.
     Without ``create`` (a dry run) the same checks change nothing: no directory is made and a damaged
     checkpoint is named, not set aside. The lock it returns must live as long as the run."""
     train_spec = config.train
