@@ -30,9 +30,9 @@ from plait.observe.time_split import proportions
 from plait.topology import build_topology
 from plait.train.checkpoint import CheckpointNotWritten
 from plait.train.checkpoint_record import resumable_checkpoint
-from plait.train.run_dir import prepare_run_dir
 from plait.train.data import check_data
 from plait.train.loop import NonFiniteLoss, train
+from plait.train.run_dir import prepare_run_dir
 from plait.train.start import inside_torchrun
 from plait.train.watchdog import stall_watchdog
 
@@ -227,8 +227,8 @@ def launch(config: RunConfig, argv: list[str]) -> int:
             lock.release()
 
 
-# Signals that stop a local run: each is handed to torchrun as SIGTERM, on which its agent stops every
-# worker (SIGTERM, then SIGKILL after its grace period) before it exits.
+# Signals that stop a local run: the first is handed to torchrun as SIGTERM, on which its agent stops
+# every worker (SIGTERM, then SIGKILL after its grace period) before it exits.
 STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1
 
