@@ -170,10 +170,7 @@ class Hardware:
 
     def precision_problem(self, precision: str) -> str | None:
         """Why plait cannot train in ``precision`` here, if it cannot."""
-        if precision == "bf16" and not self.has_bf16:
-            return (f"the {self.name} has no bf16 (its mixed precision is fp16, which plait does not train in); "
-                    "pass --precision fp32")
-        return None
+        return no_bf16(self.name) if precision == "bf16" and not self.has_bf16 else None
 
     @property
     def usable_memory_bytes(self) -> float:
@@ -305,6 +302,13 @@ def hardware(name: str, **overrides: float | None) -> Hardware:
     if name not in CATALOG:
         raise ConfigError(f"unknown GPU {name!r}; known GPUs: {', '.join(CATALOG)} (or pass --hardware-profile FILE)")
     return apply_overrides(CATALOG[name], **overrides)
+
+
+def no_bf16(device: str) -> str:
+    """Why plait refuses bf16 on ``device``, a GPU that does not compute in it (the catalog's
+    ``has_bf16``, or the driver's answer at launch)."""
+    return (f"the {device} has no bf16 (its mixed precision is fp16, which plait does not train in); "
+            "pass --precision fp32")
 
 
 def stack_hardware(hw: Hardware, kernels: Kernels) -> Hardware:

@@ -26,6 +26,7 @@ from plait.config import RunConfig
 from plait.errors import ConfigError
 from plait.interop.hf import check_init_from
 from plait.observe.progress import Progress
+from plait.plan.hardware import no_bf16
 from plait.observe.time_split import proportions
 from plait.topology import build_topology
 from plait.train.checkpoint import CheckpointNotWritten
@@ -92,8 +93,7 @@ def check_precision(config: RunConfig) -> None:
     in the same words, from the catalog)."""
     if (config.train.precision == "bf16" and torch.cuda.is_available()
             and not torch.cuda.is_bf16_supported(including_emulation=False)):
-        raise ConfigError(f"the {torch.cuda.get_device_name()} has no bf16 (its mixed precision is fp16, which plait "
-                          "does not train in); pass --precision fp32")
+        raise ConfigError(no_bf16(torch.cuda.get_device_name()))
 
 
 def free_port() -> int:
