@@ -91,7 +91,7 @@ def direct_step(config: RunConfig, wrap: Callable[[nn.Module], nn.Module]) -> Ca
 
 def plait_step(config: RunConfig) -> Callable[[int, list[torch.Tensor]], None]:
     topology = build_topology(config.layout, CPU)
-    parallel = parallelize_run(build_model(config, CPU), config, topology)
+    parallel = parallelize_run(config, topology)
 
     def step(index: int, batch: list[torch.Tensor]) -> None:
         set_learning_rate(parallel.optimizer, learning_rate(index, config.train))

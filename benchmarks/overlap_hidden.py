@@ -40,7 +40,7 @@ from plait.parallel.sharded_adamw import gradients_of
 from plait.parallel.tensor import vocab_parallel_loss
 from plait.topology import build_topology
 from plait.train.data import BatchSource, default_corpus
-from plait.train.loop import build_model, parallelize_run
+from plait.train.loop import parallelize_run
 
 CPU = torch.device("cpu")
 MODES = ("overlapped", "after", "none")
@@ -78,7 +78,7 @@ def _rank(rank: int, config: RunConfig, steps: int, warmup: int, port: int, resu
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=config.layout.world_size, timeout=timedelta(minutes=5))
     topology = build_topology(config.layout, CPU)
-    parallel = parallelize_run(build_model(config, CPU), config, topology)
+    parallel = parallelize_run(config, topology)
     source = BatchSource(default_corpus(), config.model.seq_len, config.train.global_batch, config.train.seed)
     count = config.layout.microbatches
     times: dict[str, list[float]] = {mode: [] for mode in MODES}

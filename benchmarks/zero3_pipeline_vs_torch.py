@@ -98,7 +98,7 @@ def compare(m: int, micro: int, steps: int, layers: int, hidden: int, seq_len: i
     config = RunConfig(model=model_spec("tiny-llama", **spec_overrides), layout=layout,
                        train=TrainSpec(steps=steps, global_batch=2 * m * micro), model_name="tiny-llama")
     topology = build_topology(layout, torch.device("cpu"))
-    parallel = parallelize_run(build_model(config, topology.device), config, topology)
+    parallel = parallelize_run(config, topology)
     torch_pipeline, torch_optimizer, torch_stage = _torch_side(config, topology, m, micro)
     pp_rank, pp_group = topology.coordinate("pp"), topology.group("pp")
 

@@ -18,6 +18,12 @@ def train_losses(config: RunConfig, run_dir: str | None = None) -> list[float]:
     return train(config, topology, Path(run_dir) if run_dir else None).losses
 
 
+def held_model_state_bytes(config: RunConfig, run_dir: str) -> dict[str, int]:
+    """The bytes of parameters, gradients and optimizer state this rank held at most over the run."""
+    topology = build_topology(config.layout, torch.device("cpu"))
+    return train(config, topology, Path(run_dir)).model_state_bytes
+
+
 def block_classes(config: RunConfig) -> list[str]:
     """The class names of the blocks this rank trained (a pipeline rank holds only its own)."""
     topology = build_topology(config.layout, torch.device("cpu"))
@@ -182,10 +188,10 @@ def resumed_weights(config: RunConfig, run_dir: str) -> dict | None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from plait.train.checkpoint import latest_checkpoint, load_checkpoint
-    from plait.train.loop import build_model, parallelize_run
+    from plait.train.loop import parallelize_run
 
     topology = build_topology(config.layout, torch.device("cpu"))
-    parallel = parallelize_run(build_model(config, torch.device("cpu")), config, topology)
+    parallel = parallelize_run(config, topology)
     model, optimizer = parallel.model, parallel.optimizer
     load_checkpoint(latest_checkpoint(Path(run_dir)), model, optimizer)
     weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))

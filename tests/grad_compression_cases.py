@@ -62,10 +62,10 @@ def gradient_bytes_per_step(config: RunConfig) -> list[int]:
     """Train ``config`` (no cp) with the engine's own train_step; the bytes each step's gradient
     reduction handed its collectives (the loss's all-reduce, outside train_step, not counted)."""
     from plait.train.data import BatchSource, training_tokens
-    from plait.train.loop import build_model, parallelize_run, train_step
+    from plait.train.loop import parallelize_run, train_step
 
     topology = build_topology(config.layout, torch.device("cpu"))
-    parallel = parallelize_run(build_model(config, torch.device("cpu")), config, topology)
+    parallel = parallelize_run(config, topology)
     source = BatchSource(training_tokens(config.train.data, config.model.vocab, config.model.seq_len),
                          config.model.seq_len, config.train.global_batch, config.train.seed)
     per_step = []

@@ -18,11 +18,11 @@ def first_reduction(config: RunConfig, in_backward: bool = True) -> dict:
     last chunk's backward action (armed before it begins, closed as it ends)."""
     from plait.parallel.context import context_shard
     from plait.train.data import BatchSource, training_tokens
-    from plait.train.loop import build_model, parallelize_run, train_step
+    from plait.train.loop import parallelize_run, train_step
 
     cpu = torch.device("cpu")
     topology = build_topology(config.layout, cpu)
-    parallel = parallelize_run(build_model(config, cpu), config, topology)
+    parallel = parallelize_run(config, topology)
     buckets = parallel.gradient_buckets
     buckets.in_backward = in_backward
     params = [param for bucket in buckets.buckets for param in bucket]

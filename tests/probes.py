@@ -94,7 +94,7 @@ def autocast_during_backward(config: RunConfig) -> list[bool]:
     from plait.train.loop import parallelize_run, train_step
 
     topology = build_topology(config.layout, CPU)
-    parallel = parallelize_run(build_model(config, CPU), config, topology)
+    parallel = parallelize_run(config, topology)
     states: list[bool] = []
     for param in parallel.model.parameters():
         param.register_hook(lambda grad: states.append(torch.is_autocast_enabled("cpu")))

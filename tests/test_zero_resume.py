@@ -52,3 +52,19 @@ def test_bf16_masters_of_tensor_parallel_shards_load_exactly_under_another_layou
     loaded = pool.run(resumed_weights, 2, run_config("tiny", precision="bf16", dp=2, zero=3), str(run_dir))[0]
     assert loaded.keys() == saved.keys()
     assert all(torch.equal(loaded[name], saved[name]) for name in saved)
+
+
+@pytest.mark.parametrize("zero", (0, 1, 2, 3))
+def test_a_resumed_run_holds_what_a_fresh_run_of_its_layout_holds(pool, tmp_path, zero):
+    """Loading a checkpoint allocates no state beyond the layout's own: torch's state-dict helper
+    would make the optimizer state with a step over whole zero gradients, which ZeRO-2 never holds."""
+    from tests.cases import held_model_state_bytes
+
+    config = run_config("tiny-llama", steps=4, dp=2, zero=zero)
+    fresh = pool.run(held_model_state_bytes, 2,
+                     dataclasses.replace(config, train=dataclasses.replace(config.train, checkpoint_every=2)),
+                     str(tmp_path))
+    shutil.rmtree(checkpoint_root(tmp_path) / "step_0000004")
+    resumed = pool.run(held_model_state_bytes, 2,
+                       dataclasses.replace(config, train=dataclasses.replace(config.train, resume=True)), str(tmp_path))
+    assert resumed == fresh

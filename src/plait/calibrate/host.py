@@ -49,7 +49,7 @@ from plait.plan.hardware import Hardware, HostOverhead, KernelScale
 from plait.plan.least_squares import relative_least_squares
 from plait.plan.simulate import Workload, evaluate
 from plait.topology import Topology, build_topology
-from plait.train.loop import autocast, build_model, parallelize_run, train_step
+from plait.train.loop import autocast, parallelize_run, train_step
 
 FAMILIES = ("gpt2", "llama")
 PROBE_LAYERS = (1, 4)
@@ -268,7 +268,7 @@ def _timed_steps(family: str, layers: int, topology: Topology, precision: str, r
     number of steps, as their collectives must match)."""
     device = torch.device("cpu")
     config = RunConfig(probe_spec(family, layers), topology.layout, TrainSpec(global_batch=topology.layout.dp, precision=precision))
-    parallel = parallelize_run(build_model(config, device), config, topology)
+    parallel = parallelize_run(config, topology)
     tokens = torch.randint(0, config.model.vocab, (1, config.model.seq_len), generator=torch.Generator().manual_seed(0))
     inputs, targets, positions = context_shard(tokens, tokens, topology)
 

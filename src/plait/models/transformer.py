@@ -45,9 +45,11 @@ def make_norm(spec: ModelSpec) -> nn.Module:
 
 
 def rotary_tables(spec: ModelSpec, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles, shape (seq_len, head_dim // 2)."""
-    inv_freq = 1.0 / spec.rope_theta ** (torch.arange(0, spec.head_dim, 2, dtype=torch.float64) / spec.head_dim)
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)
+    """cos and sin of the rotary angles, shape (seq_len, head_dim // 2): computed on the host even
+    when the model is built on the meta device (they are constants, not weights a source fills)."""
+    steps = torch.arange(0, spec.head_dim, 2, dtype=torch.float64, device="cpu")
+    inv_freq = 1.0 / spec.rope_theta ** (steps / spec.head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64, device="cpu"), inv_freq)
     return angles.cos().float(), angles.sin().float()
 
 

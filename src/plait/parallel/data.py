@@ -48,16 +48,29 @@ NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
 
 
 def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "fp32") -> nn.Module:
-    """Replicate (stages 0, 1) or shard (stages 2, 3) ``model`` over the dp (and cp) ranks."""
-    stage = topology.layout.zero
+    """Replicate (stages 0, 1) or shard (stages 2, 3) ``model``, already real, over the dp (and cp)
+    ranks: ``shard_data_parallel`` then ``replicate_data_parallel``."""
+    return replicate_data_parallel(shard_data_parallel(model, topology, precision), topology)
+
+
+def shard_data_parallel(model: nn.Module, topology: Topology, precision: str = "fp32") -> nn.Module:
+    """What decides what a rank keeps, applied on the meta device too: ZeRO 1 and 2's bf16
+    parameters, ZeRO-3's FSDP2 shards (over ZeRO's group, 2-D over DTensors already split over tp).
+    Stage 2 needs no wrapper: ``ShardedAdamW(gradient_chunks=...)`` reduce-scatters the gradients
+    itself."""
     if topology.size(topology.replica_dim) == 1:
         return model
     hold_weights(model, topology, precision)
-    if stage == 3:
-        # FSDP2 over ZeRO's group shards DTensors already split over tp (2-D).
+    if topology.layout.zero == 3:
         return fully_shard_model(model, topology.fsdp_mesh, precision, topology.layout.grad_compression)
-    if stage == 2:
-        return model  # ShardedAdamW(gradient_chunks=...) reduce-scatters the gradients itself
+    return model
+
+
+def replicate_data_parallel(model: nn.Module, topology: Topology) -> nn.Module:
+    """DDP at ZeRO 0 and 1 without tensor parallelism, over real parameters (DDP broadcasts them
+    from the first rank as it starts)."""
+    if topology.size(topology.replica_dim) == 1 or topology.layout.zero >= 2:
+        return model
     if topology.size("tp") > 1:
         return model  # DDP cannot hold tensor-parallel (DTensor) weights: plait's GradientAllReduce averages them
     # Gradients as views of DDP's buckets: the rank holds one copy of the gradients, not two. The

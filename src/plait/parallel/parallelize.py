@@ -1,10 +1,12 @@
-"""One ``parallelize`` step: the seeded single-device model spread over the mesh, top to bottom.
+"""One ``parallelize`` step: the single-device model, built on the meta device, spread over the
+mesh, top to bottom.
 
 As torchtitan's ``parallelize``: tensor/sequence → context → recomputation or offload → pipeline split →
-data parallel/ZeRO → optimizer, each an ``apply_*`` step from outside the model. The order is
-forced: context parallelism swaps the attention core that selective recomputation wraps, a stage
-is a slice of the tensor-parallel model, and the data-parallel wrappers and ZeRO's optimizer hooks
-wrap what the rank finally holds.
+ZeRO's shards → materialize → DDP → optimizer, each an ``apply_*`` step from outside the model. The
+order is forced: context parallelism swaps the attention core that selective recomputation wraps, a
+stage is a slice of the tensor-parallel model, every step that decides what a rank keeps runs on
+the meta device so that only that is ever allocated (``plait.parallel.materialize``), and DDP and
+ZeRO's optimizer hooks wrap the real parameters the rank finally holds.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import torch
 from torch import nn
 
 from plait.facts.recompute import block_recompute
+from plait.models.init import WeightSource
 from plait.models.transformer import Transformer
 from plait.parallel.compression import compress_gradients
 from plait.parallel.context import apply_context_parallel
-from plait.parallel.data import apply_data_parallel, hold_weights
+from plait.parallel.data import hold_weights, replicate_data_parallel, shard_data_parallel
 from plait.parallel.gradient_buckets import GradientBuckets
 from plait.parallel.gradients import GradientReduction, data_parallel_buckets, gradient_reduction
+from plait.parallel.materialize import materialize
 from plait.parallel.offload import apply_activation_offload
 from plait.parallel.optimizer import build_optimizer
 from plait.parallel.pipeline import Pipeline, build_pipeline
@@ -56,8 +60,10 @@ def apply_within_stage(model: Transformer, topology: Topology) -> Transformer:
     return apply_activation_offload(model, topology.layout.offload_activations)
 
 
-def parallelize(model: Transformer, topology: Topology, precision: str, lr: float, weight_decay: float) -> Parallelized:
-    """Spread the seeded ``model`` over ``topology``'s mesh and build its optimizer.
+def parallelize(model: Transformer, topology: Topology, precision: str, lr: float, weight_decay: float,
+                source: WeightSource) -> Parallelized:
+    """Spread ``model`` (on the meta device) over ``topology``'s mesh, fill what this rank keeps of
+    it from ``source`` and build its optimizer.
 
     ``precision`` ("fp32" or "bf16") sets how ZeRO holds parameters; ``lr`` and ``weight_decay``
     are the optimizer's."""
@@ -73,8 +79,11 @@ def parallelize(model: Transformer, topology: Topology, precision: str, lr: floa
         if layout.zero == 3:
             stage = ShardedStage(model, topology.fsdp_mesh, layout.grad_compression)
             scatter_after = stage.reduce
+        materialize(model, source, topology.device)
     else:
-        model = apply_data_parallel(model, topology, precision)
+        model = shard_data_parallel(model, topology, precision)
+        materialize(model, source, topology.device)
+        model = replicate_data_parallel(model, topology)
     # A stage's gradients are final chunk by chunk (plait.parallel.gradient_buckets).
     chunks = {c: list(view.parameters()) for c, view in pipeline.chunks.items()} if pipeline is not None else None
     optimizer = build_optimizer(model, lr, weight_decay, topology, chunks)

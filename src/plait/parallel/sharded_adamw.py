@@ -90,6 +90,13 @@ class ShardedAdamW(torch.optim.Optimizer):
             return {param: self.gradient_shards.shards[param] for param in optimized if param in self.gradient_shards.shards}
         return {param: param.grad for param in optimized if param.grad is not None}
 
+    def init_state(self) -> None:
+        """Every owned row's moments, as the first step makes them: before a checkpoint loads into
+        them, so that torch's state-dict helper does not make them itself with a step over a whole
+        zero gradient for every parameter (a transient that ZeRO-2's saving was for)."""
+        for param in self._optimized():
+            self._state(param)
+
     def load_state_dict(self, state_dict: dict) -> None:
         """Optimizer's, keeping the loaded moments fp32: it would cast them to a bf16 parameter's dtype."""
         super().load_state_dict(state_dict)

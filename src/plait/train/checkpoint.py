@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from plait.errors import ConfigError
 
-from plait.parallel.sharded_adamw import master_weights
+from plait.parallel.sharded_adamw import ShardedAdamW, master_weights
 
 CHECKPOINT_DIR = "checkpoints"
 PARTIAL = ".partial"
@@ -241,6 +241,8 @@ def _in_words(error: BaseException) -> str:
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Load ``path`` into the (already parallelised) model and optimizer; return its step."""
+    if isinstance(optimizer, ShardedAdamW):
+        optimizer.init_state()
     model_state, optimizer_state = get_state_dict(model, optimizer, options=OPTIONS)
     masters = master_weights(model, optimizer)
     saved = checkpoint_metadata(path).state_dict_metadata

@@ -1,8 +1,8 @@
 """The training loop, run by every rank over an already-initialised process group.
 
-Order of construction, as in picotron and torchtitan: build the single-device model and seed its
-full weights → ``parallelize`` (every parallelism, applied from outside, and the optimizer) →
-(resume) → steps. Each step is ``train_step``: forward and backward (a plain loop over the
+Order of construction, as in torchtitan: build the single-device model on the meta device →
+``parallelize`` (every parallelism, applied from outside; the rank's own part of each weight made
+real and filled; the optimizer) → (resume) → steps. Each step is ``train_step``: forward and backward (a plain loop over the
 micro-batches, or the pipeline's schedule), the gradients finished for the layout, clipping, the
 optimizer step.
 """
@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from plait.config import RunConfig, TrainSpec, config_toml
 from plait.interop.hf import read_hf_state
-from plait.models.init import init_weights
+from plait.models.init import WeightSource, seeded_source, state_source
 from plait.models.transformer import Transformer
 from plait.observe.model_state import ModelStateMeter
 from plait.observe.progress import Progress
@@ -37,6 +37,7 @@ from plait.observe.summary import write_summary
 from plait.observe.tensorboard import TensorBoardLog
 from plait.parallel.context import average_over_context, context_shard
 from plait.parallel.gradients import clip_gradients, finish_gradients, gradient_sync
+from plait.parallel.materialize import materialize
 from plait.parallel.parallelize import Parallelized, parallelize
 from plait.parallel.sharded_adamw import fp32_masters, gradients_of
 from plait.parallel.tensor import local_value, vocab_parallel_loss
@@ -83,20 +84,28 @@ def wants_final_checkpoint(train: TrainSpec, first_step: int) -> bool:
     return train.final_checkpoint and ran and not saved
 
 
-def build_model(config: RunConfig, device: torch.device) -> nn.Module:
-    """The full single-device model with its seeded weights, or those of --init-from (identical under every layout)."""
-    model = Transformer(config.model)
+def weight_source(config: RunConfig) -> WeightSource:
+    """Where the run's initial weights come from: --init-from's folder, else the seed (identical
+    under every layout, a rank reading or generating only the part it keeps)."""
     if config.train.init_from:
-        model.load_state_dict(read_hf_state(Path(config.train.init_from), config.model))
-    else:
-        init_weights(model, config.model, config.train.seed)
-    return model.to(device)
+        return state_source(read_hf_state(Path(config.train.init_from), config.model))
+    return seeded_source(config.model, config.train.seed)
 
 
-def parallelize_run(model: nn.Module, config: RunConfig, topology: Topology) -> Parallelized:
-    """``parallelize`` with the run's precision and optimizer settings."""
+def build_model(config: RunConfig, device: torch.device) -> nn.Module:
+    """The whole single-device model with the run's initial weights (the single process's reference)."""
+    with torch.device("meta"):
+        model = Transformer(config.model)
+    return materialize(model, weight_source(config), device)
+
+
+def parallelize_run(config: RunConfig, topology: Topology) -> Parallelized:
+    """The run's model built on the meta device and ``parallelize``d with the run's weights,
+    precision and optimizer settings: the rank allocates only what it keeps."""
     train = config.train
-    return parallelize(model, topology, train.precision, train.lr, train.weight_decay)
+    with torch.device("meta"):
+        model = Transformer(config.model)
+    return parallelize(model, topology, train.precision, train.lr, train.weight_decay, weight_source(config))
 
 
 def autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -173,7 +182,7 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
     tokens, evaluator = split_for_evaluation(tokens, config)  # with --eval-every, training reads only the first part
     source = BatchSource(tokens, config.model.seq_len, train_spec.global_batch, train_spec.seed)
 
-    parallel = parallelize_run(build_model(config, device), config, topology)
+    parallel = parallelize_run(config, topology)
     model, optimizer, pipeline = parallel.model, parallel.optimizer, parallel.pipeline
     meter = ModelStateMeter(model, optimizer, lambda: gradients_of(optimizer), fp32_masters(optimizer),
                             parallel.unreduced_gradients)
