@@ -29,15 +29,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 
 from plait.config import RunConfig, TrainSpec, validate_run
 from plait.layout import Layout
 from plait.models.spec import model_spec
+from plait.parallel.cross_entropy import cross_entropy
 from plait.parallel.gradients import average_gradients, gradient_sync
 from plait.parallel.parallelize import Parallelized
 from plait.parallel.sharded_adamw import gradients_of
-from plait.parallel.tensor import vocab_parallel_loss
 from plait.topology import build_topology
 from plait.train.data import BatchSource, default_corpus
 from plait.train.loop import parallelize_run
@@ -66,9 +65,7 @@ def reduce_step(parallel: Parallelized, micro: list[tuple[torch.Tensor, torch.Te
     for index, (inputs, targets) in enumerate(micro):
         sync = mode != "none" and index == len(micro) - 1
         with gradient_sync(model, optimizer, sync, buckets):
-            logits = model(inputs)
-            with vocab_parallel_loss(topology):
-                (F.cross_entropy(logits.flatten(0, 1), targets.flatten()) / len(micro)).backward()
+            cross_entropy(model(inputs), targets, len(micro)).backward()
     if mode == "after" and buckets is None:  # DDP ran under no_sync
         average_gradients(gradients_of(optimizer), topology, ("dp",))
 

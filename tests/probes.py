@@ -5,14 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
 from plait.config import RunConfig
 from plait.parallel.context import context_shard
+from plait.parallel.cross_entropy import cross_entropy
 from plait.parallel.gradients import finish_gradients, gradient_reduction
 from plait.parallel.optimizer import build_optimizer
 from plait.parallel.parallelize import apply_within_stage
-from plait.parallel.tensor import vocab_parallel_loss
 from plait.topology import build_topology
 from plait.train.loop import autocast, build_model
 from tests.measure_collectives import CollectiveBytes
@@ -32,11 +31,8 @@ def _one_step(config: RunConfig, layers: int, topology) -> tuple[CollectiveBytes
     saved = SavedBytes(model, model.layers["0"])
     with CollectiveBytes() as comm, saved.recording():
         with autocast(config, CPU):  # as the training loop runs it: bf16 autocast over fp32 weights, the forward
-            logits = model(inputs, positions)
-            with vocab_parallel_loss(topology):
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-        with vocab_parallel_loss(topology):
-            loss.backward()
+            loss = cross_entropy(model(inputs, positions), targets)
+        loss.backward()
         finish_gradients(model, build_optimizer(model, 1e-3, 0.0), topology, gradient_reduction(topology))
     return comm, saved
 
@@ -80,11 +76,8 @@ def saved_activation_bytes(config: RunConfig) -> list[int]:
     saved = SavedBytes(model, *inner.layers.values())
     with saved.recording():
         with autocast(config, CPU):  # the forward, as the training loop runs it
-            logits = model(inputs, positions)
-            with vocab_parallel_loss(topology):
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-        with vocab_parallel_loss(topology):
-            loss.backward()
+            loss = cross_entropy(model(inputs, positions), targets)
+        loss.backward()
     return saved.totals
 
 
@@ -148,7 +141,5 @@ def offloaded_activation_bytes(config: RunConfig) -> dict:
         return hooks
 
     with mock.patch.object(offload, "new_block_offload", watched), autocast(config, CPU):
-        logits = model(inputs, positions)
-        with vocab_parallel_loss(topology):
-            F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()).backward()
+        cross_entropy(model(inputs, positions), targets).backward()
     return {"moved": [hooks.moved_bytes() for hooks in forwards], "left": len(left)}

@@ -299,14 +299,14 @@ def test_the_block_being_replayed_holds_what_a_kept_block_would(stack, recompute
 
 
 def test_the_last_stage_frees_its_logits_before_any_block_replays_and_a_kept_block_frees_more():
-    """One stage holds the last chunk alone: its head's activations and the loss's copies (12.7 GB of
-    fp32 logits for Llama 3 8B at 8,192 tokens) are freed before any block's backward, so a replayed
+    """One stage holds the last chunk alone: its head's activations and the loss's gradient (2.1 GB of
+    bf16 for Llama 3 8B at 8,192 tokens) are freed before any block's backward, so a replayed
     block (2.5 GB) adds nothing. Recomputing 20 of 32 blocks, the kept ones run backward first and
     free more than any replay needs."""
     spec, kernels, hw = model_spec("llama-8b"), STACKS["plait"], hardware("h100-sxm", memory_bytes=10**15)
     workload = Workload(spec, 8, "bf16", kernels)
     whole, kept = (activation_bytes_per_layer(spec, 1, recompute=mode, kernels=kernels) for mode in ("none", "full"))
-    head = head_activation_bytes(spec, 1, 1, False, 1, "bf16")
+    head = head_activation_bytes(spec, 1, 1, False, 1, "bf16", kernels)
     for layout, blocks in ((Layout(dp=8, recompute="full"), kept * spec.layers),
                            (Layout(dp=8, recompute="full", recompute_layers=20), kept * 20 + whole * 12)):
         assert evaluate(workload, hw, 8, layout).memory_breakdown["activations"] == pytest.approx(blocks + head, rel=1e-6)

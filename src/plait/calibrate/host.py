@@ -31,7 +31,6 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from plait.config import RunConfig, TrainSpec
@@ -42,6 +41,7 @@ from plait.models.init import init_weights
 from plait.models.spec import ModelSpec, model_spec
 from plait.models.transformer import Transformer
 from plait.parallel.context import average_over_context, context_shard
+from plait.parallel.cross_entropy import cross_entropy
 from plait.parallel.grad_norm import clip_grad_norm
 from plait.parallel.optimizer import build_optimizer
 from plait.plan.compute import LayerTimes, head_times, layer_times
@@ -155,7 +155,7 @@ def _model_probes(spec_of: Callable[[int], ModelSpec], micro_batch: int, precisi
 
         def loss(model=model, tokens=tokens) -> torch.Tensor:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-                return F.cross_entropy(model(tokens).flatten(0, 1).float(), tokens.flatten())
+                return cross_entropy(model(tokens), tokens)
 
         probes[f"forward{layers}"] = loss
         probes[f"both{layers}"] = lambda loss=loss: loss().backward()

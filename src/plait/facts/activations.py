@@ -132,17 +132,28 @@ def korthikanti_bytes_per_layer(spec: ModelSpec, micro_batch: int, tp: int = 1, 
     return replicated / replicated_split + sharded + attention_core
 
 
-def head_activation_bytes(spec: ModelSpec, micro_batch: int, tp: int, sp: bool, cp: int, precision: str) -> float:
-    """The last stage's extra activations: final-norm input, head input and fp32 logits."""
+def _logit_elements(spec: ModelSpec, micro_batch: int, tp: int, cp: int) -> float:
+    """One micro-batch's logits on a rank: its tokens by its share of the (padded) vocabulary."""
+    return spec.seq_len // cp * micro_batch * padded_vocab(spec.vocab, tp) / tp
+
+
+def head_activation_bytes(spec: ModelSpec, micro_batch: int, tp: int, sp: bool, cp: int, precision: str,
+                          kernels: Kernels) -> float:
+    """The last stage's extra activations: final-norm input, head input and what the loss keeps for
+    its backward (fp32 log-probabilities, or plait's gradient in the logits' dtype, ``Kernels.fused_loss``)."""
     tokens = spec.seq_len // cp * micro_batch
     e = ACTIVATION_BYTES[precision]
-    return 2 * tokens * spec.hidden * e / (tp if sp else 1) + tokens * padded_vocab(spec.vocab, tp) * 4 / tp
+    kept = e if kernels.fused_loss else FP32
+    return 2 * tokens * spec.hidden * e / (tp if sp else 1) + _logit_elements(spec, micro_batch, tp, cp) * kept
 
 
-def loss_backward_bytes(spec: ModelSpec, micro_batch: int, tp: int, cp: int, kernels: Kernels) -> float:
-    """What the last stage's loss backward holds for a moment beside its activations: ``kernels``'
-    fp32 copies of the logits' width (``Kernels.loss_backward_copies``), one micro-batch's."""
-    return kernels.loss_backward_copies * spec.seq_len // cp * micro_batch * padded_vocab(spec.vocab, tp) * FP32 / tp
+def loss_backward_bytes(spec: ModelSpec, micro_batch: int, tp: int, cp: int, kernels: Kernels,
+                        precision: str) -> float:
+    """What the last stage's loss holds for a moment beside its activations, one micro-batch's:
+    ``kernels``' fp32 copies of the logits' width (``Kernels.loss_backward_copies``), or plait's one
+    tensor of the logits' dtype (``Kernels.fused_loss``)."""
+    width = ACTIVATION_BYTES[precision] if kernels.fused_loss else 0
+    return (kernels.loss_backward_copies * FP32 + width) * _logit_elements(spec, micro_batch, tp, cp)
 
 
 def autocast_copies_weights(precision: str, zero: int = 0, pp: int = 1) -> bool:

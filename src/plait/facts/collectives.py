@@ -134,14 +134,18 @@ def head_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: boo
 
     Split by vocabulary columns, the head reads the whole residual stream: its input gradient (the
     ranks' partial sums) is all-reduced in backward, or with sp its input is all-gathered forward and
-    the gradient reduce-scattered back. The vocabulary-parallel loss's own reductions are one value
-    per token and are left out."""
+    the gradient reduce-scattered back. The vocabulary-parallel loss (plait.parallel.cross_entropy)
+    all-reduces fp32 values per token in its forward: the maxima, then the sums of exponentials and
+    the target's logit together."""
     if tp == 1:
         return ()
-    stream = batch * (seq // cp) * spec.hidden * element_bytes
+    tokens = batch * (seq // cp)
+    stream = tokens * spec.hidden * element_bytes
+    loss = (Collective("all_reduce", "tp", tp, tokens * FP32, 1, 0),
+            Collective("all_reduce", "tp", tp, 2 * tokens * FP32, 1, 0))
     if not sp:
-        return (Collective("all_reduce", "tp", tp, stream, 0, 1),)
-    return (Collective("all_gather", "tp", tp, stream, 1, 0), Collective("reduce_scatter", "tp", tp, stream, 0, 1))
+        return (Collective("all_reduce", "tp", tp, stream, 0, 1), *loss)
+    return (Collective("all_gather", "tp", tp, stream, 1, 0), Collective("reduce_scatter", "tp", tp, stream, 0, 1), *loss)
 
 
 def outside_layer_collective_bytes(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,

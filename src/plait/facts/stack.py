@@ -179,10 +179,14 @@ class Kernels:
     # that "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" (deepspeed/runtime/pipe/engine.py).
     pipeline_max_zero: int = 3
     # fp32 vocabulary-wide tensors the loss's backward allocates beside the log-probabilities it keeps,
-    # one micro-batch's, on the last stage: torch's cross entropy (plait, torchtitan) two at once (nll's
+    # one micro-batch's, on the last stage: torch's cross entropy (torchtitan) two at once (nll's
     # gradient and log-softmax's); Megatron-LM's vocab-parallel cross entropy writes the gradient into
     # the softmax it kept, none.
     loss_backward_copies: int = 0
+    # plait's cross entropy (plait.parallel.cross_entropy): it keeps its gradient in the logits' dtype
+    # instead of fp32 log-probabilities, and holds one more tensor of that width while it makes it
+    # (the logits) or hands it on (the gradient times the loss's).
+    fused_loss: bool = False
     # Schedules whose stage sends block the sender until the transfer is done: Megatron-LM's schedules
     # wait on each batched send and receive before the next compute (p2p_communication._communicate,
     # wait_on_reqs), as DeepSpeed's pipeline engine does on its sends, and as torch's Schedule1F1B
@@ -253,7 +257,7 @@ STACKS = {
     # query kept, no scores), one eager kernel per elementwise op, every context-parallel algorithm.
     "plait": Kernels(fused=False, cp_algorithms=CP_ALGORITHMS, recompute_whole_forward=False,
                      schedules=SCHEDULES, recompute_modes=RECOMPUTE, activation_offload="serial",
-                     tp_backward_overlap=False, loss_backward_copies=2, engine="plait"),
+                     tp_backward_overlap=False, fused_loss=True, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring; and
     # Megatron-LM's data parallelism: in bf16 an fp32 main_grad, reduce-scattered by its distributed
     # optimizer (ZeRO-1).

@@ -26,13 +26,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from plait.models.vocabulary import vocabulary_logits
 from plait.observe.progress import Progress
 from plait.parallel.pipeline_executor import ChunkReduction, Executor, StepRecord
-from plait.parallel.tensor import vocab_parallel_loss
+from plait.parallel.cross_entropy import cross_entropy
 from plait.schedules.actions import Schedule
 from plait.schedules.forward_only import forward_only
 from plait.schedules.generators import generate
@@ -161,7 +160,7 @@ class Pipeline:
         targets = [t.to(self.device) for _, t in micro_batches]
 
         def loss_fn(logits: torch.Tensor, mb: int) -> torch.Tensor:
-            return F.cross_entropy(logits.flatten(0, 1).float(), targets[mb].flatten()) / count
+            return cross_entropy(logits, targets[mb], count)
 
         def recv_shape(mb: int) -> tuple[int, ...]:
             batch, tokens = micro_batches[mb][0].shape
@@ -178,8 +177,7 @@ class Pipeline:
                             dtype=dtype, reduction=reduction, progress=progress)
         progress.operation("pp barrier before the schedule")
         dist.barrier(group=self.pp_group)  # a common start, so every rank's spans share one clock origin
-        with vocab_parallel_loss(self.topology):  # the last chunk's loss and its backward
-            record = executor.run([inputs for inputs, _ in micro_batches])
+        record = executor.run([inputs for inputs, _ in micro_batches])
         loss = record.loss if record.loss is not None else torch.zeros((), device=self.device)
         last = dist.get_global_rank(self.pp_group, self.schedule.pp - 1)
         progress.operation(f"pp loss broadcast from rank {last}")

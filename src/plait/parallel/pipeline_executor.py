@@ -30,7 +30,6 @@ from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from plait.observe.progress import Progress
-from plait.parallel.tensor import local_value
 from plait.schedules.actions import Action, Kind, Schedule
 from plait.schedules.simulate import Span
 
@@ -199,7 +198,7 @@ class Executor:
         output = self.chunks[c](state.input)
         if c == self.last_chunk:
             output = self.loss_fn(output, mb)
-            record.loss += local_value(output.detach())  # a replicated DTensor under tp
+            record.loss += output.detach()
         state.output = output
 
     def _output_grads(self, action: Action, state: _MicroState, states: dict) -> list[torch.Tensor] | None:

@@ -2,7 +2,7 @@
 
 Attention is split by heads (wq, wk, wv column-parallel; wo row-parallel), the MLP column- then
 row-parallel, the embedding and output projection by vocabulary, and the loss is computed on the
-vocabulary shards (``loss_parallel``): full logits never exist on one rank.
+vocabulary shards (``plait.parallel.cross_entropy``): full logits never exist on one rank.
 
 Without sequence parallelism the residual stream is replicated over tp and each row-parallel
 output is all-reduced. With it (``--sp``) the residual stream, the norms and the residual adds
@@ -19,7 +19,6 @@ so they take no probability and the loss is unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
 
@@ -29,7 +28,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
-    ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel, SequenceParallel, loss_parallel,
+    ColwiseParallel, PrepareModuleInput, PrepareModuleOutput, RowwiseParallel, SequenceParallel,
     parallelize_module,
 )
 
@@ -167,12 +166,3 @@ def laid_out_gradient(param: torch.Tensor) -> torch.Tensor:
         return grad.redistribute(placements=param.placements)
     return grad
 
-
-def vocab_parallel_loss(topology: Topology) -> contextlib.AbstractContextManager:
-    """Around the loss and its backward: cross-entropy on vocabulary-sharded logits under tp."""
-    return loss_parallel() if topology.size("tp") > 1 else contextlib.nullcontext()
-
-
-def local_value(value: torch.Tensor) -> torch.Tensor:
-    """A plain tensor of ``value`` (the loss is a replicated DTensor under tensor parallelism)."""
-    return value.full_tensor() if isinstance(value, DTensor) else value

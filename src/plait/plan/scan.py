@@ -426,8 +426,9 @@ class _PassCosts:
         layout = Layout(dp=self.gpus // (tp * cp), tp=tp, cp=cp, sp=sp)
         head, ends = head_times(spec, hw, precision, mbs, tp, cp), end_collectives(spec, hw, layout, mbs, stream)
         return (head.forward + head.backward + ends.head_forward + ends.head_backward,
-                ends.embedding_forward + ends.embedding_backward, head_activation_bytes(spec, mbs, tp, sp, cp, precision),
-                loss_backward_bytes(spec, mbs, tp, cp, self.kernels))
+                ends.embedding_forward + ends.embedding_backward,
+                head_activation_bytes(spec, mbs, tp, sp, cp, precision, self.kernels),
+                loss_backward_bytes(spec, mbs, tp, cp, self.kernels, precision))
 
 
 def _layer_work(layout: Layout, workload: Workload, hw: Hardware, mbs: int, times: dict) -> tuple[float, ...]:

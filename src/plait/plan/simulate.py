@@ -93,8 +93,8 @@ def stage_memory(workload: Workload, hw: Hardware, layout: Layout, micro_batch: 
     spec, precision, kernels = workload.spec, workload.precision, workload.kernels
     states = rank_model_states(spec, layout, precision, layers, first, last, kernels)
     other = other_bytes(spec, layout, micro_batch, precision, hw.reserved_bytes, kernels)
-    loss = loss_backward_bytes(spec, micro_batch, layout.tp, layout.cp, kernels) if last else 0.0
-    head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision) if last else 0.0
+    loss = loss_backward_bytes(spec, micro_batch, layout.tp, layout.cp, kernels, precision) if last else 0.0
+    head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision, kernels) if last else 0.0
     working = recompute_working_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, precision,
                                       kernels, layout.zero, layout.pp, layout.cp_algorithm) if layers else 0.0
     replayed = replayed_block_bytes(working, layout.schedule, kept_in_every_chunk,
@@ -112,7 +112,7 @@ def chunk_activation_bytes(workload: Workload, layout: Layout, micro_batch: int,
             spec, micro_batch, layout.tp, layout.sp, layout.cp, mode, precision, workload.kernels, layout.zero,
             layout.pp, layout.cp_algorithm), layout.offload_activations)
 
-    head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision)
+    head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision, workload.kernels)
     return [sum(n * per_layer(mode) for mode, n in chunk_recompute(layout, blocks)) + (head if c == len(counts) - 1 else 0.0)
             for c, blocks in enumerate(counts)]
 

@@ -16,11 +16,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from plait.parallel.context import average_over_context, context_shard
 from plait.parallel.parallelize import Parallelized
-from plait.parallel.tensor import local_value, vocab_parallel_loss
+from plait.parallel.cross_entropy import cross_entropy
 from plait.train.data import BatchSource, held_out_split
 
 EVAL_BATCHES = 4
@@ -56,9 +55,8 @@ def forward_loss(parallel: Parallelized, micro_batches: list[tuple[torch.Tensor,
     """This rank's mean loss over the micro-batches, forward only."""
     device, loss = parallel.topology.device, torch.zeros((), device=parallel.topology.device)
     for inputs, targets in micro_batches:
-        with autocast(), vocab_parallel_loss(parallel.topology):
-            logits = parallel.model(inputs.to(device), positions)
-            loss += local_value(F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()))
+        with autocast():
+            loss += cross_entropy(parallel.model(inputs.to(device), positions), targets)
     return loss / len(micro_batches)
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.profiler import record_function
 from tqdm import tqdm
@@ -36,11 +35,11 @@ from plait.observe.step_trace import StepTracer
 from plait.observe.summary import write_summary
 from plait.observe.tensorboard import TensorBoardLog
 from plait.parallel.context import average_over_context, context_shard
+from plait.parallel.cross_entropy import cross_entropy
 from plait.parallel.gradients import clip_gradients, finish_gradients, gradient_sync
 from plait.parallel.materialize import materialize
 from plait.parallel.parallelize import Parallelized, parallelize
 from plait.parallel.sharded_adamw import fp32_masters, gradients_of
-from plait.parallel.tensor import local_value, vocab_parallel_loss
 from plait.tokenizer import TOKENIZER_FILE
 from plait.topology import Topology
 from plait.train.checkpoint import latest_checkpoint, load_checkpoint, weights_are_finite
@@ -130,12 +129,10 @@ def forward_backward(parallel: Parallelized, micro_batches: MicroBatches, autoca
             # hold through the backward), and the backward's kernels take their dtypes from the
             # forward's graph (a recomputed block re-enters autocast by itself)
             with span("forward", microbatch=index), autocast():
-                logits = model(inputs.to(device), positions)
-                with vocab_parallel_loss(parallel.topology):
-                    loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten()) / count
-            with span("backward", microbatch=index), vocab_parallel_loss(parallel.topology):
+                loss = cross_entropy(model(inputs.to(device), positions), targets, count)
+            with span("backward", microbatch=index):
                 loss.backward()
-        local_loss += local_value(loss.detach())
+        local_loss += loss.detach()
     return local_loss
 
 

@@ -1,0 +1,91 @@
+"""The loss: mean cross entropy over tokens, in fp32, without an fp32 copy of the whole logits.
+
+``F.cross_entropy(logits.float(), ...)`` (and DTensor's ``loss_parallel``) keeps an fp32
+log-softmax as wide as the vocabulary for its backward, beside the bf16 logits and a transient fp32
+copy: at a 128k vocabulary and 8k tokens, 4 GB a micro-batch. Here the logits are read a block of
+rows at a time in fp32, and the gradient, softmax minus the target's one-hot, is made in the
+forward, a block at a time, in the logits' dtype: what the loss holds until its backward is that
+gradient alone, as wide as the logits and no wider (Liger's and torchtune's fused losses do the
+same). The values are the fp32 cross entropy's (the same max-shifted log-sum-exp).
+
+Under tensor parallelism the logits are split by vocabulary (a DTensor sharded on its last
+dimension): each rank reads its columns, and two all-reduces over the tp group of one value per
+token make the log-sum-exp and the target's logit whole (Megatron's vocab-parallel cross entropy).
+Our own rather than ``loss_parallel`` for its memory, as above.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+# fp32 values of one block of logits' rows read at a time: 64 MiB.
+BLOCK_ELEMENTS = 1 << 24
+
+
+def _blocks(rows: int, columns: int) -> list[slice]:
+    step = max(1, BLOCK_ELEMENTS // max(columns, 1))
+    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def _reduce(values: torch.Tensor, op: dist.ReduceOp, group) -> None:
+    if group is not None:
+        dist.all_reduce(values, op=op, group=group)
+
+
+class _VocabularyCrossEntropy(torch.autograd.Function):
+    """Sum over rows of cross entropy, times ``scale``, of (rows, columns) logits whose columns are
+    vocabulary ids ``first_id`` onwards of a vocabulary split over ``group`` (None: whole)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, group, first_id: int, scale: float,
+                keep_gradient: bool) -> torch.Tensor:
+        rows, columns = logits.shape
+        local = targets - first_id
+        owned = (local >= 0) & (local < columns)
+        picked = torch.zeros(rows, dtype=torch.float32, device=logits.device)
+        owned_rows = owned.nonzero().squeeze(1)
+        picked[owned_rows] = logits[owned_rows, local[owned_rows]].float()
+        maxima = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        sums = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        for block in _blocks(rows, columns):  # each rank's log-sum-exp about its own maxima
+            values = logits[block].float()
+            maxima[block] = values.amax(dim=1)
+            sums[block] = (values - maxima[block, None]).exp().sum(dim=1)
+        local_maxima = maxima.clone()
+        _reduce(maxima, dist.ReduceOp.MAX, group)
+        # About the common maxima (a rank whose columns are all masked padding adds nothing).
+        sums = torch.where(torch.isfinite(local_maxima), sums * (local_maxima - maxima).exp(), 0.0)
+        summed = torch.stack((sums, picked))
+        _reduce(summed, dist.ReduceOp.SUM, group)
+        sums, picked = summed
+        loss = (sums.log() + maxima - picked).sum() * scale
+        if keep_gradient:
+            gradient = torch.empty(rows, columns, dtype=logits.dtype, device=logits.device)
+            for block in _blocks(rows, columns):
+                values = logits[block].float()
+                gradient[block] = (values - maxima[block, None]).exp() / sums[block, None] * scale
+            gradient[owned_rows, local[owned_rows]] -= scale
+            ctx.save_for_backward(gradient)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        (gradient,) = ctx.saved_tensors
+        return gradient * grad_output.to(gradient.dtype), None, None, None, None, None
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, divisor: int = 1) -> torch.Tensor:
+    """Mean cross entropy of (batch, seq, vocab) ``logits`` against (batch, seq) ``targets``,
+    divided by ``divisor`` (the micro-batches a step averages over); logits split by vocabulary over
+    tensor parallelism as a DTensor sharded on their last dimension. A plain fp32 scalar tensor."""
+    group, first_id = None, 0
+    if isinstance(logits, DTensor):
+        mesh = logits.device_mesh
+        group, first_id = mesh.get_group(), mesh.get_local_rank() * logits.to_local().shape[-1]
+        logits = logits.to_local()
+    flat_logits, flat_targets = logits.flatten(0, 1), targets.flatten().to(logits.device)
+    scale = 1.0 / (flat_targets.numel() * divisor)
+    return _VocabularyCrossEntropy.apply(flat_logits, flat_targets, group, first_id, scale,
+                                         torch.is_grad_enabled() and logits.requires_grad)
