@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from plait.facts.stack import Kernels
 from plait.layout import Layout
 from plait.models.flops import block_norms, embedding_tensor_count, head_tensor_count, kv_heads_whole, layer_tensor_count
-from plait.models.spec import ALIGNED_ROWS, ModelSpec
+from plait.models.spec import ALIGNED_ROWS, FILL_BLOCK_ELEMENTS, ModelSpec
 
 ADAM_MOMENTS = 2
 FP32 = 4
@@ -23,6 +23,13 @@ BF16 = 2
 # Bytes per parameter of (parameters, gradients, optimizer state): mixed precision keeps bf16
 # parameters and gradients and an fp32 master beside Adam's fp32 moments; fp32 needs no master.
 PAPER_BYTES = {"bf16": (BF16, BF16, FP32 + ADAM_MOMENTS * FP32), "fp32": (FP32, FP32, ADAM_MOMENTS * FP32)}
+
+
+# What a rank holds beside its own part while it builds it (plait.parallel.materialize): the region
+# of a weight it fills at a time in fp32 and, for seeded weights, the generator's block of rows and its
+# scaled part, each at most ``FILL_BLOCK_ELEMENTS`` values. A constant: the model is never held whole,
+# so building costs a rank its own parameters and this, far below its training peak.
+BUILD_WORKSPACE_BYTES = 3 * FILL_BLOCK_ELEMENTS * FP32
 
 
 def holds_bf16_weights(precision: str, zero: int) -> bool:

@@ -3,7 +3,7 @@
 A rank never builds the whole model (``plait.parallel.materialize``): it asks for the part of each
 parameter it keeps, a ``Region`` of the single-device parameter, and only that part is generated.
 So a value must not depend on which part is asked for. Each random matrix is cut into blocks of
-whole rows (``ROW_BLOCK_ELEMENTS`` values or one row), each drawn from its own generator seeded by
+whole rows (``FILL_BLOCK_ELEMENTS`` values or one row), each drawn from its own generator seeded by
 (seed, parameter name, block): the values do not depend on construction order, on which layers a
 pipeline stage holds, on the tensor- or data-parallel slice, or on the rank. A rank generates the
 row blocks its region touches, one at a time, and keeps its columns of them.
@@ -18,14 +18,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from plait.models.spec import ModelSpec
+from plait.models.spec import FILL_BLOCK_ELEMENTS, ModelSpec
 
 INIT_STD = 0.02
 # Projections that write into the residual stream are scaled down by depth (GPT-2, Radford 2019).
 RESIDUAL_PROJECTIONS = ("attention.wo.weight", "mlp.w2.weight")
-# Values drawn from one generator: large enough that seeding costs nothing beside drawing, small
-# enough that a block a rank draws and partly discards is a few MiB at most.
-ROW_BLOCK_ELEMENTS = 1 << 20
 
 # (start, stop) per dimension of the single-device parameter: the part of it a rank holds.
 Region = tuple[tuple[int, int], ...]
@@ -45,17 +42,26 @@ def _std(spec: ModelSpec, name: str) -> float:
     return INIT_STD / math.sqrt(2 * spec.layers) if name.endswith(RESIDUAL_PROJECTIONS) else INIT_STD
 
 
-def _normal_rows(seed: int, name: str, columns: int, rows: tuple[int, int], std: float) -> torch.Tensor:
-    """Rows ``rows`` of a (·, columns) standard normal matrix scaled by ``std``, drawn block by block."""
-    per_block = max(1, ROW_BLOCK_ELEMENTS // columns)
-    start, stop = rows
-    parts = []
+def _normal_block(seed: int, name: str, shape: tuple[int, int], block: int, per_block: int) -> torch.Tensor:
+    """Row block ``block`` of parameter ``name``'s (rows, columns) standard normal matrix: the
+    matrix's last block holds only the rows it has."""
+    rows, columns = shape
+    generator = torch.Generator().manual_seed(block_seed(seed, name, block))
+    return torch.randn(min(per_block, rows - block * per_block), columns, generator=generator)
+
+
+def _normal_region(seed: int, name: str, shape: tuple[int, int], region: Region, std: float) -> torch.Tensor:
+    """``region`` of parameter ``name``'s normal matrix scaled by ``std``, drawn a row block at a time:
+    what it holds beside the region is one block and its scaled part (``FILL_BLOCK_ELEMENTS`` values at most each)."""
+    (start, stop), (first_column, last_column) = region
+    per_block = max(1, FILL_BLOCK_ELEMENTS // shape[1])
+    out = torch.empty(stop - start, last_column - first_column)
     for block in range(start // per_block, -(-stop // per_block)):
         first = block * per_block
-        generator = torch.Generator().manual_seed(block_seed(seed, name, block))
-        values = torch.randn(per_block, columns, generator=generator)
-        parts.append(values[max(start - first, 0):min(stop - first, per_block)] * std)
-    return torch.cat(parts) if parts else torch.empty(0, columns)
+        values = _normal_block(seed, name, shape, block, per_block)
+        rows = slice(max(start - first, 0), min(stop - first, per_block))
+        out[rows.start + first - start:rows.stop + first - start] = values[rows, first_column:last_column] * std
+    return out
 
 
 def seeded_source(spec: ModelSpec, seed: int) -> WeightSource:
@@ -67,8 +73,7 @@ def seeded_source(spec: ModelSpec, seed: int) -> WeightSource:
             return torch.zeros(sizes)
         if "norm" in name:
             return torch.ones(sizes)
-        (rows, (first_column, last_column)) = region
-        return _normal_rows(seed, name, shape[1], rows, _std(spec, name))[:, first_column:last_column]
+        return _normal_region(seed, name, shape, region, _std(spec, name))
 
     return values
 

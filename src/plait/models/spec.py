@@ -18,6 +18,11 @@ FAMILIES = ("gpt2", "llama")
 # the matmul's bf16 cast of the weight is padded (plait.models.vocabulary); tensor parallelism pads the
 # weights to a multiple of this a rank (plait.facts.model_state.padded_vocab).
 ALIGNED_ROWS = 8
+# Values a rank makes at a time while it fills its weights (plait.parallel.materialize): a block of
+# rows drawn from one generator (plait.models.init), and the region of a weight it fills at once.
+# Large enough that seeding costs nothing beside drawing; small enough that building a rank's part
+# of any model holds a few MiB beside it (plait.facts.model_state.BUILD_WORKSPACE_BYTES).
+FILL_BLOCK_ELEMENTS = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,15 @@ whole. DDP, the optimizer and the gradient buckets come after, over the real par
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from plait.models.init import Region, WeightSource
-from plait.models.spec import ModelSpec
+from plait.models.spec import FILL_BLOCK_ELEMENTS, ModelSpec
 
 # Parameters whose rows are the vocabulary: tensor parallelism pads them with zero rows
 # (plait.facts.model_state.padded_vocab), which no source holds.
@@ -49,8 +51,10 @@ def fill(param: torch.Tensor, name: str, spec: ModelSpec, source: WeightSource) 
     (start, stop), rest = region[0], region[1:]
     kept = max(0, min(stop, shape[0]) - start)
     local[kept:].zero_()
-    if kept:
-        local[:kept].copy_(source(name, shape, ((start, start + kept), *rest)))
+    step = max(1, FILL_BLOCK_ELEMENTS // max(1, math.prod(local.shape[1:])))  # a few MiB at a time, however large the weight
+    for first in range(0, kept, step):
+        last = min(first + step, kept)
+        local[first:last].copy_(source(name, shape, ((start + first, start + last), *rest)))
 
 
 def materialize(model: nn.Module, source: WeightSource, device: torch.device) -> nn.Module:
