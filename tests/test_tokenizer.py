@@ -35,33 +35,69 @@ def tokenizer_file(tmp_path_factory) -> Path:
     return path
 
 
-def test_prepared_data_trains_and_sample_decodes_with_the_runs_tokenizer(pool, tokenizer_file, tmp_path, capsys):
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
-    tokens = tmp_path / "tokens.u16"
+@pytest.fixture(scope="module")
+def tokenizer_run(pool, tokenizer_file, tmp_path_factory):
+    """A run of two ranks trained on data prepared with the tokenizer: its directory, config and token file."""
+    root = tmp_path_factory.mktemp("bpe")
+    tokens = root / "tokens.u16"
     assert main(["prepare-data", *map(str, TEXTS), "--tokenizer", str(tokenizer_file), "--out", str(tokens)]) == 0
-    expected = [i for text in TEXTS for i in tokenizer.encode(text.read_text(), add_special_tokens=False).ids]
-    assert np.fromfile(tokens, dtype=np.uint16).tolist() == expected
-
     config = run_config("tiny", steps=2, dp=2)
     config = dataclasses.replace(
         config, model=dataclasses.replace(config.model, vocab=VOCAB),
         train=dataclasses.replace(config.train, data=str(tokens), tokenizer=str(tokenizer_file), checkpoint_every=2))
-    pool.run(train_losses, 2, config, str(tmp_path / "run"))
-    assert (tmp_path / "run" / "tokenizer.json").read_text() == tokenizer_file.read_text()
+    pool.run(train_losses, 2, config, str(root / "run"))
+    return root / "run", config, tokens
 
-    dcp_to_torch_save(latest_checkpoint(tmp_path / "run"), tmp_path / "full.pt")
+
+def reference_model(run: Path, config, tmp_path: Path) -> Transformer:
+    """The run's final weights as torch's own converter reads them, not plait's loader."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(latest_checkpoint(run), tmp_path / "full.pt")
     model = Transformer(config.model)
     model.load_state_dict(torch.load(tmp_path / "full.pt", weights_only=True)["model"])
+    return model.eval()
+
+
+def test_prepared_data_trains_and_sample_decodes_with_the_runs_tokenizer(tokenizer_run, tokenizer_file, tmp_path,
+                                                                         capsys):
+    tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+    run, config, tokens = tokenizer_run
+    expected = [i for text in TEXTS for i in tokenizer.encode(text.read_text(), add_special_tokens=False).ids]
+    assert np.fromfile(tokens, dtype=np.uint16).tolist() == expected
+    assert (run / "tokenizer.json").read_text() == tokenizer_file.read_text()
+
+    model = reference_model(run, config, tmp_path)
     prompt = "def "
     ids = tokenizer.encode(prompt, add_special_tokens=False).ids
     with torch.no_grad():
         for _ in range(6):
             ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
     capsys.readouterr()
-    assert main(["sample", str(tmp_path / "run"), "--prompt", prompt, "--max-tokens", "6", "--temperature", "0"]) == 0
+    assert main(["sample", str(run), "--prompt", prompt, "--max-tokens", "6", "--temperature", "0"]) == 0
     assert capsys.readouterr().out == tokenizer.decode(ids) + "\n"
+
+
+def test_the_export_of_a_tokenizer_run_loads_in_transformers_with_the_runs_tokenizer(tokenizer_run, tokenizer_file,
+                                                                                    tmp_path):
+    """Sharded weights and the run's tokenizer: AutoModelForCausalLM computes the run's logits, AutoTokenizer
+    encodes and decodes as the run's tokenizer does."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run, config, _ = tokenizer_run
+    folder = tmp_path / "hf"
+    assert main(["export", str(run), "--to", str(folder), "--max-shard-size", "1MB"]) == 0
+    assert len(list(folder.glob("model-*-of-*.safetensors"))) >= 2
+    hf_tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+    text = TEXTS[0].read_text()[:3000]
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    assert hf_tokenizer(text)["input_ids"] == ids
+    assert hf_tokenizer.decode(ids) == tokenizer.decode(ids) == text
+    hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    batch = torch.tensor([ids[:config.model.seq_len]])
+    with torch.no_grad():
+        assert (reference_model(run, config, tmp_path)(batch) - hf(batch).logits).abs().max().item() <= 1e-5
 
 
 def test_bad_prepare_data_input_is_refused_in_one_line(tokenizer_file, tmp_path, capsys, monkeypatch):
@@ -95,3 +131,19 @@ def test_a_file_without_newlines_streams_in_bounded_blocks(tmp_path):
     blocks = list(line_blocks(tmp_path / "text.txt", block_bytes=999))
     assert len(blocks) > 5 and all(size <= 2 * 999 for _, size in blocks)
     assert "".join(block for block, _ in blocks) == text and sum(size for _, size in blocks) == len(text.encode())
+
+
+def test_prepared_data_keeps_its_id_range_beside_it_until_it_changes(tokenizer_file, tmp_path, monkeypatch):
+    from plait.tokenizer import prepare_data
+    from plait.train.data import training_tokens
+    from tests.test_data import counted_scans, moved_on
+
+    tokens = tmp_path / "tokens.u16"
+    prepare_data([str(TEXTS[0])], str(tokenizer_file), str(tokens))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["tokens.u16", "tokens.u16.range.json"]
+    scans = counted_scans(monkeypatch)
+    training_tokens(str(tokens), VOCAB, 16)
+    assert scans == []  # even the launcher's check reads only the record
+    moved_on(tokens)
+    training_tokens(str(tokens), VOCAB, 16)
+    assert len(scans) == 1

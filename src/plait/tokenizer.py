@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from plait.errors import ConfigError
+from plait.token_range import write_record_beside
 
 TOKENIZER_FILE = "tokenizer.json"  # the copy a run keeps
 BLOCK_BYTES = 2**20
@@ -60,7 +61,8 @@ def line_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[st
 
 def prepare_data(texts: list[str], tokenizer_path: str, out: str) -> int:
     """Tokenize ``texts`` one after another into the token file ``out`` (``.u16`` or ``.u32``); return the
-    token count. The file appears whole or not at all (written aside, then renamed)."""
+    token count. The file appears whole or not at all (written aside, then renamed), with the record of its
+    id range beside it (``OUT.range.json``), which spares a run's check the scan while the file is unchanged."""
     from tqdm import tqdm
 
     target = Path(out)
@@ -93,4 +95,6 @@ def prepare_data(texts: list[str], tokenizer_path: str, out: str) -> int:
         partial.unlink(missing_ok=True)
         raise
     os.replace(partial, target)
+    if count:
+        write_record_beside(target, dtype)
     return count

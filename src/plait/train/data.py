@@ -2,7 +2,8 @@
 
 The default corpus is the Python standard library's own source, which every machine with Python
 has, read as bytes (vocabulary 256). Users pass text files (read as UTF-8 bytes) or pre-tokenized
-files: ``.u16``/``.bin`` (uint16, nanoGPT's format), ``.u32`` (uint32) or ``.npy``.
+files: ``.u16``/``.bin`` (uint16, nanoGPT's format), ``.u32`` (uint32) or ``.npy``. A file is
+memory-mapped, never read whole, and its id range is scanned once per start (``plait.token_range``).
 
 The global batch of step k depends only on (seed, k): its sequence offsets are drawn from a
 generator seeded by both, so every layout sees the same sequences, and each data-parallel rank
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from plait.errors import ConfigError
+from plait.token_range import TokenRange, token_range
 from plait.tokenizer import check_tokenizer
 
 DEFAULT_CORPUS_BYTES = 4 * 2**20
@@ -69,14 +71,17 @@ def load_tokens(path: str | None) -> np.ndarray:
     return np.memmap(file, dtype=dtype, mode="r")
 
 
-def check_tokens(tokens: np.ndarray, vocab: int, seq_len: int, source: str) -> None:
-    """Reject a stream too short for one sequence or holding ids outside the vocabulary."""
+def check_length(tokens: np.ndarray, seq_len: int, source: str) -> None:
+    """Reject a stream too short for one sequence and its target."""
     if len(tokens) < seq_len + 1:
         raise ConfigError(
             f"{source} holds {len(tokens)} tokens, fewer than one sequence of {seq_len} plus its target; "
             "use more data or a shorter --seq-len"
         )
-    smallest, largest = int(tokens.min()), int(tokens.max())
+
+
+def check_ids(smallest: int, largest: int, vocab: int, source: str) -> None:
+    """Reject token ids outside the vocabulary."""
     if smallest < 0:
         raise ConfigError(f"{source} holds the negative token id {smallest}; token ids count from 0")
     if largest >= vocab:
@@ -86,11 +91,24 @@ def check_tokens(tokens: np.ndarray, vocab: int, seq_len: int, source: str) -> N
         )
 
 
+def checked_tokens(path: str | None, vocab: int, seq_len: int) -> tuple[np.ndarray, TokenRange | None]:
+    """The token stream of ``path`` (or the default corpus) checked against the model, with the id range
+    of its file that the check read (None for the default corpus): a record that still describes the
+    file, else one chunked scan (``plait.token_range``)."""
+    tokens = load_tokens(path)
+    source = path or "the default corpus"
+    check_length(tokens, seq_len, source)
+    if path is None:
+        check_ids(int(tokens.min()), int(tokens.max()), vocab, source)
+        return tokens, None
+    ids = token_range(tokens)
+    check_ids(ids.smallest, ids.largest, vocab, source)
+    return tokens, ids
+
+
 def training_tokens(path: str | None, vocab: int, seq_len: int) -> np.ndarray:
     """The token stream of ``path`` (or the default corpus), checked against the model."""
-    tokens = load_tokens(path)
-    check_tokens(tokens, vocab, seq_len, path or "the default corpus")
-    return tokens
+    return checked_tokens(path, vocab, seq_len)[0]
 
 
 HELD_OUT_SHARE = 0.1  # --eval-every scores the last tenth of the stream, which training never reads
@@ -129,15 +147,17 @@ class BatchSource:
         return sequences[:, :-1], sequences[:, 1:]
 
 
-def check_data(config) -> None:
-    """Open the run's data and check it fits the model (a ``RunConfig``), before any worker starts."""
+def check_data(config) -> TokenRange | None:
+    """Open the run's data and check it fits the model (a ``RunConfig``), before any worker starts; return
+    the id range of its file, which the workers then read instead of scanning (None: the default corpus)."""
     data = config.train.data
     if config.train.tokenizer and Path(data or "").suffix not in (*TOKEN_FILE_DTYPES, ".npy"):
         raise ConfigError(f"--tokenizer needs --data of token ids (.u16/.bin/.u32/.npy), but "
                           f"{data or 'the default corpus'} is read as bytes; make a token file with `plait prepare-data "
                           f"TEXT --tokenizer {config.train.tokenizer} --out FILE.u16`, or drop --tokenizer")
-    tokens = training_tokens(config.train.data, config.model.vocab, config.model.seq_len)
+    tokens, ids = checked_tokens(config.train.data, config.model.vocab, config.model.seq_len)
     if config.train.tokenizer:
         check_tokenizer(config.train.tokenizer, config.model.vocab)
     if config.train.eval_every:
         held_out_split(tokens, config.model.seq_len, config.train.data or "the default corpus")
+    return ids

@@ -28,10 +28,11 @@ from plait.interop.hf import check_init_from
 from plait.observe.progress import Progress
 from plait.plan.hardware import no_bf16
 from plait.observe.time_split import proportions
+from plait.token_range import RANGE_ENV
 from plait.topology import build_topology
 from plait.train.checkpoint import CheckpointNotWritten
 from plait.train.checkpoint_record import resumable_checkpoint
-from plait.train.data import check_data
+from plait.train.data import check_data, checked_tokens
 from plait.train.loop import NonFiniteLoss, train
 from plait.train.run_dir import prepare_run_dir
 from plait.train.start import inside_torchrun
@@ -68,6 +69,25 @@ def agreed_checkpoint(config: RunConfig, run_dir: Path) -> Path | None:
     if choice[1] is not None:
         raise ConfigError(choice[1])
     return None if choice[0] is None else Path(choice[0])
+
+
+def agreed_data_range(config: RunConfig) -> None:
+    """Collective: every rank holds a checked record of the data's id range (``RANGE_ENV``), so that none
+    scans the file. The local launcher checked it already and handed its record on; under a torchrun plait
+    did not start, rank 0 checks it here, once, and hands its record (or why the data is refused) to the
+    others. (A rank whose file the record no longer describes scans it again.)"""
+    if config.train.data is None or RANGE_ENV in os.environ:
+        return
+    outcome: list[str | None] = [None, None]  # the record, or why the data is refused
+    if dist.get_rank() == 0:
+        try:
+            outcome[0] = checked_tokens(config.train.data, config.model.vocab, config.model.seq_len)[1].to_json()
+        except ConfigError as error:
+            outcome[1] = str(error)
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[1] is not None:
+        raise ConfigError(outcome[1])
+    os.environ[RANGE_ENV] = outcome[0]
 
 
 def check_devices(config: RunConfig) -> None:
@@ -179,6 +199,7 @@ def train_rank(config: RunConfig, device: torch.device, run_dir: Path, resume_fr
     """Train this rank; return rank 0's summary. What the run built dies with this frame."""
     topology = build_topology(config.layout, device)
     checkpoint = resume_from or agreed_checkpoint(config, run_dir)
+    agreed_data_range(config)
     restart = int(os.environ.get(RESTART_ENV, 0))
     if restart and dist.get_rank() == 0:
         start = f"{checkpoint.name}" if checkpoint is not None else "step 0 (no complete checkpoint yet)"
@@ -204,12 +225,14 @@ def launch(config: RunConfig, argv: list[str]) -> int:
         return run_worker(after_restart(config), Path(config.train.run_dir or "runs/torchrun"))
     check_devices(config)
     check_precision(config)
-    check_data(config)
+    data_range = check_data(config)
     check_init_from(config)
     run_dir, checkpoint, lock = prepare_run_dir(config)
     try:
         world = config.layout.world_size
         checked = {RESUME_ENV: "" if checkpoint is None else str(checkpoint)} if config.train.resume else {}
+        if data_range is not None:
+            checked[RANGE_ENV] = data_range.to_json()
         if world == 1 and not config.train.max_restarts:  # one rank with no restarts runs in this process
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
                               **checked)
