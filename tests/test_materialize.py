@@ -1,6 +1,8 @@
-"""A rank builds only its own part of the model: the seeded values of any region are that region of
-the whole weight, and building a rank of any layout holds its parameters and, beside them, no more
-than ``BUILD_WORKSPACE_BYTES`` at any moment (the whole model never exists on one rank)."""
+"""A rank holds only its own part of the model from its first byte: the seeded values of any region
+are that region of the whole weight; building a rank of any layout holds its parameters and, beside
+them, no more than ``BUILD_WORKSPACE_BYTES`` at any moment (the whole model never exists on one
+rank); saving and loading a checkpoint hold no more than ``checkpoint_workspace_bytes`` beside the
+state, or (loading ZeRO-1/2's masters) than a step holds beyond it."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from plait.facts.model_state import BUILD_WORKSPACE_BYTES, pipeline_share, rank_model_states
+from plait.facts.model_state import (
+    BUILD_WORKSPACE_BYTES, checkpoint_workspace_bytes, pipeline_share, rank_model_states,
+)
 from plait.models import init
 from plait.models.spec import model_spec
 from tests.cases import layout_world_size, run_config
@@ -51,36 +55,67 @@ LAYOUTS = {
 }
 
 
-def build_holdings(config) -> dict:
-    """This rank's most bytes alive at once while it builds its part (``parallelize_run``), what it
-    holds when done, its parameters' bytes, and its pipeline coordinate."""
+def lifetime_holdings(config, run_dir: str) -> dict:
+    """This rank's most bytes alive at once while it builds its part (``parallelize_run``) and what
+    it holds when done; the most it holds beyond what it held before while it takes a step, saves a
+    checkpoint and loads it; its parameters' bytes and coordinates."""
+    from pathlib import Path
+
     from tests.measure_live import PeakLiveBytes
 
     from plait.observe.model_state import storage_bytes
     from plait.topology import build_topology
-    from plait.train.loop import parallelize_run
+    from plait.train.checkpoint import latest_checkpoint, load_checkpoint
+    from plait.train.loop import autocast, parallelize_run, train_step
 
     topology = build_topology(config.layout, torch.device("cpu"))
     with PeakLiveBytes() as live:
         parallel = parallelize_run(config, topology)
-        held = live.now
-    return {"peak": live.peak, "held": held, "params": storage_bytes(parallel.model.parameters()),
+        held, build_peak = live.now, live.peak
+        tokens = torch.randint(0, config.model.vocab, (config.train.global_batch // config.layout.dp, config.model.seq_len),
+                               generator=torch.Generator().manual_seed(0))
+        micro = list(zip(tokens.chunk(config.layout.microbatches), tokens.roll(-1, 1).chunk(config.layout.microbatches)))
+        extra = {}
+        for phase, act in (("step", lambda: train_step(parallel, micro, 1.0, lambda: autocast(config, topology.device))),
+                           ("save", lambda: _save(parallel, run_dir)),
+                           ("load", lambda: load_checkpoint(latest_checkpoint(Path(run_dir)), parallel.model,
+                                                            parallel.optimizer))):
+            live.reset_peak()
+            before = live.now
+            act()
+            extra[phase] = live.peak - before
+    return {"peak": build_peak, "held": held, "params": storage_bytes(parallel.model.parameters()), **extra,
             "pp": topology.coordinate("pp"), "dp": topology.coordinate("dp")}
 
 
+def _save(parallel, run_dir: str) -> None:
+    from pathlib import Path
+
+    from plait.train.checkpoint_writer import CheckpointWriter
+
+    writer = CheckpointWriter(Path(run_dir), {"run": "lifetime"}, 1, False)
+    writer.save(1, parallel.model, parallel.optimizer)
+    writer.finish()
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_a_rank_builds_its_own_part_and_nothing_more(pool, name):
+def test_a_rank_holds_its_own_part_and_little_more_through_build_save_and_load(pool, tmp_path, name):
     layout = dict(LAYOUTS[name])
     precision = layout.pop("precision", "fp32")
     config = run_config("tiny-llama", precision=precision, **layout)
     config = replace(config, model=replace(config.model, **WIDE))
     whole_bytes = 4 * sum(torch.Size(shape).numel() for shape in _shapes(config.model))
-    for rank in pool.run(build_holdings, layout_world_size(layout), config):
+    (tmp_path / "checkpoints").mkdir()
+    for rank in pool.run(lifetime_holdings, layout_world_size(layout), config, str(tmp_path)):
         layers, first, last = pipeline_share(config.model, config.layout, rank["pp"])
         fact = rank_model_states(config.model, config.layout, precision, layers, first, last, dp_rank=rank["dp"])
         assert rank["params"] == fact.params
         assert rank["held"] <= rank["peak"] <= rank["held"] + BUILD_WORKSPACE_BYTES
         assert rank["peak"] < whole_bytes
+        # Saving holds at most DCP's workspace beside the state; loading too, or what the step's own
+        # optimizer holds (ZeRO 1 and 2 share the rows of masters they load as a step shares its update).
+        workspace = checkpoint_workspace_bytes(config.model, config.layout, layers, first, last)
+        assert rank["save"] <= workspace and rank["load"] <= max(workspace, rank["step"]), (rank, workspace)
 
 
 def _shapes(spec) -> list[tuple[int, ...]]:

@@ -274,6 +274,16 @@ def zero_group(layout: Layout) -> tuple[int, int]:
     return layout.dp_shard * layout.cp, layout.tp
 
 
+def checkpoint_workspace_bytes(spec: ModelSpec, layout: Layout, layers: int, first: bool, last: bool) -> int:
+    """What a rank holds beside its state while torch.distributed.checkpoint loads it (and, at most,
+    saves it) on the host: two of its largest tensors in fp32, an item read from the file and the copy
+    narrowed into its place. The tensors as ``rank_tensor_shapes`` lays them out, their rows sharded
+    over ZeRO's group under ZeRO-3; the optimizer's moments are never larger than their parameter."""
+    shards = zero_group(layout)[0] if layout.zero == 3 else 1
+    shapes = rank_tensor_shapes(spec, layers, first, last, layout.tp, layout.pp)
+    return 2 * FP32 * max(-(-rows // shards) * columns for rows, columns in shapes)
+
+
 def communicated_bytes(layout: Layout, precision: str, kernels: Kernels) -> tuple[int, int]:
     """Bytes per element of (gradients reduced, parameters gathered) by the data-parallel collectives.
 
