@@ -1,6 +1,8 @@
 """One GPU's checks in one command: calibrate it, train plait's single-rank runs of
 docs/VALIDATION.md ("plait's own runs on one H100"), and set each run's step time and peak memory
-beside the catalog entry's prediction and the calibrated profile's, a row as each run ends.
+beside the catalog entry's prediction and the calibrated profile's, a row as each run ends; last,
+the largest Llama the planner fits on this GPU, built on the meta device and trained under the
+planner's pick (``--auto``), its measured peak beside the predicted one.
 
     python benchmarks/gpu_checks.py [--out DIR] [--steps 8]
 
@@ -11,6 +13,7 @@ machine without one it says so and exits.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -20,6 +23,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.gpu_mfu import train_one_rank
+from plait.layout import Layout
 from plait.observe.explain import explain
 from plait.plan.hardware import load_profile
 
@@ -35,6 +39,33 @@ RUNS = {
                                                     "--recompute", "full"],
     "gpt2-xl, 16 × 1k tokens, micro-batch 4": ["--model", "gpt2-xl", "--global-batch", "16", "--microbatches", "4"],
 }
+
+
+# Llamas of llama-3b's shape growing by depth, 4 × 4k tokens a step: the largest the planner fits is trained.
+LARGEST_LAYERS = (28, 36, 44, 52, 60)
+LARGEST_FLAGS = ["--model", "llama-3b", "--seq-len", "4096", "--global-batch", "4"]
+
+
+def fits_one_gpu(layers: int) -> bool:
+    """Whether ``plait plan`` finds any layout of that Llama on this one GPU."""
+    plan = subprocess.run([sys.executable, "-m", "plait", "plan", *LARGEST_FLAGS, "--layers", str(layers), "--gpus", "1",
+                           "--json", "--top", "1"], capture_output=True, text=True)
+    return plan.returncode == 0 and bool(json.loads(plan.stdout or "[]"))
+
+
+def largest_model_row(out: Path, steps: int) -> str:
+    """The deepest Llama of ``LARGEST_LAYERS`` that fits, trained under ``--auto``: its peak against the prediction."""
+    layers = max((n for n in LARGEST_LAYERS if fits_one_gpu(n)), default=None)
+    if layers is None:
+        return "| largest model | none of the Llamas fits |"
+    run_dir = out / "largest"
+    subprocess.run([sys.executable, "-m", "plait", "train", *LARGEST_FLAGS, "--layers", str(layers), "--auto",
+                    "--ranks", "1", "--steps", str(steps), "--run-dir", str(run_dir), "--no-final-checkpoint"], check=True)
+    explanation = explain(run_dir)
+    measured, predicted = explanation.summary["peak_memory_bytes"], explanation.prediction.peak_memory_bytes
+    layout = Layout(**explanation.summary["layout"]).describe()
+    return (f"| largest model: llama-3b shape, {layers} layers, {layout} | peak measured "
+            f"{measured / 1e9:.1f} GB | predicted {predicted / 1e9:.1f} GB ({predicted / measured - 1:+.1%}) |")
 
 
 def percent(predicted: float, measured: float) -> str:
@@ -67,6 +98,7 @@ def main() -> int:
                   f"{percent(calibrated.prediction.step_time_s, measured)} | "
                   f"{catalog.summary['peak_memory_bytes'] / 1e9:.1f} | {catalog.prediction.peak_memory_bytes / 1e9:.1f} |",
                   flush=True)
+        print(largest_model_row(out, args.steps), flush=True)
     return 0
 
 
