@@ -17,7 +17,7 @@ Our own rather than ``loss_parallel`` for its memory, as above.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch.distributed.tensor import DTensor
 
 # fp32 values of one block of logits' rows read at a time: 64 MiB.
@@ -29,9 +29,9 @@ def _blocks(rows: int, columns: int) -> list[slice]:
     return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-def _reduce(values: torch.Tensor, op: dist.ReduceOp, group) -> None:
-    if group is not None:
-        dist.all_reduce(values, op=op, group=group)
+def _reduce(values: torch.Tensor, op: str, group) -> torch.Tensor:
+    """``values`` reduced over ``group`` (functional, as plait's other collectives: the trace sees it)."""
+    return values if group is None else funcol.all_reduce(values, op, group).wait()
 
 
 class _VocabularyCrossEntropy(torch.autograd.Function):
@@ -53,13 +53,10 @@ class _VocabularyCrossEntropy(torch.autograd.Function):
             values = logits[block].float()
             maxima[block] = values.amax(dim=1)
             sums[block] = (values - maxima[block, None]).exp().sum(dim=1)
-        local_maxima = maxima.clone()
-        _reduce(maxima, dist.ReduceOp.MAX, group)
+        local_maxima, maxima = maxima, _reduce(maxima, "max", group)
         # About the common maxima (a rank whose columns are all masked padding adds nothing).
         sums = torch.where(torch.isfinite(local_maxima), sums * (local_maxima - maxima).exp(), 0.0)
-        summed = torch.stack((sums, picked))
-        _reduce(summed, dist.ReduceOp.SUM, group)
-        sums, picked = summed
+        sums, picked = _reduce(torch.stack((sums, picked)), "sum", group)
         loss = (sums.log() + maxima - picked).sum() * scale
         if keep_gradient:
             gradient = torch.empty(rows, columns, dtype=logits.dtype, device=logits.device)
