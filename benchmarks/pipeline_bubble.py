@@ -41,8 +41,10 @@ from pipeline_common import StageClock, TimedChunk, batch, equal_chunks, run_on_
 from plait.errors import ConfigError  # noqa: E402
 from plait.parallel.pipeline_executor import Executor  # noqa: E402
 from plait.schedules import Kind, Schedule, Span, Timeline, generate, simulate, theoretical_bubble  # noqa: E402
+from plait.schedules import SCHEDULES as REGISTERED, schedule_spec  # noqa: E402
 
-SCHEDULES = [("naive", 1), ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)]
+# Every registered schedule, those that interleave at two chunks per rank.
+SCHEDULES = [(name, 2 if schedule_spec(name).takes_virtual_stages else 1) for name in REGISTERED]
 
 
 def measure(m: int, steps: int, width: int, depth: int, rows: int, names: list[str], hold: float) -> list[dict]:

@@ -36,7 +36,7 @@ from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.parallel.data import fsdp_policy
 from plait.parallel.pipeline import prune_to_rank
-from plait.schedules.generators import generate
+from plait.schedules.registry import generate
 from plait.schedules.split import split_layers
 from plait.topology import build_topology
 from plait.train.loop import build_model, parallelize_run, train_step

@@ -76,10 +76,11 @@ def test_data_too_short_to_hold_out_is_refused_before_start(tmp_path, capsys, mo
 def test_the_forward_only_schedule_of_every_schedule_runs_without_deadlock():
     from plait.schedules.actions import Kind
     from plait.schedules.forward_only import forward_only
-    from plait.schedules.generators import generate
+    from plait.schedules.registry import generate
     from plait.schedules.simulate import simulate
+    from tests.schedule_cases import EVERY_SCHEDULE
 
-    for name, virtual in (("naive", 1), ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)):
+    for name, virtual in EVERY_SCHEDULE:
         schedule = forward_only(generate(name, 4, 8, virtual))
         forwards = [a for actions in schedule.actions for a in actions if a.kind is Kind.FORWARD]
         assert len(forwards) == 4 * virtual * 8  # every chunk's forward of every micro-batch, once

@@ -5,11 +5,10 @@ import torch
 
 from plait.schedules import generate, peak_in_flight
 from tests.pipeline_cases import run_toy_schedule, toy_gradients
+from tests.schedule_cases import EVERY_SCHEDULE
 
-SCHEDULES = [("naive", 1), ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)]
 
-
-@pytest.mark.parametrize("name,v", SCHEDULES)
+@pytest.mark.parametrize("name,v", EVERY_SCHEDULE)
 @pytest.mark.parametrize("pp", [2, 4])
 def test_executed_order_is_the_generated_list_and_gradients_are_exact(pool, name, v, pp):
     m = 2 * pp

@@ -24,7 +24,8 @@ from plait.schedules.split import split_layers
 from plait.train.loop import build_model
 from tests.cases import layout_world_size, run_config
 from tests.probes import autocast_during_backward, held_model_state, saved_activation_bytes
-from tests.test_pipeline_parity import SCHEDULES, layers_for, small_config
+from tests.schedule_cases import EVERY_SCHEDULE
+from tests.test_pipeline_parity import layers_for, small_config
 from tests.test_tensor_context_parity import LAYOUTS as TENSOR_CONTEXT_LAYOUTS
 
 MODELS = ("tiny", "tiny-llama")
@@ -42,7 +43,7 @@ OP_RECOMPUTE = [{"recompute": "op"}, {"dp": 2, "zero": 1, "recompute": "op"}, {"
                 {"tp": 2, "sp": True, "recompute": "op"}, {"cp": 2, "recompute": "op"}]
 MATRIX = [{}, *DATA_PARALLEL, *TENSOR_CONTEXT_LAYOUTS, *RING, *OP_RECOMPUTE]
 # test_pipeline_parity.py: pp 2 and 4, one chunk or two a rank, on its narrow models.
-PIPELINES = sorted({(pp, v) for pp in (2, 4) for _, v in SCHEDULES})
+PIPELINES = sorted({(pp, v) for pp in (2, 4) for _, v in EVERY_SCHEDULE})
 MODEL_STATE_FIELDS = ("dp", "tp", "cp", "pp", "virtual_stages", "stage_layers", "zero")
 ACTIVATION_FIELDS = ("dp", "tp", "sp", "cp", "recompute", "zero", "cp_algorithm")
 

@@ -25,6 +25,7 @@ from plait.plan.hardware import CATALOG, hardware
 from plait.plan.ranking import PLANNER_ERROR
 from plait.plan.search import search
 from plait.plan.simulate import Workload, evaluate
+from tests.schedule_cases import INTERLEAVING_SCHEDULES, ONE_CHUNK_SCHEDULES
 
 CASES = 220
 GPU_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 280, 512, 1024)
@@ -195,9 +196,9 @@ def test_plan_refuses_nothing_train_accepts():
     for dp, tp, cp, pp in itertools.product((1, 2, 4, 8), repeat=4):
         if dp * tp * cp * pp != 8:
             continue
-        for zero, sp, m, (schedule, v) in itertools.product(
-                (0, 1, 2, 3), (False, True), (1, 2, 4),
-                (("1f1b", 1), ("gpipe", 1), ("naive", 1), ("zb-h1", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 3))):
+        schedules = [(name, 1) for name in ONE_CHUNK_SCHEDULES] + [(name, v) for name in INTERLEAVING_SCHEDULES
+                                                                   for v in (2, 3)]
+        for zero, sp, m, (schedule, v) in itertools.product((0, 1, 2, 3), (False, True), (1, 2, 4), schedules):
             layout = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, zero=zero, schedule=schedule, virtual_stages=v,
                             microbatches=m)
             if pp == 1 and (schedule, v) != ("1f1b", 1) or run_problems(spec, layout, 8, 32):

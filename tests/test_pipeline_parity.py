@@ -14,10 +14,10 @@ from plait.layout import Layout
 from plait.models.spec import model_spec
 from tests.cases import assert_traced_volumes_are_the_facts, train_losses, train_outcome
 from tests.pipeline_cases import pipeline_losses
+from tests.schedule_cases import EVERY_SCHEDULE
 
 RELATIVE_TOLERANCE = 1e-5
 FAMILIES = {"tiny": {}, "tiny-llama": {"ffn_hidden": 96}}
-SCHEDULES = [("naive", 1), ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)]
 
 
 def layers_for(pp: int, v: int) -> int:
@@ -44,7 +44,7 @@ def pipelined(pool):
     runs = {}
     for pp in (2, 4):
         for model in FAMILIES:
-            cases = [(name, v, m) for name, v in SCHEDULES for m in (pp, 2 * pp, 4 * pp)]
+            cases = [(name, v, m) for name, v in EVERY_SCHEDULE for m in (pp, 2 * pp, 4 * pp)]
             configs = [small_config(model, layers_for(pp, v), pp=pp, schedule=n, virtual_stages=v, microbatches=m)
                        for n, v, m in cases]
             per_rank = pool.run(pipeline_losses, pp, configs)
@@ -54,7 +54,7 @@ def pipelined(pool):
 
 
 @pytest.mark.parametrize("model", list(FAMILIES))
-@pytest.mark.parametrize("name,v", SCHEDULES)
+@pytest.mark.parametrize("name,v", EVERY_SCHEDULE)
 @pytest.mark.parametrize("pp", [2, 4])
 def test_pipeline_matches_single_process(single_process, pipelined, model, name, v, pp):
     reference = single_process[(model, layers_for(pp, v))]

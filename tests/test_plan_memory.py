@@ -16,6 +16,7 @@ from plait.plan.hardware import GIB, hardware, stack_hardware
 from plait.plan.simulate import Workload, evaluate
 from plait.schedules import generate, peak_in_flight
 from plait.schedules.simulate import compile_schedule
+from tests.schedule_cases import INTERLEAVING_SCHEDULES, ONE_CHUNK_SCHEDULES
 
 GB = 1e9
 
@@ -94,17 +95,18 @@ def test_swiglu_saves_three_ffn_wide_tensors_fused_and_four_unfused_where_gelu_s
         assert difference == pytest.approx(extra * 2 * s * b * f)
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "naive"])
+@pytest.mark.parametrize("name", ONE_CHUNK_SCHEDULES)
 @pytest.mark.parametrize("p,m", [(2, 2), (4, 4), (4, 7), (4, 16), (8, 8), (8, 24)])
 def test_in_flight_closed_forms_match_the_generated_lists(name, p, m):
     peaks = peak_in_flight(generate(name, p, m))
     assert [in_flight_chunks(name, p, 1, m, r) for r in range(p)] == list(peaks)
 
 
+@pytest.mark.parametrize("name", INTERLEAVING_SCHEDULES)
 @pytest.mark.parametrize("p,m,v", [(2, 2, 2), (2, 4, 3), (4, 4, 2), (4, 8, 2), (4, 12, 4), (8, 16, 2)])
-def test_interleaved_in_flight_closed_form_matches_the_lists(p, m, v):
-    peaks = peak_in_flight(generate("interleaved-1f1b", p, m, v))
-    assert [in_flight_chunks("interleaved-1f1b", p, v, m, r) for r in range(p)] == list(peaks)
+def test_interleaved_in_flight_closed_form_matches_the_lists(name, p, m, v):
+    peaks = peak_in_flight(generate(name, p, m, v))
+    assert [in_flight_chunks(name, p, v, m, r) for r in range(p)] == list(peaks)
 
 
 

@@ -6,7 +6,9 @@ import pytest
 
 from plait.plan.costs import Boundaries, ChunkCost
 from plait.plan.pipeline import estimate_step, play, play_list
-from plait.schedules import generate
+from plait.schedules import generate, schedule_spec
+from plait.schedules.registry import Fill
+from tests.schedule_cases import EVERY_SCHEDULE
 
 
 def _equal(chunks: int, f=1.0, i=1.0, w=1.0) -> list[ChunkCost]:
@@ -47,7 +49,7 @@ def _full_and_shortcut(name, p, v, m, chunks, flight, sizes):
     return full, play(name, p, v, m, chunks, boundaries, sizes)
 
 
-@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2)])
+@pytest.mark.parametrize("name,v", EVERY_SCHEDULE)
 def test_extending_two_short_plays_is_exact_for_equal_stages(name, v):
     p, m = 4, 28
     chunks = [ChunkCost(1.0, 1.7, 0.6, 0.0)] * (p * v)
@@ -57,7 +59,7 @@ def test_extending_two_short_plays_is_exact_for_equal_stages(name, v):
     assert shortcut.peak_activations == pytest.approx(full.peak_activations)
 
 
-@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2)])
+@pytest.mark.parametrize("name,v", EVERY_SCHEDULE)
 def test_extending_two_short_plays_is_close_for_uneven_stages(name, v):
     """Uneven stages make the steady state periodic over several micro-batches: within 0.5%."""
     rng = random.Random(7)
@@ -69,12 +71,12 @@ def test_extending_two_short_plays_is_close_for_uneven_stages(name, v):
     assert shortcut.peak_activations == pytest.approx(full.peak_activations)
 
 
-@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)])
+@pytest.mark.parametrize("name,v", EVERY_SCHEDULE)
 def test_closed_form_estimate_equals_play_for_equal_stages(name, v):
     p, m, f, i, w, flight = 4, 8, 1.0, 1.5, 0.5, 0.0
     played = play(name, p, v, m, _equal(p * v, f / v, i / v, w / v), Boundaries.uniform(p, flight), [0.0] * (p * v))
     work = f + i + w
-    fill = f + i - w if name == "zb-h1" else work / v
+    fill = f + i - w if schedule_spec(name).fill is Fill.DEFERRED_WEIGHTS else work / v
     assert estimate_step(name, p, v, m, work, work, fill, flight) == pytest.approx(played.step_time)
 
 

@@ -4,6 +4,7 @@ import pytest
 
 from plait.errors import ConfigError
 from plait.schedules import Kind, check, generate, peak_in_flight, simulate, theoretical_bubble
+from tests.schedule_cases import EVERY_SCHEDULE
 
 CASES = [(p, m) for p in (2, 3, 4, 8) for m in (p, 2 * p, 4 * p, 4 * p + 1)]
 
@@ -48,7 +49,7 @@ def test_peak_in_flight_gpipe_grows_with_m_1f1b_bounded_by_pp():
         assert check(generate("zb-h1", 4, m)) == (4, 4, 4, 4)
 
 
-@pytest.mark.parametrize("name,v", [("naive", 1), ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)])
+@pytest.mark.parametrize("name,v", EVERY_SCHEDULE)
 @pytest.mark.parametrize("p", [1, 2, 4])
 def test_every_generated_schedule_passes_the_checker(name, v, p):
     for m in (p, 2 * p, 4 * p):

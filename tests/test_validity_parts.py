@@ -8,8 +8,9 @@ import random
 from dataclasses import replace
 
 from plait.facts.validity import layout_problems, mesh_problems, pipeline_problems
-from plait.layout import CP_ALGORITHMS, SCHEDULES, Layout
+from plait.layout import CP_ALGORITHMS, Layout
 from plait.models.spec import model_spec
+from plait.schedules import SCHEDULES
 
 
 def test_a_layout_is_valid_exactly_when_its_mesh_and_its_schedule_are():
@@ -19,7 +20,7 @@ def test_a_layout_is_valid_exactly_when_its_mesh_and_its_schedule_are():
     for _ in range(3000):
         layout = Layout(
             dp=rng.choice((1, 2, 3, 4)), tp=rng.choice((1, 2, 4, 5)), cp=rng.choice((1, 2)), pp=rng.choice((1, 2, 3, 4)),
-            sp=rng.random() < 0.3, zero=rng.choice((0, 1, 2, 3)), schedule=rng.choice(SCHEDULES),
+            sp=rng.random() < 0.3, zero=rng.choice((0, 1, 2, 3)), schedule=rng.choice(tuple(SCHEDULES)),
             virtual_stages=rng.choice((1, 2, 3)), microbatches=rng.choice((1, 2, 4, 6, 8)),
             cp_algorithm=rng.choice(CP_ALGORITHMS),
             stage_layers=rng.choice((None, (3, 3), (1, 2, 3), (1,) * 6)),

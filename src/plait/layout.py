@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from plait.errors import ConfigError
+from plait.schedules.registry import SCHEDULES, check_virtual_stages, schedule_spec  # noqa: F401 (a choice list)
 
-SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+# Each field's choices: the schedule's every registered schedule's name (SCHEDULES, imported above),
+# the others these.
 RECOMPUTE = ("none", "selective", "op", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "bf16")
@@ -145,8 +147,7 @@ class Layout:
             raise ConfigError(f"stage-layers must be whole numbers of blocks, 0 or more each, got {self.stage_layers!r}")
         if self.zero not in ZERO_STAGES:
             raise ConfigError(f"ZeRO stage {self.zero!r} does not exist; use 0, 1, 2 or 3")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"unknown pipeline schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
+        schedule = schedule_spec(self.schedule)  # (refuses a name no schedule is registered under)
         if self.recompute not in RECOMPUTE:
             raise ConfigError(f"unknown recompute mode {self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
         if self.recompute_layers is not None:
@@ -178,8 +179,4 @@ class Layout:
                               "shards nothing; pass --zero 1, 2 or 3, or drop --dp-replicate")
         if self.sp and self.tp == 1:
             raise ConfigError("sequence parallel (--sp) shards the tensor-parallel group, so it needs --tp 2 or more")
-        if self.virtual_stages > 1 and self.schedule != "interleaved-1f1b":
-            raise ConfigError(
-                f"--virtual-stages {self.virtual_stages} only applies to the interleaved-1f1b schedule; "
-                "pass --schedule interleaved-1f1b or drop --virtual-stages"
-            )
+        check_virtual_stages(schedule, self.virtual_stages)

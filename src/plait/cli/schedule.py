@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from plait.cli.outputs import check_output_file
-from plait.layout import SCHEDULES
+from plait.schedules.registry import SCHEDULES, interleaving_schedules
 
 UNIT_SECONDS = 1e-3  # one forward is drawn as 1 ms: the picture's axis counts forwards
 
@@ -24,7 +24,7 @@ def add_schedule_command(subparsers) -> None:
     schedule.add_argument("--microbatches", type=int, required=True, default=argparse.SUPPRESS,
                           help="micro-batches per step")
     schedule.add_argument("--virtual-stages", type=int, default=1,
-                          help="chunks per rank, for interleaved-1f1b (default 1)")
+                          help=f"chunks per rank, for {interleaving_schedules()} (default 1)")
     schedule.add_argument("--out", metavar="FILE.png", default="schedule.png",
                           help="where to draw the timeline (default schedule.png)")
     schedule.set_defaults(handler=run_schedule)

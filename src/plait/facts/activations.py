@@ -66,15 +66,15 @@ def recompute_working_bytes(spec: ModelSpec, micro_batch: int, tp: int = 1, sp: 
     return max(0.0, whole - kept)
 
 
-def replayed_block_bytes(working: float, schedule: str, kept_in_every_chunk: bool, last_chunk_alone: bool,
+def replayed_block_bytes(working: float, splits_backward: bool, kept_in_every_chunk: bool, last_chunk_alone: bool,
                          freed_before_blocks: float) -> float:
     """What a rank's peak gains from the block its backward replays (``working``,
     ``recompute_working_bytes``), one block at a time beside everything else held. Nothing where every
     chunk of the rank keeps a block (partial recomputation keeps a chunk's last blocks, whose backward
     runs first and frees more); on a rank holding the last chunk alone, only what exceeds the head's
-    and the loss's bytes (``freed_before_blocks``), freed before any block's backward. zb-h1 keeps
-    each graph until its weight pass, so there every byte of it counts."""
-    if schedule == "zb-h1":
+    and the loss's bytes (``freed_before_blocks``), freed before any block's backward. A schedule that
+    ``splits_backward`` (zb-h1) keeps each graph until its weight pass, so there every byte of it counts."""
+    if splits_backward:
         return working
     if kept_in_every_chunk:
         return 0.0

@@ -14,6 +14,8 @@ from typing import Sequence
 import numpy as np
 
 from plait.schedules.actions import Kind
+from plait.schedules.generators import interleaved_warmup
+from plait.schedules.registry import schedule_spec
 from plait.schedules.simulate import KIND_INDEX
 
 
@@ -33,23 +35,9 @@ def peak_activation_bytes(kinds: np.ndarray, chunks: np.ndarray, chunk_bytes: Se
 
 
 def in_flight_chunks(name: str, pp: int, virtual_stages: int, microbatches: int, rank: int) -> int:
-    """Chunk activations rank ``rank`` holds at its peak, from each generator's documented warm-up.
-
-    gpipe holds every micro-batch; naive one; 1f1b p − r (Narayanan et al. 2021); zb-h1 p
-    (Qi et al. 2023); interleaved Megatron's warm-up 2(p − r − 1) + (v − 1)p plus one.
-    Tests hold these equal to counting over the generated lists.
-    """
-    p, m, v = pp, microbatches, virtual_stages
-    if name == "gpipe":
-        return m
-    if name == "naive":
-        return 1
-    if name == "1f1b":
-        return min(p - rank, m)
-    if name == "zb-h1":
-        return min(p, m)
-    total = m * v
-    return total if m == p else min(2 * (p - rank - 1) + (v - 1) * p + 1, total)
+    """Chunk activations rank ``rank`` holds at its peak: the schedule's own closed form
+    (``ScheduleSpec.in_flight``), which tests hold equal to counting over the generated lists."""
+    return schedule_spec(name).in_flight(pp, microbatches, virtual_stages, rank)
 
 
 def peak_microbatches(pp: int, virtual_stages: int, microbatches: int) -> int:
@@ -73,7 +61,7 @@ def held_chunk_counts(name: str, pp: int, virtual_stages: int, microbatches: int
     counted = peak_microbatches(p, v, microbatches)
     total = counted * v
     forwards, backwards = _chunks_run(p, v, total)
-    warmup = total if counted == p else min(2 * (p - rank - 1) + (v - 1) * p, total)
+    warmup = interleaved_warmup(p, counted, v, rank)
     rows = forwards[warmup + 1:] - backwards[:total - warmup] if warmup < total else forwards[total:]
     # (distinct rows sorted, as numpy's unique gives them, at a fraction of its cost on small arrays)
     peaks = np.array(sorted(set(map(tuple, rows.tolist()))), dtype=np.int64).reshape(-1, v)

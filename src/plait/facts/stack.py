@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from plait.layout import CP_ALGORITHMS, RECOMPUTE, SCHEDULES
+from plait.layout import CP_ALGORITHMS, RECOMPUTE
+from plait.schedules.registry import SCHEDULES, schedule_spec
 
 
 @dataclass(frozen=True)
@@ -30,9 +31,10 @@ class Kernels:
     # Megatron-LM reruns the whole forward, collectives and all.
     recompute_whole_forward: bool = True
     # The pipeline schedules the stack runs: Megatron-LM and Megatron-Core 1F1B and interleaved 1F1B,
-    # DeepSpeed's pipeline engine its 1F1B (TrainSchedule), torch.distributed.pipelining (plait,
-    # torchtitan) GPipe, 1F1B, interleaved and zero-bubble; none where the stack has no pipeline.
-    schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")
+    # DeepSpeed's pipeline engine its 1F1B (TrainSchedule), torch.distributed.pipelining (torchtitan)
+    # GPipe, 1F1B, interleaved and zero-bubble; none where the stack has no pipeline; None for every
+    # registered schedule (plait.schedules.registry), as plait's executor runs any checked list.
+    schedules: tuple[str, ...] | None = ("1f1b", "interleaved-1f1b")
     # Interleaving over two stages: Megatron-LM before Megatron-Core refused it (its README of
     # 2021-23: "The interleaved schedule is not supported for pipelines with 2 stages"; arguments.py
     # asserts pp > 2), as do the releases built on it (Korthikanti's, the zero-bubble fork).
@@ -210,6 +212,15 @@ class Kernels:
                               ("engine", ("plait", "reference"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Kernels.{name} is one of {allowed}, not {getattr(self, name)!r}")
+        for name in (*(self.schedules or ()), *self.blocking_sends):
+            if name not in SCHEDULES:
+                raise ValueError(f"Kernels names pipeline schedule {name!r}; the registered ones are "
+                                 f"{', '.join(SCHEDULES)}")
+
+    @property
+    def schedules_run(self) -> tuple[str, ...]:
+        """The pipeline schedules the stack runs (``schedules``, or every registered one)."""
+        return tuple(SCHEDULES) if self.schedules is None else self.schedules
 
     @property
     def plait_engine(self) -> bool:
@@ -219,7 +230,7 @@ class Kernels:
         """Whether a forward's output leaves with the next backward's gradient, after both: Megatron-LM's
         interleaved schedule where its sends block (without --overlap-p2p-communication) exchanges once a step
         (plait.schedules.generators.with_transfers); its 1F1B sends each output as it is made."""
-        return schedule == "interleaved-1f1b" and schedule in self.blocking_sends
+        return schedule_spec(schedule).takes_virtual_stages and schedule in self.blocking_sends
 
 
 # Recomputation of whole blocks or none (DeepSpeed's activation checkpointing, Megatron-LM of 2021,
@@ -256,7 +267,7 @@ STACKS = {
     # plait's single-device model: PyTorch's scaled_dot_product_attention (one log-sum-exp per
     # query kept, no scores), one eager kernel per elementwise op, every context-parallel algorithm.
     "plait": Kernels(fused=False, cp_algorithms=CP_ALGORITHMS, recompute_whole_forward=False,
-                     schedules=SCHEDULES, recompute_modes=RECOMPUTE, activation_offload="serial",
+                     schedules=None, recompute_modes=RECOMPUTE, activation_offload="serial",
                      tp_backward_overlap=False, fused_loss=True, engine="plait"),
     # Megatron-LM and torchtitan: flash attention, fused elementwise kernels, K/V round a ring; and
     # Megatron-LM's data parallelism: in bf16 an fp32 main_grad, reduce-scattered by its distributed

@@ -4,8 +4,8 @@
 and ``plait explain`` all ask ``run_problems`` or ``check_run``; nothing else decides what is
 valid. Every parallelism composes with every other; what is refused has no meaning (a
 compression with nothing to compress), does not fit the model, is a composition the engine does
-not run (per-operation recomputation or activation offload under zb-h1, PowerSGD under tp or pp),
-or is what a reference stack lacks, each with its reason.
+not run (per-operation recomputation or activation offload under a backward split in halves, as
+zb-h1's, PowerSGD under tp or pp), or is what a reference stack lacks, each with its reason.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from plait.errors import ConfigError
 from plait.facts.stack import STACKS, Kernels
 from plait.layout import ZIGZAG_ALGORITHMS, Layout
 from plait.models.spec import ModelSpec
-from plait.schedules.generators import validate as validate_schedule
+from plait.schedules.registry import SCHEDULES, schedule_spec
+from plait.schedules.registry import validate as validate_schedule
 from plait.schedules.split import split_problems
 
 def _raised(check: Callable[[], object]) -> list[str]:
@@ -93,18 +94,18 @@ def recompute_problems(layout: Layout, kernels: Kernels) -> list[str]:
     return []
 
 
-def recomputes_once_per_backward(schedule: str, recompute: str) -> bool:
-    """Whether ``schedule``'s backward can run under ``recompute``: torch's per-operation checkpoint
-    replays a block once, and zb-h1 splits each backward in two (input gradients, then weights),
-    replaying the block's forward for each."""
-    return not (recompute == "op" and schedule == "zb-h1")
+def recomputes_once_per_backward(splits_backward: bool, recompute: str) -> bool:
+    """Whether a schedule's backward can run under ``recompute``: torch's per-operation checkpoint
+    replays a block once, and a schedule that splits each backward in two (``ScheduleSpec.splits_backward``:
+    input gradients, then weights) replays the block's forward for each."""
+    return not (recompute == "op" and splits_backward)
 
 
-def reads_saved_once_per_backward(schedule: str, offload: bool) -> bool:
-    """Whether ``schedule``'s backward reads each offloaded tensor once, as the offload's one copy
-    back (plait.parallel.offload) and the planner's count of it assume: zb-h1's split backward reads
-    a block's saved tensors in each of its halves."""
-    return not (offload and schedule == "zb-h1")
+def reads_saved_once_per_backward(splits_backward: bool, offload: bool) -> bool:
+    """Whether a schedule's backward reads each offloaded tensor once, as the offload's one copy back
+    (plait.parallel.offload) and the planner's count of it assume: a split backward reads a block's
+    saved tensors in each of its halves."""
+    return not (offload and splits_backward)
 
 
 def pipeline_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS["plait"]) -> list[str]:
@@ -113,24 +114,27 @@ def pipeline_problems(spec: ModelSpec, layout: Layout, kernels: Kernels = STACKS
     which --recompute-layers counts by (plait.facts.recompute)."""
     if layout.pp == 1:
         return split_problems(spec, 1, layout.virtual_stages, layout.stage_layers)
-    if not kernels.schedules:
+    if not kernels.schedules_run:
         return ["this software stack has no pipeline parallelism; pass --pp 1"]
     problems = (split_problems(spec, layout.pp, layout.virtual_stages, layout.stage_layers)
                 + _raised(lambda: validate_schedule(layout.schedule, layout.pp, layout.microbatches, layout.virtual_stages)))
-    if layout.schedule not in kernels.schedules:
+    if layout.schedule not in SCHEDULES:  # (validate_schedule said so)
+        return problems
+    schedule = schedule_spec(layout.schedule)
+    if layout.schedule not in kernels.schedules_run:
         problems.append(f"this software stack has no {layout.schedule} schedule; pass --schedule "
-                        f"{' or '.join(kernels.schedules)}")
-    elif layout.schedule == "interleaved-1f1b" and layout.pp == 2 and not kernels.interleaved_two_stages:
+                        f"{' or '.join(kernels.schedules_run)}")
+    elif schedule.takes_virtual_stages and layout.pp == 2 and not kernels.interleaved_two_stages:
         problems.append("this software stack interleaves only three stages or more, as Megatron-LM before "
                         "Megatron-Core did; pass --pp 3 or more, or --schedule 1f1b")
-    if not recomputes_once_per_backward(layout.schedule, layout.recompute):
-        problems.append("--recompute op replays each block's forward once, and zb-h1's split backward replays it "
-                        "twice (input gradients, then weight gradients); pass --recompute full or selective, or "
-                        "another --schedule")
-    if not reads_saved_once_per_backward(layout.schedule, layout.offload_activations):
+    if not recomputes_once_per_backward(schedule.splits_backward, layout.recompute):
+        problems.append(f"--recompute op replays each block's forward once, and {layout.schedule}'s split backward "
+                        "replays it twice (input gradients, then weight gradients); pass --recompute full or "
+                        "selective, or another --schedule")
+    if not reads_saved_once_per_backward(schedule.splits_backward, layout.offload_activations):
         problems.append("--offload-activations brings each block's saved tensors back once for its backward, and "
-                        "zb-h1's split backward reads them in each half (input gradients, then weight gradients); "
-                        "pass another --schedule or drop --offload-activations")
+                        f"{layout.schedule}'s split backward reads them in each half (input gradients, then weight "
+                        "gradients); pass another --schedule or drop --offload-activations")
     return problems
 
 

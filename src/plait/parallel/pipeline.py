@@ -34,7 +34,7 @@ from plait.parallel.pipeline_executor import ChunkReduction, Executor, StepRecor
 from plait.parallel.cross_entropy import cross_entropy
 from plait.schedules.actions import Schedule
 from plait.schedules.forward_only import forward_only
-from plait.schedules.generators import generate
+from plait.schedules.registry import generate
 from plait.schedules.simulate import Span, Timeline, theoretical_bubble
 from plait.schedules.split import split_layers
 from plait.topology import Topology

@@ -141,12 +141,12 @@ def schedule_peak(ranks: Iterable[tuple[RankHold, float]], act: float, head: flo
     return peak
 
 
-def replayed_adds(working: float, schedule: str, v: int, freed: float, kept_in_every_chunk: bool = False
+def replayed_adds(working: float, splits_backward: bool, v: int, freed: float, kept_in_every_chunk: bool = False
                   ) -> tuple[float, float]:
     """What the replayed block adds on a rank other than the last and on the last
     (plait.facts.activations.replayed_block_bytes), which holds the last chunk alone when v is 1."""
-    return (replayed_block_bytes(working, schedule, kept_in_every_chunk, False, freed),
-            replayed_block_bytes(working, schedule, kept_in_every_chunk, v == 1, freed))
+    return (replayed_block_bytes(working, splits_backward, kept_in_every_chunk, False, freed),
+            replayed_block_bytes(working, splits_backward, kept_in_every_chunk, v == 1, freed))
 
 
 def fewest_recomputed(ranks: tuple, kept: float, recomputed: float, head: float, capacity: float) -> int | None:
@@ -166,7 +166,7 @@ def fewest_recomputed(ranks: tuple, kept: float, recomputed: float, head: float,
 
 
 def partial_candidate(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank: int, head: float, working: float,
-                      schedule: str, freed: float) -> tuple:
+                      splits_backward: bool, freed: float) -> tuple:
     """(``full``, the per-layer figures of a chunk recomputing its first ``blocks`` layers, its peak
     with the replayed block's ``working`` bytes where they add, ``blocks``): time a blend of none and
     full by the share of a rank's layers recomputed."""
@@ -174,7 +174,7 @@ def partial_candidate(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank:
     share = min(1.0, blocks * v / per_rank)
     blend = tuple(share * r + (1 - share) * k for k, r in zip(kept, recomputed))
     peak = max(besides + hold.partial_bytes(blocks, kept[0], recomputed[0], head)
-               + (replayed_adds(working, schedule, v, freed, min(n for n in hold.chunk_layers if n) > blocks)[hold.last]
-                  if hold.layers else 0.0)
+               + (replayed_adds(working, splits_backward, v, freed,
+                                min(n for n in hold.chunk_layers if n) > blocks)[hold.last] if hold.layers else 0.0)
                for hold, besides in ranks)
     return "full", blend, peak, blocks

@@ -4,10 +4,11 @@
 (compiled once, ``play_compiled``; the generated lists are deadlock-free by test). Past the
 warm-up every micro-batch adds the same pattern of actions to every rank, so step time and peak
 activation bytes are affine in the micro-batch count m; for long schedules ``play`` plays two
-short ones (p and 2p micro-batches; 2p and 3p for interleaved and zb-h1) and extends the line. Tests hold this equal to playing the
-full list when stages cost the same, and within 0.5% when they do not (the steady state then
-repeats over a few micro-batches rather than one). ``estimate`` is the closed form the search ranks thousands of layouts with before
-playing the best ones.
+short ones (p and 2p micro-batches; 2p and 3p for interleaved and zb-h1, as each schedule's
+``steady_after`` says) and extends the line. Tests hold this equal to playing the full list when
+stages cost the same, and within 0.5% when they do not (the steady state then repeats over a few
+micro-batches rather than one). ``estimate_step`` is the closed form the search ranks thousands of layouts
+with before playing the best ones.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import numpy as np
 
 from plait.facts.in_flight import peak_activation_bytes
 from plait.plan.costs import Boundaries, ChunkCost
-from plait.schedules import Action, Kind, Schedule, generate
+from plait.schedules import Action, Kind, Schedule, ScheduleSpec, generate, schedule_spec
 from plait.schedules.actions import COMPUTE_KINDS, crossed_boundary
+from plait.schedules.registry import Fill
 from plait.schedules.simulate import KIND_INDEX, Compiled, compile_schedule, play_compiled
 
 
@@ -87,13 +89,14 @@ def play_list(schedule: Schedule | Compiled, chunks: Sequence[ChunkCost], bounda
 
 
 @functools.lru_cache(maxsize=16)
-def action_lists(name: str, pp: int, microbatches: int, virtual_stages: int,
+def action_lists(schedule: ScheduleSpec, pp: int, microbatches: int, virtual_stages: int,
                  sends_after_backward: bool = False) -> Compiled:
     """``generate``, compiled and remembered: a search plays the same schedule under several
     layouts' costs, and its lists on 64 ranks hold hundreds of thousands of actions (a pure
-    function of these five). A search plays about ten layouts, two lists each, several sharing a
-    schedule: sixteen lists of a few MB each keep those."""
-    return compile_schedule(generate(name, pp, microbatches, virtual_stages, sends_after_backward))
+    function of these five: remembered by the registered entry, not its name, so that a schedule
+    registered again under the name is generated afresh). A search plays about ten layouts, two lists
+    each, several sharing a schedule: sixteen lists of a few MB each keep those."""
+    return compile_schedule(generate(schedule.name, pp, microbatches, virtual_stages, sends_after_backward))
 
 
 def play(
@@ -103,14 +106,16 @@ def play(
 ) -> Played:
     """Step time, busy time and peak activations of ``name`` played with these per-chunk costs
     (``sends_after_backward``: plait.schedules.generators.with_transfers)."""
-    # Interleaving with m = p runs all forwards first and zb-h1 defers weights: both settle by 2p.
-    short = 2 * pp if name in ("interleaved-1f1b", "zb-h1") else pp
+    schedule = schedule_spec(name)
+    short = schedule.steady_after * pp
     longer = short + pp
     if pp == 1 or microbatches <= longer:
-        return play_list(action_lists(name, pp, microbatches, virtual_stages, sends_after_backward), chunks,
+        return play_list(action_lists(schedule, pp, microbatches, virtual_stages, sends_after_backward), chunks,
                          boundaries, chunk_bytes)
-    a = play_list(action_lists(name, pp, short, virtual_stages, sends_after_backward), chunks, boundaries, chunk_bytes)
-    b = play_list(action_lists(name, pp, longer, virtual_stages, sends_after_backward), chunks, boundaries, chunk_bytes)
+    a = play_list(action_lists(schedule, pp, short, virtual_stages, sends_after_backward), chunks, boundaries,
+                  chunk_bytes)
+    b = play_list(action_lists(schedule, pp, longer, virtual_stages, sends_after_backward), chunks, boundaries,
+                  chunk_bytes)
     scale = (microbatches - short) / (longer - short)
 
     def extend(x: float, y: float) -> float:
@@ -130,11 +135,11 @@ def estimate_step(name: str, pp: int, virtual_stages: int, microbatches: int,
 
     ``mean`` and ``slowest`` are the average and the largest forward + backward seconds per
     micro-batch of one rank over all its chunks; ``fill`` is the work that cannot overlap while
-    the pipeline fills and drains, per stage: (F + B)/v for gpipe, 1f1b and interleaved
-    (Narayanan et al. 2021), F + I − W for zb-h1 (Qi et al. 2023), each with the stack's own cost
-    of a chunk's two passes (``Kernels.chunk_pass_s``); naive runs one stage at a time.
+    the pipeline fills and drains, per stage, as the schedule's ``Fill`` says: (F + B)/v for gpipe,
+    1f1b and interleaved (Narayanan et al. 2021), F + I − W for zb-h1 (Qi et al. 2023), each with the
+    stack's own cost of a chunk's two passes (``Kernels.chunk_pass_s``); naive runs one stage at a time.
     """
     m, p = microbatches, pp
-    if name == "naive":
+    if schedule_spec(name).fill is Fill.SERIAL:
         return m * (p * mean + 2 * (p - 1) * flight)
     return m * slowest + (p - 1) * fill + 2 * (p - 1) * flight * virtual_stages

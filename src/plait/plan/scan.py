@@ -20,7 +20,7 @@ from plait.facts.validity import (
     spec_problems,
 )
 from plait.facts.weight_passes import WeightPasses, layer_passes
-from plait.layout import RECOMPUTE, SCHEDULES, ZIGZAG_ALGORITHMS, Layout
+from plait.layout import RECOMPUTE, ZIGZAG_ALGORITHMS, Layout
 from plait.models.spec import ModelSpec
 from plait.plan.compute import LayerTimes, end_pass_seconds, gradient_seconds, head_times, layer_times_by_recompute
 from plait.plan.costs import end_collectives, layer_cost, stage_boundaries
@@ -33,6 +33,7 @@ from plait.plan.pipeline import estimate_step
 from plait.plan.ranking import complexity, full_shard_ranks
 from plait.plan.simulate import FlushCosts, Workload, flush_costs, gather_window
 from plait.plan.space import divisors, meshes, options, refused, scanned_layout, zero_choices
+from plait.schedules.registry import SCHEDULES, Fill, schedule_spec
 
 
 @dataclass
@@ -107,10 +108,11 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     offload = fixed.get("offload_activations", False)
     recomputes = tuple(rc for rc in options(fixed, "recompute", RECOMPUTE)
                        if not layout_problems(spec, Layout(recompute=rc, offload_activations=offload), kernels=kernels))
+    # The recomputations a backward split in halves (zb-h1's) cannot run.
+    split_refuses = {rc for rc in recomputes
+                     if not recomputes_once_per_backward(True, rc) or not reads_saved_once_per_backward(True, offload)}
     # Full recomputation of only the first N blocks of each chunk: as pinned, or, with neither
     # recomputation flag pinned, the fewest N that fit wherever only full recomputation fits.
-    zb_refuses = {rc for rc in recomputes
-                  if not recomputes_once_per_backward("zb-h1", rc) or not reads_saved_once_per_backward("zb-h1", offload)}
     pinned_blocks = fixed.get("recompute_layers")
     if pinned_blocks is not None and fixed.get("recompute") != "full":  # as train: it names full recomputation's blocks
         return Scan()
@@ -126,7 +128,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
     # ZeRO-2 reduces once a step: on a reference stack always, on plait's engine with one micro-batch
     # or on pipeline stages, over more than 2 dp·cp ranks (its fp32 rows are as large as the whole bf16
     # gradients over 2). Tests hold both claims.
-    waiting = replace(kernels, blocking_sends=SCHEDULES)  # each boundary's transfer apart from its gather
+    waiting = replace(kernels, blocking_sends=tuple(SCHEDULES))  # each boundary's transfer apart from its gather
     works: dict[tuple, dict] = {}
     acts: dict[tuple, tuple[float, float]] = {}
     times_cache: dict[tuple, dict[str, LayerTimes]] = {}
@@ -172,7 +174,7 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                 for zero, replicate in zeros:
                     dominated = zero == 1 and replicate == 1 and "zero" not in fixed and zero2_dominates
                     # With one schedule (pp 1) only Layout.validate checks it: the mesh carries it.
-                    schedule, v = schedules[0][:2] if pp == 1 else ("1f1b", 1)
+                    schedule, v = schedules[0][:2] if pp == 1 else (Layout.schedule, 1)
                     staged = Layout(dp=dp, tp=tp, cp=cp, pp=pp, sp=sp, microbatches=m, grad_compression=compression,
                                     cp_algorithm=algorithm, zero=zero, dp_replicate=replicate, schedule=schedule,
                                     virtual_stages=v, stage_layers=stage_layers, offload_activations=offload)
@@ -254,8 +256,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                         smallest = min(range(len(schedules)), key=lightest.__getitem__)
                         name, v, holds, _, kinds = schedules[smallest]
                         rc = min(recomputes, key=held.__getitem__)
+                        replayed = replayed_adds(working[rc], schedule_spec(name).splits_backward, v, freed)
                         found.note_smallest(schedule_peak(beside_activations(holds, kinds, besides), held[rc],
-                                                          head_act, replayed_adds(working[rc], name, v, freed)),
+                                                          head_act, replayed),
                                             (dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm, replicate,
                                              0, offload))
                         continue
@@ -309,9 +312,9 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     # micro-batch (less the pipeline engine's, which grows with v) with its flush.
                     per_rc = {}
                     for rc in costed:
-                        work, fill_zb, forward, backward, first_gather = works[key][rc]
+                        work, fill_deferred, forward, backward, first_gather = works[key][rc]
                         per_rc[rc] = (held[rc], (layers * work + head_work + embedding_work + first_gather) / pp,
-                                      work, embedding_work + first_gather, fill_zb * layers / pp,
+                                      work, embedding_work + first_gather, fill_deferred * layers / pp,
                                       flush.exposed(per_rank * backward, per_rank * forward) + flush.optimizer,
                                       backward, forward)
                     # No schedule beats the slowest rank's work for every micro-batch plus the flush, and
@@ -323,9 +326,10 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                               + min(0.0, (pp - 1) * r[4]) + per_rank * layer_gradients
                               + (flush.exposed(per_rank * r[6], math.inf) + flush.optimizer if gathered else r[5])
                               for rc, r in per_rc.items()}
-                    # Each schedule takes the fastest recomputation that fits (zb-h1 one it can replay twice).
+                    # Each schedule takes the fastest recomputation that fits (a split backward one it can
+                    # replay twice).
                     order = sorted(recomputes, key=lambda rc: per_rc[rc][2])
-                    order_zb = [rc for rc in order if rc not in zb_refuses] if zb_refuses else order
+                    order_split = [rc for rc in order if rc not in split_refuses] if split_refuses else order
                     if min(floors.values()) >= bar:
                         oversized = sum(light > capacity for light in lightest)
                         found.oversized += oversized
@@ -335,31 +339,34 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                     some = partial and floors["none"] < bar
                     for (name, v, holds, middle, kinds), light in zip(schedules, lightest):
                         first_layers, last_layers = holds[0].layers, holds[-1].layers
-                        tried = order_zb if name == "zb-h1" else order
-                        if not tried or light > capacity:  # (zb-h1's own recomputations keep no less)
+                        pipeline = schedule_spec(name)
+                        tried = order_split if pipeline.splits_backward else order
+                        if not tried or light > capacity:  # (a split backward's own recomputations keep no less)
                             found.oversized += 1
                             continue
                         ranks = tuple(beside_activations(holds, kinds, besides))
                         for rc in tried:
-                            peak = schedule_peak(ranks, per_rc[rc][0], head_act, replayed_adds(working[rc], name, v, freed))
+                            peak = schedule_peak(ranks, per_rc[rc][0], head_act,
+                                                 replayed_adds(working[rc], pipeline.splits_backward, v, freed))
                             if peak <= capacity:
                                 break
                             found.note_smallest(peak, (dp, tp, cp, pp, sp, zero, name, v, m, rc, compression, algorithm,
                                                        replicate, 0, offload))
-                        else:  # none fits with its recomputed block, or zb-h1 without the one that keeps the least
+                        else:  # none fits with its recomputed block, or a split backward without the one keeping least
                             found.oversized += 1
                             continue
                         candidates = [] if pinned_blocks is not None else [(rc, per_rc[rc], peak, None)]
                         if some and rc in ("op", "full"):
-                            # (every chunk keeping a block, only zb-h1 adds the replayed one: replayed_block_bytes)
-                            replayed = working["full"] if name == "zb-h1" else 0.0
+                            # (every chunk keeping a block, only a split backward adds the replayed one:
+                            # replayed_block_bytes)
+                            replayed = working["full"] if pipeline.splits_backward else 0.0
                             blocks = pinned_blocks or fewest_recomputed(ranks, per_rc["none"][0], per_rc["full"][0],
                                                                         head_act, capacity - replayed)
                             if pinned_blocks or blocks is not None and blocks * v < min(
                                     hold.layers for hold, _ in ranks if hold.layers):
                                 candidates.append(partial_candidate(ranks, v, per_rc, blocks, per_rank, head_act,
-                                                                    working["full"], name, freed))
-                        for rc, (_, mean, work, embedding_extra, fill_zb, flushed, backward, forward), peak, blocks in candidates:
+                                                                    working["full"], pipeline.splits_backward, freed))
+                        for rc, (_, mean, work, embedding_extra, fill_deferred, flushed, backward, forward), peak, blocks in candidates:
                             if gathered and v > 1:
                                 flushed = flush.exposed(per_rank * backward, gather_window(per_rank * forward, v, pp, m)) + flush.optimizer
                             first_stage = first_layers * work + embedding_extra
@@ -373,7 +380,8 @@ def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: 
                             # (a rank's v chunks each pass forward and backward once a micro-batch, each
                             # pass costing the stack's own time beside the layers and, where its sends block,
                             # the send; the fill's one chunk passes both ways too, its sends in ``flight``)
-                            fill = (fill_zb if name == "zb-h1" else mean / v) + 2 * kernels.chunk_pass_s
+                            fill = fill_deferred if pipeline.fill is Fill.DEFERRED_WEIGHTS else mean / v
+                            fill += 2 * kernels.chunk_pass_s
                             sending = 2 * v * (kernels.chunk_pass_s + (waited if name in kernels.blocking_sends else 0.0))
                             gradients = max(first_layers * layer_gradients + first_gradients,
                                             last_layers * layer_gradients + last_gradients, middle * layer_gradients)
@@ -432,12 +440,12 @@ class _PassCosts:
 
 
 def _layer_work(layout: Layout, workload: Workload, hw: Hardware, mbs: int, times: dict) -> tuple[float, ...]:
-    """(forward + backward + recompute + exposed comm, zb-h1's F + I − W, forward, backward, ZeRO-3's
-    unhidden first gather) of one layer."""
+    """(forward + backward + recompute + exposed comm, the fill F + I − W where weight passes are
+    deferred (zb-h1), forward, backward, ZeRO-3's unhidden first gather) of one layer."""
     lc = layer_cost(workload.spec, hw, layout, mbs, workload.precision, workload.kernels, times[layout.recompute])
     t = lc.times
     work = t.forward + t.backward + t.recompute + lc.comm_forward + lc.comm_backward
-    # zb-h1's F + I − W as the play's chunks count them (plan.costs.chunk_costs): F with its
+    # F + I − W as the play's chunks count them (plan.costs.chunk_costs): F with its
     # collectives, I with the recomputation and the backward's collectives.
     forward, backward_input = t.forward + lc.comm_forward, t.backward_input + t.recompute + lc.comm_backward
     return (work, forward + backward_input - t.backward_weight, forward, t.backward + lc.comm_backward, lc.first_gather)

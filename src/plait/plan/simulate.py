@@ -35,7 +35,7 @@ from plait.plan.costs import chunk_costs, stage_boundaries, wrapper_overhead
 from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.memory import RankMemory, layer_saved_bytes, other_bytes
 from plait.plan.pipeline import play
-from plait.schedules import split_layers
+from plait.schedules import schedule_spec, split_layers
 
 # DDP's default gradient bucket, for the other stacks (plait's own: plait.facts.buckets); the last
 # bucket cannot overlap anything.
@@ -97,7 +97,7 @@ def stage_memory(workload: Workload, hw: Hardware, layout: Layout, micro_batch: 
     head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision, kernels) if last else 0.0
     working = recompute_working_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, precision,
                                       kernels, layout.zero, layout.pp, layout.cp_algorithm) if layers else 0.0
-    replayed = replayed_block_bytes(working, layout.schedule, kept_in_every_chunk,
+    replayed = replayed_block_bytes(working, schedule_spec(layout.schedule).splits_backward, kept_in_every_chunk,
                                     last and layout.virtual_stages == 1, head + loss)
     return RankMemory(states.params, states.grads, states.optimizer, activations + replayed, other + loss)
 

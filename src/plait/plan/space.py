@@ -11,6 +11,7 @@ from plait.facts.validity import compression_problems, fit_problems
 from plait.layout import Layout
 from plait.plan.hardware import Hardware
 from plait.plan.simulate import Workload
+from plait.schedules.registry import SCHEDULES, schedule_spec
 from plait.schedules.split import split_problems
 
 
@@ -68,13 +69,15 @@ def meshes(workload: Workload, gpus: int, fixed: dict) -> Iterator[tuple[int, in
 
 
 def schedule_choices(pp: int, m: int, layers: int, fixed: dict) -> list[tuple[str, int]]:
-    """(schedule, v) pairs to score with pp ranks and m micro-batches (each candidate then passes the
-    shared validation). Without stages the schedule changes nothing: the pinned one, or 1f1b."""
+    """(schedule, v) pairs to score with pp ranks and m micro-batches: every registered schedule, those
+    with one chunk per rank first and then each interleaving depth of those taking more (each
+    candidate then passes the shared validation). Without stages the schedule changes nothing: the
+    pinned one, or the layout's default."""
     if pp == 1:
-        return [(fixed.get("schedule", "1f1b"), fixed.get("virtual_stages", 1))]
+        return [(fixed.get("schedule", Layout.schedule), fixed.get("virtual_stages", 1))]
     out = []
-    for name in options(fixed, "schedule", ("naive", "gpipe", "1f1b", "zb-h1", "interleaved-1f1b")):
-        if name == "interleaved-1f1b":
+    for name in options(fixed, "schedule", sorted(SCHEDULES, key=lambda n: schedule_spec(n).takes_virtual_stages)):
+        if schedule_spec(name).takes_virtual_stages:
             out += [(name, v) for v in _virtual_stage_choices(pp, layers, fixed)]
         else:
             out.append((name, 1))

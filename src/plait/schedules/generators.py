@@ -1,10 +1,11 @@
 """Schedule generators: each writes every rank's compute order; transfers are placed by one rule.
 
-A generator decides only the order of forwards and backwards on each rank. ``with_transfers``
-then puts each receive immediately before the compute that consumes it and each send immediately
-after the compute that produces it. Under the executor's rules (sends never block, receives do;
-see ``plait.schedules.simulate``) a receive then waits only on a true data dependency, so a
-compute order that respects dependencies yields a deadlock-free list; ``check`` proves it anyway.
+A generator decides only the order of forwards and backwards on each rank; it is registered under
+its schedule's name with what else plait reads of the schedule (``plait.schedules.registry``).
+``with_transfers`` then puts each receive immediately before the compute that consumes it and each
+send immediately after the compute that produces it. Under the executor's rules (sends never block,
+receives do; see ``plait.schedules.simulate``) a receive then waits only on a true data dependency,
+so a compute order that respects dependencies yields a deadlock-free list; ``check`` proves it anyway.
 For the planner's model of Megatron-LM's interleaved schedule without overlapped sends, a forward's
 send can wait for the backward after it (``sends_after_backward``).
 
@@ -26,10 +27,7 @@ Schedules (``p`` ranks, ``m`` micro-batches, ``v`` chunks per rank):
 
 from __future__ import annotations
 
-from typing import Callable
-
-from plait.errors import ConfigError
-from plait.schedules.actions import Action, Kind, Schedule
+from plait.schedules.actions import Action, Kind
 
 F, B, I, W = Kind.FORWARD, Kind.BACKWARD, Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT
 RECV_F, SEND_F, RECV_B, SEND_B = Kind.RECV_ACTIVATION, Kind.SEND_ACTIVATION, Kind.RECV_GRAD, Kind.SEND_GRAD
@@ -38,15 +36,15 @@ RECV_F, SEND_F, RECV_B, SEND_B = Kind.RECV_ACTIVATION, Kind.SEND_ACTIVATION, Kin
 _new = tuple.__new__
 
 
-def _naive(p: int, m: int, v: int, rank: int) -> list[Action]:
+def naive(p: int, m: int, v: int, rank: int) -> list[Action]:
     return [Action(kind, rank, mb) for mb in range(m) for kind in (F, B)]
 
 
-def _gpipe(p: int, m: int, v: int, rank: int) -> list[Action]:
+def gpipe(p: int, m: int, v: int, rank: int) -> list[Action]:
     return [Action(F, rank, mb) for mb in range(m)] + [Action(B, rank, mb) for mb in range(m)]
 
 
-def _one_f_one_b(p: int, m: int, v: int, rank: int) -> list[Action]:
+def one_f_one_b(p: int, m: int, v: int, rank: int) -> list[Action]:
     warmup = min(p - rank - 1, m)
     order = [_new(Action, (F, rank, mb, None)) for mb in range(warmup)]
     for mb in range(m - warmup):
@@ -54,7 +52,14 @@ def _one_f_one_b(p: int, m: int, v: int, rank: int) -> list[Action]:
     return order + [_new(Action, (B, rank, mb, None)) for mb in range(m - warmup, m)]
 
 
-def _interleaved(p: int, m: int, v: int, rank: int) -> list[Action]:
+def interleaved_warmup(p: int, m: int, v: int, rank: int) -> int:
+    """Forwards rank ``rank`` runs before its first backward in Megatron's interleaved order: every
+    one where m = p, else 2(p − r − 1) + (v − 1)p (Narayanan et al. 2021, §2.2)."""
+    total = m * v
+    return total if m == p else min(2 * (p - rank - 1) + (v - 1) * p, total)
+
+
+def interleaved_one_f_one_b(p: int, m: int, v: int, rank: int) -> list[Action]:
     """Megatron-LM's interleaved 1F1B (``forward_backward_pipelining_with_interleaving``).
 
     Rank r runs m·v chunk-forwards; the k-th is local chunk (k // p) % v on micro-batch
@@ -68,14 +73,14 @@ def _interleaved(p: int, m: int, v: int, rank: int) -> list[Action]:
         local, mb = within // p, group * p + within % p
         forwards.append(_new(Action, (F, local * p + rank, mb, None)))
         backwards.append(_new(Action, (B, (v - 1 - local) * p + rank, mb, None)))
-    warmup = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
+    warmup = interleaved_warmup(p, m, v, rank)
     order = forwards[:warmup]
     for k in range(total - warmup):
         order += [forwards[warmup + k], backwards[k]]
     return order + backwards[total - warmup:]
 
 
-def _zb_h1(p: int, m: int, v: int, rank: int) -> list[Action]:
+def zb_h1(p: int, m: int, v: int, rank: int) -> list[Action]:
     """1F1B with B split in I and W; rank r runs each W r micro-batches after its I.
 
     Deferring W on the later ranks lets their I — the only part of the backward the previous rank
@@ -94,15 +99,6 @@ def _zb_h1(p: int, m: int, v: int, rank: int) -> list[Action]:
         if len(pending) > rank:
             order.append(_new(Action, (W, rank, pending.pop(0), None)))
     return order + [_new(Action, (W, rank, mb, None)) for mb in pending]
-
-
-GENERATORS: dict[str, Callable[[int, int, int, int], list[Action]]] = {
-    "naive": _naive,
-    "gpipe": _gpipe,
-    "1f1b": _one_f_one_b,
-    "interleaved-1f1b": _interleaved,
-    "zb-h1": _zb_h1,
-}
 
 
 def with_transfers(compute: list[Action], rank: int, pp: int, num_chunks: int,
@@ -140,45 +136,3 @@ def with_transfers(compute: list[Action], rank: int, pp: int, num_chunks: int,
         else:
             add(action)
     return tuple(out)
-
-
-def validate(name: str, pp: int, microbatches: int, virtual_stages: int = 1) -> None:
-    """Raise ConfigError with one actionable sentence if the schedule cannot run this way."""
-    if name not in GENERATORS:
-        raise ConfigError(f"unknown pipeline schedule {name!r}; use one of {', '.join(GENERATORS)}")
-    for label, value in (("pp", pp), ("microbatches", microbatches), ("virtual-stages", virtual_stages)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"--{label} must be a positive integer, got {value!r}")
-    if name == "interleaved-1f1b":
-        if virtual_stages < 2:
-            raise ConfigError("interleaved-1f1b needs --virtual-stages 2 or more; with 1 use --schedule 1f1b")
-        if microbatches % pp:
-            raise ConfigError(
-                f"interleaved-1f1b needs micro-batches in multiples of pp={pp} (as Megatron-LM), "
-                f"got {microbatches}; pass --microbatches {pp * -(-microbatches // pp)}"
-            )
-    elif virtual_stages > 1:
-        raise ConfigError(
-            f"--virtual-stages {virtual_stages} only applies to the interleaved-1f1b schedule; "
-            "pass --schedule interleaved-1f1b or drop --virtual-stages"
-        )
-    if name == "zb-h1" and microbatches < pp:
-        raise ConfigError(
-            f"zb-h1 needs at least pp={pp} micro-batches to fill the pipeline, got {microbatches}; "
-            f"pass --microbatches {pp} or more"
-        )
-
-
-def generate(name: str, pp: int, microbatches: int, virtual_stages: int = 1,
-             sends_after_backward: bool = False) -> Schedule:
-    """Every rank's action list (compute and transfers) for schedule ``name`` (``with_transfers``
-    for ``sends_after_backward``: interleaved 1F1B's steady state, none where m = p runs every
-    forward first)."""
-    validate(name, pp, microbatches, virtual_stages)
-    num_chunks = pp * virtual_stages
-    paired = sends_after_backward and name == "interleaved-1f1b" and microbatches != pp
-    lists = tuple(
-        with_transfers(GENERATORS[name](pp, microbatches, virtual_stages, rank), rank, pp, num_chunks, paired)
-        for rank in range(pp)
-    )
-    return Schedule(name, pp, virtual_stages, microbatches, lists)

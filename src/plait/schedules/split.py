@@ -15,6 +15,7 @@ from typing import Sequence
 from plait.errors import ConfigError
 from plait.models.flops import head_forward_flops, layer_flops
 from plait.models.spec import ModelSpec
+from plait.schedules.registry import interleaving_schedules
 
 
 def chunk_costs(spec: ModelSpec, counts: Sequence[int], seq_len: int | None = None) -> tuple[int, ...]:
@@ -63,7 +64,7 @@ def split_problems(spec: ModelSpec, pp: int, virtual_stages: int = 1,
                     "--stage-layers"]
         if len(counts) != chunks and len(counts) % pp == 0 and len(counts) > pp:
             return [f"--stage-layers gives {len(counts)} chunk sizes, {len(counts) // pp} for each of the {pp} stages; "
-                    f"pass --virtual-stages {len(counts) // pp} --schedule interleaved-1f1b"]
+                    f"pass --virtual-stages {len(counts) // pp} --schedule {interleaving_schedules()}"]
         inner = counts[1:-1] if len(counts) > 1 else counts
         if len(counts) != chunks or sum(counts) != spec.layers or min(counts, default=0) < 0 or min(inner, default=1) < 1:
             return [f"--stage-layers must give {chunks} chunk sizes (pp × virtual-stages) summing to the model's "
