@@ -1,6 +1,6 @@
 """A run directory never locks: one killed before its first checkpoint is refused without --resume,
-with advice that works, and --resume starts it again from step 0, as it does when every checkpoint
-is damaged (each set aside, not deleted)."""
+with advice that works, and --resume starts it again from step 0, as it does, with
+--restart-from-scratch, when every checkpoint is damaged (each set aside, not deleted)."""
 
 from __future__ import annotations
 
@@ -30,13 +30,16 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_with_resume(tmp_path)
     assert logged[0]["loss"] != 5.6  # the steps were run again, not kept from the killed attempt
 
 
-def test_a_run_whose_every_checkpoint_is_damaged_restarts_from_step_0(tmp_path):
+def test_a_run_whose_every_checkpoint_is_damaged_restarts_from_step_0_when_asked(tmp_path):
     run_dir = tmp_path / "run"
     assert _train(run_dir, "--steps", "2", "--checkpoint-every", "1").returncode == 0
     checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
     for checkpoint in checkpoints:
         (checkpoint / ".metadata").unlink()
-    resumed = _train(run_dir, "--resume")
+    refused = _train(run_dir, "--resume")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr[-2000:]
+    assert "no intact checkpoint precedes it" in refused.stderr and "--restart-from-scratch" in refused.stderr
+    resumed = _train(run_dir, "--resume", "--restart-from-scratch")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "holds no complete checkpoint; the run starts from step 0" in resumed.stdout
     assert "steps 0–2" in resumed.stdout

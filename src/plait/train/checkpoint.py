@@ -86,6 +86,8 @@ class SafeReader(dcp.FileSystemReader):
             metadata = MetadataUnpickler(stream).load()
         if not isinstance(metadata, dcp_metadata.Metadata):
             raise pickle.UnpicklingError(f"it holds a {type(metadata).__name__}, not checkpoint metadata")
+        for stored in metadata.storage_data.values():  # every shard's file, checked before any is opened
+            inside(Path(self.path), stored.relative_path, METADATA_FILE)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = dcp_metadata.StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -103,10 +105,23 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
+def inside(checkpoint: Path, name: str, source: str) -> Path:
+    """``checkpoint / name``, a file that ``source`` (a file of the checkpoint) names; ConfigError, before
+    anything is read there, when it lies outside the checkpoint's folder (``..``, an absolute path, a link)."""
+    path = Path(checkpoint) / name
+    if not path.resolve().is_relative_to(Path(checkpoint).resolve()):
+        raise ConfigError(f"{checkpoint}'s {source} names {name}, a file outside the checkpoint, so plait did not "
+                          f"write it; rename it to {Path(checkpoint).name}{DAMAGED} to use the checkpoint before")
+    return path
+
+
 def checkpoint_metadata(path: Path) -> dcp_metadata.Metadata:
-    """The checkpoint's metadata, read without running anything; ConfigError if it is not metadata."""
+    """The checkpoint's metadata, read without running anything; ConfigError if it is not metadata or
+    names a file outside the checkpoint."""
     try:
         return SafeReader(str(path)).read_metadata()
+    except ConfigError:
+        raise
     except Exception as error:  # the file is untrusted input: whatever it makes the unpickler raise
         raise ConfigError(f"{path} is not a readable checkpoint ({type(error).__name__}: {error}); rename it to "
                           f"{Path(path).name}{DAMAGED} to resume from the one before, or choose another --run-dir to "
@@ -127,11 +142,12 @@ def checkpoint_root(run_dir: Path) -> Path:
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
     """The complete checkpoints of ``run_dir``, oldest first: folders named for their step (not partial,
-    not set aside as damaged, nothing else a user put there) that hold their step file."""
+    not set aside as damaged, not a link, nothing else a user put there) that hold their step file."""
     root = checkpoint_root(run_dir)
     if not root.is_dir():
         return []
-    named = [p for p in root.glob("step_*") if re.fullmatch(r"step_\d+", p.name) and (p / STEP_FILE).is_file()]
+    named = [p for p in root.glob("step_*")
+             if re.fullmatch(r"step_\d+", p.name) and not p.is_symlink() and (p / STEP_FILE).is_file()]
     return sorted(named, key=lambda p: int(p.name.removeprefix("step_")))
 
 
@@ -168,7 +184,9 @@ def weights_are_finite(model: nn.Module) -> bool:
 def begin_checkpoint(run_dir: Path, step: int) -> Path:
     """Collective: the empty ``.partial`` folder the checkpoint of ``step`` is written into."""
     partial = checkpoint_root(run_dir) / f"step_{step:07d}{PARTIAL}"
-    if dist.get_rank() == 0:
+    if dist.get_rank() == 0 and partial.is_symlink():  # the link goes, never what it points to
+        partial.unlink()
+    elif dist.get_rank() == 0:
         shutil.rmtree(partial, ignore_errors=True)  # what an interrupted save left there is not this checkpoint's
     dist.barrier()
     return partial

@@ -4,7 +4,8 @@
 seed, data and its size, global batch, the share --eval-every holds out, layout, plait version),
 the step and a CRC-32 of every file. Before any worker starts, ``--resume`` checks the newest checkpoint against it: a damaged
 one (a file missing or changed) is set aside (renamed ``.damaged``; nothing is deleted) and the one
-before it is used, saying so; with none left the run starts again from step 0. A whole one whose
+before it is used, saying so; with none left the run is refused unless ``--restart-from-scratch``
+(then it starts again from step 0). A file the record names outside the checkpoint, a whole one whose
 metadata is not metadata, or a checkpoint of another run (other model, seed, data or batch), is
 refused in one line (the latter unless ``--resume-changed``).
 """
@@ -17,7 +18,9 @@ from pathlib import Path
 
 from plait.config import RunConfig
 from plait.errors import ConfigError
-from plait.train.checkpoint import RUN_FILE, STEP_FILE, checkpoint_metadata, complete_checkpoints, crc32_of, move_aside
+from plait.train.checkpoint import (
+    RUN_FILE, STEP_FILE, checkpoint_metadata, complete_checkpoints, crc32_of, inside, move_aside,
+)
 from plait.train.data import HELD_OUT_SHARE
 from plait.version import plait_version
 
@@ -55,7 +58,7 @@ def damage(folder: Path) -> str | None:
     if not isinstance(expected, dict) or step != record.get("step"):
         return f"{STEP_FILE} and {RUN_FILE} disagree"
     for name, crc in expected.items():
-        path = Path(folder) / name
+        path = inside(folder, name, RUN_FILE)
         if not path.is_file():
             return f"{name} is missing"
         if crc32_of(path) != crc:
@@ -74,18 +77,27 @@ def changes(folder: Path, config: RunConfig) -> list[str]:
 
 def resumable_checkpoint(run_dir: Path, config: RunConfig, set_aside: bool = True) -> Path | None:
     """The newest whole checkpoint of ``run_dir`` that belongs to this run; damaged newer ones are set
-    aside (or, without ``set_aside``, only named), each with a line saying why. None if no whole one is
-    left (the run starts again from step 0); ConfigError if the run changed."""
-    for checkpoint in reversed(complete_checkpoints(run_dir)):
-        problem = damage(checkpoint)
+    aside (or, without ``set_aside``, only named), each with a line saying why. None if there is none (the
+    run starts from step 0); ConfigError if the run changed, or if every checkpoint is damaged and the user
+    did not ask to start again (--restart-from-scratch): a run that lost all its steps is no success."""
+    damaged: list[tuple[Path, str]] = []
+    checkpoint = None
+    for candidate in reversed(complete_checkpoints(run_dir)):
+        problem = damage(candidate)
         if problem is None:
+            checkpoint = candidate
             break
+        damaged.append((candidate, problem))
+    if checkpoint is None and damaged and not config.train.restart_from_scratch:
+        newest, problem = damaged[0]
+        raise ConfigError(f"{newest} is damaged ({problem}) and no intact checkpoint precedes it; restore it, or pass "
+                          "--restart-from-scratch to set every checkpoint aside and train again from step 0")
+    for candidate, problem in damaged:
         if not set_aside:
-            print(f"plait: {checkpoint.name} is damaged ({problem}); the run will set it aside", flush=True)
+            print(f"plait: {candidate.name} is damaged ({problem}); the run will set it aside", flush=True)
             continue
-        aside = move_aside(checkpoint)
-        print(f"plait: {checkpoint.name} is damaged ({problem}); set aside as {aside.name}", flush=True)
-    else:
+        print(f"plait: {candidate.name} is damaged ({problem}); set aside as {move_aside(candidate).name}", flush=True)
+    if checkpoint is None:
         return None
     checkpoint_metadata(checkpoint)  # whole files that are not metadata are refused, not set aside
     changed = changes(checkpoint, config)

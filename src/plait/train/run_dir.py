@@ -1,6 +1,7 @@
 """The run directory a run writes: refused before any worker starts when it would overwrite a started
-run, when it cannot be written, or (with --resume) when its newest whole checkpoint belongs to another
-run or has taken the steps asked for. A dry run makes the same checks without changing anything."""
+run, when it cannot be written, when it holds a symbolic link, or (with --resume) when its newest whole
+checkpoint belongs to another run or has taken the steps asked for, or none is intact. A dry run makes the
+same checks without changing anything."""
 
 from __future__ import annotations
 
@@ -49,10 +50,23 @@ class RunDirLock:
             self.fd = None
 
 
+def refuse_links(run_dir: Path) -> None:
+    """A run directory is plait's alone: it writes, moves and deletes there, and a symbolic link in it (or in
+    its checkpoints folder) would take that to the folder the link points to, so one is refused, named."""
+    root = checkpoint_root(run_dir)
+    entries = [*(run_dir.iterdir() if run_dir.is_dir() else ()),
+               *(root.iterdir() if root.is_dir() and not root.is_symlink() else ())]
+    link = next((entry for entry in sorted(entries) if entry.is_symlink()), None)
+    if link is not None:
+        raise ConfigError(f"{link} is a symbolic link, and plait writes into a run directory only what it made itself; "
+                          "replace the link with a copy of its target, remove it, or choose another --run-dir")
+
+
 def prepare_run_dir(config: RunConfig, create: bool = True) -> tuple[Path, Path | None, RunDirLock | None]:
     """Resolve and create the run directory, refusing to overwrite a started run; with --resume, also
-    the checkpoint to continue (checked whole and this run's), or None: a run directory with no whole
-    checkpoint (killed before its first, or new) starts from step 0, so no run is ever stuck.
+    the checkpoint to continue (checked whole and this run's), or None: a run directory with no checkpoint
+    (killed before its first, or new) starts from step 0, so no run is ever stuck; one whose every checkpoint
+    is damaged only with --restart-from-scratch.
     Without ``create`` (a dry run) the same checks change nothing: no directory is made and a damaged
     checkpoint is named, not set aside. The lock it returns must live as long as the run."""
     train_spec = config.train
@@ -73,9 +87,21 @@ def prepare_run_dir(config: RunConfig, create: bool = True) -> tuple[Path, Path 
     if run_dir.is_dir() and not os.access(run_dir, os.W_OK | os.X_OK):
         raise ConfigError(f"--run-dir {run_dir} is not writable; make it writable or choose another --run-dir")
     lock = RunDirLock(run_dir, hold=create) if run_dir.is_dir() else None
+    try:
+        return run_dir, _checked_run_dir(config, run_dir, create), lock
+    except ConfigError:  # (a refusal in this process, as in tests, leaves the directory free)
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _checked_run_dir(config: RunConfig, run_dir: Path, create: bool) -> Path | None:
+    """The checks of ``prepare_run_dir`` made under the run directory's lock; the checkpoint to resume."""
+    train_spec = config.train
     if checkpoint_root(run_dir).exists() and not checkpoint_root(run_dir).is_dir():
         raise ConfigError(f"{checkpoint_root(run_dir)} is a file where the run keeps its checkpoints; move it away or "
                           "choose another --run-dir")
+    refuse_links(run_dir)
     checkpoint = None
     if train_spec.resume:
         read_metrics(run_dir)  # the lines the resumed run keeps, readable
@@ -93,4 +119,4 @@ def prepare_run_dir(config: RunConfig, create: bool = True) -> tuple[Path, Path 
             f"{run_dir} already holds a run; pass --resume to continue it (from its newest complete checkpoint, "
             "or from step 0 if it has none) or choose another --run-dir"
         )
-    return run_dir, checkpoint, lock
+    return checkpoint
