@@ -166,6 +166,8 @@ BAD_COMMANDS = {
                                         "missing_dir/t.u16"], "the folder missing_dir does not exist"),
     "export under a file": (["export", "{finished_run}", "--to", "{short}/hf"], "short.txt is a file"),
     "export of a run with no checkpoint": (["export", "{finished_run}", "--to", "hf"], "holds no complete checkpoint"),
+    "export in shards of no size": (["export", "{finished_run}", "--to", "hf", "--max-shard-size", "5 parsecs"],
+                                    "--max-shard-size '5 parsecs' is not a size"),
     "plan of an unknown preset": (["plan", "--model", "gpt5"], "unknown model preset 'gpt5'"),
     "plan on no GPUs": (["plan", "--model", "tiny", "--gpus", "0"], "--gpus must be a positive integer"),
     "plan of recompute layers under selective recomputation": (

@@ -9,7 +9,7 @@ from plait.errors import ConfigError
 from plait.facts.activations import activation_bytes_per_layer
 from plait.facts.collectives import collective_bytes_per_layer
 from plait.facts.stack import STACKS
-from plait.interop.hf import hf_config
+from plait.interop.hf_config import hf_config
 from plait.models.flops import flops_per_sequence, parameter_count
 from plait.models.spec import model_spec
 from plait.models.transformer import Transformer

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from plait.errors import ConfigError
 from plait.facts.validity import check_run
+from plait.interop.hf_config import init_from_model
 from plait.layout import CP_ALGORITHMS, PRECISIONS, RECOMPUTE, SCHEDULES, Layout, default_precision
 from plait.layout import GRAD_COMPRESSIONS
 from plait.models.spec import FAMILIES, SPEC_FIELDS, ModelSpec, model_spec
@@ -61,12 +62,13 @@ class TrainSpec:
     deterministic: bool = False
     data: str | None = None
     tokenizer: str | None = None  # the tokenizer.json --data was made with; the run keeps a copy for plait sample
-    init_from: str | None = None  # a Hugging Face model folder (plait export's) whose weights replace the seeded ones
+    init_from: str | None = None  # a Hugging Face folder: its config.json is the model, its weights the start
     run_dir: str | None = None
     checkpoint_every: int = 0
     final_checkpoint: bool = True  # a checkpoint after the last step, unless --checkpoint-every wrote it already
     resume: bool = False
     resume_changed: bool = False
+    restart_from_scratch: bool = False  # with --resume: every checkpoint damaged, set aside and start at step 0
     async_checkpoint: bool = False  # checkpoints written by a background thread while training goes on
     keep_checkpoints: int = 0  # the newest K complete checkpoints are kept; 0 keeps every one
     max_restarts: int = 0  # torchrun's elastic agent restarts the group this often after a rank is lost
@@ -217,9 +219,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the tokenizer.json the --data tokens were made with (plait prepare-data); the run keeps a "
                             "copy so plait sample decodes with it (default: none, bytes)")
     group.add_argument("--init-from", metavar="DIR",
-                       help="start from the weights of a Hugging Face GPT-2 or Llama folder (config.json, "
-                            "model.safetensors; e.g. from `plait export`) of this run's model, under any layout "
-                            "(default: none, the seeded weights)")
+                       help="start from the weights of a Hugging Face GPT-2 or Llama folder (config.json and "
+                            "model.safetensors, or its shards with model.safetensors.index.json; e.g. from `plait "
+                            "export`), under any layout; its config.json gives the model, which other model settings "
+                            "may not contradict (a shorter --seq-len is allowed) (default: none, the seeded weights)")
     group.add_argument("--run-dir", help="where metrics, summary, pictures and checkpoints go (default runs/<time>)")
     group.add_argument("--checkpoint-every", type=int, help="save a checkpoint every K steps (default 0: never)")
     group.add_argument("--final-checkpoint", action=argparse.BooleanOptionalAction, default=None,
@@ -233,6 +236,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--resume", action="store_const", const=True, help="continue from the run dir's last checkpoint")
     group.add_argument("--resume-changed", action="store_const", const=True,
                        help="with --resume: continue on purpose under another model, seed, data or global batch")
+    group.add_argument("--restart-from-scratch", action="store_const", const=True,
+                       help="with --resume: when no checkpoint is intact, set the damaged ones aside and train again "
+                            "from step 0")
     group.add_argument("--max-restarts", type=int, metavar="N",
                        help="after a rank dies, restart every rank up to N times, each resuming by itself from the "
                             "newest complete checkpoint (losing the steps since it; default 0: the run ends)")
@@ -331,17 +337,28 @@ def config_tables(args: argparse.Namespace) -> dict[str, dict]:
     return read_config_file(args.config) if args.config else {"model": {}, "layout": {}, "train": {}}
 
 
+def _stated_model(name: str | None, values: dict) -> dict:
+    """The model fields a run asks for: a preset's every field with the file's and the flags' changes, or
+    those alone."""
+    return asdict(model_spec(name, **values)) if name is not None else values
+
+
 def model_and_train(args: argparse.Namespace, tables: dict[str, dict]) -> tuple[ModelSpec, str | None, TrainSpec]:
     """The model (preset name and spec) and the training settings: defaults ← file ← flags, each
-    validated in itself. Without --precision anywhere, the precision is left for ``on_device``."""
+    validated in itself; with --init-from the model is the folder's, which the file and flags may
+    shorten the sequence of but not contradict. Without --precision anywhere, the precision is left
+    for ``on_device``."""
+    train = _typed(TrainSpec, {**tables["train"], **_set_flags(args, tuple(f.name for f in fields(TrainSpec)))})
     model_values = {**tables["model"], **_set_flags(args, ("model", "family") + SPEC_FIELDS)}
     name = model_values.pop("name", None)
     name = model_values.pop("model", name)
-    if name is None and not {"layers", "hidden", "heads"} <= set(model_values):
-        name = DEFAULT_MODEL
-    spec = model_spec(name, **model_values)
+    if train.init_from:
+        spec = init_from_model(Path(train.init_from), _stated_model(name, model_values))
+    else:
+        if name is None and not {"layers", "hidden", "heads"} <= set(model_values):
+            name = DEFAULT_MODEL
+        spec = model_spec(name, **model_values)
     spec.validate()
-    train = _typed(TrainSpec, {**tables["train"], **_set_flags(args, tuple(f.name for f in fields(TrainSpec)))})
     train.validate()
     return spec, name, train
 
@@ -383,7 +400,7 @@ def config_from_args(args: argparse.Namespace, layout: Layout | None = None, on_
 
 
 # Settings of one invocation rather than of the run: left out of the config.toml a run writes.
-INVOCATION_ONLY = ("run_dir", "resume", "resume_changed")
+INVOCATION_ONLY = ("run_dir", "resume", "resume_changed", "restart_from_scratch")
 
 
 def _toml_value(value) -> str:

@@ -1,8 +1,9 @@
 """``plait export`` (a run's weights in Hugging Face's layout), ``plait sample`` (text from a run) and
 ``plait prepare-data`` (text to a token file with a Hugging Face tokenizer).
 
-Export and sample read the run's newest checkpoint into one full model in this process, whatever
-layout wrote it; torch is imported only when a command runs.
+Both read the run's newest checkpoint, whatever layout wrote it: sample into one full model in this
+process, export one tensor at a time (so it needs memory for the largest tensor, not the model);
+torch is imported only when a command runs.
 """
 
 from __future__ import annotations
@@ -18,11 +19,19 @@ def add_interop_commands(subparsers) -> None:
     formatter = argparse.ArgumentDefaultsHelpFormatter
     export = subparsers.add_parser(
         "export", help="write a run's weights as a Hugging Face model folder", formatter_class=formatter,
-        description="Write the newest checkpoint of RUN (saved under any layout) as config.json and "
-                    "model.safetensors of the Hugging Face GPT2LMHeadModel or LlamaForCausalLM of the same shape.")
+        description="Write the newest checkpoint of RUN (saved under any layout) as the Hugging Face GPT2LMHeadModel "
+                    "or LlamaForCausalLM of the same shape: config.json, the weights in safetensors shards (with "
+                    "model.safetensors.index.json when more than one), streamed a tensor at a time, and the run's "
+                    "tokenizer.json with a tokenizer_config.json when it trained with one.")
     export.add_argument("run", metavar="RUN", help="the run directory of a `plait train` run with a checkpoint")
     export.add_argument("--to", required=True, metavar="DIR", default=argparse.SUPPRESS,
                         help="the folder to write (created; must not hold an export)")
+    export.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
+                        help="the largest weight file, as save_pretrained takes it: bytes, or with a unit (500MB, 5GB "
+                             "= 5·10⁹ bytes, 2GiB); a tensor larger than it gets a file of its own")
+    export.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="the weights' type in the files: fp32, the run's master weights as they are, or bf16, "
+                             "half the bytes (rounded to nearest even)")
     export.set_defaults(handler=run_export)
 
     sample = subparsers.add_parser(
@@ -51,21 +60,30 @@ def add_interop_commands(subparsers) -> None:
 
 
 def run_export(args: argparse.Namespace, argv: list[str]) -> int:
-    from plait.interop.hf import CONFIG_JSON, WEIGHTS_FILE, hf_config, write_hf
-    from plait.train.full_model import checkpoint_spec, load_run_model, run_checkpoint
+    from plait.interop.hf_config import CONFIG_JSON, WEIGHTS_FILE, WEIGHTS_INDEX, hf_config
+    from plait.interop.hf_export import TOKENIZER_CONFIG, parse_size, write_hf, write_tokenizer
+    from plait.tokenizer import TOKENIZER_FILE
+    from plait.train.full_model import checkpoint_parameters, checkpoint_spec, run_checkpoint
 
+    max_shard_bytes = parse_size(args.max_shard_size)
     target = Path(args.to)
     existing = next(path for path in (target, *target.parents) if path.exists())  # the folder or its nearest parent
     if not existing.is_dir():
         raise ConfigError(f"--to {target}: {existing} is a file; name a folder to write the export into")
-    hf_config(checkpoint_spec(run_checkpoint(Path(args.run))))  # a model Hugging Face cannot hold is refused early
-    held = [name for name in (CONFIG_JSON, WEIGHTS_FILE) if (target / name).exists()]
+    checkpoint = run_checkpoint(Path(args.run))
+    spec = checkpoint_spec(checkpoint)
+    architecture = hf_config(spec)["architectures"][0]  # a model Hugging Face cannot hold is refused here
+    held = [name for name in (CONFIG_JSON, WEIGHTS_FILE, WEIGHTS_INDEX) if (target / name).exists()]
     if held:
         raise ConfigError(f"--to {target} already holds {' and '.join(held)}; choose another folder or remove them")
-    model, checkpoint = load_run_model(Path(args.run))
-    write_hf(model.spec, model.state_dict(), target)
-    print(f"plait: exported {checkpoint} as {hf_config(model.spec)['architectures'][0]} to {target}/ "
-          f"({CONFIG_JSON}, {WEIGHTS_FILE})")
+    files = write_hf(spec, checkpoint_parameters(checkpoint), target, max_shard_bytes, args.dtype)
+    weights = files[0] if len(files) == 1 else f"{len(files) - 1} shards with {files[-1]}"
+    print(f"plait: exported {checkpoint} as {architecture} to {target}/ ({CONFIG_JSON}, {weights}, {args.dtype})")
+    if write_tokenizer(Path(args.run), target, spec):
+        print(f"plait: with the run's tokenizer ({TOKENIZER_FILE}, {TOKENIZER_CONFIG}) for AutoTokenizer")
+    else:
+        print(f"plait: the run read raw bytes (no {TOKENIZER_FILE}), so the export holds no tokenizer: token ids are "
+              "the text's UTF-8 bytes")
     return 0
 
 

@@ -12,6 +12,7 @@ import argparse
 from plait.config import DEFAULT_LAYOUT, DEFAULT_MODEL
 from plait.layout import ZERO_STAGES, Layout
 from plait.models.spec import PRESETS
+from plait.schedules.registry import interleaving_schedules
 
 PRESET = "(default: the preset's)"
 
@@ -54,7 +55,8 @@ def train_help() -> dict[str, str]:
                   f"parameters (FSDP2) {_layout_default('zero')}",
         "--sp": f"sequence parallel over the tp ranks (needs --tp > 1) {_layout_default('sp')}",
         "--schedule": f"pipeline schedule {_layout_default('schedule')}",
-        "--virtual-stages": f"pipeline chunks per rank, for interleaved-1f1b {_layout_default('virtual_stages')}",
+        "--virtual-stages": f"pipeline chunks per rank, for {interleaving_schedules()} "
+                            f"{_layout_default('virtual_stages')}",
         "--microbatches": f"micro-batches per data-parallel rank and step {_layout_default('microbatches')}",
         "--recompute": "recompute in backward: the attention core, each operation but every second matmul (op) "
                        f"or each whole block {_layout_default('recompute')}",
@@ -67,6 +69,8 @@ def train_help() -> dict[str, str]:
         "--resume": "continue from the run dir's last checkpoint (default off)",
         "--resume-changed": "with --resume: continue on purpose under another model, seed, data or global batch "
                             "(default off)",
+        "--restart-from-scratch": "with --resume: when no checkpoint is intact, set the damaged ones aside and train "
+                                  "again from step 0 (default off)",
         "--deterministic": "deterministic kernels only (default off)",
         "--dry-run": "validate everything, print the resolved layout with its predicted per-rank memory and step "
                      "time, and exit without starting workers (default off)",

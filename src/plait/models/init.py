@@ -78,15 +78,6 @@ def seeded_source(spec: ModelSpec, seed: int) -> WeightSource:
     return values
 
 
-def state_source(state: dict[str, torch.Tensor]) -> WeightSource:
-    """Regions of the tensors of a whole state dict."""
-
-    def values(name: str, shape: tuple[int, ...], region: Region) -> torch.Tensor:
-        return state[name][tuple(slice(start, stop) for start, stop in region)]
-
-    return values
-
-
 @torch.no_grad()
 def init_weights(model: nn.Module, spec: ModelSpec, seed: int) -> None:
     """Fill every parameter of ``model`` (the full, unsharded module) with its seeded value."""

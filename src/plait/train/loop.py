@@ -25,8 +25,8 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 from plait.config import RunConfig, TrainSpec, config_toml
-from plait.interop.hf import read_hf_state
-from plait.models.init import WeightSource, seeded_source, state_source
+from plait.interop.hf import hf_weight_source
+from plait.models.init import WeightSource, seeded_source
 from plait.models.transformer import Transformer
 from plait.observe.model_state import ModelStateMeter
 from plait.observe.progress import Progress
@@ -87,7 +87,7 @@ def weight_source(config: RunConfig) -> WeightSource:
     """Where the run's initial weights come from: --init-from's folder, else the seed (identical
     under every layout, a rank reading or generating only the part it keeps)."""
     if config.train.init_from:
-        return state_source(read_hf_state(Path(config.train.init_from), config.model))
+        return hf_weight_source(Path(config.train.init_from), config.model)
     return seeded_source(config.model, config.train.seed)
 
 
