@@ -7,6 +7,7 @@ ties two packages together (neither can be read, tested or moved without the oth
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,9 @@ from pathlib import Path
 import plait
 
 ROOT = Path(plait.__file__).parent
+# A model family compared by name, either way round; only models/spec.py, whence the features come, may.
+FAMILY_COMPARISON = re.compile(r"\bfamily\s*[!=]=|[!=]=\s*[\w.]*\bfamily\b")
+FAMILY_HOME = Path("models/spec.py")
 
 
 def _module_name(path: Path) -> str:
@@ -102,3 +106,23 @@ def test_planner_loads_no_torch():
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", f"the planner imported torch: {loaded}"
+
+
+def family_comparisons(root: Path) -> list[str]:
+    """Each line of a source file under ``root``, save models/spec.py, that compares a model family's name."""
+    return [f"{path.relative_to(root)}:{number}: {line.strip()}"
+            for path in sorted(root.rglob("*.py")) if path.relative_to(root) != FAMILY_HOME
+            for number, line in enumerate(path.read_text().splitlines(), 1) if FAMILY_COMPARISON.search(line)]
+
+
+def test_only_the_spec_compares_model_families():
+    """Code reads the feature it depends on (spec.norm_kind, spec.rotary_positions, ...), not the family's name."""
+    found = family_comparisons(ROOT)
+    assert not found, "read a ModelSpec feature instead of comparing the family:\n  " + "\n  ".join(found)
+
+
+def test_family_comparisons_are_found(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "spec.py").write_text('gpt2 = family == "gpt2"\n')
+    (tmp_path / "cost.py").write_text('if spec.family != "llama":\n    pass\nfamily_name = 1\nx = "gpt2"==spec.family\n')
+    assert family_comparisons(tmp_path) == ['cost.py:1: if spec.family != "llama":', 'cost.py:4: x = "gpt2"==spec.family']

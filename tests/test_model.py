@@ -156,6 +156,20 @@ def test_the_norms_run_outside_autocast_in_their_inputs_dtype(name, dtype):
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-llama"])
+def test_the_model_is_built_from_its_specs_features(name):
+    """The norm, positions, MLP and biases built are those the spec's features name (what the facts count)."""
+    spec = model_spec(name)
+    model = Transformer(spec)
+    block = model.layers["0"]
+    norm = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[spec.norm_kind]
+    assert type(block.attention_norm).__name__ == type(model.norm).__name__ == norm
+    assert (model.pos_embeddings is not None) == spec.learned_positions
+    assert hasattr(model, "rope_cos") == spec.rotary_positions
+    assert (block.mlp.w3 is not None) == spec.gated_mlp
+    assert {linear.bias is not None for linear in (block.attention.wq, block.attention.wo, block.mlp.w1)} == {spec.has_bias}
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-llama"])
 def test_flops_match_torch_flop_counter(name):
     spec = model_spec(name, seq_len=32)
     forward, backward = counted_flops(spec, Transformer(spec), batch=3)

@@ -51,7 +51,10 @@ from plait.plan.simulate import Workload, evaluate
 from plait.topology import Topology, build_topology
 from plait.train.loop import autocast, parallelize_run, train_step
 
-FAMILIES = ("gpt2", "llama")
+# Each family's probe attention as its published models have it: Llama's grouped-query (one kv-head
+# here), GPT-2's one kv-head per query head (model_spec's default).
+PROBE_KV_HEADS = {"gpt2": None, "llama": 1}
+FAMILIES = tuple(PROBE_KV_HEADS)
 PROBE_LAYERS = (1, 4)
 PROBE_SHAPE = {"hidden": 64, "heads": 2, "vocab": 16, "seq_len": 8}  # kernels of a few microseconds
 
@@ -120,8 +123,7 @@ CPU_SIZES = ProbeSizes()
 
 
 def probe_spec(family: str, layers: int) -> ModelSpec:
-    kv_heads = 1 if family == "llama" else None  # grouped-query attention, as Llama's
-    return model_spec(None, family=family, layers=layers, kv_heads=kv_heads, **PROBE_SHAPE)
+    return model_spec(None, family=family, layers=layers, kv_heads=PROBE_KV_HEADS[family], **PROBE_SHAPE)
 
 
 def fit_host_overhead(t: dict[str, float], layer: LayerTimes, head: LayerTimes) -> HostOverhead:
@@ -214,7 +216,7 @@ def probe_head(spec: ModelSpec, profile: Hardware, precision: str) -> LayerTimes
 
 
 def working_spec(family: str, layers: int, sizes: ProbeSizes = CPU_SIZES) -> ModelSpec:
-    return model_spec(None, family=family, layers=layers, kv_heads=1 if family == "llama" else None, **sizes.working_shape)
+    return model_spec(None, family=family, layers=layers, kv_heads=PROBE_KV_HEADS[family], **sizes.working_shape)
 
 
 def fit_layer_kernel_scale(t: dict[str, float], kernels: LayerTimes, host: HostOverhead) -> KernelScale:

@@ -267,8 +267,9 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
         return op_recompute_bytes(spec, s * b, tp, sp, cp, e, block_input,
                                   kernel_attention=op_keeps_attention(STACKS["plait"], cp, cp_algorithm),
                                   cp_exchanges=cp_algorithm == "all-to-all")
-    norms = block_norms(spec) * ((sbh + 2 * s * b) if spec.family == "gpt2" else (2 * sbh + s * b))
-    relaid = (spec.family == "llama" or cp > 1) and heads > 1
+    layernorm = spec.norm_kind == "layernorm"
+    norms = block_norms(spec) * ((sbh + 2 * s * b) if layernorm else (2 * sbh + s * b))
+    relaid = (spec.rotary_positions or cp > 1) and heads > 1
     kv = s * b * kv_heads_per_rank(spec, tp) * spec.head_dim  # one of k, v with its kv-heads
     # the kernel's k, v: expanded to the query heads (all-to-all), this rank's kv-heads (ring) or
     # every rank's (all-gather)
@@ -280,7 +281,7 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     # own all-gathered copy under sp)
     readers = 3 + (2 if spec.gated_mlp else 1) if autocast else (2 if sp else block_norms(spec))
     return {
-        "norms": (norms // tp if sp else norms) * (FP32 if spec.family == "llama" else stream),
+        "norms": (norms // tp if sp else norms) * (stream if layernorm else FP32),
         "linear_inputs": readers * sbh * e,
         "attention": attention,
         "mlp": (4 if spec.gated_mlp else 2) * s * b * f // tp * e,

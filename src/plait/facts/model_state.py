@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from plait.facts.stack import Kernels
 from plait.layout import Layout
-from plait.models.flops import block_norms, embedding_tensor_count, head_tensor_count, kv_heads_whole, layer_tensor_count
+from plait.models.flops import (block_norms, embedding_tensor_count, head_tensor_count, kv_heads_whole, layer_tensor_count,
+                                norm_tensor_count)
 from plait.models.spec import ALIGNED_ROWS, FILL_BLOCK_ELEMENTS, ModelSpec
 
 ADAM_MOMENTS = 2
@@ -133,7 +134,7 @@ def _block_and_end_shapes(spec: ModelSpec, first: bool, last: bool, tp: int) -> 
     """One block's tensor shapes and those of the ends a stage holds (``rank_tensor_shapes``)."""
     h, f = spec.hidden, spec.ffn_hidden
     kv = spec.kv_dim if kv_heads_whole(spec, tp) else spec.kv_dim // tp
-    norm = [(h, 1)] * (2 if spec.family == "gpt2" else 1)
+    norm = [(h, 1)] * norm_tensor_count(spec)
     block = [*norm, (h // tp, h), (kv, h), (kv, h), (h, h // tp), *(norm if block_norms(spec) == 2 else []),
              (f // tp, h), (h, f // tp)]
     if spec.has_bias:

@@ -36,7 +36,7 @@ from plait.facts.activations import BF16, FP32, autocast_copies_weights
 from plait.facts.model_state import holds_bf16_weights, padded_vocab, rank_tensor_shape_counts, reduction_rounds
 from plait.facts.stack import Kernels
 from plait.layout import Layout
-from plait.models.flops import block_norms
+from plait.models.flops import block_norms, norm_parameter_count
 from plait.models.spec import ALIGNED_ROWS, ModelSpec
 
 CAST_BYTES = FP32 + BF16  # one element read in one dtype and written in the other
@@ -60,7 +60,7 @@ def layer_elements(spec: ModelSpec, tp: int) -> tuple[int, int]:
     weights and biases autocast casts; the rest are the norms', which run in fp32)."""
     counts = rank_tensor_shape_counts(spec, 1, False, False, tp, 1)
     elements = sum(n * rows * cols for (rows, cols), n in counts.items())
-    norms = block_norms(spec) * (2 if spec.family == "gpt2" else 1) * spec.hidden
+    norms = block_norms(spec) * norm_parameter_count(spec)
     return elements, elements - norms
 
 

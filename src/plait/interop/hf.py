@@ -61,7 +61,7 @@ def _weight_map(index: Path) -> dict[str, Path]:
 def _with_gpt2_prefix(spec: ModelSpec, located: Located) -> Located:
     """The Hub's stock GPT-2 files name their tensors without ``transformer.`` (``wte.weight``, ``h.0.…``);
     give them the prefix plait's export writes, so either spelling reads the same (``lm_head.…`` has none)."""
-    if spec.family != "gpt2" or "transformer.wte.weight" in located or "wte.weight" not in located:
+    if spec.hf_model_type != "gpt2" or "transformer.wte.weight" in located or "wte.weight" not in located:
         return located
     return {name if name.startswith("lm_head.") else f"transformer.{name}": place for name, place in located.items()}
 

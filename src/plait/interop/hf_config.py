@@ -29,7 +29,7 @@ def hf_config(spec: ModelSpec) -> dict:
     if spec.parallel_block:
         raise ConfigError("Hugging Face's GPT-2 and Llama run attention and MLP one after the other, and this model runs "
                           "them side by side (--parallel-block); it cannot be exported to them")
-    if spec.family == "gpt2":
+    if spec.hf_model_type == "gpt2":
         if spec.kv_heads != spec.heads:
             raise ConfigError(f"Hugging Face's GPT-2 has no grouped-query attention, and this model has {spec.kv_heads} "
                               f"kv-heads for {spec.heads} heads; export a model with kv-heads = heads")

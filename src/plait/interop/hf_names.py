@@ -98,7 +98,7 @@ def _llama_placements(spec: ModelSpec) -> dict[str, Placement]:
 
 def placements(spec: ModelSpec) -> dict[str, Placement]:
     """Every parameter of plait's single-device model of ``spec`` → where it lies in Hugging Face's tensors."""
-    placed = _gpt2_placements(spec) if spec.family == "gpt2" else _llama_placements(spec)
+    placed = _gpt2_placements(spec) if spec.hf_model_type == "gpt2" else _llama_placements(spec)
     if not spec.tie_embeddings:
         placed["output.weight"] = Placement("lm_head.weight")
     return placed

@@ -17,7 +17,7 @@ RECOMPUTE_MODES = ("none", "selective", "op", "full")
 
 
 def norm_parameter_count(spec: ModelSpec) -> int:
-    return 2 * spec.hidden if spec.family == "gpt2" else spec.hidden
+    return norm_tensor_count(spec) * spec.hidden
 
 
 def attention_parameter_count(spec: ModelSpec) -> int:
@@ -78,7 +78,7 @@ def layer_tensor_count(spec: ModelSpec) -> int:
 
 
 def norm_tensor_count(spec: ModelSpec) -> int:
-    return 2 if spec.family == "gpt2" else 1  # LayerNorm's weight and bias, or RMSNorm's weight
+    return 2 if spec.norm_kind == "layernorm" else 1  # LayerNorm's weight and bias, or RMSNorm's weight
 
 
 def embedding_tensor_count(spec: ModelSpec) -> int:

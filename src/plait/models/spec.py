@@ -10,7 +10,23 @@ from dataclasses import dataclass, fields, replace
 
 from plait.errors import ConfigError
 
-FAMILIES = ("gpt2", "llama")
+
+@dataclass(frozen=True)
+class BlockFeatures:
+    """What a family's block is made of: the code reads these, never the family's name."""
+
+    norm: str  # "layernorm" (weight and bias) or "rmsnorm" (weight only)
+    positions: str  # "learned" (an embedding table) or "rotary" (q and k rotated)
+    mlp: str  # "gelu" (w2(gelu(w1 x))) or "swiglu" (w2(silu(w1 x) * w3 x))
+    biases: bool  # on every linear layer
+    hf_model_type: str  # the Hugging Face model that computes the same block, and its files' layout
+
+
+FAMILY_FEATURES: dict[str, BlockFeatures] = {
+    "gpt2": BlockFeatures(norm="layernorm", positions="learned", mlp="gelu", biases=True, hf_model_type="gpt2"),
+    "llama": BlockFeatures(norm="rmsnorm", positions="rotary", mlp="swiglu", biases=False, hf_model_type="llama"),
+}
+FAMILIES = tuple(FAMILY_FEATURES)
 
 # The output projection's rows in a multiple of this: 16 bytes of bf16, what cuBLAS's tensor-core
 # kernels load at a time. GPT-2's 50,257 rows otherwise ran an align-1 kernel at 0.10-0.14 of the
@@ -29,8 +45,10 @@ FILL_BLOCK_ELEMENTS = 1 << 20
 class ModelSpec:
     """A decoder-only transformer.
 
-    The family fixes the block's ingredients: ``gpt2`` is LayerNorm, GELU MLP, learned positions
-    and biases on every linear layer; ``llama`` is RMSNorm, SwiGLU MLP, rotary positions, no biases.
+    The family fixes the block's ingredients, as ``FAMILY_FEATURES`` lists them: ``gpt2`` is LayerNorm,
+    GELU MLP, learned positions and biases on every linear layer; ``llama`` is RMSNorm, SwiGLU MLP,
+    rotary positions, no biases. Code reads them through the properties (``norm_kind``,
+    ``rotary_positions``, ...), never the family's name.
     ``kv_heads`` below ``heads`` gives grouped-query attention (one: multi-query). ``parallel_block``
     runs attention and MLP side by side on one norm's output, x + attention(norm(x)) + mlp(norm(x)),
     as GPT-J, PaLM and Falcon do, instead of one after the other.
@@ -58,16 +76,32 @@ class ModelSpec:
         return self.kv_heads * self.head_dim
 
     @property
+    def features(self) -> BlockFeatures:
+        return FAMILY_FEATURES[self.family]
+
+    @property
+    def norm_kind(self) -> str:
+        return self.features.norm
+
+    @property
     def has_bias(self) -> bool:
-        return self.family == "gpt2"
+        return self.features.biases
 
     @property
     def learned_positions(self) -> bool:
-        return self.family == "gpt2"
+        return self.features.positions == "learned"
+
+    @property
+    def rotary_positions(self) -> bool:
+        return self.features.positions == "rotary"
 
     @property
     def gated_mlp(self) -> bool:
-        return self.family == "llama"
+        return self.features.mlp == "swiglu"
+
+    @property
+    def hf_model_type(self) -> str:
+        return self.features.hf_model_type
 
     def validate(self) -> None:
         """Raise ConfigError with one actionable sentence if the dimensions do not fit together."""
@@ -94,7 +128,7 @@ class ModelSpec:
                 f"{self.heads} attention heads are not divisible by {self.kv_heads} kv-heads; "
                 "kv-heads must divide heads (grouped-query attention)"
             )
-        if self.family == "llama" and self.head_dim % 2:
+        if self.rotary_positions and self.head_dim % 2:
             raise ConfigError(
                 f"rotary positions need an even head dimension, got {self.head_dim}; "
                 "change hidden or heads"

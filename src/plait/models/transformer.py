@@ -34,12 +34,12 @@ class LayerNorm(nn.LayerNorm):
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
-    """The family's norm, outside autocast: it runs in its input's dtype, which is its weights' (the
+    """The spec's norm, outside autocast: it runs in its input's dtype, which is its weights' (the
     residual stream's), and returns it, on every device. Under autocast a bf16 input would come
     back bf16 on a CPU and fp32 on a GPU (CUDA's autocast lists both norms among its fp32 ops), and
     with it the dtype of what the next linears read, keep for backward and gather under tensor
     parallelism would hang on the device."""
-    if spec.family == "gpt2":
+    if spec.norm_kind == "layernorm":
         return LayerNorm(spec.hidden, eps=spec.norm_eps)
     return RMSNorm(spec.hidden, spec.norm_eps)
 

@@ -115,14 +115,14 @@ def layer_shape(spec: ModelSpec, micro_batch: int, tp: int, cp: int, sp: bool, p
     # Unfused, RMSNorm is ~6 passes (square, mean, rsqrt, two multiplies), SwiGLU's silu and
     # product 5, and plait's rotary (pairs times cos and sin, sum, difference, stack) ~17 over Q
     # and K, against 2, 3 and 2 when fused.
-    norm_passes = 6 if spec.family == "llama" and not kernels.fused else 2
+    norm_passes = 6 if spec.norm_kind == "rmsnorm" and not kernels.fused else 2
     adds = (2 * (3 + MASK_PASS) if kernels.fused else 2 * 3 + 2 * (2 + MASK_PASS)) if kernels.dropout else 2 * 3
     hidden_passes = block_norms(spec) * norm_passes + adds
     hidden_bytes = hidden_passes * tokens * h * e / (tp if sp else 1)
     mlp_passes = (3 if kernels.fused else 5) if spec.gated_mlp else 2
     mlp_bytes = mlp_passes * tokens * f / tp * e
     rope_passes = 2 if kernels.fused else 17
-    rope_bytes = rope_passes * tokens * (h // tp + kv) * e if spec.family == "llama" else 0
+    rope_bytes = rope_passes * tokens * (h // tp + kv) * e if spec.rotary_positions else 0
     scores = heads * s_local * spec.seq_len
     softmax = 0.0 if kernels.flash_attention else scores * e * (3 if not kernels.dropout else 6)
     return LayerShape(weights, attention, scores, hidden_bytes + rope_bytes, mlp_bytes, softmax)
