@@ -38,7 +38,7 @@ def train_one_step(run: Path, layers: int) -> None:
 
 def measure_export(run: str, folder: str) -> None:
     """In this (fresh) process: the peak resident memory of ``plait export`` above the baseline, as JSON."""
-    import plait.interop.hf_export  # everything the export imports is in the baseline
+    import plait.interop.hf_export  # noqa: F401 (everything the export imports is in the baseline)
     from plait.cli import main
     from plait.interop.hf_names import hf_tensors
     from plait.train.full_model import checkpoint_spec, run_checkpoint

@@ -6,7 +6,7 @@ import os
 import socket
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist

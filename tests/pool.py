@@ -135,10 +135,12 @@ class WorkerPool:
                 dead = [(r, self.processes[r].exitcode) for r in missing if not self.processes[r].is_alive()]
                 if dead and self.results.empty():  # (an answer sent just before a retiring worker exits)
                     self._replace_all()
-                    raise WorkerDied(f"rank {dead[0][0]} died (exit code {dead[0][1]}) running {function.__name__}")
+                    raise WorkerDied(
+                        f"rank {dead[0][0]} died (exit code {dead[0][1]}) running {function.__name__}") from None
                 if time.monotonic() > deadline:
                     self._replace_all()
-                    raise TimeoutError(f"ranks {missing} gave no answer to {function.__name__} in {CASE_TIMEOUT_S}s")
+                    raise TimeoutError(
+                        f"ranks {missing} gave no answer to {function.__name__} in {CASE_TIMEOUT_S}s") from None
                 continue
             answered.add(rank)
             if retired:

@@ -1,4 +1,5 @@
-"""The package's layering: no import cycle between plait's top-level packages, and a torch-free planner.
+"""The package's layering: what each top-level part of plait may import, no import cycle between
+them, and a torch-free planner.
 
 Every import counts, including those inside functions: a cycle hidden in a function body still
 ties two packages together (neither can be read, tested or moved without the other).
@@ -19,20 +20,60 @@ ROOT = Path(plait.__file__).parent
 FAMILY_COMPARISON = re.compile(r"\bfamily\s*[!=]=|[!=]=\s*[\w.]*\bfamily\b")
 FAMILY_HOME = Path("models/spec.py")
 
+# What each top-level part of plait (a package or a module) may import, by part; a file's own entry
+# (its path under src/plait) adds to its part's. Bottom up: the pure shared layers (errors, models,
+# schedules, layout, facts), the torch-free planner (plan) beside config, the engine (topology,
+# parallel, train) and observe above them, and the tools that use both (calibrate, cli) on top.
+# An import that goes the wrong way is either moved or listed here, on the file that makes it, as a
+# known wrong-way edge to be removed; an entry that no import uses any more fails too.
+ALLOWED_IMPORTS: dict[str, set[str]] = {
+    "errors": set(),
+    "version": set(),
+    "token_range": set(),
+    "models": {"errors"},
+    "schedules": {"errors", "models"},  # the stage split balances the model's FLOPs
+    "layout": {"errors", "schedules"},  # a schedule's name and needs are read from its registry
+    "facts": {"errors", "layout", "models", "schedules"},
+    "tokenizer": {"errors", "token_range"},
+    "interop": {"errors", "models", "tokenizer"},  # the export copies the run's tokenizer files
+    "config": {"errors", "facts", "interop", "layout", "models"},  # --init-from's model from its config.json
+    "plan": {"errors", "facts", "layout", "models", "schedules"},
+    "topology": {"layout"},
+    "sample": {"errors", "models", "tokenizer"},
+    "observe": {"config", "errors", "facts", "layout", "models", "schedules", "topology"},
+    "observe/explain.py": {"plan"},  # sets the planner's prediction beside the run
+    "observe/simulated.py": {"plan"},  # draws the planner's simulated timeline
+    # known wrong-way edge: the engine's summary reads the GPU's peak FLOPs for MFU from the planner's
+    # catalog (plait.plan.hardware), the only home of device facts; to be removed
+    "observe/summary.py": {"plan"},
+    "parallel": {"facts", "layout", "models", "schedules", "topology"},
+    # known wrong-way edge: the pipeline executor marks each action it starts in the stall watchdog's
+    # Progress record, which lives in observe; to be removed
+    "parallel/pipeline.py": {"observe"},
+    "parallel/pipeline_executor.py": {"observe"},
+    "train": {"config", "errors", "interop", "layout", "models", "observe", "parallel", "token_range", "tokenizer",
+              "topology", "version"},
+    # calibrate times plait's own layers and step (parallel, train) into the planner's hardware profile
+    "calibrate": {"config", "errors", "facts", "layout", "models", "parallel", "plan", "topology", "train"},
+    "cli": {"calibrate", "config", "errors", "facts", "interop", "layout", "models", "observe", "plan", "sample",
+            "schedules", "tokenizer", "train", "version"},
+    "__main__": {"cli"},
+}
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _top(module: str) -> str | None:
-    """The top-level package or module of plait that ``module`` belongs to (None outside plait)."""
+def _top(module: str, package: str) -> str | None:
+    """The top-level part (package or module) of ``package`` that ``module`` belongs to (None outside it)."""
     parts = module.split(".")
-    return parts[1] if parts[0] == "plait" and len(parts) > 1 else None
+    return parts[1] if parts[0] == package and len(parts) > 1 else None
 
 
-def _imported(tree: ast.Module, module: str, is_package: bool) -> set[str]:
-    """Every plait module ``module`` imports, anywhere in its body, relative imports resolved."""
+def _imported(tree: ast.Module, module: str, is_package: bool, package: str) -> set[str]:
+    """Every module ``module`` imports, anywhere in its body, relative imports resolved."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -44,24 +85,60 @@ def _imported(tree: ast.Module, module: str, is_package: bool) -> set[str]:
             else:
                 source = node.module or ""
             # ``from plait import models`` imports the package models, not plait itself.
-            names |= {f"{source}.{alias.name}" for alias in node.names} if source == "plait" else {source}
+            names |= {f"{source}.{alias.name}" for alias in node.names} if source == package else {source}
     return names
 
 
-def package_graph() -> dict[str, dict[str, str]]:
-    """For each top-level part of plait, the parts it imports, each with one file that does."""
-    graph: dict[str, dict[str, str]] = {}
-    for path in sorted(ROOT.rglob("*.py")):
-        module = _module_name(path)
-        source = _top(module)
+def import_edges(root: Path = ROOT) -> set[tuple[str, str]]:
+    """Each (file, part) where the file (its path under ``root``) imports another top-level part of ``root``."""
+    edges = set()
+    for path in sorted(root.rglob("*.py")):
+        module = _module_name(path, root)
+        source = _top(module, root.name)
         if source is None:
             continue
         tree = ast.parse(path.read_text(), filename=str(path))
-        for name in _imported(tree, module, path.name == "__init__.py"):
-            target = _top(name)
+        for name in _imported(tree, module, path.name == "__init__.py", root.name):
+            target = _top(name, root.name)
             if target is not None and target != source:
-                graph.setdefault(source, {}).setdefault(target, str(path.relative_to(ROOT.parent)))
+                edges.add((path.relative_to(root).as_posix(), target))
+    return edges
+
+
+def package_graph(root: Path = ROOT) -> dict[str, dict[str, str]]:
+    """For each top-level part of plait, the parts it imports, each with one file that does."""
+    graph: dict[str, dict[str, str]] = {}
+    for file, target in sorted(import_edges(root)):
+        graph.setdefault(_part(file), {}).setdefault(target, f"{root.name}/{file}")
     return graph
+
+
+def _part(file: str) -> str:
+    """The top-level part a file (its path under the package) belongs to."""
+    return file.split("/")[0].removesuffix(".py")
+
+
+def import_problems(root: Path, allowed: dict[str, set[str]]) -> list[str]:
+    """Every import under ``root`` that ``allowed`` does not list, every part it lacks, and every
+    entry of it that no import uses, each as a sentence that says how to fix it."""
+    parts = {_part(path.relative_to(root).as_posix()) for path in root.rglob("*.py")} - {"__init__"}
+    problems = [f"{part} is not in the table of allowed imports: add it with the parts it may import"
+                for part in sorted(parts - set(allowed))]
+    used = set()
+    for file, target in sorted(import_edges(root)):
+        part = _part(file)
+        key = file if target in allowed.get(file, ()) else part
+        if target in allowed.get(key, ()):
+            used.add((key, target))
+        else:
+            problems.append(f"{root.name}/{file} imports {target}, which {part} may not import: if {part} rightly "
+                            f"depends on {target}, add the edge to the table of allowed imports; if not, import the "
+                            f"other way (move what it needs into {part} or below both)")
+    problems += [f"the table names {key}, which {root.name} no longer has: take it out of the table"
+                 for key in sorted(allowed) if key not in parts and not (root / key).is_file()]
+    problems += [f"the table lets {key} import {target}, but no import there does any more: take it out of the table"
+                 for key in sorted(allowed) for target in sorted(allowed[key]) if (key, target) not in used]
+    return problems
 
 
 def find_cycle(graph: dict[str, dict[str, str]]) -> list[str] | None:
@@ -93,6 +170,42 @@ def test_no_import_cycle_between_top_level_packages():
     if cycle is not None:
         edges = [f"{a} -> {b} ({graph[a][b]})" for a, b in zip(cycle, cycle[1:])]
         raise AssertionError("import cycle between plait's packages:\n  " + "\n  ".join(edges))
+
+
+def test_imports_follow_the_table():
+    problems = import_problems(ROOT, ALLOWED_IMPORTS)
+    assert not problems, "imports outside tests/test_architecture.py's ALLOWED_IMPORTS:\n  " + "\n  ".join(problems)
+
+
+def test_import_problems_are_reported(tmp_path):
+    root = tmp_path / "plait"
+    (root / "plan").mkdir(parents=True)
+    (root / "train").mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "errors.py").write_text("")
+    (root / "layout.py").write_text("from plait.errors import ConfigError\n")
+    (root / "plan" / "__init__.py").write_text("")
+    (root / "plan" / "hardware.py").write_text("from ..layout import Layout\n")
+    (root / "train" / "__init__.py").write_text("")
+    (root / "train" / "launch.py").write_text("def f():\n    from plait.plan import hardware\n")
+    (root / "extra.py").write_text("import plait.errors\n")
+    allowed = {"errors": set(), "layout": {"errors"}, "plan": {"layout"}, "train": {"layout"},
+               "train/launch.py": {"errors"}, "observe": set()}
+    assert import_problems(root, allowed) == [
+        "extra is not in the table of allowed imports: add it with the parts it may import",
+        "plait/extra.py imports errors, which extra may not import: if extra rightly depends on errors, add the "
+        "edge to the table of allowed imports; if not, import the other way (move what it needs into extra or "
+        "below both)",
+        "plait/train/launch.py imports plan, which train may not import: if train rightly depends on plan, add the "
+        "edge to the table of allowed imports; if not, import the other way (move what it needs into train or "
+        "below both)",
+        "the table names observe, which plait no longer has: take it out of the table",
+        "the table lets train import layout, but no import there does any more: take it out of the table",
+        "the table lets train/launch.py import errors, but no import there does any more: take it out of the table",
+    ]
+    allowed = {"errors": set(), "layout": {"errors"}, "plan": {"layout"}, "train": {"plan"}, "train/launch.py": set(),
+               "extra": {"errors"}}
+    assert import_problems(root, allowed) == []
 
 
 def test_find_cycle_reports_the_cycle():

@@ -40,6 +40,13 @@ def default_precision(on_gpu: bool) -> str:
     return "bf16" if on_gpu else "fp32"
 
 
+def no_bf16(device: str) -> str:
+    """Why plait refuses bf16 on ``device``, a GPU that does not compute in it (the catalog's
+    ``has_bf16`` in the planner, or the driver's answer at launch)."""
+    return (f"the {device} has no bf16 (its mixed precision is fp16, which plait does not train in); "
+            "pass --precision fp32")
+
+
 def _joined_with_cp(dim: str, cp: int) -> str:
     """The name of the group of ``dim``'s ranks with the cp ranks beside them."""
     return dim if cp == 1 else f"{dim}_cp"

@@ -9,7 +9,7 @@ thousands of layouts; tests hold both equal to the counted lists.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -10,7 +10,7 @@ zb-h1's, PowerSGD under tp or pp), or is what a reference stack lacks, each with
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from plait.errors import ConfigError
 from plait.facts.stack import STACKS, Kernels

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist

@@ -308,7 +308,7 @@ class Boundaries:
     sends: tuple[float, ...]
 
     @classmethod
-    def uniform(cls, pp: int, flight: float) -> "Boundaries":
+    def uniform(cls, pp: int, flight: float) -> Boundaries:
         """Every boundary the same flight, no send blocking."""
         return cls((flight,) * pp, (0.0,) * pp)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from plait.errors import ConfigError
 from plait.facts.stack import Kernels
+from plait.layout import no_bf16
 
 GB = 10**9
 GIB = 2**30
@@ -302,13 +303,6 @@ def hardware(name: str, **overrides: float | None) -> Hardware:
     if name not in CATALOG:
         raise ConfigError(f"unknown GPU {name!r}; known GPUs: {', '.join(CATALOG)} (or pass --hardware-profile FILE)")
     return apply_overrides(CATALOG[name], **overrides)
-
-
-def no_bf16(device: str) -> str:
-    """Why plait refuses bf16 on ``device``, a GPU that does not compute in it (the catalog's
-    ``has_bf16``, or the driver's answer at launch)."""
-    return (f"the {device} has no bf16 (its mixed precision is fp16, which plait does not train in); "
-            "pass --precision fp32")
 
 
 def stack_hardware(hw: Hardware, kernels: Kernels) -> Hardware:

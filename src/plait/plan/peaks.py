@@ -5,7 +5,8 @@ recomputation, and the bound on larger micro-batches that lets a mesh stop early
 from __future__ import annotations
 
 import functools
-from typing import Iterable, Iterator, NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 from plait.facts.activations import replayed_block_bytes
 from plait.facts.in_flight import held_chunk_counts, peak_microbatches
@@ -43,7 +44,7 @@ class RankHold(NamedTuple):
     partial_peaks: dict[int, tuple[tuple[int, int, int], ...]]
 
     @classmethod
-    def of(cls, counts: tuple[tuple[int, ...], ...], chunk_layers: tuple[int, ...], first: bool, last: bool) -> "RankHold":
+    def of(cls, counts: tuple[tuple[int, ...], ...], chunk_layers: tuple[int, ...], first: bool, last: bool) -> RankHold:
         pairs = {(sum(n * size for n, size in zip(count, chunk_layers)), count[-1] if last else 0) for count in counts}
         return cls(counts, chunk_layers, first, last, _undominated(pairs), sum(chunk_layers), {})
 

@@ -5,7 +5,7 @@ recorded by."""
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 from plait.facts.validity import compression_problems, fit_problems
 from plait.layout import Layout

@@ -21,15 +21,16 @@ planner (its own costs)::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping, NamedTuple, Union
+from typing import NamedTuple
 
 import numpy as np
 
 from plait.schedules.actions import COMPUTE_KINDS, RECV_KINDS, SEND_KINDS, Action, Kind, Schedule, crossed_boundary
 
 CostFn = Callable[[Action], float]
-Cost = Union[CostFn, Mapping[Kind, float], float]
+Cost = CostFn | Mapping[Kind, float] | float
 
 # Unit costs used for the theoretical bubble: a forward is 1, a full backward 2 (input and weight
 # gradients cost a forward each, the usual matmul count), transfers are free.

@@ -10,7 +10,7 @@ needs at least one block, or none at either end of a split the user gives.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 from plait.errors import ConfigError
 from plait.models.flops import head_forward_flops, layer_flops

@@ -200,7 +200,7 @@ def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
     return {"model": model_state, "optimizer": optimizer_state}
 
 
-def not_written(step: int, partial: Path, error: CheckpointException) -> "CheckpointNotWritten":
+def not_written(step: int, partial: Path, error: CheckpointException) -> CheckpointNotWritten:
     """DCP raises a failed save on every rank alike, so every rank stops with this error."""
     rank, (cause, _) = next(iter(error.failures.items()))
     return _not_written(step, partial, f"rank {rank}: {_in_words(cause)}")
