@@ -173,7 +173,8 @@ def test_zero_collectives_carry_the_model_states_bytes(pool, tmp_path, zero):
     """Per step over dp2: ZeRO-1 all-reduces every gradient, ZeRO-2 reduce-scatters them, both gather the
     updated parameters once (each rank handing its half); ZeRO-3 gathers every parameter in forward and
     again in backward and reduce-scatters every gradient (plait.facts.model_state's parameters and
-    communicated bytes); the logged loss is one more 4-byte all-reduce."""
+    communicated bytes); the logged loss is one more 4-byte all-reduce. Every one of them completes within
+    the step: the tracer lets go of each, and so of the gradient a reduce-scatter reads."""
     layout = Layout(dp=2, zero=zero)
     # Three steps: DDP (ZeRO-1) broadcasts its rebuilt bucket order once, in the second.
     traces = pool.run(traced_run, 2, run_config("tiny", steps=3, dp=2, zero=zero), str(tmp_path))[0][0]
@@ -189,6 +190,8 @@ def test_zero_collectives_carry_the_model_states_bytes(pool, tmp_path, zero):
         measured = {op: sum(t["bytes"] for t in transfers if t["group"] == "dp" and t["op"] == op) for op in expected}
         assert measured == expected
         assert {t["op"] for t in transfers if t["group"] == "dp"} == set(expected)
+        # Each found complete within the step (gloo's reduce-scatter once a later dp collective is).
+        assert all(t["completed"] is not None for t in transfers if t["group"] == "dp")
 
 
 @pytest.mark.parametrize("layout, op", [({"cp": 2}, "all_to_all"), ({"cp": 2, "cp_algorithm": "ring"}, "send"),

@@ -124,10 +124,24 @@ class CollectiveTracer(TorchDispatchMode):
         a future chained to the transfer such as a DDP communication hook's)."""
         done = [index for index, work in self._unfinished if work.is_completed()]
         if done:
+            done = self._with_earlier_collectives(done)
             self._unfinished = [(index, work) for index, work in self._unfinished if index not in done]
             for index in done:
                 self.transfers[index].completed = now
             self.waits.append(Wait(self._last_end, now, max(done)))
+
+    def _with_earlier_collectives(self, done: list[int]) -> set[int]:
+        """``done`` and the unfinished collectives issued before one of them in its group: a process group
+        runs its collectives in the order issued. (Gloo's reduce-scatter never reports completion; its
+        Work, holding a layer's whole gradient, would otherwise be kept to the end of the step.)"""
+        latest: dict[str, int] = {}
+        for index in done:
+            transfer = self.transfers[index]
+            if transfer.peer is None:
+                latest[transfer.group] = max(index, latest.get(transfer.group, -1))
+        earlier = [index for index, _ in self._unfinished
+                   if self.transfers[index].peer is None and index < latest.get(self.transfers[index].group, -1)]
+        return {*done, *earlier}
 
     def _record(self, func, name: str, args, kwargs, out, started: float) -> None:
         schema = func._schema.arguments
