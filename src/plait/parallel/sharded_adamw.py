@@ -58,7 +58,7 @@ class ShardedAdamW(torch.optim.Optimizer):
             chunks = {chunk: [p for p in params if p in stepped] for chunk, params in gradient_chunks.items()}
             limit = bucket_bytes or default_bucket_bytes([p for params in chunks.values() for p in params])
             self.gradient_shards = GradientReduceScatter(chunks, self.split, limit, per_chunk)
-        self._pieces: list[list[tuple[torch.Tensor, slice]]] | None = None
+        self._buckets: list[list[list[tuple[torch.Tensor, slice]]]] | None = None  # per bucket, per rank
 
     def _optimized(self) -> list[torch.Tensor]:
         return [param for group in self.param_groups for param in group["params"]]
@@ -142,18 +142,36 @@ class ShardedAdamW(torch.optim.Optimizer):
         self._share_updated_rows()
 
     def _share_updated_rows(self) -> None:
-        """All-gather every dp rank's updated rows (one flat buffer per rank, padded to equal length)."""
-        if self._pieces is None:
-            self._pieces = [[(param, self.split.rows(param, rank)) for param in self._optimized()]
-                            for rank in range(self.split.ranks)]
-        width = max(sum(local_tensor(param.detach())[rows].numel() for param, rows in pieces) for pieces in self._pieces)
-        mine = torch.cat([local_tensor(param.detach())[rows].reshape(-1) for param, rows in self._pieces[self.split.rank]])
+        """All-gather every dp rank's updated rows, a bucket of parameters at a time (plait.facts.buckets'
+        size, as the gradients' reduction): one flat buffer per rank and bucket, padded to equal length, so
+        the rank holds a bucket's gathered rows beside its weights, never a second copy of them all."""
+        if self._buckets is None:
+            self._buckets = [[[(param, self.split.rows(param, rank)) for param in bucket]
+                              for rank in range(self.split.ranks)] for bucket in self._gather_buckets()]
+        for pieces in self._buckets:
+            self._share_bucket(pieces)
+
+    def _gather_buckets(self) -> list[list[torch.Tensor]]:
+        """The optimized parameters in order, cut into buckets of about ``default_bucket_bytes`` each."""
+        optimized = self._optimized()
+        limit, buckets, size = default_bucket_bytes(optimized), [[]], 0
+        for param in optimized:
+            if buckets[-1] and size >= limit:
+                buckets.append([])
+                size = 0
+            buckets[-1].append(param)
+            size += local_tensor(param.detach()).numel() * param.element_size()
+        return buckets
+
+    def _share_bucket(self, pieces: list[list[tuple[torch.Tensor, slice]]]) -> None:
+        width = max(sum(local_tensor(param.detach())[rows].numel() for param, rows in mine) for mine in pieces)
+        mine = torch.cat([local_tensor(param.detach())[rows].reshape(-1) for param, rows in pieces[self.split.rank]])
         padded = torch.nn.functional.pad(mine, (0, width - mine.numel()))
         gathered = torch.empty(width * self.split.ranks, dtype=padded.dtype, device=padded.device)
         all_gather_single(gathered, padded, group=self.split.group)
-        for rank, pieces in enumerate(self._pieces):
+        for rank, owned in enumerate(pieces):
             offset = rank * width
-            for param, rows in pieces:
+            for param, rows in owned:
                 target = local_tensor(param.detach())[rows]
                 target.copy_(gathered[offset:offset + target.numel()].view_as(target))
                 offset += target.numel()
