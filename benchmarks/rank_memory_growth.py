@@ -3,8 +3,8 @@
 Whole ``plait train`` runs of a Llama and of the same Llama with more layers, under each layout;
 each rank's measured peak (host memory on CPU: ``peak_memory_bytes_per_rank`` in summary.json, the
 process's maximum resident set, through the build, every step and the final checkpoint's save)
-grows by the ratio printed of what the planner predicts for that rank's growth (its parameters,
-gradients, optimizer state, activations and runtime buffers, ``plan.simulate.stage_memory``).
+grows by the ratio printed of what the planner predicts for the busiest rank's growth (its parameters,
+gradients, optimizer state, activations and runtime buffers, ``plan.simulate.evaluate``).
 
     python -m benchmarks.rank_memory_growth [--layers 4 12] [--hidden 1024]
 
@@ -21,13 +21,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from plait.facts.model_state import pipeline_share
 from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
 from plait.plan.hardware import hardware
-from plait.plan.simulate import Workload, stage_memory
+from plait.plan.simulate import Workload, evaluate
 
 LAYOUTS = {
     "dp8 zero3": {"dp": 8, "zero": 3},
@@ -53,18 +52,11 @@ def measured_peaks(layout: dict, model: dict, run_dir: Path) -> list[int]:
     return json.loads((run_dir / "summary.json").read_text())["peak_memory_bytes_per_rank"]
 
 
-def predicted_peaks(layout: dict, model: dict) -> list[float]:
-    """The planner's peak of every pipeline rank (the dp ranks of one stage hold alike)."""
-    spec = model_spec("tiny-llama", **model)
-    lay = Layout(**layout)
+def predicted_peak(layout: dict, model: dict) -> float:
+    """The planner's peak of the busiest rank (``plan.simulate.evaluate``)."""
+    spec, lay = model_spec("tiny-llama", **model), Layout(**layout)
     workload = Workload(spec, GLOBAL_BATCH, "fp32", STACKS["plait"])
-    micro_batch = GLOBAL_BATCH // (lay.dp * lay.microbatches)
-    peaks = []
-    for rank in range(lay.pp):
-        layers, first, last = pipeline_share(spec, lay, rank)
-        peaks.append(stage_memory(workload, hardware("a100-80gb"), lay, micro_batch, layers, first, last, 0.0,
-                                  False).total)
-    return peaks
+    return evaluate(workload, hardware("a100-80gb"), lay.world_size, lay).peak_memory_bytes
 
 
 def main() -> None:
@@ -79,15 +71,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as scratch:
             before = measured_peaks(layout, small, Path(scratch) / "small")
             after = measured_peaks(layout, grown, Path(scratch) / "grown")
-        pp = layout.get("pp", 1)
-        predicted = [b - a for a, b in zip(predicted_peaks(layout, small), predicted_peaks(layout, grown))]
-        per_stage = len(before) // pp  # ranks are laid out pp-outermost (plait.topology)
-        growth = [after[r] - before[r] for r in range(len(before))]
-        ratios = [growth[r] / predicted[r // per_stage] for r in range(len(growth))]
-        busiest = max(range(len(growth)), key=growth.__getitem__)
-        print(f"{name}: busiest rank {busiest} grew {growth[busiest] / 2**20:,.0f} MiB, planner "
-              f"{predicted[busiest // per_stage] / 2**20:,.0f} MiB, ratio {ratios[busiest]:.2f} "
-              f"(every rank {min(ratios):.2f}-{max(ratios):.2f}); whole fp32 model {added * 4 / 2**20:,.0f} MiB")
+        predicted = predicted_peak(layout, grown) - predicted_peak(layout, small)
+        growth = max(after) - max(before)
+        print(f"{name}: the busiest rank's peak grew {growth / 2**20:,.0f} MiB ({max(before) / 2**20:,.0f} -> "
+              f"{max(after) / 2**20:,.0f}), the planner's {predicted / 2**20:,.0f} MiB: ratio {growth / predicted:.2f}; "
+              f"the whole model's fp32 weights {added * 4 / 2**20:,.0f} MiB")
 
 
 if __name__ == "__main__":

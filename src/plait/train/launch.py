@@ -33,6 +33,7 @@ from plait.topology import build_topology
 from plait.train.checkpoint import CheckpointNotWritten
 from plait.train.checkpoint_record import resumable_checkpoint
 from plait.train.data import check_data, checked_tokens
+from plait.train.host_memory import return_freed_tensors_to_the_os
 from plait.train.loop import NonFiniteLoss, train
 from plait.train.run_dir import prepare_run_dir
 from plait.train.start import inside_torchrun
@@ -175,6 +176,7 @@ def run_worker(config: RunConfig, run_dir: Path, resume_from: Path | None = None
         backend = "gloo"
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        return_freed_tensors_to_the_os()
     join_process_group(backend)
     try:
         summary = train_rank(config, device, run_dir, resume_from)
