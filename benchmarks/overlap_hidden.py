@@ -1,14 +1,14 @@
 """The share of the data-parallel gradient reduction that backward hides, in dp2, dp2·tp2 and dp2·pp2.
 
-Each layout (ZeRO 0: DDP for dp2, plait's bucketed all-reduce under tp, and per pipeline chunk on
-the 1F1B stages of pp2) runs in its own world of local gloo ranks, one thread each. Every step is
+Each layout (ZeRO 0: plait's bucketed all-reduce, per pipeline chunk on the 1F1B stages of pp2)
+runs in its own world of local gloo ranks, one thread each. Every step is
 timed three ways, interleaved step by step in a rotated order so that load from other work falls
 on all alike: forward, backward and the dp reduction finished (what the optimizer waits for;
 the optimizer itself is left out, it is the same in all three):
 
 - overlapped: as plait trains, buckets sent while backward (or the schedule) goes on;
 - after: the same reduction forced after backward: plait's buckets all held back to the end
-  (``in_backward`` False), DDP's replaced by ``no_sync`` and one flat all-reduce after backward;
+  (``in_backward`` False);
 - none: no data-parallel reduction at all.
 
 hidden share = 1 − (overlapped − none) / (after − none), from the medians over the steps (the
@@ -34,9 +34,8 @@ from plait.config import RunConfig, TrainSpec, validate_run
 from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.parallel.cross_entropy import cross_entropy
-from plait.parallel.gradients import average_gradients, gradient_sync
+from plait.parallel.gradients import gradient_sync
 from plait.parallel.parallelize import Parallelized
-from plait.parallel.sharded_adamw import gradients_of
 from plait.topology import build_topology
 from plait.train.data import BatchSource, default_corpus
 from plait.train.loop import parallelize_run
@@ -52,10 +51,8 @@ LAYOUTS = {
 
 def reduce_step(parallel: Parallelized, micro: list[tuple[torch.Tensor, torch.Tensor]], mode: str) -> None:
     """Forward, backward and the dp reduction of ``mode``; the gradients left for the optimizer."""
-    model, optimizer, topology = parallel.model, parallel.optimizer, parallel.topology
-    buckets = parallel.gradient_buckets
-    if buckets is not None:
-        buckets.in_backward = mode == "overlapped"
+    model, optimizer, buckets = parallel.model, parallel.optimizer, parallel.gradient_buckets
+    buckets.in_backward = mode == "overlapped"
     if parallel.pipeline is not None:
         parallel.pipeline.gradient_buckets = None if mode == "none" else buckets
         parallel.pipeline.forward_backward(micro, contextlib.nullcontext)
@@ -66,8 +63,6 @@ def reduce_step(parallel: Parallelized, micro: list[tuple[torch.Tensor, torch.Te
         sync = mode != "none" and index == len(micro) - 1
         with gradient_sync(model, optimizer, sync, buckets):
             cross_entropy(model(inputs), targets, len(micro)).backward()
-    if mode == "after" and buckets is None:  # DDP ran under no_sync
-        average_gradients(gradients_of(optimizer), topology, ("dp",))
 
 
 def _rank(rank: int, config: RunConfig, steps: int, warmup: int, port: int, results: mp.Queue) -> None:
@@ -90,11 +85,8 @@ def _rank(rank: int, config: RunConfig, steps: int, warmup: int, port: int, resu
             times[mode].append(time.perf_counter() - start)
             parallel.optimizer.zero_grad(set_to_none=True)
     if rank == 0:
-        buckets = parallel.gradient_buckets
-        # DDP rebuilds its buckets in the order of the first backward pass.
-        count = len(buckets.buckets) if buckets is not None else \
-            len(parallel.model._get_ddp_logging_data()["rebuilt_bucket_sizes"].split(","))
-        results.put(({mode: statistics.median(values[warmup:]) for mode, values in times.items()}, count))
+        results.put(({mode: statistics.median(values[warmup:]) for mode, values in times.items()},
+                     len(parallel.gradient_buckets.buckets)))
     dist.destroy_process_group()
 
 

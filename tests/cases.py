@@ -50,8 +50,8 @@ def train_outcome(config: RunConfig) -> dict:
 
 
 def tracing_the_last_step(config: RunConfig) -> RunConfig:
-    """``config`` tracing its last step too: the tracer takes the first step after warm-up, which also
-    carries DDP's one-off broadcast of its rebuilt bucket order, then every ``trace_every``-th."""
+    """``config`` tracing its last step too: the tracer takes the first step after warm-up, then every
+    ``trace_every``-th."""
     from dataclasses import replace
 
     return replace(config, train=replace(config.train, trace_every=max(1, config.train.steps - 2)))

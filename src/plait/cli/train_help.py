@@ -51,7 +51,7 @@ def train_help() -> dict[str, str]:
         "--cp": f"context-parallel ranks {_layout_default('cp')}",
         "--pp": f"pipeline stages {_layout_default('pp')}",
         "--dp-shard": "with --dp-replicate R: the ranks of each group, so dp = R·S (default dp/R)",
-        "--zero": "ZeRO stage over the dp and cp ranks: 0 DDP, 1 sharded optimizer state, 2 and gradients, 3 and "
+        "--zero": "ZeRO stage over the dp and cp ranks: 0 replicated, 1 sharded optimizer state, 2 and gradients, 3 and "
                   f"parameters (FSDP2) {_layout_default('zero')}",
         "--sp": f"sequence parallel over the tp ranks (needs --tp > 1) {_layout_default('sp')}",
         "--schedule": f"pipeline schedule {_layout_default('schedule')}",

@@ -8,10 +8,9 @@ of its own:
 =====================================================  ==============================================
 where the dp gradients are reduced                     ``bf16``
 =====================================================  ==============================================
-DDP (ZeRO 0–1 without tp and pp)                       torch's ``bf16_compress_hook``
 FSDP2 (ZeRO-3)                                         ``MixedPrecisionPolicy(reduce_dtype=bfloat16)``
 ``GradientReduceScatter`` (ZeRO-2)                     buckets packed in bf16, reduce-scattered, widened
-``GradientAllReduce`` (ZeRO 0–1 under tp or pp)        buckets packed in bf16, all-reduced, widened
+``GradientAllReduce`` (ZeRO 0–1)                       buckets packed in bf16, all-reduced, widened
 =====================================================  ==============================================
 
 bf16 keeps fp32's exponent range, so only the mantissa is cut (8 bits: a relative rounding of at
@@ -31,7 +30,6 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.nn.parallel import DistributedDataParallel
@@ -39,13 +37,6 @@ from torch.nn.parallel import DistributedDataParallel
 from plait.facts.model_state import POWERSGD_MIN_COMPRESSION_RATE, POWERSGD_RANK, POWERSGD_START_STEP
 from plait.parallel.gradient_buckets import GradientBuckets
 from plait.topology import Topology
-
-
-def bf16_hook(process_group, bucket):  # no hints: DDP checks them as objects, and this module's are strings
-    """torch's ``bf16_compress_hook`` (``dist.GradBucket`` → ``Future[Tensor]``), registered under this
-    name because DDP refuses that one by name unless CUDA and NCCL run it, though gloo reduces bf16
-    as well (the CPU tests run it)."""
-    return default_hooks.bf16_compress_hook(process_group, bucket)
 
 
 def powersgd_state(group: dist.ProcessGroup) -> PowerSGDState:
@@ -57,7 +48,7 @@ def powersgd_state(group: dist.ProcessGroup) -> PowerSGDState:
     )
 
 
-def powersgd_hook(state, bucket):  # no hints, as bf16_hook
+def powersgd_hook(state, bucket):  # no hints: DDP checks them as objects, and this module's are strings
     """torch's ``powerSGD_hook``; on gloo, waited for before the backward pass goes on. Its P and Q
     all-reduces are issued from the future's callbacks, which gloo runs on its own threads, so the
     next bucket's all-reduce, issued meanwhile by backward, could reach the ranks in another order
@@ -70,19 +61,15 @@ def powersgd_hook(state, bucket):  # no hints, as bf16_hook
 
 def compress_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
                        buckets: GradientBuckets | None = None) -> None:
-    """Put the layout's gradient compression into the reduction that runs during backward: DDP's comm
-    hook, or the bf16 wire of plait's own ``buckets`` (ZeRO-2's reduce-scatter, or the all-reduce
-    where DDP cannot run; default ZeRO-2's, from the optimizer). (FSDP2 takes it as it wraps the
-    model: ``compressed_policy``.)"""
+    """Put the layout's gradient compression into the reduction that runs during backward: PowerSGD as
+    DDP's comm hook, or the bf16 wire of plait's own ``buckets`` (ZeRO-2's reduce-scatter, or ZeRO
+    0/1's all-reduce; default ZeRO-2's, from the optimizer). (FSDP2 takes it as it wraps the model:
+    ``compressed_policy``.)"""
     compression = topology.layout.grad_compression
     if compression == "none" or topology.size(topology.replica_dim) == 1:
         return
     if isinstance(model, DistributedDataParallel):
-        group = topology.group(topology.replica_dim)
-        if compression == "bf16":
-            model.register_comm_hook(group, bf16_hook)
-        else:
-            model.register_comm_hook(powersgd_state(group), powersgd_hook)
+        model.register_comm_hook(powersgd_state(topology.group(topology.replica_dim)), powersgd_hook)
     elif compression == "bf16" and (buckets := buckets or getattr(optimizer, "gradient_shards", None)) is not None:
         buckets.wire_dtype = torch.bfloat16
 

@@ -3,15 +3,14 @@ ranks and, under context parallelism, the cp ranks beside them (``dp_cp``; each 
 the same sequences), whose gradients are averaged together and over which ZeRO shards, as in
 Megatron-LM's distributed optimizer and torchtitan's FSDP2 (``plait.topology``).
 
-- stage 0: PyTorch DDP, replicated parameters; bucketed gradient all-reduce overlapping backward.
-- stage 1: DDP plus ``ShardedAdamW``: each rank keeps the optimizer state of 1/Nd of every parameter.
+- stage 0: replicated parameters; plait's bucketed gradient all-reduce overlapping backward
+  (``plait.parallel.gradient_buckets``), or PyTorch DDP where PowerSGD compresses (``uses_ddp``).
+- stage 1: the same plus ``ShardedAdamW``: each rank keeps the optimizer state of 1/Nd of every parameter.
 - stage 2: ``ShardedAdamW`` with ``gradient_chunks``: replicated parameters, no wrapper; the
   optimizer's hooks reduce-scatter the gradients in buckets, overlapping backward, into fp32 rows:
   every micro-batch's, or on a pipeline stage the schedule's accumulated ones.
 - stages 1 and 2 under tensor parallelism: the same, on the rows of each rank's tp shard, as
-  Megatron's distributed optimizer; DDP cannot hold DTensor weights, so stages 0 and 1 average
-  their gradients with plait's own bucketed all-reduce, overlapping backward too
-  (plait.parallel.gradient_buckets).
+  Megatron's distributed optimizer.
 - stage 3: FSDP2 ``fully_shard`` per block and on the root: parameters gathered block by block,
   just in time, with the next block's all-gather prefetched. Under tensor parallelism FSDP2
   shards each rank's tensor-parallel shard further over dp (torchtitan's 2-D layout).
@@ -67,12 +66,11 @@ def shard_data_parallel(model: nn.Module, topology: Topology, precision: str = "
 
 
 def replicate_data_parallel(model: nn.Module, topology: Topology) -> nn.Module:
-    """DDP at ZeRO 0 and 1 without tensor parallelism, over real parameters (DDP broadcasts them
-    from the first rank as it starts)."""
-    if topology.size(topology.replica_dim) == 1 or topology.layout.zero >= 2:
+    """DDP where PowerSGD compresses the gradients (ZeRO 0 and 1 without tensor parallelism), over real
+    parameters (DDP broadcasts them from the first rank as it starts); elsewhere ZeRO 0 and 1 average
+    with plait's ``GradientAllReduce`` (``plait.parallel.gradients.data_parallel_buckets``)."""
+    if topology.size(topology.replica_dim) == 1 or not uses_ddp(topology):
         return model
-    if topology.size("tp") > 1:
-        return model  # DDP cannot hold tensor-parallel (DTensor) weights: plait's GradientAllReduce averages them
     # Gradients as views of DDP's buckets: the rank holds one copy of the gradients, not two. The
     # buckets are plait's size (plait.facts.buckets), so a model under DDP's 25 MiB overlaps too.
     # The model's buffers (RoPE's tables) are constants every rank computes alike: DDP's default
@@ -80,6 +78,17 @@ def replicate_data_parallel(model: nn.Module, topology: Topology) -> nn.Module:
     bucket_mb = default_bucket_bytes(list(model.parameters())) / 2**20
     return DistributedDataParallel(model, process_group=topology.group(topology.replica_dim),
                                    gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb, **NO_BUFFER_SYNC)
+
+
+def uses_ddp(topology: Topology) -> bool:
+    """Whether DDP averages the gradients: only for PowerSGD, which exists as DDP's communication hook.
+    Everywhere else plait's own buckets do, because DDP falls short on restarts: its first backward
+    after a start all-reduces the whole model as one bucket, later ones in buckets rebuilt in the
+    order gradients arrived, and over three or more ranks a sum's order follows an element's place
+    in its bucket, so a resumed run would not sum as the uninterrupted one did."""
+    layout = topology.layout
+    return layout.grad_compression == "powersgd" and layout.zero < 2 and topology.size("tp") == 1 \
+        and topology.size("pp") == 1
 
 
 def hold_weights(model: nn.Module, topology: Topology, precision: str) -> None:

@@ -4,10 +4,11 @@ A hook on every parameter sees its gradient once backward has accumulated it. Bu
 parameters in reverse, the order backward produces their gradients; a bucket whose gradients are
 all there goes out as one asynchronous collective, buckets in a fixed order so every rank issues
 the same collectives in the same order, and what has finished is taken as later buckets go out.
-Every rank must reach the same parameters, as under DDP. Two reductions share this:
+The buckets are the same at every step, the first after a start included, so a resumed run sums
+each element in the order the uninterrupted one did (``plait.parallel.data.uses_ddp``). Every rank
+must reach the same parameters, as under DDP. Two reductions share this:
 
-- ``GradientAllReduce``: ZeRO 0/1 where DDP cannot run (tensor-parallel DTensor weights, pipeline
-  stages): each bucket all-reduced and averaged in place, on the rank's local tp shards, its
+- ``GradientAllReduce``: ZeRO 0/1 (but PowerSGD's, which DDP runs): each bucket all-reduced and averaged in place, on the rank's local tp shards, its
   gradients first laid out as their parameters (so sequence-parallel partial sums are summed over
   tp before dp averages them);
 - ``plait.parallel.gradient_shards.GradientReduceScatter``: ZeRO-2's reduce-scatter into each
@@ -195,8 +196,7 @@ class GradientBuckets:
 
 
 class GradientAllReduce(GradientBuckets):
-    """Every gradient averaged over the dp·cp ``group`` in place, bucket by bucket: ZeRO 0/1 where DDP
-    cannot run."""
+    """Every gradient averaged over the dp·cp ``group`` in place, bucket by bucket: ZeRO 0/1."""
 
     def __init__(self, chunks: Mapping[int, list[nn.Parameter]], group: dist.ProcessGroup, bucket_bytes: int,
                  per_chunk: bool = False):

@@ -1,14 +1,14 @@
 """ZeRO-2's gradient path: each gradient reduce-scattered into the rows of it this rank owns.
 
 The hooks and buckets are ``plait.parallel.gradient_buckets``'s (shared with the all-reduce of
-ZeRO 0/1 where DDP cannot run): each full bucket is packed, its gradients freed, and
+ZeRO 0/1): each full bucket is packed, its gradients freed, and
 reduce-scattered asynchronously while the backward pass goes on, and a finished reduce-scatter's
 buffer is released as soon as it is seen done. When the backward pass ends (on a pipeline stage,
 once ``finish`` has waited for every chunk's buckets), the rank holds, for every parameter a
 backward reached, only the averaged gradient of its own rows, in fp32: ``torch.chunk``'s split of dim 0,
 as DTensor's ``Shard(0)`` and ``ShardedAdamW`` split it (of the rank's tp shard under tensor
 parallelism: a gradient is first laid out as its parameter, which sums sequence-parallel partial
-sums over tp). Every rank must reach the same parameters, as under DDP.
+sums over tp). Every rank must reach the same parameters.
 
 Without pipeline parallelism every micro-batch's backward reduce-scatters its gradients (as FSDP2
 does under ZeRO-3) and the rows are summed over the micro-batches in fp32, as DeepSpeed's ZeRO-2

@@ -3,8 +3,7 @@
 Data-parallel gradients are averaged inside backward over every rank holding the same weights: the
 dp ranks and the cp ranks beside them (``Topology.replica_dim``; each cp rank saw its own slice of
 the sequences), bucket by bucket as backward produces them, by the mechanism each layout was built
-on: DDP's all-reduce (ZeRO 0, 1), ``GradientAllReduce`` (ZeRO 0, 1 where DDP cannot run: under
-tensor parallelism, whose DTensor weights DDP cannot hold, and on pipeline stages),
+on: ``GradientAllReduce`` (ZeRO 0, 1; DDP's all-reduce under PowerSGD, ``plait.parallel.data.uses_ddp``),
 ``GradientReduceScatter`` (ZeRO-2), FSDP2's reduce-scatter (ZeRO-3), the last two over ZeRO's
 group (``Topology.zero_dim``); the buckets' size is ``plait.facts.buckets``' rule.
 ``gradient_sync`` switches them off for every micro-batch but the last, but for the
@@ -79,13 +78,13 @@ def gradient_reduction(topology: Topology, tied_peer: int | None = None,
 def data_parallel_buckets(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
                           chunks: Mapping[int, list[nn.Parameter]] | None = None) -> GradientBuckets | None:
     """plait's own hooks that reduce the gradients over dp·cp in backward: ZeRO-2's (the optimizer's),
-    or below it the all-reduce where DDP cannot run (under tp, on a pipeline stage, whose ``chunks``
-    are given); None where DDP or FSDP2 reduce, or nothing does."""
+    or below it the all-reduce (on a pipeline stage, whose ``chunks`` are given, one bucket list per
+    chunk); None where DDP (PowerSGD) or FSDP2 reduce, or nothing does."""
     if isinstance(optimizer, ShardedAdamW) and optimizer.gradient_shards is not None:
         return optimizer.gradient_shards
     pipelined = chunks is not None
     replicas = topology.replica_dim
-    if topology.size(replicas) == 1 or topology.layout.zero >= 2 or not (pipelined or topology.size("tp") > 1):
+    if topology.size(replicas) == 1 or topology.layout.zero >= 2 or isinstance(model, DistributedDataParallel):
         return None
     chunks = chunks or {0: list(model.parameters())}
     params = [param for params in chunks.values() for param in params]

@@ -2,7 +2,7 @@
 mesh, top to bottom.
 
 As torchtitan's ``parallelize``: tensor/sequence → context → recomputation or offload → pipeline split →
-ZeRO's shards → materialize → DDP → optimizer, each an ``apply_*`` step from outside the model. The
+ZeRO's shards → materialize → DDP (PowerSGD only) → optimizer, each an ``apply_*`` step from outside the model. The
 order is forced: context parallelism swaps the attention core that selective recomputation wraps, a
 stage is a slice of the tensor-parallel model, every step that decides what a rank keeps runs on
 the meta device so that only that is ever allocated (``plait.parallel.materialize``), and DDP and
@@ -40,7 +40,7 @@ class Parallelized:
     """What a rank trains: its model (a pipeline stage's pruned model under pp), the optimizer over
     it, the pipeline (None without pp), what its gradients still need after backward, what
     holds them until then (``unreduced_gradients``), and plait's own hooks that reduce them over dp
-    in backward (ZeRO-2's, or the all-reduce where DDP cannot run; None under DDP and FSDP2)."""
+    in backward (ZeRO-2's, or ZeRO 0/1's all-reduce; None under DDP and FSDP2)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer

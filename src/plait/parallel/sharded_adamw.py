@@ -1,7 +1,7 @@
 """ZeRO stages 1 and 2: AdamW whose state each rank keeps for its own rows of every parameter only.
 
-Stage 1: gradients arrive whole (averaged by DDP, or by ``GradientAllReduce``'s buckets where DDP
-cannot run: under tensor or pipeline parallelism). Stage 2: ``GradientReduceScatter`` leaves
+Stage 1: gradients arrive whole (averaged by ``GradientAllReduce``'s buckets, or by DDP under
+PowerSGD). Stage 2: ``GradientReduceScatter`` leaves
 each rank only the averaged gradient of its own rows. Either way each rank updates the rows it
 owns, and one all-gather per step hands the updated rows to the other ranks. Under tensor
 parallelism the rows are those of the rank's tp shard (plait.parallel.zero_rows).
