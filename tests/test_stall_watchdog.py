@@ -105,6 +105,7 @@ def test_a_stopped_rank_is_named_and_the_job_ends(tmp_path, case):
         for line in error_lines(stderr):
             assert line.startswith(f"plait: error: rank {stopped_rank} ({label}) made no progress for "), line
             assert "its process does not run" in line and peer_wait in line, line
+        assert stderr.splitlines()[-1] == error_lines(stderr)[0]  # the last line; torchrun's report is in the run folder
         assert not Path(f"/proc/{worker}").exists() or Path(f"/proc/{worker}/stat").read_text().split()[2] == "Z"
     finally:
         end_every_process(job, seen)

@@ -113,6 +113,15 @@ class Layout:
     def world_size(self) -> int:
         return self.pp * self.dp * self.cp * self.tp
 
+    def rank_name(self, rank: int) -> str:
+        """A global rank's coordinates on the dimensions that are split, e.g. ``dp1·tp0·pp1``: the
+        device mesh lays the ranks out over ``MESH_DIMS`` in order, the last varying fastest."""
+        coordinates, rest = {}, rank
+        for dim in reversed(MESH_DIMS):
+            coordinates[dim], rest = rest % self.group_size(dim), rest // self.group_size(dim)
+        split = [f"{dim}{coordinates[dim]}" for dim in ("dp", "cp", "tp", "pp") if self.group_size(dim) > 1]
+        return "·".join(split) or "rank 0"
+
     def describe(self) -> str:
         """A short human name such as ``dp2·tp2·pp2 (1f1b, m=4)``."""
         parts = [f"{name}{getattr(self, name)}" for name in ("dp", "tp", "cp", "pp") if getattr(self, name) > 1]

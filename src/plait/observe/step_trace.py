@@ -24,8 +24,7 @@ from plait.topology import Topology
 
 def rank_name(topology: Topology) -> str:
     """This rank's coordinates on the layout's dimensions that are split, e.g. ``dp1·tp0·pp1``."""
-    dims = [dim for dim in ("dp", "cp", "tp", "pp") if topology.size(dim) > 1]
-    return "·".join(f"{dim}{topology.coordinate(dim)}" for dim in dims) or "rank 0"
+    return topology.layout.rank_name(topology.rank)
 
 
 class StepTracer:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from plait.config import RunConfig
 from plait.errors import ConfigError
@@ -37,6 +38,7 @@ from plait.train.host_memory import return_freed_tensors_to_the_os
 from plait.train.loop import NonFiniteLoss, train
 from plait.train.run_dir import prepare_run_dir
 from plait.train.start import inside_torchrun
+from plait.train.torchrun_report import TORCHRUN_LOG, TorchrunReport
 from plait.train.watchdog import stall_watchdog
 
 # A collective that has not completed after this long raises on the rank that waits, naming it.
@@ -159,6 +161,7 @@ def join_process_group(backend: str) -> None:
                             timeout=COLLECTIVE_TIMEOUT)
 
 
+@record  # an exception's traceback goes to torchrun's report, whose last line the launcher's failure line quotes
 def run_worker(config: RunConfig, run_dir: Path, resume_from: Path | None = None) -> int:
     """This process is one rank: join the process group, train, report."""
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -206,7 +209,8 @@ def train_rank(config: RunConfig, device: torch.device, run_dir: Path, resume_fr
     if restart and dist.get_rank() == 0:
         start = f"{checkpoint.name}" if checkpoint is not None else "step 0 (no complete checkpoint yet)"
         allowed = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "?")  # torchrun's --max-restarts, however it started
-        print(f"plait: restart {restart} of {allowed} after a lost rank: resuming from {start}", flush=True)
+        print(f"plait: restart {restart} of {allowed} after a lost rank: resuming from {start}", file=sys.stderr,
+              flush=True)
     progress = Progress()
     with stall_watchdog(config.train.stall_timeout, progress, topology):
         return train(config, topology, run_dir, checkpoint, progress).summary
@@ -245,8 +249,9 @@ def launch(config: RunConfig, argv: list[str]) -> int:
             f"--max-restarts={config.train.max_restarts}",
             "-m", "plait", "train", *argv, "--run-dir", str(run_dir),
         ]
+        report = TorchrunReport(run_dir / TORCHRUN_LOG, sys.stderr, config.layout, config.train.max_restarts)
         return run_torchrun(command, {**os.environ, "OMP_NUM_THREADS": str(threads), **checked},
-                            None if lock is None else lock.fd)
+                            None if lock is None else lock.fd, report)
     finally:
         if lock is not None:
             lock.release()
@@ -277,15 +282,18 @@ def _dies_with_its_parent() -> Callable[[], None]:
     return arm
 
 
-def run_torchrun(command: list[str], env: dict[str, str], lock_fd: int | None) -> int:
+def run_torchrun(command: list[str], env: dict[str, str], lock_fd: int | None, report: TorchrunReport) -> int:
     """Run ``command`` (torchrun) in a session of its own and wait for it, handing it the first stopping
     signal this launcher gets (a terminal's Ctrl-C, `kill`, `timeout`; its agent then stops every
     worker, escalating on its own) rather than dying without it: Python's subprocess.run would SIGKILL
     torchrun on Ctrl-C, whose workers then live on. A signal ignored here (under nohup) stays ignored.
     torchrun inherits the run directory's lock (``lock_fd``), which so lasts until it has stopped every
-    rank. Returns its status, or 128 + the signal that stopped the run, after saying so in one line."""
+    rank. Its stderr goes through ``report`` (plait.train.torchrun_report). Returns its status, or 128 +
+    the signal that stopped the run, after saying so in one line; a failure ends in ``report``'s line."""
     process = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_dies_with_its_parent(),
-                               pass_fds=() if lock_fd is None else (lock_fd,))
+                               pass_fds=() if lock_fd is None else (lock_fd,), stderr=subprocess.PIPE, text=True,
+                               errors="replace")
+    reader = report.follow(process.stderr)
     received: list[int] = []
 
     def hand_on(signum, frame) -> None:
@@ -298,6 +306,7 @@ def run_torchrun(command: list[str], env: dict[str, str], lock_fd: int | None) -
     previous = {signum: signal.signal(signum, hand_on) for signum in caught}
     try:
         status = process.wait()
+        reader.join(timeout=10)  # EOF once every worker is gone; one left running must not hang the launcher
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -305,4 +314,6 @@ def run_torchrun(command: list[str], env: dict[str, str], lock_fd: int | None) -
         print(f"plait: stopped by {signal.Signals(received[0]).name}; resume with --resume from the newest complete "
               "checkpoint", file=sys.stderr, flush=True)
         return 128 + received[0]
+    if status != 0:
+        print(report.failure_line(status), file=sys.stderr, flush=True)
     return status

@@ -29,9 +29,6 @@ import torch.distributed as dist
 from plait.observe.progress import STEP_PHASES, Progress, describe
 from plait.topology import Topology
 
-# The order a rank's coordinates are named in, e.g. dp1·tp0·pp0.
-NAMED_DIMS = ("dp", "cp", "tp", "pp")
-
 
 @dataclass
 class Seen:
@@ -41,12 +38,6 @@ class Seen:
     record: dict | None
     beat_at: float
     progress_at: float
-
-
-def coordinates(topology: Topology) -> str:
-    """This rank's place in the layout, the dimensions it has more than one of: 'dp1·pp0'."""
-    named = [f"{dim}{topology.coordinate(dim)}" for dim in NAMED_DIMS if topology.size(dim) > 1]
-    return "·".join(named) or "rank0"
 
 
 class Watchdog:
@@ -196,7 +187,7 @@ def stall_watchdog(timeout: float, progress: Progress, topology: Topology) -> It
                            timeout=timedelta(seconds=max(timeout, 1.0)), wait_for_workers=False)
     # One namespace per torchrun attempt: an elastic restart must not read the last attempt's records.
     store = dist.PrefixStore(f"plait/watchdog/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", client)
-    watchdog = Watchdog(progress, timeout, store, dist.get_rank(), world, coordinates(topology))
+    watchdog = Watchdog(progress, timeout, store, dist.get_rank(), world, topology.layout.rank_name(dist.get_rank()))
     watchdog.start()
     try:
         yield
