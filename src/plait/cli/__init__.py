@@ -16,6 +16,7 @@ from plait.cli.training import add_prediction_arguments, run_train
 from plait.cli.verify import add_verify_command
 from plait.config import add_layout_arguments, add_model_arguments, add_train_arguments
 from plait.errors import ConfigError
+from plait.train.start import inside_torchrun
 from plait.version import plait_version
 
 
@@ -59,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args, argv[1:])
     except ConfigError as error:
-        print(f"plait: error: {error}", file=sys.stderr)
+        # Every torchrun worker parses the same flags and meets rank 0's verdicts: rank 0 says it once.
+        if not inside_torchrun() or os.environ.get("RANK", "0") == "0":
+            print(f"plait: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C in a command running in this process (a one-rank run, a plan)
         print("plait: interrupted", file=sys.stderr)

@@ -30,13 +30,13 @@ from plait.layout import no_bf16
 from plait.observe.progress import Progress
 from plait.observe.time_split import proportions
 from plait.token_range import RANGE_ENV
-from plait.topology import build_topology
+from plait.topology import Topology, build_topology
 from plait.train.checkpoint import CheckpointNotWritten
 from plait.train.checkpoint_record import resumable_checkpoint
 from plait.train.data import check_data, checked_tokens
 from plait.train.host_memory import return_freed_tensors_to_the_os
 from plait.train.loop import NonFiniteLoss, train
-from plait.train.run_dir import prepare_run_dir
+from plait.train.run_dir import RunDirLock, prepare_run_dir
 from plait.train.start import inside_torchrun
 from plait.train.torchrun_report import TORCHRUN_LOG, TorchrunReport
 from plait.train.watchdog import stall_watchdog
@@ -45,6 +45,8 @@ from plait.train.watchdog import stall_watchdog
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 # The checkpoint the local launcher checked for --resume, handed to its torchrun workers.
 RESUME_ENV = "PLAIT_RESUME_FROM"
+# Set by the local launcher for its torchrun workers: it checked the run directory and holds its lock.
+CHECKED_ENV = "PLAIT_RUN_DIR_CHECKED"
 # How often torchrun's elastic agent has restarted this group after losing a rank (0: the first start).
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 # CPU ranks a local launch may start per core: the default 8-rank layout runs on two cores.
@@ -54,24 +56,33 @@ CPU_RANKS_PER_CORE = 8
 NCCL_FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 
 
-def agreed_checkpoint(config: RunConfig, run_dir: Path) -> Path | None:
-    """Collective: the checkpoint every rank resumes. The local launcher checked it already; under a
-    torchrun plait did not start, rank 0 checks it the same way and tells the others."""
-    if not config.train.resume:
-        return None
-    if RESUME_ENV in os.environ:  # empty: the launcher found none, so the run starts from step 0
-        return Path(os.environ[RESUME_ENV]) if os.environ[RESUME_ENV] else None
-    choice: list[str | None] = [None, None]  # the checkpoint (None: start from step 0), or why it cannot resume
+def agreed_start(config: RunConfig, run_dir: Path) -> tuple[Path | None, RunDirLock | None]:
+    """Collective: the checkpoint every rank resumes (None: step 0), and on rank 0 the run directory's
+    lock where this rank holds it. The local launcher checked the run directory and --init-from and
+    holds the lock (``CHECKED_ENV``); after an elastic restart rank 0 finds the newest complete
+    checkpoint again. Under a torchrun plait did not start (Slurm's, a user's), rank 0 makes the local
+    launcher's checks and takes its lock for the run's life: a used run directory without --resume, a
+    link in it, a damaged checkpoint, a second job into a held directory or a bad --init-from is
+    refused by every rank (rank 0 alone says so: ``plait.cli.main``)."""
+    checked = CHECKED_ENV in os.environ
+    if checked and (not config.train.resume or RESUME_ENV in os.environ):
+        return (Path(os.environ[RESUME_ENV]) if os.environ.get(RESUME_ENV) else None), None  # empty: step 0
+    choice: list[str | None] = [None, None]  # the checkpoint (None: start from step 0), or why the run cannot start
+    lock = None
     if dist.get_rank() == 0:
         try:
-            checkpoint = resumable_checkpoint(run_dir, config)
+            if checked:
+                checkpoint = resumable_checkpoint(run_dir, config)
+            else:
+                check_init_from(config)
+                _, checkpoint, lock = prepare_run_dir(replace(config, train=replace(config.train, run_dir=str(run_dir))))
             choice[0] = None if checkpoint is None else str(checkpoint)
         except ConfigError as error:
             choice[1] = str(error)
     dist.broadcast_object_list(choice, src=0)
     if choice[1] is not None:
         raise ConfigError(choice[1])
-    return None if choice[0] is None else Path(choice[0])
+    return (None if choice[0] is None else Path(choice[0])), lock
 
 
 def agreed_data_range(config: RunConfig) -> None:
@@ -203,7 +214,16 @@ def run_worker(config: RunConfig, run_dir: Path, resume_from: Path | None = None
 def train_rank(config: RunConfig, device: torch.device, run_dir: Path, resume_from: Path | None) -> dict | None:
     """Train this rank; return rank 0's summary. What the run built dies with this frame."""
     topology = build_topology(config.layout, device)
-    checkpoint = resume_from or agreed_checkpoint(config, run_dir)
+    checkpoint, lock = (resume_from, None) if resume_from is not None else agreed_start(config, run_dir)
+    try:
+        return train_started_rank(config, topology, run_dir, checkpoint)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def train_started_rank(config: RunConfig, topology: Topology, run_dir: Path, checkpoint: Path | None) -> dict | None:
+    """Train this rank from ``checkpoint`` (None: step 0) once the start is agreed; rank 0's summary."""
     agreed_data_range(config)
     restart = int(os.environ.get(RESTART_ENV, 0))
     if restart and dist.get_rank() == 0:
@@ -236,7 +256,8 @@ def launch(config: RunConfig, argv: list[str]) -> int:
     run_dir, checkpoint, lock = prepare_run_dir(config)
     try:
         world = config.layout.world_size
-        checked = {RESUME_ENV: "" if checkpoint is None else str(checkpoint)} if config.train.resume else {}
+        checked = {CHECKED_ENV: "1", **({RESUME_ENV: "" if checkpoint is None else str(checkpoint)}
+                                        if config.train.resume else {})}
         if data_range is not None:
             checked[RANGE_ENV] = data_range.to_json()
         if world == 1 and not config.train.max_restarts:  # one rank with no restarts runs in this process
