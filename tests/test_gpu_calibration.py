@@ -155,3 +155,15 @@ def test_calibrating_a_gpu_where_torch_sees_none_says_so(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="needs a GPU, and torch sees none"):
         calibrate_gpu(tmp_path / "p.json", "x", "bf16")
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_matmul_fit_swamped_by_its_launch_keeps_a_positive_efficiency():
+    """Tiny matmuls timed on a busy host can take longer for less work, which a slope plus a launch
+    would fit as a negative efficiency: the fit then takes the matmuls alone, with no launch."""
+    shapes = [(64, 64, 64), (128, 128, 128), (256, 128, 64)]
+    efficiency, launch = fit_matmul_efficiency(H100, "fp32", list(zip(shapes, [3e-5, 2e-5, 2.5e-5])))
+    assert efficiency > 0 and launch == 0.0
+    at_peak = replace(H100, matmul_efficiency=1.0)
+    growing = [((m, n, k), 2.0 * m * n * k / matmul_rate(at_peak, "fp32", m, n) / 0.5 + 1e-5) for m, n, k in shapes]
+    efficiency, launch = fit_matmul_efficiency(H100, "fp32", growing)  # a clean slope: half the fp32 peak, 10 µs
+    assert efficiency == pytest.approx(0.5, rel=1e-6) and launch == pytest.approx(1e-5, rel=1e-6)

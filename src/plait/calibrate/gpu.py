@@ -74,9 +74,11 @@ def fit_matmul_efficiency(base: Hardware, precision: str, matmuls: list[tuple[tu
     """(efficiency, launch seconds) from matmul times t = 2mnk/(peak·efficiency·tile fill) + launch,
     the catalog's peak and tile kept (least relative squares)."""
     at_peak = replace(base, matmul_efficiency=1.0)
-    inverse, launch = relative_least_squares(
-        [(2.0 * m * n * k / matmul_rate(at_peak, precision, m, n), 1.0) for (m, n, k), _ in matmuls],
-        [t for _, t in matmuls])
+    at_peak_s = [2.0 * m * n * k / matmul_rate(at_peak, precision, m, n) for (m, n, k), _ in matmuls]
+    times = [t for _, t in matmuls]
+    inverse, launch = relative_least_squares([(s, 1.0) for s in at_peak_s], times)
+    if inverse <= 0:  # the launch swamped the slope (small matmuls on a busy host): the matmuls alone
+        (inverse,), launch = relative_least_squares([(s,) for s in at_peak_s], times), 0.0
     return 1 / inverse, max(launch, 0.0)
 
 
@@ -94,6 +96,8 @@ def fit_attention(timed: list[tuple[tuple[int, int, int], float, float]], profil
         inverse, per_score, _ = relative_least_squares([(m, n, 1.0) for m, n in zip(matmuls, scores)], times)
         if per_score < 0 or inverse <= 0:  # no cost per score shows: the matmuls alone
             (inverse, _), per_score = relative_least_squares([(m, 1.0) for m in matmuls], times), 0.0
+        if inverse <= 0:  # nor a slope over the per-call constant (tiny probes on a busy host)
+            (inverse,) = relative_least_squares([(m,) for m in matmuls], times)
         fitted.append((1 / inverse, per_score))
     (efficiency, per_score), (backward_efficiency, backward_per_score) = fitted
     # (the ratio, which the backward's own fit supersedes, as a CPU calibration reads it)
