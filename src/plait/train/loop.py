@@ -46,7 +46,7 @@ from plait.train.checkpoint import latest_checkpoint, load_checkpoint, weights_a
 from plait.train.checkpoint_record import run_identity
 from plait.train.checkpoint_writer import CheckpointWriter
 from plait.train.data import BatchSource, training_tokens
-from plait.train.evaluation import split_for_evaluation
+from plait.train.evaluation import Evaluator, split_for_evaluation
 from plait.train.optim import lr_scheduler
 
 MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -166,29 +166,74 @@ def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: f
     return loss, grad_norm
 
 
+@dataclass
+class RankRun:
+    """What one rank's run holds from its start to its end: the parallelized model and its data, the
+    files rank 0 writes (``log``, ``board``; None elsewhere), the checkpoint writer (None without a run
+    directory), the tracer, the learning-rate schedule and the result so far."""
+
+    config: RunConfig
+    topology: Topology
+    run_dir: Path | None
+    parallel: Parallelized
+    source: BatchSource
+    evaluator: Evaluator | None
+    meter: ModelStateMeter
+    result: TrainResult
+    log: MetricsLog | None
+    board: TensorBoardLog | None
+    writer: CheckpointWriter | None
+    tracer: StepTracer
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    progress: Progress
+
+
 def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
           resume_from: Path | None = None, progress: Progress | None = None) -> TrainResult:
     """Run ``config`` on this rank. With ``run_dir``, rank 0 writes the run files there; with --resume
     the run continues ``resume_from`` (default: the run dir's newest complete checkpoint). Each step's
     phases are recorded in ``progress``, which the stall watchdog reads."""
-    progress = progress or Progress()
-    train_spec, layout, device = config.train, config.layout, topology.device
+    run = start_rank_run(config, topology, run_dir, resume_from, progress or Progress())
+    # A bar on a terminal; in a log file (not a terminal) a plain line every --log-every steps.
+    on_terminal = sys.stderr.isatty()
+    bar = tqdm(range(run.result.first_step, config.train.steps), desc="train", unit="step",
+               disable=not (topology.is_logging_rank and on_terminal), dynamic_ncols=True)
+    try:
+        for step in bar:
+            row = take_step(run, step)
+            bar.set_postfix(loss=f"{row['loss']:.3f}")
+            record_step(run, row, on_terminal)
+            save_checkpoint_if_due(run, step)
+        bar.close()
+        save_final_checkpoint(run)
+    except NonFiniteLoss:  # raised on every rank at the same step: a checkpoint still being written completes
+        if run.writer is not None:
+            run.writer.finish()
+        raise
+    if run.writer is not None:
+        run.writer.finish()
+    return finish_rank_run(run)
+
+
+def start_rank_run(config: RunConfig, topology: Topology, run_dir: Path | None, resume_from: Path | None,
+                   progress: Progress) -> RankRun:
+    """Everything a rank's run needs before its first step: the data, the parallelized model (resumed
+    from its checkpoint with --resume), rank 0's run files, the tracer and the schedule."""
+    train_spec = config.train
     if train_spec.deterministic:
         torch.use_deterministic_algorithms(True)
     tokens = training_tokens(train_spec.data, config.model.vocab, config.model.seq_len)
     tokens, evaluator = split_for_evaluation(tokens, config)  # with --eval-every, training reads only the first part
     source = BatchSource(tokens, config.model.seq_len, train_spec.global_batch, train_spec.seed)
-
     parallel = parallelize_run(config, topology)
-    model, optimizer, pipeline = parallel.model, parallel.optimizer, parallel.pipeline
+    model, optimizer = parallel.model, parallel.optimizer
     meter = ModelStateMeter(model, optimizer, lambda: gradients_of(optimizer), fp32_masters(optimizer),
                             parallel.unreduced_gradients)
     result = TrainResult(model=model, model_state_bytes=meter.held)
     if train_spec.resume and run_dir is not None and (checkpoint := resume_from or latest_checkpoint(run_dir)):
         result.first_step = load_checkpoint(checkpoint, model, optimizer)
-
     writes = run_dir is not None and topology.is_logging_rank
-    log = MetricsLog(run_dir, result.first_step) if writes else None
+    log = MetricsLog(run_dir, result.first_step) if writes else None  # (makes the run directory)
     board = TensorBoardLog(run_dir) if writes and train_spec.tensorboard else None
     if writes:
         (run_dir / CONFIG_FILE).write_text(config_toml(config))
@@ -196,93 +241,111 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
             shutil.copyfile(train_spec.tokenizer, run_dir / TOKENIZER_FILE)
     writer = None if run_dir is None else CheckpointWriter(run_dir, run_identity(config), train_spec.keep_checkpoints,
                                                            train_spec.async_checkpoint)
-    dp_rank, dp_size, dp_group = topology.coordinate("dp"), topology.size("dp"), topology.group("dp")
-    tokens_per_step = train_spec.global_batch * config.model.seq_len
-    steps = range(result.first_step, train_spec.steps)
-    # A bar on a terminal; in a log file (not a terminal) a plain line every --log-every steps.
-    writes_log_lines, on_terminal = topology.is_logging_rank, sys.stderr.isatty()
-    bar = tqdm(steps, desc="train", unit="step", disable=not (writes_log_lines and on_terminal), dynamic_ncols=True)
     tracer = StepTracer(topology, train_spec.trace_every, result.first_step, train_spec.steps,
                         train_spec.profiled_steps, run_dir / PROFILE_DIR if run_dir is not None else None)
-    schedule = lr_scheduler(optimizer, train_spec, result.first_step)
-    span = progress.marking(tracer.span)
-    try:
-        for step in bar:
-            started = time.perf_counter()
-            progress.step(step, "data")
-            with tracer.step(step):
-                lr = schedule.get_last_lr()[0]
-                inputs, targets = source.local_batch(step, dp_rank, dp_size)
-                inputs, targets, positions = context_shard(inputs, targets, topology)
-                micro = list(zip(inputs.chunk(layout.microbatches), targets.chunk(layout.microbatches)))
-                try:
-                    local_loss, grad_norm = train_step(parallel, micro, train_spec.grad_clip,
-                                                       lambda: autocast(config, device), positions,
-                                                       meter.before_reduction, span, progress)
-                except NonFiniteLoss as error:
-                    raise NonFiniteLoss(f"step {step}: {error}, so the step was not taken and nothing of it was "
-                                        "logged or saved; resume from an earlier checkpoint with a lower --lr, or "
-                                        "check the data") from None
-                schedule.step()
-                if pipeline is not None:
-                    tracer.add_actions(pipeline.last_step_spans)
-                progress.phase("loss all-reduce (dp)")
-                dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=dp_group)
-                average_over_context(local_loss, topology)
-                loss = local_loss.item()
-                if not math.isfinite(loss):  # the same global loss on every rank, so every rank stops here
-                    raise NonFiniteLoss(f"step {step}: the loss is {loss}, so nothing of the step was logged or saved; "
-                                        "resume from an earlier checkpoint with a lower --lr, or check the data")
-            elapsed = time.perf_counter() - started
-            result.losses.append(loss)
-            result.step_times.append(elapsed)
-            result.observed.append(tracer.observes(step))
-            bar.set_postfix(loss=f"{loss:.3f}")
-            evaluated = {}
-            if evaluator is not None and ((step + 1) % train_spec.eval_every == 0 or step == train_spec.steps - 1):
-                progress.phase("eval")
-                evaluated["eval_loss"] = evaluator.evaluate(parallel, lambda: autocast(config, device))
-            row = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item(),
-                   "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed, **evaluated}
-            if log is not None:
-                log.append(row)
-            if board is not None:
-                board.add_step(row)
-            last = step == train_spec.steps - 1
-            if writes_log_lines and not on_terminal and (step % train_spec.log_every == 0 or last):
-                held_out = f", eval loss {evaluated['eval_loss']:.4f}" if evaluated else ""
-                print(f"step {step}/{train_spec.steps}: loss {loss:.4f}{held_out}, lr {lr:.3g}, grad norm "
-                      f"{grad_norm.item():.3g}, {tokens_per_step / elapsed:,.0f} tokens/s", flush=True)
-            if run_dir is not None and train_spec.checkpoint_every and (step + 1) % train_spec.checkpoint_every == 0:
-                if not weights_are_finite(model):  # the last checkpoint kept stays one training can go on from
-                    raise NonFiniteLoss(f"step {step}: the weights are not finite after the step, so it was not saved; "
-                                        "resume from an earlier checkpoint with a lower --lr")
-                progress.phase("checkpoint")
-                writer.save(step + 1, model, optimizer)
-        bar.close()
-        progress.phase("final checkpoint")
-        if run_dir is not None and wants_final_checkpoint(train_spec, result.first_step):
-            if not weights_are_finite(model):
-                raise NonFiniteLoss(f"step {train_spec.steps - 1}: the weights are not finite after the step, so it "
-                                    "was not saved; resume from an earlier checkpoint with a lower --lr")
-            writer.save(train_spec.steps, model, optimizer)
-    except NonFiniteLoss:  # raised on every rank at the same step: a checkpoint still being written completes
-        if writer is not None:
-            writer.finish()
-        raise
-    if writer is not None:
-        writer.finish()
-    progress.phase("gathering timelines and traces")
+    return RankRun(config, topology, run_dir, parallel, source, evaluator, meter, result, log, board, writer, tracer,
+                   lr_scheduler(optimizer, train_spec, result.first_step), progress)
+
+
+def take_step(run: RankRun, step: int) -> dict:
+    """One training step, traced when its turn comes: its row of metrics (the global loss, the
+    learning rate, the gradient norm, time and throughput, the held-out loss when due)."""
+    config, topology, progress = run.config, run.topology, run.progress
+    train_spec, device = config.train, topology.device
+    started = time.perf_counter()
+    progress.step(step, "data")
+    with run.tracer.step(step):
+        lr = run.schedule.get_last_lr()[0]
+        inputs, targets = run.source.local_batch(step, topology.coordinate("dp"), topology.size("dp"))
+        inputs, targets, positions = context_shard(inputs, targets, topology)
+        count = config.layout.microbatches
+        micro = list(zip(inputs.chunk(count), targets.chunk(count)))
+        try:
+            local_loss, grad_norm = train_step(run.parallel, micro, train_spec.grad_clip, lambda: autocast(config, device),
+                                               positions, run.meter.before_reduction,
+                                               progress.marking(run.tracer.span), progress)
+        except NonFiniteLoss as error:
+            raise NonFiniteLoss(f"step {step}: {error}, so the step was not taken and nothing of it was "
+                                "logged or saved; resume from an earlier checkpoint with a lower --lr, or "
+                                "check the data") from None
+        run.schedule.step()
+        if run.parallel.pipeline is not None:
+            run.tracer.add_actions(run.parallel.pipeline.last_step_spans)
+        progress.phase("loss all-reduce (dp)")
+        dist.all_reduce(local_loss, op=dist.ReduceOp.AVG, group=topology.group("dp"))
+        average_over_context(local_loss, topology)
+        loss = local_loss.item()
+        if not math.isfinite(loss):  # the same global loss on every rank, so every rank stops here
+            raise NonFiniteLoss(f"step {step}: the loss is {loss}, so nothing of the step was logged or saved; "
+                                "resume from an earlier checkpoint with a lower --lr, or check the data")
+    elapsed = time.perf_counter() - started
+    run.result.losses.append(loss)
+    run.result.step_times.append(elapsed)
+    run.result.observed.append(run.tracer.observes(step))
+    evaluated = {}
+    if run.evaluator is not None and ((step + 1) % train_spec.eval_every == 0 or step == train_spec.steps - 1):
+        progress.phase("eval")
+        evaluated["eval_loss"] = run.evaluator.evaluate(run.parallel, lambda: autocast(config, device))
+    tokens_per_step = train_spec.global_batch * config.model.seq_len
+    return {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item(),
+            "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed, **evaluated}
+
+
+def record_step(run: RankRun, row: dict, on_terminal: bool) -> None:
+    """A step's row into rank 0's metrics log and TensorBoard, and a plain line every --log-every steps
+    when the output is not a terminal (which shows the bar)."""
+    train_spec, step = run.config.train, row["step"]
+    if run.log is not None:
+        run.log.append(row)
+    if run.board is not None:
+        run.board.add_step(row)
+    last = step == train_spec.steps - 1
+    if run.topology.is_logging_rank and not on_terminal and (step % train_spec.log_every == 0 or last):
+        held_out = f", eval loss {row['eval_loss']:.4f}" if "eval_loss" in row else ""
+        print(f"step {step}/{train_spec.steps}: loss {row['loss']:.4f}{held_out}, lr {row['lr']:.3g}, grad norm "
+              f"{row['grad_norm']:.3g}, {row['tokens_per_s']:,.0f} tokens/s", flush=True)
+
+
+def save_checkpoint_if_due(run: RankRun, step: int) -> None:
+    """The checkpoint after ``step`` every --checkpoint-every steps, of finite weights only."""
+    every = run.config.train.checkpoint_every
+    if run.writer is None or not every or (step + 1) % every:
+        return
+    if not weights_are_finite(run.parallel.model):  # the last checkpoint kept stays one training can go on from
+        raise NonFiniteLoss(f"step {step}: the weights are not finite after the step, so it was not saved; "
+                            "resume from an earlier checkpoint with a lower --lr")
+    run.progress.phase("checkpoint")
+    run.writer.save(step + 1, run.parallel.model, run.parallel.optimizer)
+
+
+def save_final_checkpoint(run: RankRun) -> None:
+    """The checkpoint after the last step, where the run wants one (``wants_final_checkpoint``)."""
+    train_spec = run.config.train
+    run.progress.phase("final checkpoint")
+    if run.writer is None or not wants_final_checkpoint(train_spec, run.result.first_step):
+        return
+    if not weights_are_finite(run.parallel.model):
+        raise NonFiniteLoss(f"step {train_spec.steps - 1}: the weights are not finite after the step, so it "
+                            "was not saved; resume from an earlier checkpoint with a lower --lr")
+    run.writer.save(train_spec.steps, run.parallel.model, run.parallel.optimizer)
+
+
+def finish_rank_run(run: RankRun) -> TrainResult:
+    """After the last step: the pipeline's measured bubble, every rank's traces gathered, and rank 0's
+    trace, summary, loss picture and TensorBoard closed."""
+    result, run_dir, pipeline = run.result, run.run_dir, run.parallel.pipeline
+    writes = run.log is not None
+    run.progress.phase("gathering timelines and traces")
     if pipeline is not None and result.losses:
         result.pipeline = pipeline.measure().figures
-    result.traces = tracer.gather()
+    result.traces = run.tracer.gather()
     if writes and result.traces:
-        write_run_trace(run_dir, result.traces, layout, result.pipeline.get("bubble_fraction"))
-    progress.phase("summary")
+        write_run_trace(run_dir, result.traces, run.config.layout, result.pipeline.get("bubble_fraction"))
+    run.progress.phase("summary")
     if run_dir is not None:
-        result.summary = write_summary(run_dir, config, topology, result)
+        result.summary = write_summary(run_dir, run.config, run.topology, result)
         if writes:
             draw_loss(run_dir)
-    if board is not None:
-        board.close(result.summary, train_spec.steps - 1)
+    if run.board is not None:
+        run.board.close(result.summary, run.config.train.steps - 1)
     return result
