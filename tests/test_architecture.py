@@ -30,6 +30,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "errors": set(),
     "version": set(),
     "token_range": set(),
+    "progress": set(),  # a rank's step, phase and operation, which the engine writes and the watchdog reads
     "models": {"errors"},
     "schedules": {"errors", "models"},  # the stage split balances the model's FLOPs
     "layout": {"errors", "schedules"},  # a schedule's name and needs are read from its registry
@@ -46,13 +47,9 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     # known wrong-way edge: the engine's summary reads the GPU's peak FLOPs for MFU from the planner's
     # catalog (plait.plan.hardware), the only home of device facts; to be removed
     "observe/summary.py": {"plan"},
-    "parallel": {"facts", "layout", "models", "schedules", "topology"},
-    # known wrong-way edge: the pipeline executor marks each action it starts in the stall watchdog's
-    # Progress record, which lives in observe; to be removed
-    "parallel/pipeline.py": {"observe"},
-    "parallel/pipeline_executor.py": {"observe"},
-    "train": {"config", "errors", "interop", "layout", "models", "observe", "parallel", "token_range", "tokenizer",
-              "topology", "version"},
+    "parallel": {"facts", "layout", "models", "progress", "schedules", "topology"},
+    "train": {"config", "errors", "interop", "layout", "models", "observe", "parallel", "progress", "token_range",
+              "tokenizer", "topology", "version"},
     # calibrate times plait's own layers and step (parallel, train) into the planner's hardware profile
     "calibrate": {"config", "errors", "facts", "layout", "models", "parallel", "plan", "topology", "train"},
     "cli": {"calibrate", "config", "errors", "facts", "interop", "layout", "models", "observe", "plan", "sample",

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from plait.models.vocabulary import vocabulary_logits
-from plait.observe.progress import Progress
+from plait.progress import Progress
 from plait.parallel.pipeline_executor import ChunkReduction, Executor, StepRecord
 from plait.parallel.cross_entropy import cross_entropy
 from plait.schedules.actions import Schedule

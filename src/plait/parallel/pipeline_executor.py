@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
-from plait.observe.progress import Progress
+from plait.progress import Progress
 from plait.schedules.actions import Action, Kind, Schedule
 from plait.schedules.simulate import Span
 

@@ -27,7 +27,7 @@ from plait.config import RunConfig
 from plait.errors import ConfigError
 from plait.interop.hf import check_init_from
 from plait.layout import no_bf16
-from plait.observe.progress import Progress
+from plait.progress import Progress
 from plait.observe.time_split import proportions
 from plait.token_range import RANGE_ENV
 from plait.topology import Topology, build_topology

@@ -29,7 +29,7 @@ from plait.interop.hf import hf_weight_source
 from plait.models.init import WeightSource, seeded_source
 from plait.models.transformer import Transformer
 from plait.observe.model_state import ModelStateMeter
-from plait.observe.progress import Progress
+from plait.progress import Progress
 from plait.observe.run_files import CONFIG_FILE, PROFILE_DIR, MetricsLog, draw_loss, write_run_trace
 from plait.observe.step_trace import StepTracer
 from plait.observe.summary import write_summary

@@ -26,7 +26,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from plait.observe.progress import STEP_PHASES, Progress, describe
+from plait.progress import STEP_PHASES, Progress, describe
 from plait.topology import Topology
 
 
