@@ -194,9 +194,10 @@ def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
     the run continues ``resume_from`` (default: the run dir's newest complete checkpoint). Each step's
     phases are recorded in ``progress``, which the stall watchdog reads."""
     run = start_rank_run(config, topology, run_dir, resume_from, progress or Progress())
-    # A bar on a terminal; in a log file (not a terminal) a plain line every --log-every steps.
-    on_terminal = sys.stderr.isatty()
-    bar = tqdm(range(run.result.first_step, config.train.steps), desc="train", unit="step",
+    # A bar on a terminal; in a log file (not a terminal) a plain line every --log-every steps. The bar
+    # goes to standard output, which the launcher leaves to the terminal (it reads torchrun's stderr).
+    on_terminal = sys.stdout.isatty()
+    bar = tqdm(range(run.result.first_step, config.train.steps), desc="train", unit="step", file=sys.stdout,
                disable=not (topology.is_logging_rank and on_terminal), dynamic_ncols=True)
     try:
         for step in bar:
