@@ -189,10 +189,10 @@ def _peaks_by_micro_batch(stack: str, zero: int, schedule: str, v: int, recomput
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_no_layout_needs_less_memory_with_larger_micro_batches(stack, zero, schedule, v, precision, recompute):
     """What lets the search stop a mesh at the first micro-batch size where nothing fits
-    (plait.plan.peaks.beyond): at a fixed global batch, each rank's peak never falls as the
-    micro-batches grow and their count falls, where each micro-batch in flight holds only what
-    grows with it (plait's pipeline stages in fp32, or in bf16 under ZeRO 1 and 2, whose bf16 weights
-    autocast does not copy)."""
+    (plait.plan.peaks.least_memory_at_larger_microbatches): at a fixed global batch, each rank's
+    peak never falls as the micro-batches grow and their count falls, where each micro-batch in
+    flight holds only what grows with it (plait's pipeline stages in fp32, or in bf16 under ZeRO 1
+    and 2, whose bf16 weights autocast does not copy)."""
     peaks = _peaks_by_micro_batch(stack, zero, schedule, v, recompute, precision)
     assert peaks == sorted(peaks) and peaks[-1] > peaks[0]
 

@@ -18,14 +18,14 @@ from plait.plan.space import schedule_choices
 from plait.schedules.split import split_layers
 
 
-def beyond(lightest: list[float], states: float, weight_copies: bool) -> float:
+def least_memory_at_larger_microbatches(least_peaks: list[float], states: float, weight_copies: bool) -> float:
     """The least memory one (mesh, sp, ZeRO) choice needs at any larger micro-batch: with fewer,
     larger micro-batches each rank holds no fewer micro-batch-sized activations, buffers and logits
-    (tests/test_plan_memory.py), so no less than its ``lightest`` schedule now. But where autocast
-    keeps a bf16 copy of a stage's weights per micro-batch (``weight_copies``), fewer micro-batches
-    in flight can hold fewer copies, and only the ``states`` of a rank holding ⌈layers / pp⌉ layers
-    (some rank does) and what else it holds now is certain."""
-    return states if weight_copies else min(lightest, default=0.0)
+    (tests/test_plan_memory.py), so no less than the least of its schedules' ``least_peaks`` now.
+    But where autocast keeps a bf16 copy of a stage's weights per micro-batch (``weight_copies``),
+    fewer micro-batches in flight can hold fewer copies, and only the ``states`` of a rank holding
+    ⌈layers / pp⌉ layers (some rank does) and what else it holds now is certain."""
+    return states if weight_copies else min(least_peaks, default=0.0)
 
 
 class RankHold(NamedTuple):
@@ -142,8 +142,8 @@ def schedule_peak(ranks: Iterable[tuple[RankHold, float]], act: float, head: flo
     return peak
 
 
-def replayed_adds(working: float, splits_backward: bool, v: int, freed: float, kept_in_every_chunk: bool = False
-                  ) -> tuple[float, float]:
+def replayed_block_extra_bytes(working: float, splits_backward: bool, v: int, freed: float,
+                               kept_in_every_chunk: bool = False) -> tuple[float, float]:
     """What the replayed block adds on a rank other than the last and on the last
     (plait.facts.activations.replayed_block_bytes), which holds the last chunk alone when v is 1."""
     return (replayed_block_bytes(working, splits_backward, kept_in_every_chunk, False, freed),
@@ -170,12 +170,14 @@ def partial_candidate(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank:
                       splits_backward: bool, freed: float) -> tuple:
     """(``full``, the per-layer figures of a chunk recomputing its first ``blocks`` layers, its peak
     with the replayed block's ``working`` bytes where they add, ``blocks``): time a blend of none and
-    full by the share of a rank's layers recomputed."""
+    full by the share of a rank's layers recomputed (``per_rc``'s figures are named tuples, each held
+    bytes first)."""
     kept, recomputed = per_rc["none"], per_rc["full"]
     share = min(1.0, blocks * v / per_rank)
-    blend = tuple(share * r + (1 - share) * k for k, r in zip(kept, recomputed))
+    blend = kept._make(share * r + (1 - share) * k for k, r in zip(kept, recomputed))
     peak = max(besides + hold.partial_bytes(blocks, kept[0], recomputed[0], head)
-               + (replayed_adds(working, splits_backward, v, freed,
-                                min(n for n in hold.chunk_layers if n) > blocks)[hold.last] if hold.layers else 0.0)
+               + (replayed_block_extra_bytes(working, splits_backward, v, freed,
+                                             min(n for n in hold.chunk_layers if n) > blocks)[hold.last]
+                  if hold.layers else 0.0)
                for hold, besides in ranks)
     return "full", blend, peak, blocks

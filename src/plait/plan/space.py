@@ -27,6 +27,14 @@ def scanned_layout(fields: tuple, stage_layers: tuple[int, ...] | None = None) -
     return Layout(**values | {"recompute_layers": values.get("recompute_layers") or None}, stage_layers=stage_layers)
 
 
+def scanned_fields(layout: Layout, schedule: str, v: int, recompute: str, recompute_layers: int) -> tuple:
+    """The tuple ``layout`` is recorded by under ``schedule``, ``v`` and ``recompute`` (of its first
+    ``recompute_layers`` blocks per chunk; 0: every block)."""
+    return (layout.dp, layout.tp, layout.cp, layout.pp, layout.sp, layout.zero, schedule, v, layout.microbatches,
+            recompute, layout.grad_compression, layout.cp_algorithm, layout.dp_replicate, recompute_layers,
+            layout.offload_activations)
+
+
 def divisors(n: int) -> list[int]:
     """Every divisor of ``n``, ascending, found in √n steps (GPU counts reach millions)."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
