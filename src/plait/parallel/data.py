@@ -85,10 +85,9 @@ def uses_ddp(topology: Topology) -> bool:
     Everywhere else plait's own buckets do, because DDP falls short on restarts: its first backward
     after a start all-reduces the whole model as one bucket, later ones in buckets rebuilt in the
     order gradients arrived, and over three or more ranks a sum's order follows an element's place
-    in its bucket, so a resumed run would not sum as the uninterrupted one did."""
-    layout = topology.layout
-    return layout.grad_compression == "powersgd" and layout.zero < 2 and topology.size("tp") == 1 \
-        and topology.size("pp") == 1
+    in its bucket, so a resumed run would not sum as the uninterrupted one did. (Where PowerSGD may
+    run, ZeRO 0–1 without tp or pp, is ``plait.facts.validity``'s rule.)"""
+    return topology.layout.grad_compression == "powersgd"
 
 
 def hold_weights(model: nn.Module, topology: Topology, precision: str) -> None:
