@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from plait.config import RunConfig
-from plait.errors import ConfigError
+from plait.errors import ConfigError, RankZeroVerdict
 from plait.interop.hf import check_init_from
 from plait.layout import no_bf16
 from plait.progress import Progress
@@ -63,7 +63,7 @@ def agreed_start(config: RunConfig, run_dir: Path) -> tuple[Path | None, RunDirL
     checkpoint again. Under a torchrun plait did not start (Slurm's, a user's), rank 0 makes the local
     launcher's checks and takes its lock for the run's life: a used run directory without --resume, a
     link in it, a damaged checkpoint, a second job into a held directory or a bad --init-from is
-    refused by every rank (rank 0 alone says so: ``plait.cli.main``)."""
+    refused by every rank (rank 0 alone says so: ``run_worker``)."""
     checked = CHECKED_ENV in os.environ
     if checked and (not config.train.resume or RESUME_ENV in os.environ):
         return (Path(os.environ[RESUME_ENV]) if os.environ.get(RESUME_ENV) else None), None  # empty: step 0
@@ -81,7 +81,7 @@ def agreed_start(config: RunConfig, run_dir: Path) -> tuple[Path | None, RunDirL
             choice[1] = str(error)
     dist.broadcast_object_list(choice, src=0)
     if choice[1] is not None:
-        raise ConfigError(choice[1])
+        raise RankZeroVerdict(choice[1])
     return (None if choice[0] is None else Path(choice[0])), lock
 
 
@@ -100,7 +100,7 @@ def agreed_data_range(config: RunConfig) -> None:
             outcome[1] = str(error)
     dist.broadcast_object_list(outcome, src=0)
     if outcome[1] is not None:
-        raise ConfigError(outcome[1])
+        raise RankZeroVerdict(outcome[1])
     os.environ[RANGE_ENV] = outcome[0]
 
 
@@ -197,6 +197,13 @@ def run_worker(config: RunConfig, run_dir: Path, resume_from: Path | None = None
         if summary is not None:
             print_summary(summary, run_dir)
         dist.barrier()  # every rank past its last collective before any tears its groups down
+    except RankZeroVerdict as error:
+        # Rank 0 says it; the others wait until it has, since torchrun's agent stops the whole group at
+        # the first rank that exits, rank 0 among them.
+        if dist.get_rank() == 0:
+            print(f"plait: error: {error}", file=sys.stderr, flush=True)
+        dist.barrier()
+        return 2
     except (NonFiniteLoss, CheckpointNotWritten) as error:
         if dist.get_rank() == 0:
             print(f"plait: error: {error}", file=sys.stderr, flush=True)
