@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from plait.observe.explain import explain
+from plait.explain.run import explain
 from plait.plan.hardware import load_profile
 
 

@@ -42,7 +42,6 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "topology": {"layout"},
     "sample": {"errors", "models", "tokenizer"},
     "observe": {"config", "errors", "facts", "layout", "models", "schedules", "topology"},
-    "observe/explain.py": {"plan"},  # sets the planner's prediction beside the run
     "observe/simulated.py": {"plan"},  # draws the planner's simulated timeline
     # known wrong-way edge: the engine's summary reads the GPU's peak FLOPs for MFU from the planner's
     # catalog (plait.plan.hardware), the only home of device facts; to be removed
@@ -52,8 +51,10 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
               "tokenizer", "topology", "version"},
     # calibrate times plait's own layers and step (parallel, train) into the planner's hardware profile
     "calibrate": {"config", "errors", "facts", "layout", "models", "parallel", "plan", "topology", "train"},
-    "cli": {"calibrate", "config", "errors", "facts", "interop", "layout", "models", "observe", "plan", "sample",
-            "schedules", "tokenizer", "train", "version"},
+    # explain sets what a run measured (observe) beside the planner's prediction of it (plan)
+    "explain": {"errors", "facts", "layout", "models", "observe", "plan"},
+    "cli": {"calibrate", "config", "errors", "explain", "facts", "interop", "layout", "models", "observe", "plan",
+            "sample", "schedules", "tokenizer", "train", "version"},
     "__main__": {"cli"},
 }
 

@@ -12,7 +12,7 @@ from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.observe.bottleneck import bottleneck
-from plait.observe.explain import explain
+from plait.explain.run import explain
 from plait.observe.trace import timeline_from_trace
 from plait.plan.hardware import hardware
 from plait.plan.simulate import Workload, evaluate
@@ -71,6 +71,17 @@ def test_cli_reports_both_sides_and_draws_them(run_dir, profile, capsys):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert step["measured"] == summary["step_time_s"]
     assert (run_dir / "explain.png").stat().st_size > 10_000
+
+
+def test_summary_table_and_picture_give_the_same_bubble(run_dir):
+    """One bubble for a run: the summary's (the median step's), the table's and explain.png's title."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    explanation = explain(run_dir, gpu="a100-80gb")
+    measured = {quantity: value for quantity, _, value, _ in explanation.rows()}
+    (_, measured_title), (simulated, simulated_title) = explanation.pictured()
+    assert measured["pipeline bubble"] == summary["bubble_fraction"]
+    assert f"the run's bubble {summary['bubble_fraction']:.1%}" in measured_title
+    assert f"bubble {simulated.bubble_fraction:.1%}" in simulated_title
 
 
 @pytest.mark.parametrize("case, expected", [

@@ -109,7 +109,7 @@ def test_explain_sets_every_layouts_measured_time_beside_the_planners(runs, name
     communication beside the planner's prediction of the same run, the bottleneck, and the bytes of
     each group's collectives equal on both sides."""
     from plait.observe.bottleneck import bottleneck
-    from plait.observe.explain import explain
+    from plait.explain.run import explain
 
     run_dir = runs[name][3]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -266,7 +266,7 @@ def test_explain_names_the_light_runs_all_reduce_and_the_heavy_runs_compute(pool
     compute-bound."""
     from dataclasses import replace
 
-    from plait.observe.explain import explain
+    from plait.explain.run import explain
 
     # The median of five traced steps: a rank descheduled on a busy machine stalls its peer's
     # all-reduce for a step or two, which must not name a compute-bound run's all-reduce.

@@ -93,8 +93,10 @@ def add_plan_commands(subparsers) -> None:
     calibrate.set_defaults(handler=run_calibrate)
     explain = subparsers.add_parser("explain", help="set a finished run's measurements beside their prediction",
                                     description="Predict a finished run's layout and compare each figure with "
-                                                "what the run measured; pipeline runs also get explain.png.")
-    explain.add_argument("run_dir", metavar="RUN_DIR", help="the --run-dir of a finished plait train run")
+                                                "what the run measured; pipeline runs also get explain.png. Given "
+                                                "two runs, set them side by side and name what made the difference.")
+    explain.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                         help="the --run-dir of a finished plait train run; a second one compares the two")
     hardware_choice = explain.add_mutually_exclusive_group()
     hardware_choice.add_argument("--gpu", help="predict for this catalog GPU (default: the run's own GPU)")
     hardware_choice.add_argument("--hardware-profile", metavar="FILE",
@@ -241,10 +243,18 @@ def format_prediction(p: Prediction, hw: Hardware) -> str:
 
 
 def run_explain(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    from plait.observe.explain import explain
-
+    if len(args.run_dirs) > 2:
+        raise ConfigError(f"explain takes one run directory, or two to compare, not {len(args.run_dirs)}")
     profile = load_profile(args.hardware_profile) if args.hardware_profile else None
-    explanation = explain(Path(args.run_dir), args.gpu, profile)
+    if len(args.run_dirs) == 2:
+        from plait.explain.compare import compare
+
+        comparison = compare(*map(Path, args.run_dirs), args.gpu, profile)
+        print(json.dumps(comparison.to_dict(), indent=2) if args.json else comparison.report())
+        return 0
+    from plait.explain.run import explain
+
+    explanation = explain(Path(args.run_dirs[0]), args.gpu, profile)
     picture = explanation.draw()
     if args.json:
         print(json.dumps({**explanation.to_dict(), "picture": str(picture) if picture else None}, indent=2))

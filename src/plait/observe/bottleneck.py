@@ -8,7 +8,6 @@ REMEDIES = {
           "rank or a heavier model), fewer data-parallel ranks, or --grad-compression bf16 would cut it",
     "tp": "fewer tensor-parallel ranks, or tp only inside a node over its fastest link, would cut it",
     "cp": "context parallelism pays only at long sequences: fewer cp ranks, or another --cp-algorithm, would cut it",
-    "pp": "the stages wait on each other outside the schedule: fewer stages or a more even --stage-layers would cut it",
     "bubble": "more micro-batches per step, an interleaved (--virtual-stages) or zero-bubble schedule, or fewer "
               "stages would cut it",
     "other": "it is time outside compute and communication (the batch, Python between operations): larger "

@@ -2,26 +2,54 @@
 
 Pure Python. On each rank a step splits into
 
-* bubble: the pipeline executor's send and receive spans and any wait for a pipeline send or
-  receive (a stage waiting for its neighbour);
-* exposed communication, per group: waiting for any collective or transfer, outside those spans;
+* bubble: the pipeline executor's send and receive spans and any wait on the pipeline group (a
+  stage waiting for a neighbour's activation, or for the last stage's loss, gradient norm or barrier:
+  a wait for a pipeline peer is bubble wherever the schedule put it);
+* exposed communication, per group: waiting for any other group's collective, outside those spans;
 * compute: the compute spans (forward, backward, gradient sync, optimizer; pipeline actions) less
   the waits inside them;
 * other: the rest of the step (the batch, the loss average, Python between spans) less its waits.
 
 The four add up to the step's duration; exposed communication is also given per group and op
-(``dp all_reduce``); overlapped communication (per group) is the time a transfer was in flight while
-the rank did not wait for it.
+(``dp all_reduce``); overlapped communication (per group) is the time while at least one of the
+group's transfers was in flight and the rank did not wait for it, so it never exceeds the step.
 """
 
 from __future__ import annotations
 
 import statistics
 
-POINT_TO_POINT = ("send", "recv")
 
 def _overlap(start: float, end: float, spans: list[dict]) -> float:
     return sum(max(0.0, min(end, s["end"]) - max(start, s["start"])) for s in spans)
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The disjoint intervals covering ``intervals``, in order."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def _overlapped(transfers: list[dict], waits: list) -> dict[str, float]:
+    """Per group, the time at least one of its transfers was in flight while the rank waited for none of them."""
+    groups = {t["group"] for t in transfers if t["completed"] is not None}
+    overlapped = {}
+    for group in sorted(groups):
+        flying = _union([(t["issued"], t["completed"]) for t in transfers if t["group"] == group and t["completed"] is not None])
+        waiting = _union([(start, end) for start, end, index in waits if transfers[index]["group"] == group])
+        waited_in_flight = sum(max(0.0, min(end, w_end) - max(start, w_start))
+                               for start, end in flying for w_start, w_end in waiting)
+        overlapped[group] = max(0.0, _length(flying) - waited_in_flight)
+    return overlapped
 
 
 def split_step(record: dict) -> dict:
@@ -39,17 +67,12 @@ def split_step(record: dict) -> dict:
         in_compute += _overlap(start, end, compute)
         waited += outside
         group, op = transfers[index]["group"], transfers[index]["op"]
-        if group == "pp" and op in POINT_TO_POINT:  # waiting for a pipeline neighbour, next to its span
+        if group == "pp":  # waiting for a pipeline peer
             bubble += outside
             continue
         exposed[group] = exposed.get(group, 0.0) + outside
         by_op[f"{group} {op}"] = by_op.get(f"{group} {op}", 0.0) + outside
     computing = sum(s["end"] - s["start"] for s in compute)
-    overlapped: dict[str, float] = {}
-    for transfer in transfers:
-        if transfer["completed"] is not None:
-            hidden = max(0.0, transfer["completed"] - transfer["issued"] - transfer["exposed"])
-            overlapped[transfer["group"]] = overlapped.get(transfer["group"], 0.0) + hidden
     exposed_total = sum(exposed.values())
     return {
         "step_s": record["duration"],
@@ -60,7 +83,7 @@ def split_step(record: dict) -> dict:
         - (waited - in_compute),
         "exposed_comm_by_group_s": exposed,
         "exposed_comm_by_op_s": by_op,
-        "overlapped_comm_by_group_s": overlapped,
+        "overlapped_comm_by_group_s": _overlapped(transfers, record["waits"]),
     }
 
 
@@ -76,7 +99,9 @@ def run_time_split(ranks: list[dict]) -> dict | None:
     """Medians over the traced steps (each step: the mean over ranks) with their min and max, the
     per-rank medians, each part's share of the step (``shares``: median over the steps with its min
     and max), ``comm_fraction`` (exposed communication's share) and the
-    compute-to-synchronisation ratio (compute / exposed communication). None without a traced step."""
+    compute-to-synchronisation ratio (compute / exposed communication). ``median_step`` is one whole
+    step, the traced step of median duration (the lower of two), whose parts add up to its time as
+    the medians of the parts need not. None without a traced step."""
     steps = sorted({r["step"] for rank in ranks for r in rank["steps"]})
     if not steps:
         return None
@@ -90,6 +115,11 @@ def run_time_split(ranks: list[dict]) -> dict | None:
                          for name in names}
     shares = {part: _spread([p / t for p, t in zip(per_step[f"{part}_s"], per_step["step_s"])])
               for part in ("compute", "exposed_comm", "bubble", "other")}
+    middle = per_step["step_s"].index(statistics.median_low(per_step["step_s"]))
+    median_step = {"step": steps[middle], **{key: per_step[key][middle] for key in scalars},
+                   "exposed_comm_by_group_s": {name: _mean([s["exposed_comm_by_group_s"].get(name, 0.0)
+                                                           for s in splits[steps[middle]]])
+                                               for name in by_group["exposed_comm_by_group_s"]}}
     compute, exposed = statistics.median(per_step["compute_s"]), statistics.median(per_step["exposed_comm_s"])
     per_rank = []
     for rank in ranks:
@@ -104,6 +134,7 @@ def run_time_split(ranks: list[dict]) -> dict | None:
         "comm_fraction": shares["exposed_comm"],
         "compute_to_sync_ratio": compute / exposed if exposed > 0 else None,
         "per_rank": per_rank,
+        "median_step": median_step,
     }
 
 

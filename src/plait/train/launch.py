@@ -138,11 +138,11 @@ def free_port() -> int:
 
 def print_summary(summary: dict, run_dir: Path) -> None:
     pipelined = summary["layout"]["pp"] > 1
-    bubble = (f"  bubble      {summary['bubble_fraction']:.1%} measured, {summary['bubble_fraction_theory']:.1%} "
-              "in theory (equal costs)\n") if pipelined else ""
+    bubble = (f"  bubble      {summary['bubble_fraction']:.1%} of the schedule's rank-time measured (median step), "
+              f"{summary['bubble_fraction_theory']:.1%} in theory (equal costs)\n") if pipelined else ""
     split = summary.get("time_split")
     where = "" if split is None else (
-        f"  time        compute : exposed communication : bubble = {proportions(split)} of the step "
+        f"  time        compute : exposed communication : bubble = {proportions(split)} of the whole step "
         f"(median of {len(split['traced_steps'])} traced step(s))\n")
     traced = ", timeline.png, trace.json" if split is not None else ""
     print(

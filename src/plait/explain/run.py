@@ -28,6 +28,7 @@ from plait.observe.trace import TRACE_FILE, timeline_from_trace, traced_step_vol
 from plait.plan.hardware import Hardware, catalog_name_of, hardware
 from plait.plan.search import search
 from plait.plan.simulate import Prediction, Workload, evaluate
+from plait.schedules import Timeline
 
 EXPLAIN_PICTURE = "explain.png"
 STATE_KINDS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer"}
@@ -162,17 +163,25 @@ class Explanation:
             for name, seconds in self.prediction.time_breakdown.items()))
         return "\n".join(lines)
 
+    def pictured(self) -> list[tuple[Timeline, str]]:
+        """explain.png's steps and titles: the last traced step, titled with the run's bubble (the
+        summary's and the table's: the median step's), above the simulated step; none without a
+        pipeline or trace.json."""
+        if self.layout.pp == 1 or self.trace is None:
+            return []
+        simulated = simulated_timeline(self.workload, self.hardware, self.layout.world_size, self.layout)
+        return [
+            (timeline_from_trace(self.trace), f"measured: {self.layout.describe()}, last traced step; the run's bubble "
+                                              f"{self.summary['bubble_fraction']:.1%} (median step)"),
+            (simulated, f"simulated on {self.hardware.name}: bubble {simulated.bubble_fraction:.1%}"),
+        ]
+
     def draw(self) -> Path | None:
         """explain.png: the measured pipeline step above the simulated one; None without trace.json."""
-        if self.layout.pp == 1 or self.trace is None:
+        if not (pictured := self.pictured()):
             return None
-        measured = timeline_from_trace(self.trace)
-        simulated = simulated_timeline(self.workload, self.hardware, self.layout.world_size, self.layout)
         path = self.run_dir / EXPLAIN_PICTURE
-        draw_timelines([
-            (measured, f"measured: {self.layout.describe()}, bubble {measured.bubble_fraction:.1%}"),
-            (simulated, f"simulated on {self.hardware.name}: bubble {simulated.bubble_fraction:.1%}"),
-        ], path)
+        draw_timelines(pictured, path)
         return path
 
 
