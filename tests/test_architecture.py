@@ -52,7 +52,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     # calibrate times plait's own layers and step (parallel, train) into the planner's hardware profile
     "calibrate": {"config", "errors", "facts", "layout", "models", "parallel", "plan", "topology", "train"},
     # explain sets what a run measured (observe) beside the planner's prediction of it (plan)
-    "explain": {"errors", "facts", "layout", "models", "observe", "plan"},
+    "explain": {"errors", "facts", "layout", "models", "observe", "plan", "schedules"},
     "cli": {"calibrate", "config", "errors", "explain", "facts", "interop", "layout", "models", "observe", "plan",
             "sample", "schedules", "tokenizer", "train", "version"},
     "__main__": {"cli"},
