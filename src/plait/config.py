@@ -59,6 +59,7 @@ class TrainSpec:
     warmup_steps: int = 20
     weight_decay: float = 0.1
     grad_clip: float = 1.0
+    skip_spikes: float = 0.0  # skip an update whose gradient norm is K times the running median; 0: off
     deterministic: bool = False
     data: str | None = None
     tokenizer: str | None = None  # the tokenizer.json --data was made with; the run keeps a copy for plait sample
@@ -98,7 +99,7 @@ class TrainSpec:
                               f"choose steps from 0 to {self.steps - 1}, or raise --steps")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} is unknown; use one of {', '.join(PRECISIONS)}")
-        for name in ("lr", "min_lr_ratio", "grad_clip", "weight_decay"):
+        for name in ("lr", "min_lr_ratio", "grad_clip", "weight_decay", "skip_spikes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"{name.replace('_', '-')} must be a finite number, got {value!r}")
@@ -111,6 +112,9 @@ class TrainSpec:
             raise ConfigError(f"min-lr-ratio must lie in [0, 1], got {self.min_lr_ratio!r}")
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise ConfigError("grad-clip and weight-decay must not be negative; use 0 to turn them off")
+        if self.skip_spikes != 0 and self.skip_spikes <= 1:
+            raise ConfigError(f"skip-spikes is how many times the running median a skipped update's gradient norm "
+                              f"is, so it must be above 1 (5 is usual), or 0 for off; got {self.skip_spikes!r}")
         if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("--tensorboard writes through the tensorboard package, which is not installed; "
                               "pip install tensorboard, or drop --tensorboard")
@@ -248,6 +252,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tensorboard", action="store_const", const=True,
                        help="also write TensorBoard event files to RUN/tensorboard/: losses, learning rate, gradient "
                             "norm, step time, tokens/s, and at the end MFU, peak memory and bubble (default off)")
+    group.add_argument("--skip-spikes", type=float, metavar="K",
+                       help="skip the update of a step whose gradient norm is more than K times the median of the last "
+                            "100 updates' (after 8 of them; every rank alike; the row says \"skipped\") "
+                            "(default 0: off)")
     group.add_argument("--deterministic", action="store_const", const=True, help="deterministic kernels only")
     group.add_argument("--log-every", type=int,
                        help=f"when output is not a terminal, one progress line every K steps (default {defaults.log_every})")

@@ -20,6 +20,7 @@ from plait.errors import ConfigError
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.layout import PRECISIONS, Layout, default_precision
 from plait.models.spec import SPEC_FIELDS, model_spec
+from plait.observe.run_files import SUMMARY_FILE
 from plait.observe.simulated import simulated_timeline, simulated_trace
 from plait.observe.timeline import draw_timeline
 from plait.plan.hardware import CATALOG, Hardware, hardware, load_profile, profile_json
@@ -252,9 +253,15 @@ def run_explain(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         comparison = compare(*map(Path, args.run_dirs), args.gpu, profile)
         print(json.dumps(comparison.to_dict(), indent=2) if args.json else comparison.report())
         return 0
+    from plait.explain.divergence import postmortem
     from plait.explain.run import explain
 
-    explanation = explain(Path(args.run_dirs[0]), args.gpu, profile)
+    run_dir = Path(args.run_dirs[0])
+    if not (run_dir / SUMMARY_FILE).exists() and (findings := postmortem(run_dir)):  # it stopped early: why
+        print(json.dumps({"run_dir": str(run_dir), "divergence": findings}, indent=2) if args.json else "\n".join(
+            [f"{run_dir}: the run did not finish (no {SUMMARY_FILE})", *(f"divergence: {f}" for f in findings)]))
+        return 0
+    explanation = explain(run_dir, args.gpu, profile)
     picture = explanation.draw()
     if args.json:
         print(json.dumps({**explanation.to_dict(), "picture": str(picture) if picture else None}, indent=2))

@@ -20,6 +20,7 @@ from plait.facts.stack import STACKS
 from plait.facts.step_volumes import step_volumes
 from plait.layout import DATA_GROUPS, Layout
 from plait.models.spec import ModelSpec
+from plait.explain.divergence import postmortem
 from plait.observe.bottleneck import bottleneck
 from plait.observe.run_files import SUMMARY_FILE
 from plait.observe.simulated import simulated_timeline
@@ -130,6 +131,7 @@ class Explanation:
             "rows": [{"quantity": q, "predicted": p, "measured": m, "unit": u} for q, p, m, u in self.rows()],
             "bottleneck": bottleneck(self.summary["time_split"]) if self.summary.get("time_split") else None,
             "planner": self.planner_choice(),
+            "divergence": postmortem(self.run_dir),
         }
 
     def report(self) -> str:
@@ -158,6 +160,7 @@ class Explanation:
             lines.append(f"bottleneck: {bottleneck(s['time_split'])}")
         if (choice := self.planner_choice()) is not None:
             lines.append(choice)
+        lines += [f"divergence: {finding}" for finding in postmortem(self.run_dir)]
         lines.append("predicted time per step: " + ", ".join(
             f"{name.removesuffix('_s').replace('_', ' ')} {seconds:.4g} s"
             for name, seconds in self.prediction.time_breakdown.items()))

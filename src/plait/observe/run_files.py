@@ -18,6 +18,9 @@ from plait.observe.trace import TRACE_FILE
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.toml"
 SUMMARY_FILE = "summary.json"
+# Written by rank 0 when a step's gradient norm or loss is not finite: the step, its learning rate and
+# each parameter group's gradient norm (``plait explain`` reads it).
+NON_FINITE_FILE = "non_finite.json"
 LOSS_PICTURE = "loss.png"
 PROFILE_DIR = "profile"  # --profile-steps: torch.profiler's traces, rank{R}_step{K}.json
 TRACE_STEPS = 8  # trace.json keeps this many traced steps: eight ranks' step is about 0.5 MB of events
@@ -58,8 +61,8 @@ class MetricsLog:
     def __init__(self, run_dir: Path, first_step: int):
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         self.path = Path(run_dir) / METRICS_FILE
-        kept = [row for row in read_metrics(run_dir) if row["step"] < first_step]
-        self.path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+        self.kept_rows = [row for row in read_metrics(run_dir) if row["step"] < first_step]
+        self.path.write_text("".join(json.dumps(row) + "\n" for row in self.kept_rows))
 
     def append(self, row: dict) -> None:
         with self.path.open("a") as file:

@@ -23,13 +23,15 @@ gradients from its last backward action on, overlapping the rest of the schedule
 4. under hybrid sharding's ZeRO-2, the replica groups' gradient rows averaged (the reduce-scatter
    ran inside each).
 
-``clip_gradients`` then takes the global norm: over the optimizer's gradients on one stage, summed
-over the stages (a tied weight counted once) under pipeline parallelism.
+``clip_gradients`` then takes the global norm, and each parameter group's (``GRADIENT_GROUPS``): over
+the optimizer's gradients on one stage, summed over the stages (a tied weight counted once) under
+pipeline parallelism.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -43,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from plait.parallel.gradient_buckets import GradientAllReduce, GradientBuckets, default_bucket_bytes
 from plait.parallel.gradient_shards import GradientReduceScatter
-from plait.parallel.grad_norm import clip_grad_norm, scale_to_norm, total_norm
+from plait.parallel.grad_norm import group_squares, scale_to_norm
 from plait.parallel.sharded_adamw import ShardedAdamW, gradients_by_parameter, gradients_of
 from plait.parallel.tensor import finish_tensor_gradients
 from plait.topology import Topology
@@ -157,16 +159,36 @@ def average_gradients(gradients: list[torch.Tensor], topology: Topology, dims: t
                 grad.copy_(part.view_as(grad))
 
 
+BLOCK_PARAMETER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def gradient_groups(layers: int) -> list[str]:
+    """The parameter groups whose gradient norms a step reports: the embeddings, each block, and the
+    head (the final norm and the output projection)."""
+    return ["embeddings", *(f"block {i}" for i in range(layers)), "head"]
+
+
+def _group_of(name: str, layers: int) -> int:
+    """``name``'s index in ``gradient_groups(layers)``."""
+    if block := BLOCK_PARAMETER.search(name):
+        return 1 + int(block.group(1))
+    return 0 if "embeddings" in name else layers + 1
+
+
 def clip_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
-                   reduction: GradientReduction, max_norm: float) -> torch.Tensor:
-    """Clip by the global norm of the step's gradients; return the norm before clipping."""
+                   reduction: GradientReduction, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clip by the global norm of the step's gradients; return that norm before clipping and each of
+    ``gradient_groups``' norms (whose squares sum to its square), the same on every rank."""
     grads = gradients_by_parameter(optimizer)
-    if not reduction.stage_norm:
-        return clip_grad_norm(grads.values(), max_norm)
+    layers = getattr(model, "module", model).spec.layers
+    names = {param: name for name, param in model.named_parameters()}
     # The tied embedding's two copies hold the same gradient: the first stage's counts it.
-    tied = model.tok_embeddings.weight if reduction.tied_peer == 0 else None
-    squares = total_norm([grad for param, grad in grads.items() if param is not tied]).square()
-    dist.all_reduce(squares, group=topology.group("pp"))
-    norm = squares.sqrt()
+    tied = model.tok_embeddings.weight if reduction.stage_norm and reduction.tied_peer == 0 else None
+    counted = [(param, grad) for param, grad in grads.items() if param is not tied]
+    squares = group_squares([grad for _, grad in counted], [_group_of(names[param], layers) for param, _ in counted],
+                            layers + 2)
+    if reduction.stage_norm:
+        dist.all_reduce(squares, group=topology.group("pp"))
+    norm = squares.sum().sqrt()
     scale_to_norm(list(grads.values()), max_norm, norm)
-    return norm
+    return norm, squares.sqrt()

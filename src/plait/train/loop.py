@@ -36,7 +36,7 @@ from plait.observe.summary import write_summary
 from plait.observe.tensorboard import TensorBoardLog
 from plait.parallel.context import average_over_context, context_shard
 from plait.parallel.cross_entropy import cross_entropy
-from plait.parallel.gradients import clip_gradients, finish_gradients, gradient_sync
+from plait.parallel.gradients import clip_gradients, finish_gradients, gradient_groups, gradient_sync
 from plait.parallel.materialize import materialize
 from plait.parallel.parallelize import Parallelized, parallelize
 from plait.parallel.sharded_adamw import fp32_masters, gradients_of
@@ -48,6 +48,7 @@ from plait.train.checkpoint_writer import CheckpointWriter
 from plait.train.data import BatchSource, training_tokens
 from plait.train.evaluation import Evaluator, split_for_evaluation
 from plait.train.optim import lr_scheduler
+from plait.observe.spikes import NOTABLE_FACTOR, SpikeGuard, non_finite_groups, write_non_finite
 
 MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
 Spans = Callable[..., contextlib.AbstractContextManager]  # span(name, **args): a traced compute span
@@ -58,7 +59,12 @@ def no_spans(name: str, **args) -> contextlib.AbstractContextManager:
 
 
 class NonFiniteLoss(RuntimeError):
-    """A step's global gradient norm or loss is NaN or infinite: the run stops, nothing of that step is kept."""
+    """A step's global gradient norm or loss is NaN or infinite: the run stops, nothing of that step is
+    kept. ``group_norms``: each of ``gradient_groups``' norms at that step, where the norm was the cause."""
+
+    def __init__(self, message: str, group_norms: list[float] | None = None):
+        super().__init__(message)
+        self.group_norms = group_norms
 
 
 @dataclass
@@ -73,6 +79,7 @@ class TrainResult:
     model_state_bytes: dict[str, int] = field(default_factory=dict)
     pipeline: dict[str, float] = field(default_factory=dict)  # measured and theoretical bubble, with --pp
     traces: list[dict] | None = None  # on rank 0: every rank's traced steps (plait.observe.step_trace)
+    skipped_steps: list[int] = field(default_factory=list)  # whose update --skip-spikes skipped
     summary: dict | None = None
 
 
@@ -136,12 +143,24 @@ def forward_backward(parallel: Parallelized, micro_batches: MicroBatches, autoca
     return local_loss
 
 
+@dataclass(frozen=True)
+class GradientNorms:
+    """A step's global gradient norm before clipping, each of ``gradient_groups``' norms, and whether
+    the update was skipped as a spike (``--skip-spikes``); the same on every rank."""
+
+    total: torch.Tensor
+    by_group: torch.Tensor
+    skipped: bool = False
+
+
 def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: float, autocast: Callable,
                positions: torch.Tensor | None = None,
                laid_out: Callable[[], None] = lambda: None, span: Spans = no_spans,
-               progress: Progress | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               progress: Progress | None = None,
+               is_spike: Callable[[float], bool] | None = None) -> tuple[torch.Tensor, GradientNorms]:  # nine: its inputs, four observers
     """One optimizer step: forward and backward, the gradients finished for the layout, clipping at
-    ``grad_clip`` (0: none), the step. Returns (this rank's mean loss, global grad norm).
+    ``grad_clip`` (0: none), the step unless ``is_spike`` says the norm is a spike. Returns (this
+    rank's mean loss, the gradient norms).
 
     ``autocast()`` gives the run's precision context; ``positions`` are those of the sequence slice
     this rank holds under context parallelism; ``laid_out`` is called after backward, once the
@@ -157,13 +176,16 @@ def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: f
         finish_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction, laid_out)
     with span("optimizer"):
         max_norm = grad_clip if grad_clip > 0 else math.inf
-        grad_norm = clip_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction, max_norm)
-        if not torch.isfinite(grad_norm):  # the global norm, the same on every rank: all stop before stepping
+        total, by_group = clip_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction,
+                                         max_norm)
+        if not torch.isfinite(total):  # the global norm, the same on every rank: all stop before stepping
             parallel.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLoss(f"the gradient norm is {grad_norm.item()}")
-        parallel.optimizer.step()
+            raise NonFiniteLoss(f"the gradient norm is {total.item()}", by_group.tolist())
+        skipped = is_spike is not None and is_spike(total.item())
+        if not skipped:
+            parallel.optimizer.step()
         parallel.optimizer.zero_grad(set_to_none=True)
-    return loss, grad_norm
+    return loss, GradientNorms(total, by_group, skipped)
 
 
 @dataclass
@@ -186,6 +208,7 @@ class RankRun:
     tracer: StepTracer
     schedule: torch.optim.lr_scheduler.LRScheduler
     progress: Progress
+    spikes: SpikeGuard
 
 
 def train(config: RunConfig, topology: Topology, run_dir: Path | None = None,
@@ -245,7 +268,17 @@ def start_rank_run(config: RunConfig, topology: Topology, run_dir: Path | None, 
     tracer = StepTracer(topology, train_spec.trace_every, result.first_step, train_spec.steps,
                         train_spec.profiled_steps, run_dir / PROFILE_DIR if run_dir is not None else None)
     return RankRun(config, topology, run_dir, parallel, source, evaluator, meter, result, log, board, writer, tracer,
-                   lr_scheduler(optimizer, train_spec, result.first_step), progress)
+                   lr_scheduler(optimizer, train_spec, result.first_step), progress,
+                   resumed_spike_guard(train_spec.skip_spikes, log, result.first_step))
+
+
+def resumed_spike_guard(factor: float, log: MetricsLog | None, first_step: int) -> SpikeGuard:
+    """Collective on a resumed run: the gradient norms guard as the kept steps left it (rank 0 reads
+    them from metrics.jsonl and hands them on)."""
+    rows: list[list[dict] | None] = [log.kept_rows if log is not None else None]
+    if first_step and dist.get_world_size() > 1:
+        dist.broadcast_object_list(rows, src=0)
+    return SpikeGuard.resumed(factor, rows[0] or [])
 
 
 def take_step(run: RankRun, step: int) -> dict:
@@ -262,13 +295,19 @@ def take_step(run: RankRun, step: int) -> dict:
         count = config.layout.microbatches
         micro = list(zip(inputs.chunk(count), targets.chunk(count)))
         try:
-            local_loss, grad_norm = train_step(run.parallel, micro, train_spec.grad_clip, lambda: autocast(config, device),
-                                               positions, run.meter.before_reduction,
-                                               progress.marking(run.tracer.span), progress)
+            local_loss, norms = train_step(run.parallel, micro, train_spec.grad_clip, lambda: autocast(config, device),
+                                           positions, run.meter.before_reduction, progress.marking(run.tracer.span),
+                                           progress, run.spikes.is_spike)
         except NonFiniteLoss as error:
-            raise NonFiniteLoss(f"step {step}: {error}, so the step was not taken and nothing of it was "
-                                "logged or saved; resume from an earlier checkpoint with a lower --lr, or "
-                                "check the data") from None
+            groups = gradient_groups(config.model.layers)
+            if run.log is not None:
+                write_non_finite(run.log.path.parent, step, lr, dict(zip(groups, error.group_norms)))
+            raise NonFiniteLoss(f"step {step}: {error} ({non_finite_groups(groups, error.group_norms)}), so the step "
+                                "was not taken and nothing of it was logged or saved; resume from an earlier "
+                                "checkpoint with a lower --lr, or check the data") from None
+        grad_norm = norms.total.item()
+        notable = norms.skipped or run.spikes.exceeds(grad_norm, NOTABLE_FACTOR)
+        run.spikes.record(grad_norm, norms.skipped)
         run.schedule.step()
         if run.parallel.pipeline is not None:
             run.tracer.add_actions(run.parallel.pipeline.last_step_spans)
@@ -288,8 +327,14 @@ def take_step(run: RankRun, step: int) -> dict:
         progress.phase("eval")
         evaluated["eval_loss"] = run.evaluator.evaluate(run.parallel, lambda: autocast(config, device))
     tokens_per_step = train_spec.global_batch * config.model.seq_len
-    return {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item(),
-            "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed, **evaluated}
+    row = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+           "step_time_s": elapsed, "tokens_per_s": tokens_per_step / elapsed, **evaluated}
+    if norms.skipped:
+        row["skipped"] = True
+        run.result.skipped_steps.append(step)
+    if notable or step % train_spec.log_every == 0 or step == train_spec.steps - 1:  # cheap: a few floats
+        row["grad_norm_by_group"] = dict(zip(gradient_groups(config.model.layers), norms.by_group.tolist()))
+    return row
 
 
 def record_step(run: RankRun, row: dict, on_terminal: bool) -> None:

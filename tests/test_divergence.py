@@ -1,0 +1,78 @@
+"""The divergence postmortem: a gradient spike injected at a known step into a known block is named by
+``plait explain`` (step and block), ``--skip-spikes`` skips exactly that update on every rank under
+ZeRO-3 and under tp·pp, and a non-finite gradient stops the run with the groups it arose in named."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from plait.cli import main
+from plait.explain.divergence import postmortem
+from plait.observe.spikes import SpikeGuard
+from tests.cases import layout_world_size, run_config
+from tests.divergence_cases import train_with_a_spike
+
+STEP, BLOCK = 11, 1
+# The injected spike reads several hundred times the running median; tiny's own noisiest steps at its
+# learning rate read up to about 40 times (on a step of its own, which explain names too).
+SKIP_ABOVE = 100.0
+LAYOUTS = {
+    "zero3": {"dp": 2, "zero": 3},
+    "tp2·pp2": {"tp": 2, "pp": 2, "microbatches": 2},
+}
+
+
+def _config(layout: dict, skip_spikes: float = 0.0):
+    config = run_config("tiny", steps=STEP + 3, **layout)
+    return replace(config, train=replace(config.train, skip_spikes=skip_spikes, log_every=5))
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_skip_spikes_skips_exactly_the_spiked_update_on_every_rank_and_explain_names_it(pool, tmp_path, name):
+    layout = LAYOUTS[name]
+    skipped = pool.run(train_with_a_spike, layout_world_size(layout), _config(layout, skip_spikes=SKIP_ABOVE), str(tmp_path),
+                       STEP, BLOCK)
+    assert skipped == [[STEP]] * layout_world_size(layout)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if row.get("skipped")] == [STEP]
+    spiked = rows[STEP]
+    assert math.sqrt(sum(norm**2 for norm in spiked["grad_norm_by_group"].values())) == pytest.approx(
+        spiked["grad_norm"], rel=1e-4)
+    findings = postmortem(tmp_path)
+    assert any(f.startswith(f"gradient norm spike at step {STEP}:") and f"in block {BLOCK} " in f
+               and "its update was skipped" in f for f in findings), findings
+    assert f"updates skipped by --skip-spikes: step(s) {STEP}" in findings
+
+
+def test_without_skip_spikes_the_update_is_taken_and_explain_still_names_step_and_block(pool, tmp_path, capsys):
+    skipped = pool.run(train_with_a_spike, 2, _config({"dp": 2}), str(tmp_path), STEP, BLOCK)
+    assert skipped == [[], []]
+    assert main(["explain", str(tmp_path), "--gpu", "a100-80gb"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("divergence: ")]
+    named = [line for line in lines if f"gradient norm spike at step {STEP}:" in line]
+    assert len(named) == 1 and f"in block {BLOCK} " in named[0] and "skipped" not in named[0], lines
+
+
+def test_a_non_finite_gradient_stops_the_run_naming_its_block_and_explain_reads_it(pool, tmp_path, capsys):
+    stopped = pool.run(train_with_a_spike, 2, _config({"tp": 2}), str(tmp_path), STEP, BLOCK, math.inf)
+    assert all(f"step {STEP}: the gradient norm is inf (non-finite gradients in block {BLOCK})" in s for s in stopped)
+    record = json.loads((tmp_path / "non_finite.json").read_text())
+    assert record["step"] == STEP and record["grad_norm_by_group"][f"block {BLOCK}"] == "inf"
+    assert math.isfinite(record["grad_norm_by_group"]["embeddings"])
+    # the run left no summary: explain gives what it can, the postmortem
+    assert main(["explain", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"the gradient norm was not finite at step {STEP}" in out and f"the gradients of block {BLOCK};" in out
+
+
+def test_a_resumed_guard_holds_the_norms_an_uninterrupted_one_held():
+    rows = [{"step": i, "grad_norm": float(i + 1), **({"skipped": True} if i == 3 else {})} for i in range(10)]
+    guard = SpikeGuard(5.0)
+    for row in rows:
+        guard.record(row["grad_norm"], bool(row.get("skipped")))
+    assert SpikeGuard.resumed(5.0, rows).norms == guard.norms
+    assert 4.0 not in guard.norms and guard.is_spike(5 * 6.0 + 1) and not guard.is_spike(5 * 6.0)
