@@ -15,29 +15,30 @@ from plait.topology import build_topology
 SPIKE = 1e4  # what the injected step's block gradients are multiplied by
 
 
-def _spiking(clip, step: int, block: int, factor: float):
-    """``clip_gradients`` that first multiplies block ``block``'s gradients by ``factor`` at ``step``."""
+def _spiking(measure, step: int, block: int, factor: float):
+    """``local_group_squares`` (the first to read a step's finished gradients, before clipping) that
+    first multiplies block ``block``'s gradients by ``factor`` at ``step``."""
     calls = iter(range(10**9))
 
-    def clip_with_spike(model, optimizer, topology, reduction, max_norm):
+    def measure_with_spike(model, optimizer, topology, reduction):
         if next(calls) == step:
             names = {param: name for name, param in model.named_parameters()}
             for param, grad in gradients_by_parameter(optimizer).items():
                 if f"layers.{block}." in names[param]:
                     grad.mul_(factor)
-        return clip(model, optimizer, topology, reduction, max_norm)
+        return measure(model, optimizer, topology, reduction)
 
-    return clip_with_spike
+    return measure_with_spike
 
 
 def train_with_a_spike(config: RunConfig, run_dir: str, step: int, block: int, factor: float = SPIKE) -> list[int] | str:
     """Train ``config`` with block ``block``'s gradients multiplied by ``factor`` at ``step`` (the run
     starts at step 0): the steps whose update this rank skipped, or why the run stopped."""
-    clip = loop.clip_gradients
-    loop.clip_gradients = _spiking(clip, step, block, factor)
+    measure = loop.local_group_squares
+    loop.local_group_squares = _spiking(measure, step, block, factor)
     try:
         return loop.train(config, build_topology(config.layout, torch.device("cpu")), Path(run_dir)).skipped_steps
     except loop.NonFiniteLoss as error:
         return str(error)
     finally:
-        loop.clip_gradients = clip
+        loop.local_group_squares = measure

@@ -13,7 +13,7 @@ import pytest
 from plait.cli import main
 from plait.explain.divergence import postmortem
 from plait.observe.spikes import SpikeGuard
-from tests.cases import layout_world_size, run_config
+from tests.cases import layout_world_size, run_config, train_losses
 from tests.divergence_cases import train_with_a_spike
 
 STEP, BLOCK = 11, 1
@@ -76,3 +76,30 @@ def test_a_resumed_guard_holds_the_norms_an_uninterrupted_one_held():
         guard.record(row["grad_norm"], bool(row.get("skipped")))
     assert SpikeGuard.resumed(5.0, rows).norms == guard.norms
     assert 4.0 not in guard.norms and guard.is_spike(5 * 6.0 + 1) and not guard.is_spike(5 * 6.0)
+
+
+GROUPED_LAYOUTS = {
+    "dp2": {"dp": 2},
+    "cp2": {"cp": 2},
+    "tp2 sp": {"tp": 2, "sp": True},
+    "dp2 zero2": {"dp": 2, "zero": 2},
+    "dp2·tp2 zero1": {"dp": 2, "tp": 2, "zero": 1},
+    "dp4 hybrid zero3": {"dp": 4, "dp_replicate": 2, "zero": 3},
+}
+
+
+@pytest.mark.parametrize("name", GROUPED_LAYOUTS)
+def test_the_groups_norms_add_up_to_the_global_norm_under_every_sharding(pool, tmp_path, name):
+    """Each copy of a gradient is counted once, whether whole on every rank, split over tp, sequence-
+    split, sharded by ZeRO or replicated across hybrid shards: the groups' squares sum to the norm's."""
+    layout = GROUPED_LAYOUTS[name]
+    config = run_config("tiny", steps=3, **layout)
+    pool.run(train_losses, layout_world_size(layout), replace(config, train=replace(config.train, log_every=1)),
+             str(tmp_path))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3
+    for row in rows:
+        groups = row["grad_norm_by_group"]
+        assert list(groups) == ["embeddings", "block 0", "block 1", "block 2", "block 3", "head"]
+        assert all(norm > 0 for name, norm in groups.items() if name != "head")
+        assert math.sqrt(sum(norm**2 for norm in groups.values())) == pytest.approx(row["grad_norm"], rel=1e-4)

@@ -183,3 +183,29 @@ def test_the_step_time_is_the_median_plain_step_and_the_slowdown_the_traced_one_
     assert trace_slowdown(traced, times, observed) == 3.0
     assert trace_slowdown(traced, times, [False, True, True, True, True]) is None
     assert trace_slowdown(None, times, observed) is None
+
+
+def test_a_two_stage_run_of_a_light_model_is_told_what_to_change_and_the_command_runs_it(run_dir, capsys):
+    """On an A100 the planner puts tiny's two ranks in data parallel, well beyond its own error: explain
+    says so with the gain, and its train command is accepted (a dry run) and pins that layout."""
+    from plait.plan.ranking import PLANNER_ERROR
+
+    explanation = explain(run_dir, gpu="a100-80gb")
+    suggestion = explanation.suggestion()
+    assert suggestion is not None and suggestion["name"] != explanation.layout.describe()
+    assert suggestion["gain"] == pytest.approx(
+        explanation.prediction.step_time_s / suggestion["predicted_step_time_s"] - 1) and suggestion["gain"] > PLANNER_ERROR
+    assert f"what to change: {suggestion['name']} is predicted" in explanation.report()
+    command = suggestion["train_command"]
+    assert command[:4] == ["plait", "train", "--config", str(run_dir / "config.toml")]
+    assert main([*command[1:], "--dry-run", "--gpu", "a100-80gb"]) == 0
+    dry_run = capsys.readouterr().out
+    assert Layout(**suggestion["layout"]).describe() in dry_run
+
+
+def test_no_change_is_suggested_within_the_planners_error(run_dir):
+    explanation = explain(run_dir, gpu="a100-80gb")
+    best = explanation.fastest
+    within = replace(explanation, prediction=replace(explanation.prediction, step_time_s=best.step_time_s * 1.01))
+    assert within.suggestion() is None
+    assert "no change suggested" in within.planner_choice()

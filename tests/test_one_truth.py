@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import pytest
 
 from plait.cli import build_parser, main
-from plait.cli.training import layout_flags
 from plait.config import config_from_args
 from plait.errors import ConfigError
 from plait.facts.validity import run_problems
@@ -96,7 +95,7 @@ def test_every_ranked_layout_passes_train_validation(planned):
         for prediction in ranked:
             layout = prediction.layout
             assert run_problems(case.spec, layout, case.gpus, case.global_batch) == [], (case, layout)
-            config = config_from_args(_train_args(case, layout_flags(layout)))
+            config = config_from_args(_train_args(case, layout.flags()))
             assert config.layout == layout
 
 
@@ -111,7 +110,7 @@ def test_dry_run_accepts_the_top_picks(planned, capsys):
     sample = [(case, ranked[0]) for case, ranked in planned if ranked][:12]
     for case, top in sample:
         argv = ["train", *case.model_flags(), "--global-batch", str(case.global_batch), "--precision", case.precision,
-                *layout_flags(top.layout), "--gpu", case.gpu, "--dry-run"]
+                *top.layout.flags(), "--gpu", case.gpu, "--dry-run"]
         assert main(argv) == 0, capsys.readouterr().err
         assert top.layout.describe() in capsys.readouterr().out
 
@@ -241,7 +240,7 @@ def test_a_dry_run_for_a_named_gpu_takes_its_precision_as_plan_does(capsys):
     assert main(["plan", *common, "--gpus", "16", "--top", "1", "--json"]) == 0
     top = json.loads(capsys.readouterr().out)[0]
     assert top["precision"] == "bf16"
-    assert main(["train", *common, *layout_flags(Layout(**top["layout"] | {"stage_layers": None})), "--dry-run"]) == 0
+    assert main(["train", *common, *Layout(**top["layout"] | {"stage_layers": None}).flags(), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert ", bf16" in out and f"{top['step_time_s']:.4g} s per step" in out
 

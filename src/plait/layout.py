@@ -152,6 +152,22 @@ class Layout:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def flags(self) -> list[str]:
+        """``plait train`` flags that pin every field of the layout."""
+        flags = []
+        for name, value in self.to_dict().items():
+            flag = "--" + name.replace("_", "-")
+            if name in ("sp", "offload_activations"):  # the booleans
+                flags.append(flag if value else "--no-" + flag[2:])
+            elif name == "stage_layers":
+                if value is not None:
+                    flags += [flag, ",".join(map(str, value))]
+            elif value is None:  # a default that only a value can name (recompute_layers: every block)
+                continue
+            else:
+                flags += [flag, str(value)]
+        return flags
+
     def validate(self) -> None:
         """Raise ConfigError with one actionable sentence if the layout is inconsistent in itself."""
         for name in ("dp", "tp", "cp", "pp", "virtual_stages", "microbatches", "dp_replicate"):

@@ -126,24 +126,7 @@ def train_command(args: argparse.Namespace, layout: Layout, global_batch: int, p
     whose --dry-run predicts what plan did."""
     device = ["--hardware-profile", args.hardware_profile] if args.hardware_profile else ["--gpu", args.gpu]
     return ["plait", "train", *model_flags(args), "--global-batch", str(global_batch), "--precision", precision,
-            *layout_flags(layout), *device, *override_flags(args)]
-
-
-def layout_flags(layout: Layout) -> list[str]:
-    """Command-line flags that pin every field of ``layout``."""
-    flags = []
-    for name, value in layout.to_dict().items():
-        flag = "--" + name.replace("_", "-")
-        if name in ("sp", "offload_activations"):  # the booleans
-            flags.append(flag if value else "--no-" + flag[2:])
-        elif name == "stage_layers":
-            if value is not None:
-                flags += [flag, ",".join(map(str, value))]
-        elif value is None:  # a default that only a value can name (recompute_layers: every block)
-            continue
-        else:
-            flags += [flag, str(value)]
-    return flags
+            *layout.flags(), *device, *override_flags(args)]
 
 
 def worker_argv(argv: list[str], layout: Layout) -> list[str]:
@@ -158,7 +141,7 @@ def worker_argv(argv: list[str], layout: Layout) -> list[str]:
             skip = AUTO_FLAGS[flag] if "=" not in arg else 0
             continue
         kept.append(arg)
-    return kept + layout_flags(layout)
+    return kept + layout.flags()
 
 
 def run_train(args: argparse.Namespace, argv: list[str]) -> int:

@@ -86,6 +86,7 @@ class Comparison:
             "parts": [{"part": part, "measured_s": [first[part], second[part]],
                        "predicted_s": [predicted_first[part], predicted_second[part]]} for part in PARTS],
             "changed_most": self.changed_most(), "sentence": self.sentence(),
+            "suggestions": [self.first.suggestion(), self.second.suggestion()],
         }
 
     def report(self) -> str:
@@ -108,6 +109,8 @@ class Comparison:
         lines += ["", f"scaling efficiency of B against A: {self.scaling_efficiency():.0%} of linear "
                       f"({b.summary['world_size']} ranks against {a.summary['world_size']})",
                   f"what changed: {self.sentence()}"]
+        lines += [f"{name}, {explanation.planner_choice()}" for name, explanation in (("A", a), ("B", b))
+                  if explanation.suggestion() is not None]
         return "\n".join(lines)
 
 

@@ -22,11 +22,13 @@ from plait.layout import DATA_GROUPS, Layout
 from plait.models.spec import ModelSpec
 from plait.explain.divergence import postmortem
 from plait.observe.bottleneck import bottleneck
-from plait.observe.run_files import SUMMARY_FILE
+from plait.observe.run_files import CONFIG_FILE, SUMMARY_FILE
 from plait.observe.simulated import simulated_timeline
 from plait.observe.timeline import draw_timelines
 from plait.observe.trace import TRACE_FILE, timeline_from_trace, traced_step_volumes
 from plait.plan.hardware import Hardware, catalog_name_of, hardware
+from plait.plan.ranking import PLANNER_ERROR
+from plait.plan.scan import Candidate
 from plait.plan.search import search
 from plait.plan.simulate import Prediction, Workload, evaluate
 from plait.schedules import Timeline
@@ -112,17 +114,44 @@ class Explanation:
         return [(f"{group} {op} bytes per step (rank 0)", predicted.get(group, {}).get(op, 0),
                  measured.get((group, op), 0), "bytes") for group, op in keys]
 
-    def planner_choice(self) -> str | None:
-        """What the planner would run on as many ranks of the same hardware, beside this layout."""
+    @cached_property
+    def fastest(self) -> Candidate | None:
+        """The planner's fastest layout for as many ranks of the same hardware (None: none fits)."""
         try:
-            best = search(self.workload, self.hardware, self.summary["world_size"], top=1).ranked[0]
+            return search(self.workload, self.hardware, self.summary["world_size"], top=1).ranked[0]
         except ConfigError:
+            return None
+
+    def suggestion(self) -> dict | None:
+        """What to change: the planner's fastest layout, its predicted gain over this one (this
+        layout's predicted step over its, less 1) and the ``plait train`` command that runs it, where
+        the gain is beyond the planner's own error (``PLANNER_ERROR``); else None."""
+        best = self.fastest
+        if best is None or best.layout == self.layout:
+            return None
+        gain = self.prediction.step_time_s / best.step_time_s - 1
+        if gain <= PLANNER_ERROR:
+            return None
+        command = ["plait", "train", "--config", str(self.run_dir / CONFIG_FILE), *best.layout.flags(),
+                   "--run-dir", f"{self.run_dir}-{best.layout.describe().split()[0]}"]
+        return {"layout": best.layout.to_dict(), "name": best.layout.describe(), "predicted_step_time_s": best.step_time_s,
+                "gain": gain, "error": PLANNER_ERROR, "train_command": command}
+
+    def planner_choice(self) -> str | None:
+        """What the planner would run on as many ranks of the same hardware, beside this layout, and
+        whether that is a change worth making."""
+        best, suggestion = self.fastest, self.suggestion()
+        if best is None:
             return None
         if best.layout == self.layout:
             return f"the planner predicts {self.layout.describe()} is already the fastest layout for these ranks"
-        return (f"the planner's fastest layout for {self.summary['world_size']} rank(s) on {self.hardware.name} is "
-                f"{best.layout.describe()}: {best.step_time_s:.4g} s per step predicted, against "
-                f"{self.prediction.step_time_s:.4g} s for this one")
+        if suggestion is None:
+            return (f"the planner's fastest layout for {self.summary['world_size']} rank(s) on {self.hardware.name}, "
+                    f"{best.layout.describe()}, is predicted within its own error (±{PLANNER_ERROR:.1%}) of this one: "
+                    "no change suggested")
+        return (f"what to change: {suggestion['name']} is predicted {suggestion['gain']:.0%} faster on "
+                f"{self.hardware.name} ({best.step_time_s:.4g} s per step against {self.prediction.step_time_s:.4g} s; "
+                f"the planner's own error ±{PLANNER_ERROR:.1%}); train it: {' '.join(suggestion['train_command'])}")
 
     def to_dict(self) -> dict:
         return {
@@ -131,6 +160,7 @@ class Explanation:
             "rows": [{"quantity": q, "predicted": p, "measured": m, "unit": u} for q, p, m, u in self.rows()],
             "bottleneck": bottleneck(self.summary["time_split"]) if self.summary.get("time_split") else None,
             "planner": self.planner_choice(),
+            "suggestion": self.suggestion(),
             "divergence": postmortem(self.run_dir),
         }
 

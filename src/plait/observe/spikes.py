@@ -52,12 +52,10 @@ class SpikeGuard:
             self.norms.append(norm)
 
 
-def non_finite_groups(groups: list[str], norms: list[float] | None) -> str:
+def non_finite_groups(norms: dict[str, float]) -> str:
     """Which parameter groups' gradients are not finite, in the model's order, in a few words."""
-    if norms is None:
-        return "the loss itself"
-    bad = [name for name, norm in zip(groups, norms) if not math.isfinite(norm)]
-    if len(bad) == len(groups):
+    bad = [name for name, norm in norms.items() if not math.isfinite(norm)]
+    if len(bad) == len(norms):
         return "every parameter group's gradient is non-finite"
     shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
     return f"non-finite gradients in {shown}"

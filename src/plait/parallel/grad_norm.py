@@ -42,23 +42,6 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else (norms or [torch.zeros(())])[0]
 
 
-def group_squares(grads: list[torch.Tensor], groups: list[int], count: int) -> torch.Tensor:
-    """Per group, the sum of the squared 2-norms of its gradients (``groups[i]`` is ``grads[i]``'s, of
-    ``count`` groups), reduced over the meshes of the DTensors among them: each placement's per-tensor
-    norms in one collective, as ``total_norm`` reduces its group's norm."""
-    device = next((g.to_local() if isinstance(g, DTensor) else g).device for g in grads) if grads else None
-    squares = torch.zeros(count, dtype=torch.float32, device=device)
-    placements: dict[object, list[int]] = {}
-    for index, grad in enumerate(grads):
-        key = (grad.device_mesh, grad.placements) if isinstance(grad, DTensor) else None
-        placements.setdefault(key, []).append(index)
-    for indices in placements.values():
-        norms = torch.stack(torch._foreach_norm([grads[i] for i in indices], 2, dtype=torch.float32))
-        norms = norms.full_tensor() if isinstance(norms, DTensor) else norms
-        squares.index_add_(0, torch.tensor([groups[i] for i in indices], device=device), norms.square())
-    return squares
-
-
 def scale_to_norm(grads: list[torch.Tensor], max_norm: float, total: torch.Tensor) -> None:
     """Scale ``grads``, whose global norm is ``total``, down to ``max_norm`` if above it."""
     if math.isfinite(max_norm) and grads:

@@ -23,9 +23,10 @@ gradients from its last backward action on, overlapping the rest of the schedule
 4. under hybrid sharding's ZeRO-2, the replica groups' gradient rows averaged (the reduce-scatter
    ran inside each).
 
-``clip_gradients`` then takes the global norm, and each parameter group's (``GRADIENT_GROUPS``): over
-the optimizer's gradients on one stage, summed over the stages (a tied weight counted once) under
-pipeline parallelism.
+``clip_gradients`` then takes the global norm: over the optimizer's gradients on one stage, summed
+over the stages (a tied weight counted once) under pipeline parallelism. ``local_group_squares`` is
+each parameter group's share of its square that this rank holds (``GRADIENT_GROUPS``), counted once
+over the ranks: summed over every rank, one small all-reduce where a step's record wants it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from plait.parallel.gradient_buckets import GradientAllReduce, GradientBuckets, default_bucket_bytes
 from plait.parallel.gradient_shards import GradientReduceScatter
-from plait.parallel.grad_norm import group_squares, scale_to_norm
+from plait.parallel.grad_norm import clip_grad_norm, scale_to_norm, total_norm
 from plait.parallel.sharded_adamw import ShardedAdamW, gradients_by_parameter, gradients_of
 from plait.parallel.tensor import finish_tensor_gradients
 from plait.topology import Topology
@@ -159,12 +160,34 @@ def average_gradients(gradients: list[torch.Tensor], topology: Topology, dims: t
                 grad.copy_(part.view_as(grad))
 
 
+def clip_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
+                   reduction: GradientReduction, max_norm: float) -> torch.Tensor:
+    """Clip by the global norm of the step's gradients; return the norm before clipping."""
+    grads = gradients_by_parameter(optimizer)
+    if not reduction.stage_norm:
+        return clip_grad_norm(grads.values(), max_norm)
+    # The tied embedding's two copies hold the same gradient: the first stage's counts it.
+    tied = model.tok_embeddings.weight if reduction.tied_peer == 0 else None
+    squares = total_norm([grad for param, grad in grads.items() if param is not tied]).square()
+    dist.all_reduce(squares, group=topology.group("pp"))
+    norm = squares.sqrt()
+    scale_to_norm(list(grads.values()), max_norm, norm)
+    return norm
+
+
 BLOCK_PARAMETER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
+def _root_dims(name: str, hybrid: bool) -> tuple[str, ...]:
+    """The root mesh's dimensions (``build_topology``'s) that the group ``name`` spans."""
+    data, shard = (("dp_replicate", "dp_shard"), ("dp_shard",)) if hybrid else (("dp",), ("dp",))
+    return {"dp": data, "dp_replicate": ("dp_replicate",), "dp_shard": shard, "dp_cp": (*data, "cp"),
+            "dp_shard_cp": (*shard, "cp"), "cp": ("cp",), "tp": ("tp",)}[name]
+
+
 def gradient_groups(layers: int) -> list[str]:
-    """The parameter groups whose gradient norms a step reports: the embeddings, each block, and the
-    head (the final norm and the output projection)."""
+    """The parameter groups whose gradient norms a step can report: the embeddings, each block, and
+    the head (the final norm and the output projection)."""
     return ["embeddings", *(f"block {i}" for i in range(layers)), "head"]
 
 
@@ -175,20 +198,35 @@ def _group_of(name: str, layers: int) -> int:
     return 0 if "embeddings" in name else layers + 1
 
 
-def clip_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
-                   reduction: GradientReduction, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clip by the global norm of the step's gradients; return that norm before clipping and each of
-    ``gradient_groups``' norms (whose squares sum to its square), the same on every rank."""
+def _counted_here(grad: torch.Tensor, topology: Topology) -> bool:
+    """Whether this rank's copy of ``grad`` is the one counted: the ranks sharing a copy (over the data,
+    context or tensor dimensions it is not sharded over) count the one at coordinate 0."""
+    hybrid = topology.layout.dp_replicate > 1
+    sharded: set[str] = set()
+    if isinstance(grad, DTensor):
+        for name, placement in zip(grad.device_mesh.mesh_dim_names, grad.placements):
+            if not placement.is_replicate():
+                sharded.update(_root_dims(name, hybrid))
+    return all(topology.coordinate(dim) == 0 for dim in (*_root_dims("dp", hybrid), "cp", "tp")
+               if dim not in sharded and topology.size(dim) > 1)
+
+
+@torch.no_grad()
+def local_group_squares(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
+                        reduction: GradientReduction) -> torch.Tensor:
+    """Per ``gradient_groups`` group, the squared norm of the gradients this rank counts (before
+    clipping): summed over all ranks, each group's squared norm, which add up to the global norm's
+    square. No collective: the caller sums them where it wants them."""
     grads = gradients_by_parameter(optimizer)
     layers = getattr(model, "module", model).spec.layers
     names = {param: name for name, param in model.named_parameters()}
-    # The tied embedding's two copies hold the same gradient: the first stage's counts it.
     tied = model.tok_embeddings.weight if reduction.stage_norm and reduction.tied_peer == 0 else None
-    counted = [(param, grad) for param, grad in grads.items() if param is not tied]
-    squares = group_squares([grad for _, grad in counted], [_group_of(names[param], layers) for param, _ in counted],
-                            layers + 2)
-    if reduction.stage_norm:
-        dist.all_reduce(squares, group=topology.group("pp"))
-    norm = squares.sum().sqrt()
-    scale_to_norm(list(grads.values()), max_norm, norm)
-    return norm, squares.sqrt()
+    counted = [(names[param], grad) for param, grad in grads.items() if param is not tied
+               and _counted_here(grad, topology)]
+    squares = torch.zeros(layers + 2, dtype=torch.float32, device=topology.device)
+    if counted:
+        local = [grad.to_local() if isinstance(grad, DTensor) else grad for _, grad in counted]
+        norms = torch.stack(torch._foreach_norm(local, 2, dtype=torch.float32)).to(topology.device)
+        groups = torch.tensor([_group_of(name, layers) for name, _ in counted], device=topology.device)
+        squares.index_add_(0, groups, norms.square())
+    return squares

@@ -36,7 +36,9 @@ from plait.observe.summary import write_summary
 from plait.observe.tensorboard import TensorBoardLog
 from plait.parallel.context import average_over_context, context_shard
 from plait.parallel.cross_entropy import cross_entropy
-from plait.parallel.gradients import clip_gradients, finish_gradients, gradient_groups, gradient_sync
+from plait.parallel.gradients import (
+    clip_gradients, finish_gradients, gradient_groups, gradient_sync, local_group_squares,
+)
 from plait.parallel.materialize import materialize
 from plait.parallel.parallelize import Parallelized, parallelize
 from plait.parallel.sharded_adamw import fp32_masters, gradients_of
@@ -60,11 +62,12 @@ def no_spans(name: str, **args) -> contextlib.AbstractContextManager:
 
 class NonFiniteLoss(RuntimeError):
     """A step's global gradient norm or loss is NaN or infinite: the run stops, nothing of that step is
-    kept. ``group_norms``: each of ``gradient_groups``' norms at that step, where the norm was the cause."""
+    kept. ``local_squares``: this rank's share of each group's squared gradient norm (``GradientNorms``),
+    where the norm was the cause."""
 
-    def __init__(self, message: str, group_norms: list[float] | None = None):
+    def __init__(self, message: str, local_squares: torch.Tensor | None = None):
         super().__init__(message)
-        self.group_norms = group_norms
+        self.local_squares = local_squares
 
 
 @dataclass
@@ -145,12 +148,24 @@ def forward_backward(parallel: Parallelized, micro_batches: MicroBatches, autoca
 
 @dataclass(frozen=True)
 class GradientNorms:
-    """A step's global gradient norm before clipping, each of ``gradient_groups``' norms, and whether
-    the update was skipped as a spike (``--skip-spikes``); the same on every rank."""
+    """A step's global gradient norm before clipping (the same on every rank), this rank's share of
+    each of ``gradient_groups``' squared norms (``local_group_squares``: summed over the ranks, the
+    groups' squares), and whether the update was skipped as a spike (``--skip-spikes``)."""
 
     total: torch.Tensor
-    by_group: torch.Tensor
+    local_squares: torch.Tensor
     skipped: bool = False
+
+    def by_group(self, layers: int) -> dict[str, float]:
+        """Collective over every rank: each group's norm."""
+        return group_norms(self.local_squares, layers)
+
+
+def group_norms(local_squares: torch.Tensor, layers: int) -> dict[str, float]:
+    """Collective over every rank: each of ``gradient_groups(layers)``' norms from the ranks' shares."""
+    squares = local_squares.clone()
+    dist.all_reduce(squares)
+    return dict(zip(gradient_groups(layers), squares.sqrt().tolist()))
 
 
 def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: float, autocast: Callable,
@@ -176,16 +191,16 @@ def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: f
         finish_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction, laid_out)
     with span("optimizer"):
         max_norm = grad_clip if grad_clip > 0 else math.inf
-        total, by_group = clip_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction,
-                                         max_norm)
+        squares = local_group_squares(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction)
+        total = clip_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction, max_norm)
         if not torch.isfinite(total):  # the global norm, the same on every rank: all stop before stepping
             parallel.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLoss(f"the gradient norm is {total.item()}", by_group.tolist())
+            raise NonFiniteLoss(f"the gradient norm is {total.item()}", squares)
         skipped = is_spike is not None and is_spike(total.item())
         if not skipped:
             parallel.optimizer.step()
         parallel.optimizer.zero_grad(set_to_none=True)
-    return loss, GradientNorms(total, by_group, skipped)
+    return loss, GradientNorms(total, squares, skipped)
 
 
 @dataclass
@@ -298,11 +313,11 @@ def take_step(run: RankRun, step: int) -> dict:
             local_loss, norms = train_step(run.parallel, micro, train_spec.grad_clip, lambda: autocast(config, device),
                                            positions, run.meter.before_reduction, progress.marking(run.tracer.span),
                                            progress, run.spikes.is_spike)
-        except NonFiniteLoss as error:
-            groups = gradient_groups(config.model.layers)
+        except NonFiniteLoss as error:  # raised on every rank alike, so every rank sums the groups' norms
+            norms = group_norms(error.local_squares, config.model.layers)
             if run.log is not None:
-                write_non_finite(run.log.path.parent, step, lr, dict(zip(groups, error.group_norms)))
-            raise NonFiniteLoss(f"step {step}: {error} ({non_finite_groups(groups, error.group_norms)}), so the step "
+                write_non_finite(run.log.path.parent, step, lr, norms)
+            raise NonFiniteLoss(f"step {step}: {error} ({non_finite_groups(norms)}), so the step "
                                 "was not taken and nothing of it was logged or saved; resume from an earlier "
                                 "checkpoint with a lower --lr, or check the data") from None
         grad_norm = norms.total.item()
@@ -332,8 +347,9 @@ def take_step(run: RankRun, step: int) -> dict:
     if norms.skipped:
         row["skipped"] = True
         run.result.skipped_steps.append(step)
-    if notable or step % train_spec.log_every == 0 or step == train_spec.steps - 1:  # cheap: a few floats
-        row["grad_norm_by_group"] = dict(zip(gradient_groups(config.model.layers), norms.by_group.tolist()))
+    if notable or step % train_spec.log_every == 0 or step == train_spec.steps - 1:
+        # outside the traced step: one all-reduce of a few floats, on every rank alike
+        row["grad_norm_by_group"] = norms.by_group(config.model.layers)
     return row
 
 
