@@ -47,8 +47,8 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     # catalog (plait.plan.hardware), the only home of device facts; to be removed
     "observe/summary.py": {"plan"},
     "parallel": {"facts", "layout", "models", "progress", "schedules", "topology"},
-    "train": {"config", "errors", "interop", "layout", "models", "observe", "parallel", "progress", "token_range",
-              "tokenizer", "topology", "version"},
+    "train": {"config", "errors", "facts", "interop", "layout", "models", "observe", "parallel", "progress",
+              "token_range", "tokenizer", "topology", "version"},  # facts: the learning-rate schedules' shapes
     # calibrate times plait's own layers and step (parallel, train) into the planner's hardware profile
     "calibrate": {"config", "errors", "facts", "layout", "models", "parallel", "plan", "topology", "train"},
     # explain sets what a run measured (observe) beside the planner's prediction of it (plan)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from plait.errors import ConfigError
+from plait.facts.lr_schedule import LR_SCHEDULES
 from plait.facts.validity import check_run
 from plait.interop.hf_config import init_from_model
 from plait.layout import CP_ALGORITHMS, PRECISIONS, RECOMPUTE, SCHEDULES, Layout, default_precision
@@ -55,6 +56,8 @@ class TrainSpec:
     seed: int = 0
     precision: str = "fp32"
     lr: float = 3e-3
+    lr_schedule: str = "cosine"
+    decay_fraction: float = 0.2  # wsd: the share of the steps after warm-up that decay to the floor
     min_lr_ratio: float = 0.1
     warmup_steps: int = 20
     weight_decay: float = 0.1
@@ -99,7 +102,7 @@ class TrainSpec:
                               f"choose steps from 0 to {self.steps - 1}, or raise --steps")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} is unknown; use one of {', '.join(PRECISIONS)}")
-        for name in ("lr", "min_lr_ratio", "grad_clip", "weight_decay", "skip_spikes"):
+        for name in ("lr", "decay_fraction", "min_lr_ratio", "grad_clip", "weight_decay", "skip_spikes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"{name.replace('_', '-')} must be a finite number, got {value!r}")
@@ -110,6 +113,10 @@ class TrainSpec:
             raise ConfigError(f"learning rate must be a positive number, got {self.lr!r}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min-lr-ratio must lie in [0, 1], got {self.min_lr_ratio!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"lr-schedule {self.lr_schedule!r} is unknown; use one of {', '.join(LR_SCHEDULES)}")
+        if not 0 < self.decay_fraction <= 1:
+            raise ConfigError(f"decay-fraction must lie in (0, 1], got {self.decay_fraction!r}")
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise ConfigError("grad-clip and weight-decay must not be negative; use 0 to turn them off")
         if self.skip_spikes != 0 and self.skip_spikes <= 1:
@@ -216,7 +223,18 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--precision", choices=PRECISIONS, help="default: bf16 on GPUs that compute in it, fp32 on CPUs and V100s")
     group.add_argument("--lr", type=float, help=f"peak AdamW learning rate (default {defaults.lr})")
     group.add_argument("--warmup-steps", type=int,
-                       help=f"linear warm-up before the cosine decay (default {defaults.warmup_steps})")
+                       help=f"linear warm-up before the --lr-schedule decay (default {defaults.warmup_steps})")
+    group.add_argument("--lr-schedule", choices=LR_SCHEDULES,
+                       help="after warm-up, from --lr down to lr·min-lr-ratio: cosine, linear, constant (no decay) "
+                            "or wsd (warmup-stable-decay: --lr, then linear over the last --decay-fraction of the "
+                            f"steps) (default {defaults.lr_schedule})")
+    group.add_argument("--decay-fraction", type=float, metavar="F",
+                       help="with --lr-schedule wsd: the share of the steps after warm-up that decay, in (0, 1] "
+                            f"(default {defaults.decay_fraction})")
+    group.add_argument("--min-lr-ratio", type=float, metavar="R",
+                       help=f"the schedule ends at this share of --lr, in [0, 1] (default {defaults.min_lr_ratio})")
+    group.add_argument("--grad-clip", type=float, metavar="NORM",
+                       help=f"clip the global gradient norm to this (default {defaults.grad_clip}; 0: no clipping)")
     group.add_argument("--data", help="text file, or token file (.u16/.bin, .u32, .npy); default: the Python "
                                       "standard library's source as bytes")
     group.add_argument("--tokenizer", metavar="FILE",

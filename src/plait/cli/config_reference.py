@@ -28,9 +28,7 @@ FILE_ONLY = {
     "tie_embeddings": "the output head shares the token embedding's weight (GPT-2 presets: true; Llama 8B and up: false)",
     "rope_theta": "the rotary embedding's base (Llama family)",
     "norm_eps": "the layer or RMS norm's epsilon",
-    "min_lr_ratio": "the cosine schedule ends at this share of --lr",
     "weight_decay": "AdamW's weight decay on matrices (vectors have none)",
-    "grad_clip": "the global gradient norm is clipped to this (0: no clipping)",
 }
 
 

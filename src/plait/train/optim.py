@@ -1,5 +1,8 @@
-"""The learning-rate schedule: linear warm-up, then cosine to lr·min_lr_ratio, as a
-``torch.optim.lr_scheduler.LambdaLR`` over the optimizer (``plait.parallel.optimizer``'s).
+"""The learning-rate schedule: linear warm-up, then --lr-schedule's shape (``plait.facts.lr_schedule``)
+down to lr·min_lr_ratio, as a ``torch.optim.lr_scheduler.LambdaLR`` over the optimizer
+(``plait.parallel.optimizer``'s). LambdaLR rather than a ``SequentialLR`` of torch's warm-up and
+decay schedulers: those compute each rate from the last one, so a resumed run would have to carry
+their state or replay every step, and WSD has no torch scheduler of its own.
 
 The multiplier is a closed form of the step, so a resumed run's scheduler starts at its first step
 (``last_epoch``) with no state of its own in the checkpoint, and gives the uninterrupted run's rates.
@@ -7,22 +10,13 @@ The multiplier is a closed form of the step, so a resumed run's scheduler starts
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from plait.config import TrainSpec
-
-
-def lr_factor(step: int, train: TrainSpec) -> float:
-    """The multiple of the peak --lr at optimizer step ``step`` (0-based)."""
-    if step < train.warmup_steps:
-        return (step + 1) / train.warmup_steps
-    decay_steps = max(1, train.steps - train.warmup_steps)
-    progress = min(1.0, (step - train.warmup_steps) / decay_steps)
-    return train.min_lr_ratio + 0.5 * (1 - train.min_lr_ratio) * (1 + math.cos(math.pi * progress))
+from plait.facts.lr_schedule import lr_factor
 
 
 def learning_rate(step: int, train: TrainSpec) -> float:
