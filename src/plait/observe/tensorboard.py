@@ -4,6 +4,10 @@ Per step, what metrics.jsonl holds (training and held-out loss, learning rate, g
 step time, tokens/s); at the last step, the summary's figures that exist on this device (MFU, peak
 memory, pipeline bubble, communication fraction: each left out while it is null). Written through
 PyTorch's ``SummaryWriter`` (the ``tensorboard`` package), by the logging rank only.
+
+A resumed run's steps are each shown once: the run starts its writer with ``purge_step`` at its
+first step, so TensorBoard hides what the stopped run wrote from that step on (the steps after its
+last checkpoint, which the resumed run takes again), as metrics.jsonl drops them (``MetricsLog``).
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ SUMMARY_TAGS = {"mfu": "summary/mfu", "peak_memory_bytes": "summary/peak_memory_
 
 
 class TensorBoardLog:
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, first_step: int):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / TENSORBOARD_DIR))
+        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / TENSORBOARD_DIR), purge_step=first_step)
 
     def add_step(self, row: dict) -> None:
         """One metrics.jsonl row, flushed at once so a run that stops on an error keeps its steps."""

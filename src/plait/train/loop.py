@@ -273,7 +273,7 @@ def start_rank_run(config: RunConfig, topology: Topology, run_dir: Path | None, 
         result.first_step = load_checkpoint(checkpoint, model, optimizer)
     writes = run_dir is not None and topology.is_logging_rank
     log = MetricsLog(run_dir, result.first_step) if writes else None  # (makes the run directory)
-    board = TensorBoardLog(run_dir) if writes and train_spec.tensorboard else None
+    board = TensorBoardLog(run_dir, result.first_step) if writes and train_spec.tensorboard else None
     if writes:
         (run_dir / CONFIG_FILE).write_text(config_toml(config))
         if train_spec.tokenizer:  # kept so that plait sample decodes this run's tokens
