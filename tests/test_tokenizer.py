@@ -18,6 +18,7 @@ from tests.cases import assert_refused_in_one_line, run_config, train_losses
 
 tokenizers = pytest.importorskip("tokenizers")
 VOCAB = 300
+EOS = "<|endoftext|>"  # GPT-2's end-of-document token, the first prepare-data looks for
 TEXTS = sorted(Path(sysconfig.get_paths()["stdlib"], "json").glob("*.py"))
 
 
@@ -29,7 +30,8 @@ def tokenizer_file(tmp_path_factory) -> Path:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.train([str(t) for t in TEXTS], trainers.BpeTrainer(
-        vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+        vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[EOS],
+        show_progress=False))
     path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
     tokenizer.save(str(path))
     return path
@@ -65,7 +67,8 @@ def test_prepared_data_trains_and_sample_decodes_with_the_runs_tokenizer(tokeniz
                                                                          capsys):
     tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
     run, config, tokens = tokenizer_run
-    expected = [i for text in TEXTS for i in tokenizer.encode(text.read_text(), add_special_tokens=False).ids]
+    eos = tokenizer.token_to_id(EOS)
+    expected = [i for text in TEXTS for i in tokenizer.encode(text.read_text(), add_special_tokens=False).ids + [eos]]
     assert np.fromfile(tokens, dtype=np.uint16).tolist() == expected
     assert (run / "tokenizer.json").read_text() == tokenizer_file.read_text()
 
@@ -112,6 +115,46 @@ def test_bad_prepare_data_input_is_refused_in_one_line(tokenizer_file, tmp_path,
     assert_refused_in_one_line(["prepare-data", "missing.txt", "--tokenizer", str(tokenizer_file), "--out", "t.u16"],
                                "text file missing.txt does not exist", capsys, tmp_path)
     assert not list(tmp_path.iterdir())  # nothing written, not even a partial file
+
+
+def test_each_document_ends_with_the_end_of_document_token_across_blocks_and_batches(tokenizer_file, tmp_path,
+                                                                                     monkeypatch):
+    """Three documents, one empty, in blocks of 200 bytes encoded three to a batch: each document's tokens
+    in order, then the end-of-document token, which appears nowhere else."""
+    from plait import tokenizer as module
+    from plait.tokenizer import line_blocks, prepare_data
+
+    monkeypatch.setattr(module, "BLOCK_BYTES", 200)
+    monkeypatch.setattr(module, "BATCH_BLOCKS", 3)
+    documents = {"a.txt": "".join(f"first {i}\n" for i in range(150)), "empty.txt": "",
+                 "c.txt": "second document\nends without a newline"}
+    for name, text in documents.items():
+        (tmp_path / name).write_text(text)
+    tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+    eos = tokenizer.token_to_id(EOS)
+    assert len(list(line_blocks(tmp_path / "a.txt", 200))) > 3 * 2  # the first document spans several batches
+
+    tokens = tmp_path / "tokens.u16"
+    count = prepare_data([str(tmp_path / name) for name in documents], str(tokenizer_file), str(tokens))
+    written = np.fromfile(tokens, dtype=np.uint16).tolist()
+    expected, ends = [], []
+    for name in documents:
+        for block, _ in line_blocks(tmp_path / name, 200):
+            expected += tokenizer.encode(block, add_special_tokens=False).ids
+        ends.append(len(expected))
+        expected.append(eos)
+    assert written == expected and count == len(expected)
+    assert [i for i, token in enumerate(written) if token == eos] == ends == [ends[0], ends[0] + 1, len(written) - 1]
+
+
+def test_a_tokenizer_without_an_end_of_document_token_is_refused_in_one_line(tokenizer_file, tmp_path, capsys):
+    text, out = str(TEXTS[0]), str(tmp_path / "tokens.u16")
+    assert_refused_in_one_line(["prepare-data", text, "--tokenizer", str(tokenizer_file), "--out", out,
+                                "--eos-token", "</s>"], "has no token '</s>' to end each document with", capsys, tmp_path)
+    assert main(["prepare-data", text, "--tokenizer", str(tokenizer_file), "--out", out, "--eos-token", "{"]) == 0
+    tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+    assert np.fromfile(out, dtype=np.uint16)[-1] == tokenizer.token_to_id("{")
+    assert f"each document ended by {{, id {tokenizer.token_to_id('{')}" in capsys.readouterr().out
 
 
 def test_text_streams_in_blocks_of_whole_lines(tmp_path):

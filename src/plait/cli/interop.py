@@ -16,6 +16,8 @@ from plait.errors import ConfigError
 
 def add_interop_commands(subparsers) -> None:
     """Register ``export``, ``sample`` and ``prepare-data`` on an argparse subparsers object."""
+    from plait.tokenizer import EOS_TOKENS
+
     formatter = argparse.ArgumentDefaultsHelpFormatter
     export = subparsers.add_parser(
         "export", help="write a run's weights as a Hugging Face model folder", formatter_class=formatter,
@@ -49,13 +51,17 @@ def add_interop_commands(subparsers) -> None:
     prepare = subparsers.add_parser(
         "prepare-data", help="tokenize text files into a token file for --data", formatter_class=formatter,
         description="Tokenize TEXT files, one after another, with a Hugging Face tokenizers file into a .u16 or "
-                    ".u32 token file; train on it with --data OUT --tokenizer FILE --vocab N (N at least the "
-                    "tokenizer's size) so the run keeps the tokenizer and plait sample decodes with it.")
+                    ".u32 token file, on every core, each file a document followed by the tokenizer's end-of-document "
+                    "token; train on it with --data OUT --tokenizer FILE --vocab N (N at least the tokenizer's size) "
+                    "so the run keeps the tokenizer and plait sample decodes with it.")
     prepare.add_argument("texts", nargs="+", metavar="TEXT", help="UTF-8 text files")
     prepare.add_argument("--tokenizer", required=True, metavar="FILE", default=argparse.SUPPRESS,
                          help="a tokenizer.json saved by the tokenizers library")
     prepare.add_argument("--out", required=True, metavar="TOKENS", default=argparse.SUPPRESS,
                          help="the token file to write: .u16 (ids below 65,536) or .u32")
+    prepare.add_argument("--eos-token", metavar="TOKEN", default=argparse.SUPPRESS,  # shown below, not as None
+                         help="the token put after each document (default: the first the tokenizer has of "
+                              f"{', '.join(EOS_TOKENS)})")
     prepare.set_defaults(handler=run_prepare_data)
 
 
@@ -101,10 +107,12 @@ def run_sample(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def run_prepare_data(args: argparse.Namespace, argv: list[str]) -> int:
-    from plait.tokenizer import load_tokenizer, prepare_data
+    from plait.tokenizer import end_of_document, load_tokenizer, prepare_data
 
-    count = prepare_data(args.texts, args.tokenizer, args.out)
-    size = load_tokenizer(args.tokenizer).get_vocab_size()
-    print(f"plait: wrote {count:,} tokens to {args.out} (vocabulary {size:,}); train on it with --data {args.out} "
-          f"--tokenizer {args.tokenizer} --vocab {size}")
+    eos_token = vars(args).get("eos_token")
+    count = prepare_data(args.texts, args.tokenizer, args.out, eos_token)
+    tokenizer = load_tokenizer(args.tokenizer)
+    size, (eos, eos_id) = tokenizer.get_vocab_size(), end_of_document(tokenizer, args.tokenizer, eos_token)
+    print(f"plait: wrote {count:,} tokens to {args.out} (vocabulary {size:,}, each document ended by {eos}, id "
+          f"{eos_id}); train on it with --data {args.out} --tokenizer {args.tokenizer} --vocab {size}")
     return 0
