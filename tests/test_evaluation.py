@@ -1,5 +1,6 @@
 """``--eval-every``: the held-out loss is logged and drawn, training never reads the held-out tokens,
-and the forward-only evaluation gives the same number under a pipeline as under tp·cp."""
+the forward-only evaluation gives the same number under a pipeline as under tp·cp, and with
+``--eval-data`` a validation file is scored while training reads all of its data."""
 
 from __future__ import annotations
 
@@ -58,6 +59,36 @@ def test_training_never_reads_the_held_out_tokens_and_every_layout_evaluates_ali
     # The pipeline's forward-only schedule and the tp·cp forward score the same tokens alike.
     assert held_out(sharded) == pytest.approx(held_out(piped), rel=1e-5)
     assert orange_pixels(tmp_path / "piped" / "loss.png") > 0
+
+
+def test_eval_data_is_scored_at_its_steps_and_training_reads_all_of_the_data(pool, tmp_path):
+    data = corpus(tmp_path / "data.txt", seed=0, tail_seed=1)
+    first, second = corpus(tmp_path / "e1.txt", seed=3, tail_seed=3, size=2_000), corpus(tmp_path / "e2.txt", 4, 4, 2_000)
+    config = run_config("tiny", steps=STEPS, dp=1)
+
+    def run(name: str, **train) -> list[dict]:
+        pool.run(train_losses, 1, dataclasses.replace(config, train=dataclasses.replace(config.train, data=data, **train)),
+                 str(tmp_path / name))
+        return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    plain, scored, rescored = run("plain"), run("scored", eval_every=2, eval_data=first), run("rescored", eval_every=2,
+                                                                                              eval_data=second)
+    assert [row["step"] for row in scored if "eval_loss" in row] == [1, 3]
+    # Nothing held out of training: the same losses as the run without evaluation, bit for bit.
+    assert [row["loss"] for row in scored] == [row["loss"] for row in rescored] == [row["loss"] for row in plain]
+    assert all(a != b for a, b in zip(held_out(scored), held_out(rescored)))  # each file's own loss
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--eval-data", "missing.u16", "--eval-every", "2"], "eval data file missing.u16 does not exist; pass --eval-data"),
+    (["--eval-data", "short.txt", "--eval-every", "2"], "short.txt holds 50 tokens, fewer than one sequence of 64"),
+    (["--eval-data", "short.txt"], "--eval-data is scored every --eval-every K steps; pass --eval-every K"),
+], ids=["missing", "too short", "without eval-every"])
+def test_bad_eval_data_is_refused_in_one_line_before_start(tmp_path, capsys, monkeypatch, flags, words):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "short.txt").write_bytes(bytes(range(50)))
+    argv = ["train", "--model", "tiny", "--seq-len", "64", "--dp", "1", "--dry-run", *flags]
+    assert_refused_in_one_line(argv, words, capsys, tmp_path)
 
 
 def test_loss_png_draws_no_held_out_curve_without_evaluation(pool, tmp_path):

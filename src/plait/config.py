@@ -78,6 +78,7 @@ class TrainSpec:
     max_restarts: int = 0  # torchrun's elastic agent restarts the group this often after a rank is lost
     log_every: int = 10
     eval_every: int = 0
+    eval_data: str | None = None  # a token file --eval-every scores instead of the data's held-out tail
     tensorboard: bool = False
     trace_every: int = 20  # a traced step costs 10-30% more on 2 cores (benchmarks/tracing_overhead.py)
     profile_steps: str = ""  # "A:B": torch.profiler traces of steps A to B on every rank
@@ -122,6 +123,8 @@ class TrainSpec:
         if self.skip_spikes != 0 and self.skip_spikes <= 1:
             raise ConfigError(f"skip-spikes is how many times the running median a skipped update's gradient norm "
                               f"is, so it must be above 1 (5 is usual), or 0 for off; got {self.skip_spikes!r}")
+        if self.eval_data and not self.eval_every:
+            raise ConfigError("--eval-data is scored every --eval-every K steps; pass --eval-every K, or drop --eval-data")
         if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("--tensorboard writes through the tensorboard package, which is not installed; "
                               "pip install tensorboard, or drop --tensorboard")
@@ -265,8 +268,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                        help="after a rank dies, restart every rank up to N times, each resuming by itself from the "
                             "newest complete checkpoint (losing the steps since it; default 0: the run ends)")
     group.add_argument("--eval-every", type=int, metavar="K",
-                       help="every K steps and after the last, the loss on the held-out last tenth of the data, which "
-                            "training then never reads (default 0: no evaluation, training reads all of it)")
+                       help="every K steps and after the last, the loss on --eval-data, or without it on the held-out "
+                            "last tenth of the data, which training then never reads (default 0: no evaluation, "
+                            "training reads all of it)")
+    group.add_argument("--eval-data", metavar="PATH",
+                       help="with --eval-every: the validation file to score, of --data's formats and checked as it "
+                            "is; training then reads all of --data (default: none, the data's last tenth)")
     group.add_argument("--tensorboard", action="store_const", const=True,
                        help="also write TensorBoard event files to RUN/tensorboard/: losses, learning rate, gradient "
                             "norm, step time, tokens/s, and at the end MFU, peak memory and bubble (default off)")
@@ -322,8 +329,8 @@ def _set_flags(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
 
 
 # The type of each field whose default is None (the others take their default's type).
-OPTIONAL_TYPES = {"data": str, "tokenizer": str, "init_from": str, "run_dir": str, "stage_layers": tuple,
-                  "recompute_layers": int}
+OPTIONAL_TYPES = {"data": str, "eval_data": str, "tokenizer": str, "init_from": str, "run_dir": str,
+                  "stage_layers": tuple, "recompute_layers": int}
 
 
 def _typed(cls, values: dict):
@@ -442,7 +449,7 @@ def _toml_value(value) -> str:
 def config_toml(config: RunConfig) -> str:
     """The fully resolved run as a config file: ``plait train --config FILE`` repeats it step for step."""
     paths = {name: str(Path(value).resolve()) if (value := getattr(config.train, name)) else None
-             for name in ("data", "tokenizer", "init_from")}
+             for name in ("data", "eval_data", "tokenizer", "init_from")}
     train = {**asdict(config.train), **paths}
     tables = {
         "model": {"name": config.model_name, **asdict(config.model)},

@@ -21,11 +21,12 @@ from plait.errors import ConfigError
 from plait.train.checkpoint import (
     RUN_FILE, STEP_FILE, checkpoint_metadata, complete_checkpoints, crc32_of, inside, move_aside,
 )
-from plait.train.data import HELD_OUT_SHARE
+from plait.train.data import HELD_OUT_SHARE, held_out
 from plait.version import plait_version
 
 # What must match to continue a run; the layout may change (checkpoints load under any layout).
-# held_out: --eval-every keeps the data's tail from training, so turning it on or off changes the steps.
+# held_out: --eval-every without --eval-data keeps the data's tail from training, so turning it on or off
+# changes the steps.
 SAME_RUN = ("model_spec", "seed", "data", "data_bytes", "global_batch", "held_out")
 
 
@@ -36,7 +37,7 @@ def run_identity(config: RunConfig) -> dict:
         "model_spec": asdict(config.model), "seed": config.train.seed,
         "data": str(Path(data).resolve()) if data else None,
         "data_bytes": Path(data).stat().st_size if data else None,
-        "global_batch": config.train.global_batch, "held_out": HELD_OUT_SHARE if config.train.eval_every else None,
+        "global_batch": config.train.global_batch, "held_out": HELD_OUT_SHARE if held_out(config.train) else None,
         "layout": config.layout.to_dict(), "plait_version": plait_version(),
     }
 

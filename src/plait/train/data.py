@@ -40,17 +40,18 @@ def default_corpus() -> np.ndarray:
     return np.frombuffer(b"".join(chunks)[:DEFAULT_CORPUS_BYTES], dtype=np.uint8)
 
 
-def load_tokens(path: str | None) -> np.ndarray:
-    """The token stream of ``path`` (memory-mapped where it can be), or the default corpus."""
+def load_tokens(path: str | None, flag: str = "--data") -> np.ndarray:
+    """The token stream of ``path`` (memory-mapped where it can be), or the default corpus; ``flag``
+    names the setting the path came from (``--data`` or ``--eval-data``) in an error."""
     if path is None:
         return default_corpus()
-    file = Path(path)
+    file, what = Path(path), flag.strip("-").replace("-", " ")
     if file.is_dir():
-        raise ConfigError(f"data file {path} is a folder; pass --data with a text or token file")
+        raise ConfigError(f"{what} file {path} is a folder; pass {flag} with a text or token file")
     if not file.is_file():
-        raise ConfigError(f"data file {path} does not exist; pass --data with a text or token file")
+        raise ConfigError(f"{what} file {path} does not exist; pass {flag} with a text or token file")
     if file.stat().st_size == 0:
-        raise ConfigError(f"data file {path} is empty; it needs at least one sequence of tokens")
+        raise ConfigError(f"{what} file {path} is empty; it needs at least one sequence of tokens")
     if file.suffix == ".npy":
         try:
             tokens = np.load(file, mmap_mode="r")  # never unpickles: allow_pickle stays False
@@ -91,11 +92,12 @@ def check_ids(smallest: int, largest: int, vocab: int, source: str) -> None:
         )
 
 
-def checked_tokens(path: str | None, vocab: int, seq_len: int) -> tuple[np.ndarray, TokenRange | None]:
+def checked_tokens(path: str | None, vocab: int, seq_len: int,
+                   flag: str = "--data") -> tuple[np.ndarray, TokenRange | None]:
     """The token stream of ``path`` (or the default corpus) checked against the model, with the id range
     of its file that the check read (None for the default corpus): a record that still describes the
-    file, else one chunked scan (``plait.token_range``)."""
-    tokens = load_tokens(path)
+    file, else one chunked scan (``plait.token_range``). ``flag`` as ``load_tokens`` takes it."""
+    tokens = load_tokens(path, flag)
     source = path or "the default corpus"
     check_length(tokens, seq_len, source)
     if path is None:
@@ -106,12 +108,17 @@ def checked_tokens(path: str | None, vocab: int, seq_len: int) -> tuple[np.ndarr
     return tokens, ids
 
 
-def training_tokens(path: str | None, vocab: int, seq_len: int) -> np.ndarray:
+def training_tokens(path: str | None, vocab: int, seq_len: int, flag: str = "--data") -> np.ndarray:
     """The token stream of ``path`` (or the default corpus), checked against the model."""
-    return checked_tokens(path, vocab, seq_len)[0]
+    return checked_tokens(path, vocab, seq_len, flag)[0]
 
 
 HELD_OUT_SHARE = 0.1  # --eval-every scores the last tenth of the stream, which training never reads
+
+
+def held_out(train) -> bool:
+    """Whether a run (a ``TrainSpec``) holds the data's tail out of training: --eval-every without --eval-data."""
+    return bool(train.eval_every) and not train.eval_data
 
 
 def held_out_split(tokens: np.ndarray, seq_len: int, source: str) -> tuple[np.ndarray, np.ndarray]:
@@ -147,17 +154,28 @@ class BatchSource:
         return sequences[:, :-1], sequences[:, 1:]
 
 
+def check_token_files(train) -> None:
+    """With --tokenizer, the data and the eval data (a ``TrainSpec``'s) must be files of its token ids."""
+    named = [("--data", train.data)] + ([("--eval-data", train.eval_data)] if train.eval_data else [])
+    for flag, data in named:
+        if Path(data or "").suffix not in (*TOKEN_FILE_DTYPES, ".npy"):
+            raise ConfigError(f"--tokenizer needs {flag} of token ids (.u16/.bin/.u32/.npy), but "
+                              f"{data or 'the default corpus'} is read as bytes; make a token file with `plait "
+                              f"prepare-data TEXT --tokenizer {train.tokenizer} --out FILE.u16`, or drop --tokenizer")
+
+
 def check_data(config) -> TokenRange | None:
-    """Open the run's data and check it fits the model (a ``RunConfig``), before any worker starts; return
-    the id range of its file, which the workers then read instead of scanning (None: the default corpus)."""
-    data = config.train.data
-    if config.train.tokenizer and Path(data or "").suffix not in (*TOKEN_FILE_DTYPES, ".npy"):
-        raise ConfigError(f"--tokenizer needs --data of token ids (.u16/.bin/.u32/.npy), but "
-                          f"{data or 'the default corpus'} is read as bytes; make a token file with `plait prepare-data "
-                          f"TEXT --tokenizer {config.train.tokenizer} --out FILE.u16`, or drop --tokenizer")
-    tokens, ids = checked_tokens(config.train.data, config.model.vocab, config.model.seq_len)
-    if config.train.tokenizer:
-        check_tokenizer(config.train.tokenizer, config.model.vocab)
-    if config.train.eval_every:
-        held_out_split(tokens, config.model.seq_len, config.train.data or "the default corpus")
+    """Open the run's data and eval data and check they fit the model (a ``RunConfig``), before any worker
+    starts; return the id range of the data's file, which the workers then read instead of scanning (None:
+    the default corpus)."""
+    train = config.train
+    if train.tokenizer:
+        check_token_files(train)
+    tokens, ids = checked_tokens(train.data, config.model.vocab, config.model.seq_len)
+    if train.tokenizer:
+        check_tokenizer(train.tokenizer, config.model.vocab)
+    if train.eval_data:
+        checked_tokens(train.eval_data, config.model.vocab, config.model.seq_len, "--eval-data")
+    if held_out(train):
+        held_out_split(tokens, config.model.seq_len, train.data or "the default corpus")
     return ids

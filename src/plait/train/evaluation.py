@@ -1,10 +1,11 @@
 """``--eval-every K``: the loss on held-out tokens that training never reads.
 
-The split (``plait.train.data.held_out_split``): the last tenth of the token stream (at least one
-sequence and its target) is held out, and training draws its sequences from the rest only. Every
-evaluation scores the same ``EVAL_BATCHES`` global batches of held-out sequences (drawn from the
-held-out stream by the run's seed, as training draws its own), forward only, under the run's
-layout: a pipeline runs the schedule's forwards alone. The number is the mean token loss, the
+The tokens are ``--eval-data``'s, a validation file of the training data's formats, checked as it
+is; without one, the split (``plait.train.data.held_out_split``): the last tenth of the token stream
+(at least one sequence and its target) is held out, and training draws its sequences from the rest
+only. Every evaluation scores the same ``EVAL_BATCHES`` global batches of held-out sequences (drawn
+from the held-out stream by the run's seed, as training draws its own), forward only, under the
+run's layout: a pipeline runs the schedule's forwards alone. The number is the mean token loss, the
 same under every layout, as the training loss is.
 """
 
@@ -20,7 +21,7 @@ import torch.distributed as dist
 from plait.parallel.context import average_over_context, context_shard
 from plait.parallel.parallelize import Parallelized
 from plait.parallel.cross_entropy import cross_entropy
-from plait.train.data import BatchSource, held_out_split
+from plait.train.data import BatchSource, held_out_split, training_tokens
 
 EVAL_BATCHES = 4
 
@@ -61,9 +62,13 @@ def forward_loss(parallel: Parallelized, micro_batches: list[tuple[torch.Tensor,
 
 
 def split_for_evaluation(tokens: np.ndarray, config) -> tuple[np.ndarray, Evaluator | None]:
-    """The tokens training may read and, with --eval-every, the evaluator of the rest (a ``RunConfig``)."""
-    train = config.train
+    """The tokens training may read and, with --eval-every, the evaluator of --eval-data or of the rest
+    (a ``RunConfig``)."""
+    train, seq_len = config.train, config.model.seq_len
     if not train.eval_every:
         return tokens, None
-    kept, held_out = held_out_split(tokens, config.model.seq_len, train.data or "the default corpus")
-    return kept, Evaluator(held_out, config.model.seq_len, train.global_batch, train.seed, config.layout.microbatches)
+    if train.eval_data:
+        scored = training_tokens(train.eval_data, config.model.vocab, seq_len, "--eval-data")
+    else:
+        tokens, scored = held_out_split(tokens, seq_len, train.data or "the default corpus")
+    return tokens, Evaluator(scored, seq_len, train.global_batch, train.seed, config.layout.microbatches)
