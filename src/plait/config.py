@@ -80,6 +80,7 @@ class TrainSpec:
     eval_every: int = 0
     eval_data: str | None = None  # a token file --eval-every scores instead of the data's held-out tail
     tensorboard: bool = False
+    wandb: str | None = None  # a Weights & Biases project the scalars also go to (offline unless WANDB_MODE says)
     trace_every: int = 20  # a traced step costs 10-30% more on 2 cores (benchmarks/tracing_overhead.py)
     profile_steps: str = ""  # "A:B": torch.profiler traces of steps A to B on every rank
     stall_timeout: float = 120.0  # seconds without progress before the watchdog names the stalled rank; 0: off
@@ -128,6 +129,9 @@ class TrainSpec:
         if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("--tensorboard writes through the tensorboard package, which is not installed; "
                               "pip install tensorboard, or drop --tensorboard")
+        if self.wandb is not None and importlib.util.find_spec("wandb") is None:
+            raise ConfigError("--wandb logs through the wandb package, which is not installed; pip install wandb, "
+                              "or drop --wandb")
 
 
 @dataclass(frozen=True)
@@ -281,6 +285,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                        help="skip the update of a step whose gradient norm is more than K times the median of the last "
                             "100 updates' (after 8 of them; every rank alike; the row says \"skipped\") "
                             "(default 0: off)")
+    group.add_argument("--wandb", metavar="PROJECT",
+                       help="also log the TensorBoard scalars and the resolved config to a Weights & Biases run of "
+                            "PROJECT in RUN/wandb/ (needs pip install wandb); offline unless WANDB_MODE says "
+                            "otherwise, so no network is needed (wandb sync uploads it) (default: none)")
     group.add_argument("--deterministic", action="store_const", const=True, help="deterministic kernels only")
     group.add_argument("--log-every", type=int,
                        help=f"when output is not a terminal, one progress line every K steps (default {defaults.log_every})")
@@ -330,7 +338,7 @@ def _set_flags(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
 
 # The type of each field whose default is None (the others take their default's type).
 OPTIONAL_TYPES = {"data": str, "eval_data": str, "tokenizer": str, "init_from": str, "run_dir": str,
-                  "stage_layers": tuple, "recompute_layers": int}
+                  "wandb": str, "stage_layers": tuple, "recompute_layers": int}
 
 
 def _typed(cls, values: dict):
@@ -446,18 +454,22 @@ def _toml_value(value) -> str:
     return repr(value)
 
 
-def config_toml(config: RunConfig) -> str:
-    """The fully resolved run as a config file: ``plait train --config FILE`` repeats it step for step."""
+def resolved_tables(config: RunConfig) -> dict[str, dict]:
+    """The fully resolved run as the config file's three tables, its paths absolute."""
     paths = {name: str(Path(value).resolve()) if (value := getattr(config.train, name)) else None
              for name in ("data", "eval_data", "tokenizer", "init_from")}
     train = {**asdict(config.train), **paths}
-    tables = {
+    return {
         "model": {"name": config.model_name, **asdict(config.model)},
         "layout": config.layout.to_dict(),
         "train": {k: v for k, v in train.items() if k not in INVOCATION_ONLY},
     }
+
+
+def config_toml(config: RunConfig) -> str:
+    """The fully resolved run as a config file: ``plait train --config FILE`` repeats it step for step."""
     lines = ["# Written by plait train: the resolved configuration of this run (plait train --config FILE repeats it)."]
-    for table, values in tables.items():
+    for table, values in resolved_tables(config).items():
         lines.append(f"\n[{table}]")
         lines += [f"{key} = {_toml_value(value)}" for key, value in values.items() if value is not None]
     return "\n".join(lines) + "\n"

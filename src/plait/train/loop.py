@@ -24,7 +24,7 @@ from torch import nn
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from plait.config import RunConfig, TrainSpec, config_toml
+from plait.config import RunConfig, TrainSpec, config_toml, resolved_tables
 from plait.interop.hf import hf_weight_source
 from plait.models.init import WeightSource, seeded_source
 from plait.models.transformer import Transformer
@@ -34,6 +34,7 @@ from plait.observe.run_files import CONFIG_FILE, PROFILE_DIR, MetricsLog, draw_l
 from plait.observe.step_trace import StepTracer
 from plait.observe.summary import write_summary
 from plait.observe.tensorboard import TensorBoardLog
+from plait.observe.wandb_log import WandbLog
 from plait.parallel.context import average_over_context, context_shard
 from plait.parallel.cross_entropy import cross_entropy
 from plait.parallel.gradients import (
@@ -206,8 +207,9 @@ def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: f
 @dataclass
 class RankRun:
     """What one rank's run holds from its start to its end: the parallelized model and its data, the
-    files rank 0 writes (``log``, ``board``; None elsewhere), the checkpoint writer (None without a run
-    directory), the tracer, the learning-rate schedule and the result so far."""
+    files rank 0 writes (``log``, None elsewhere; ``loggers``, TensorBoard's and W&B's, none elsewhere),
+    the checkpoint writer (None without a run directory), the tracer, the learning-rate schedule and the
+    result so far."""
 
     config: RunConfig
     topology: Topology
@@ -218,7 +220,7 @@ class RankRun:
     meter: ModelStateMeter
     result: TrainResult
     log: MetricsLog | None
-    board: TensorBoardLog | None
+    loggers: list[TensorBoardLog | WandbLog]
     writer: CheckpointWriter | None
     tracer: StepTracer
     schedule: torch.optim.lr_scheduler.LRScheduler
@@ -273,7 +275,7 @@ def start_rank_run(config: RunConfig, topology: Topology, run_dir: Path | None, 
         result.first_step = load_checkpoint(checkpoint, model, optimizer)
     writes = run_dir is not None and topology.is_logging_rank
     log = MetricsLog(run_dir, result.first_step) if writes else None  # (makes the run directory)
-    board = TensorBoardLog(run_dir, result.first_step) if writes and train_spec.tensorboard else None
+    loggers = scalar_loggers(config, run_dir, result.first_step) if writes else []
     if writes:
         (run_dir / CONFIG_FILE).write_text(config_toml(config))
         if train_spec.tokenizer:  # kept so that plait sample decodes this run's tokens
@@ -282,7 +284,7 @@ def start_rank_run(config: RunConfig, topology: Topology, run_dir: Path | None, 
                                                            train_spec.async_checkpoint)
     tracer = StepTracer(topology, train_spec.trace_every, result.first_step, train_spec.steps,
                         train_spec.profiled_steps, run_dir / PROFILE_DIR if run_dir is not None else None)
-    return RankRun(config, topology, run_dir, parallel, source, evaluator, meter, result, log, board, writer, tracer,
+    return RankRun(config, topology, run_dir, parallel, source, evaluator, meter, result, log, loggers, writer, tracer,
                    lr_scheduler(optimizer, train_spec, result.first_step), progress,
                    resumed_spike_guard(train_spec.skip_spikes, log, result.first_step))
 
@@ -294,6 +296,16 @@ def resumed_spike_guard(factor: float, log: MetricsLog | None, first_step: int) 
     if first_step and dist.get_world_size() > 1:
         dist.broadcast_object_list(rows, src=0)
     return SpikeGuard.resumed(factor, rows[0] or [])
+
+
+def scalar_loggers(config: RunConfig, run_dir: Path, first_step: int) -> list[TensorBoardLog | WandbLog]:
+    """Rank 0's loggers of each step's scalars beside metrics.jsonl: TensorBoard's, W&B's, as the run asks."""
+    train_spec, loggers = config.train, []
+    if train_spec.tensorboard:
+        loggers.append(TensorBoardLog(run_dir, first_step))
+    if train_spec.wandb is not None:
+        loggers.append(WandbLog(run_dir, train_spec.wandb, resolved_tables(config)))
+    return loggers
 
 
 def take_step(run: RankRun, step: int) -> dict:
@@ -354,13 +366,13 @@ def take_step(run: RankRun, step: int) -> dict:
 
 
 def record_step(run: RankRun, row: dict, on_terminal: bool) -> None:
-    """A step's row into rank 0's metrics log and TensorBoard, and a plain line every --log-every steps
+    """A step's row into rank 0's metrics log and scalar loggers, and a plain line every --log-every steps
     when the output is not a terminal (which shows the bar)."""
     train_spec, step = run.config.train, row["step"]
     if run.log is not None:
         run.log.append(row)
-    if run.board is not None:
-        run.board.add_step(row)
+    for logger in run.loggers:
+        logger.add_step(row)
     last = step == train_spec.steps - 1
     if run.topology.is_logging_rank and not on_terminal and (step % train_spec.log_every == 0 or last):
         held_out = f", eval loss {row['eval_loss']:.4f}" if "eval_loss" in row else ""
@@ -394,7 +406,7 @@ def save_final_checkpoint(run: RankRun) -> None:
 
 def finish_rank_run(run: RankRun) -> TrainResult:
     """After the last step: the pipeline's measured bubble, every rank's traces gathered, and rank 0's
-    trace, summary, loss picture and TensorBoard closed."""
+    trace, summary, loss picture and scalar loggers closed."""
     result, run_dir, pipeline = run.result, run.run_dir, run.parallel.pipeline
     writes = run.log is not None
     run.progress.phase("gathering timelines and traces")
@@ -408,6 +420,6 @@ def finish_rank_run(run: RankRun) -> TrainResult:
         result.summary = write_summary(run_dir, run.config, run.topology, result)
         if writes:
             draw_loss(run_dir)
-    if run.board is not None:
-        run.board.close(result.summary, run.config.train.steps - 1)
+    for logger in run.loggers:
+        logger.close(result.summary, run.config.train.steps - 1)
     return result

@@ -39,7 +39,7 @@ class Difference:
 def verification_configs(config: RunConfig) -> tuple[RunConfig, RunConfig]:
     """The layout's run and the single process's: fp32, a final checkpoint each, same model, seed and data."""
     train = replace(config.train, precision="fp32", final_checkpoint=True, checkpoint_every=0, resume=False,
-                    eval_every=0, tensorboard=False)
+                    eval_every=0, eval_data=None, tensorboard=False, wandb=None)
     laid_out = replace(config, train=train)
     single = replace(laid_out, layout=Layout())
     validate_run(single)
