@@ -30,7 +30,7 @@ LAYOUTS = {
     "pp2": {"pp": 2, "microbatches": 2},
     "dp2·tp2·pp2": {"dp": 2, "tp": 2, "pp": 2, "microbatches": 2},
 }
-PARTS = ("compute_s", "exposed_comm_s", "bubble_s", "other_s")
+PARTS = ("compute_s", "exposed_comm_s", "bubble_s", "data_s", "other_s")
 
 
 def test_a_delayed_collective_raises_exposed_communication_by_the_delay(pool):

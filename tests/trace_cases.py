@@ -68,3 +68,20 @@ def profiled_run(config: RunConfig, run_dir: str, steps: str) -> None:
     """Train ``config`` with ``--profile-steps steps``."""
     config = replace(config, train=replace(config.train, profile_steps=steps))
     train(config, build_topology(config.layout, torch.device("cpu")), Path(run_dir))
+
+
+def run_with_a_slow_loader(config: RunConfig, run_dir: str, delay_s: float) -> None:
+    """``traced_run`` with every batch read ``delay_s`` late: a run starved by its data loader."""
+    from plait.train.data import BatchSource
+
+    read = BatchSource.local_batch
+
+    def slow(self, *args, **kwargs):
+        time.sleep(delay_s)
+        return read(self, *args, **kwargs)
+
+    BatchSource.local_batch = slow
+    try:
+        traced_run(config, run_dir)
+    finally:
+        BatchSource.local_batch = read

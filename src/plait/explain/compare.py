@@ -3,7 +3,7 @@
 Each run is explained as on its own (``plait.explain.run``: the planner's prediction of the same
 model, batch and layout). Its step is split into the same parts on both sides: compute, exposed
 data-parallel communication, exposed tensor- and context-parallel communication, the pipeline
-bubble and other time. The measured parts are those of the run's median traced step (one whole
+bubble, waiting for data and other time. The measured parts are those of the run's median traced step (one whole
 step, ``time_split``'s ``median_step``), scaled to its median plain step so that they add up to the
 run's step time; the predicted parts add up to the predicted step. The part whose measured seconds
 changed most between the runs is named in one sentence.
@@ -19,7 +19,8 @@ from plait.explain.run import Explanation, explain
 from plait.layout import DATA_GROUPS
 from plait.plan.hardware import Hardware
 
-PARTS = ("compute", "exposed dp communication", "exposed tp and cp communication", "bubble", "other")
+PARTS = ("compute", "exposed dp communication", "exposed tp and cp communication", "bubble", "waiting for data",
+         "other")
 
 
 def measured_parts(explanation: Explanation) -> dict[str, float]:
@@ -33,7 +34,7 @@ def measured_parts(explanation: Explanation) -> dict[str, float]:
     data = sum(exposed.get(group, 0.0) for group in DATA_GROUPS)
     tensor = exposed.get("tp", 0.0) + exposed.get("cp", 0.0)
     parts = {"compute": step["compute_s"], "exposed dp communication": data,
-             "exposed tp and cp communication": tensor, "bubble": step["bubble_s"],
+             "exposed tp and cp communication": tensor, "bubble": step["bubble_s"], "waiting for data": step["data_s"],
              "other": step["other_s"] + step["exposed_comm_s"] - data - tensor}  # groups beyond the mesh's: other
     scale = summary["step_time_s"] / step["step_s"]
     return {part: seconds * scale for part, seconds in parts.items()}
@@ -44,7 +45,8 @@ def predicted_parts(explanation: Explanation) -> dict[str, float]:
     times = explanation.prediction.time_breakdown
     parts = {"compute": times["compute_s"] + times["optimizer_s"],
              "exposed dp communication": times["exposed_dp_comm_s"],
-             "exposed tp and cp communication": times["critical_path_comm_s"], "bubble": times["bubble_s"]}
+             "exposed tp and cp communication": times["critical_path_comm_s"], "bubble": times["bubble_s"],
+             "waiting for data": 0.0}  # the planner takes the data as ready
     return {**parts, "other": max(0.0, explanation.prediction.step_time_s - sum(parts.values()))}
 
 

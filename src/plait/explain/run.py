@@ -93,6 +93,7 @@ class Explanation:
             ("exposed tp and cp communication", predicted["critical_path_comm_s"], measured("tp", "cp"), "s"),
             ("exposed pp communication", None, measured("pp"), "s"),
             ("bubble", predicted["bubble_s"], scale * split["bubble_s"]["median"], "s"),
+            ("waiting for data", None, scale * split.get("data_s", {}).get("median", 0.0), "s"),
             ("other", None, scale * split["other_s"]["median"], "s"),
             ("exposed communication share", (predicted["exposed_dp_comm_s"] + predicted["critical_path_comm_s"])
              / self.prediction.step_time_s, self.summary["comm_fraction"], "fraction"),

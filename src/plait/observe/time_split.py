@@ -8,9 +8,10 @@ Pure Python. On each rank a step splits into
 * exposed communication, per group: waiting for any other group's collective, outside those spans;
 * compute: the compute spans (forward, backward, gradient sync, optimizer; pipeline actions) less
   the waits inside them;
-* other: the rest of the step (the batch, the loss average, Python between spans) less its waits.
+* data: reading the step's batch (the ``data`` span): a rank waiting for its data loader;
+* other: the rest of the step (the loss average, Python between spans) less its waits.
 
-The four add up to the step's duration; exposed communication is also given per group and op
+The five add up to the step's duration; exposed communication is also given per group and op
 (``dp all_reduce``); overlapped communication (per group) is the time while at least one of the
 group's transfers was in flight and the rank did not wait for it, so it never exceeds the step.
 """
@@ -52,12 +53,20 @@ def _overlapped(transfers: list[dict], waits: list) -> dict[str, float]:
     return overlapped
 
 
+def _part(span: dict) -> str:
+    """Which part of the step a span is: reading the batch, compute, or a pipeline transfer."""
+    if span["args"].get("part") == "data":
+        return "data"
+    return "compute" if span["args"].get("compute", True) else "pipeline"
+
+
 def split_step(record: dict) -> dict:
     """One rank's traced step as seconds of compute, exposed communication (and per group),
-    overlapped communication per group, bubble and other."""
+    overlapped communication per group, bubble, data and other."""
     transfers = record["transfers"]
-    compute = [s for s in record["spans"] if s["args"].get("compute", True)]
-    pipeline_transfers = [s for s in record["spans"] if not s["args"].get("compute", True)]
+    compute = [s for s in record["spans"] if _part(s) == "compute"]
+    pipeline_transfers = [s for s in record["spans"] if _part(s) == "pipeline"]
+    data = sum(s["end"] - s["start"] for s in record["spans"] if _part(s) == "data")
     in_compute = waited = 0.0
     bubble = sum(s["end"] - s["start"] for s in pipeline_transfers)
     exposed: dict[str, float] = {}
@@ -79,7 +88,8 @@ def split_step(record: dict) -> dict:
         "compute_s": computing - in_compute,
         "exposed_comm_s": exposed_total,
         "bubble_s": bubble,
-        "other_s": record["duration"] - computing - sum(s["end"] - s["start"] for s in pipeline_transfers)
+        "data_s": data,
+        "other_s": record["duration"] - computing - sum(s["end"] - s["start"] for s in pipeline_transfers) - data
         - (waited - in_compute),
         "exposed_comm_by_group_s": exposed,
         "exposed_comm_by_op_s": by_op,
@@ -106,7 +116,7 @@ def run_time_split(ranks: list[dict]) -> dict | None:
     if not steps:
         return None
     splits = {step: [split_step(r) for rank in ranks for r in rank["steps"] if r["step"] == step] for step in steps}
-    scalars = ("step_s", "compute_s", "exposed_comm_s", "bubble_s", "other_s")
+    scalars = ("step_s", "compute_s", "exposed_comm_s", "bubble_s", "data_s", "other_s")
     per_step = {key: [_mean([s[key] for s in splits[step]]) for step in steps] for key in scalars}
     by_group = {}
     for key in ("exposed_comm_by_group_s", "exposed_comm_by_op_s", "overlapped_comm_by_group_s"):
@@ -114,7 +124,7 @@ def run_time_split(ranks: list[dict]) -> dict | None:
         by_group[key] = {name: statistics.median(_mean([s[key].get(name, 0.0) for s in splits[step]]) for step in steps)
                          for name in names}
     shares = {part: _spread([p / t for p, t in zip(per_step[f"{part}_s"], per_step["step_s"])])
-              for part in ("compute", "exposed_comm", "bubble", "other")}
+              for part in ("compute", "exposed_comm", "bubble", "data", "other")}
     middle = per_step["step_s"].index(statistics.median_low(per_step["step_s"]))
     median_step = {"step": steps[middle], **{key: per_step[key][middle] for key in scalars},
                    "exposed_comm_by_group_s": {name: _mean([s["exposed_comm_by_group_s"].get(name, 0.0)

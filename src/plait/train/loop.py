@@ -317,8 +317,9 @@ def take_step(run: RankRun, step: int) -> dict:
     progress.step(step, "data")
     with run.tracer.step(step):
         lr = run.schedule.get_last_lr()[0]
-        inputs, targets = run.source.local_batch(step, topology.coordinate("dp"), topology.size("dp"))
-        inputs, targets, positions = context_shard(inputs, targets, topology)
+        with run.tracer.span("data", part="data"):
+            inputs, targets = run.source.local_batch(step, topology.coordinate("dp"), topology.size("dp"))
+            inputs, targets, positions = context_shard(inputs, targets, topology)
         count = config.layout.microbatches
         micro = list(zip(inputs.chunk(count), targets.chunk(count)))
         try:
