@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
@@ -55,7 +56,30 @@ def files(tmp_path: Path) -> dict[str, str]:
     finished = tmp_path / "finished_run"
     finished.mkdir()
     (finished / "metrics.jsonl").write_text('{"step": 0, "loss": 5.0}\n')
+    _hf_folders(tmp_path)
     return {path.stem: str(path) for path in tmp_path.iterdir()}
+
+
+def _hf_folders(root: Path) -> None:
+    """Hugging Face folders for --init-from, each wrong in one way (the weights are read only where they
+    are good enough for the config to be accepted)."""
+    from safetensors.numpy import save_file
+
+    from plait.interop.hf_config import hf_config
+    from plait.interop.hf_names import hf_tensors
+    from plait.models.spec import model_spec
+
+    spec = model_spec(None, family="llama", layers=1, hidden=32, heads=2, kv_heads=1, vocab=256, seq_len=16)
+    llama = {key: value for key, value in hf_config(spec).items() if key != "head_dim"}
+    configs = {"hf_nested": "[" * 100_000 + "]" * 100_000, "hf_no_heads": {**llama, "num_attention_heads": 0},
+               "hf_rope_text": {**llama, "rope_parameters": "linear"},
+               "hf_rope_scaling_text": {**llama, "rope_parameters": None, "rope_scaling": "dynamic"},
+               "hf_int8": llama}
+    for name, config in configs.items():
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+        save_file({tensor.name: np.ones(tensor.shape, dtype=np.int8) for tensor in hf_tensors(spec)},
+                  str(root / name / "model.safetensors"))
 
 
 TOO_MANY = 64 * (os.cpu_count() or 1)  # beyond the local cap of 8 CPU ranks a core, and any node's GPUs
@@ -150,6 +174,11 @@ BAD_INPUTS = {
     "no micro-batches": (["--microbatches", "0"], "microbatches must be a positive integer"),
     "unknown pipeline schedule": (["--schedule", "zigzag"], "invalid choice: 'zigzag'"),
     "weights from a folder without them": (["--init-from", "{folder}"], "holds no config.json and model.safetensors"),
+    "a Hugging Face config nested past Python's depth": (["--init-from", "{hf_nested}"], "is not a readable JSON file"),
+    "a Hugging Face model of no heads": (["--init-from", "{hf_no_heads}"], "gives num_attention_heads 0"),
+    "Hugging Face rotary settings as text": (["--init-from", "{hf_rope_text}"], "gives rope_parameters (or rope_scal"),
+    "Hugging Face rotary scaling as text": (["--init-from", "{hf_rope_scaling_text}"], "'dynamic', which is not a JSON"),
+    "quantized Hugging Face weights": (["--dp", "1", "--init-from", "{hf_int8}"], "is stored as I8, and plait reads"),
     "data path that is a folder": (["--data", "{folder}"], "is a folder"),
     "resuming a run dir that is a file": (["--resume", "--run-dir", "{empty}"], "is a file, not a directory"),
     "a catalog GPU and a profile at once": (["--dry-run", "--gpu", "h100-sxm", "--hardware-profile", "{incomplete}"],

@@ -27,15 +27,18 @@ from plait.models.init import Region, WeightSource
 from plait.models.spec import ModelSpec
 
 Located = dict[str, tuple[Path, str]]  # a Hugging Face tensor's name → the file holding it, and its name there
+Held = dict[str, tuple[tuple[int, ...], str]]  # a tensor's name → its shape and safetensors dtype ("F32", "I8", ...)
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")  # what reads as fp32 without a scale: quantized integers do not
 
 
-def _names_in(path: Path) -> dict[str, tuple[int, ...]]:
-    """The tensors of a safetensors file with their shapes, from its header alone."""
+def _names_in(path: Path) -> Held:
+    """The tensors of a safetensors file with their shapes and dtypes, from its header alone."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="pt") as weights:
-            return {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+            return {name: (tuple(weights.get_slice(name).get_shape()), weights.get_slice(name).get_dtype())
+                    for name in weights.keys()}
     except (SafetensorError, OSError) as error:
         raise ConfigError(f"{path} is not a readable safetensors file ({error})") from None
 
@@ -44,7 +47,7 @@ def _weight_map(index: Path) -> dict[str, Path]:
     """A sharded folder's index: each tensor's name → its shard; ConfigError for an index that is not one."""
     try:
         contents = json.loads(index.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as error:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
         raise ConfigError(f"{index} is not a readable JSON file ({error}); pass a folder written by plait export "
                           "or save_pretrained") from None
     weight_map = contents.get("weight_map") if isinstance(contents, dict) else None
@@ -74,18 +77,18 @@ def located_tensors(folder: Path, spec: ModelSpec) -> Located:
     return _with_gpt2_prefix(spec, {name: (path, name) for name, path in files.items()})
 
 
-def _held_shapes(folder: Path, spec: ModelSpec, located: Located) -> dict[str, tuple[int, ...]]:
-    """The shape of each tensor ``spec``'s model needs that the folder holds, read from the headers of the
-    files that hold them; ConfigError where the index names a shard that lacks its tensor."""
+def _held_tensors(folder: Path, spec: ModelSpec, located: Located) -> Held:
+    """The shape and dtype of each tensor ``spec``'s model needs that the folder holds, read from the headers
+    of the files that hold them; ConfigError where the index names a shard that lacks its tensor."""
     needed = {tensor.name: located[tensor.name] for tensor in hf_tensors(spec) if tensor.name in located}
     headers = {path: _names_in(path) for path in {path for path, _ in needed.values()}}
-    shapes = {}
+    held = {}
     for name, (path, stored_name) in needed.items():
         if stored_name not in headers[path]:
             raise ConfigError(f"{Path(folder) / WEIGHTS_INDEX} places the tensor {stored_name} in {path.name}, which "
                               "does not hold it; copy the folder again, every shard with its index")
-        shapes[name] = headers[path][stored_name]
-    return shapes
+        held[name] = headers[path][stored_name]
+    return held
 
 
 def check_hf_folder(folder: Path, spec: ModelSpec) -> None:
@@ -95,12 +98,17 @@ def check_hf_folder(folder: Path, spec: ModelSpec) -> None:
     require_hf_folder(folder)
     folder_model = spec_from_hf_config(folder / CONFIG_JSON)
     check_model_fits(folder, folder_model, asdict(spec))
-    held = _held_shapes(folder, folder_model, located_tensors(folder, folder_model))
+    held = _held_tensors(folder, folder_model, located_tensors(folder, folder_model))
     for tensor in hf_tensors(folder_model):
-        if held.get(tensor.name) != tensor.shape:
-            found = "missing" if tensor.name not in held else f"of shape {list(held[tensor.name])}"
+        shape, dtype = held.get(tensor.name, (None, None))
+        if shape != tensor.shape:
+            found = "missing" if shape is None else f"of shape {list(shape)}"
             raise ConfigError(f"{folder}: tensor {tensor.name} is {found}, expected shape {list(tensor.shape)}; "
                               f"the weights do not match their {CONFIG_JSON}")
+        if dtype not in FLOAT_DTYPES:
+            raise ConfigError(f"{folder}: tensor {tensor.name} is stored as {dtype}, and plait reads floating-point "
+                              f"weights only ({', '.join(FLOAT_DTYPES)}); dequantize the folder, or export it in "
+                              "fp32 or bf16")
 
 
 def check_init_from(config) -> None:

@@ -59,11 +59,20 @@ def _refuse(path: Path, what: str) -> ConfigError:
                        "GPT-2 or Llama architecture")
 
 
+def _rope(path: Path, config: dict) -> dict:
+    """A Llama config's rotary settings (``rope_parameters``, or ``rope_scaling`` before transformers 5)."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"{path} gives rope_parameters (or rope_scaling) {rope!r}, which is not a JSON object "
+                          'such as {"rope_type": "default", "rope_theta": 10000.0}; correct its config.json')
+    return rope
+
+
 def spec_from_hf_config(path: Path) -> ModelSpec:
     """The plait model a Hugging Face ``config.json`` describes; ConfigError for what plait cannot run."""
     try:
         config = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as error:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:  # nested past Python's depth
         raise ConfigError(f"{path} is not a readable JSON file ({error}); pass a folder written by plait export "
                           "or a Hugging Face model folder") from None
     kind = config.get("model_type") if isinstance(config, dict) else None
@@ -77,12 +86,15 @@ def spec_from_hf_config(path: Path) -> ModelSpec:
                              tie_embeddings=config.get("tie_word_embeddings", True),
                              norm_eps=config.get("layer_norm_epsilon", 1e-5))
         if kind == "llama":
-            rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+            rope = _rope(path, config)
             if rope.get("rope_type", rope.get("type", "default")) != "default":
                 raise _refuse(path, f"scales its rotary positions ({rope.get('rope_type', rope.get('type'))!r})")
             if config.get("hidden_act", "silu") != "silu" or config.get("attention_bias") or config.get("mlp_bias"):
                 raise _refuse(path, "has biases or a gate other than SiLU")
             heads = config["num_attention_heads"]
+            if not isinstance(heads, int) or heads <= 0:
+                raise ConfigError(f"{path} gives num_attention_heads {heads!r}; a Llama model needs a positive "
+                                  "whole number of heads, so correct its config.json")
             if (config.get("head_dim") or config["hidden_size"] // heads) * heads != config["hidden_size"]:
                 raise _refuse(path, "has a head dimension other than hidden size / heads")
             return ModelSpec("llama", config["num_hidden_layers"], config["hidden_size"], heads,
