@@ -7,6 +7,7 @@ import os
 import resource
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +58,19 @@ def files(tmp_path: Path) -> dict[str, str]:
     finished.mkdir()
     (finished / "metrics.jsonl").write_text('{"step": 0, "loss": 5.0}\n')
     _hf_folders(tmp_path)
+    _checkpoint_of_negative_step(tmp_path / "negative_step_run" / "checkpoints" / "step_0000005")
     return {path.stem: str(path) for path in tmp_path.iterdir()}
+
+
+def _checkpoint_of_negative_step(folder: Path) -> None:
+    """A checkpoint that reads as data, whose step file says -5 (and no run record to contradict it)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"x": torch.zeros(1)}, checkpoint_id=str(folder), no_dist=True)
+    (folder / "step.json").write_text('{"step": -5}\n')
 
 
 def _hf_folders(root: Path) -> None:
@@ -179,6 +192,8 @@ BAD_INPUTS = {
     "Hugging Face rotary settings as text": (["--init-from", "{hf_rope_text}"], "gives rope_parameters (or rope_scal"),
     "Hugging Face rotary scaling as text": (["--init-from", "{hf_rope_scaling_text}"], "'dynamic', which is not a JSON"),
     "quantized Hugging Face weights": (["--dp", "1", "--init-from", "{hf_int8}"], "is stored as I8, and plait reads"),
+    "resuming a checkpoint of step -5": (["--dp", "1", "--resume", "--run-dir", "{negative_step_run}"],
+                                         "step.json does not give the step its folder is named for (-5)"),
     "data path that is a folder": (["--data", "{folder}"], "is a folder"),
     "resuming a run dir that is a file": (["--resume", "--run-dir", "{empty}"], "is a file, not a directory"),
     "a catalog GPU and a profile at once": (["--dry-run", "--gpu", "h100-sxm", "--hardware-profile", "{incomplete}"],

@@ -161,8 +161,17 @@ def move_aside(path: Path) -> Path:
 
 
 def checkpoint_step(path: Path) -> int:
-    """The optimizer steps the checkpoint at ``path`` holds."""
-    return json.loads((Path(path) / STEP_FILE).read_text())["step"]
+    """The optimizer steps the checkpoint at ``path`` holds: its step file's count, which must be the step
+    its folder is named for; ConfigError for a step file that says anything else."""
+    try:
+        step = json.loads((Path(path) / STEP_FILE).read_text())["step"]
+    except (OSError, ValueError, RecursionError, KeyError, TypeError):
+        step = None
+    named = Path(path).name.removeprefix("step_")
+    if isinstance(step, bool) or not isinstance(step, int) or not named.isdigit() or int(named) != step:
+        raise ConfigError(f"{Path(path) / STEP_FILE} does not give the step its folder is named for ({step!r}); "
+                          f"rename {Path(path).name} to {Path(path).name}{DAMAGED} to resume from the one before")
+    return step
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
