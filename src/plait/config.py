@@ -98,6 +98,13 @@ class TrainSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be a non-negative integer, got {value!r}")
+        if self.run_dir is not None and not self.run_dir.strip():
+            raise ConfigError("--run-dir is empty; name the folder the run writes to, or leave --run-dir out for a "
+                              "new one under runs/")
+        for name in ("resume_changed", "restart_from_scratch"):
+            if getattr(self, name) and not self.resume:
+                raise ConfigError(f"--{name.replace('_', '-')} only changes how --resume continues a run; add "
+                                  "--resume, or drop it")
         profiled = step_range(self.profile_steps)
         if profiled and profiled[-1] >= self.steps:  # steps count from 0
             raise ConfigError(f"profile-steps {self.profile_steps} reaches past the run's last step, {self.steps - 1}; "

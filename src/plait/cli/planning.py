@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 from dataclasses import replace
 from pathlib import Path
@@ -274,8 +275,10 @@ def run_explain(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
 def run_calibrate(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     check_output_file("--out", args.out, "profile")
-    if args.threads is not None and args.threads < 1:
-        raise ConfigError(f"--threads must be a positive number of cores, got {args.threads}")
+    cores = os.cpu_count() or 1
+    if args.threads is not None and not 1 <= args.threads <= cores:
+        raise ConfigError(f"--threads must be a positive number of cores, at most this machine's {cores}, got "
+                          f"{args.threads}")
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() and args.threads is None else "cpu")

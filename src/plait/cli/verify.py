@@ -38,6 +38,8 @@ def run_verify(args: argparse.Namespace, argv: list[str]) -> int:
     config = config_from_args(args)
     if config.layout.world_size == 1:
         raise ConfigError("the layout is a single process already; pass --dp, --tp, --cp or --pp to verify a layout")
+    if run_dir is not None and Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise ConfigError(f"--run-dir {run_dir} is a file, not a directory; name a new folder for the two runs")
     if run_dir is not None and Path(run_dir).exists() and any(Path(run_dir).iterdir()):
         raise ConfigError(f"--run-dir {run_dir} is not empty; name a new folder for the two runs")
     from plait.train.verify import compare_runs, report, run_both, verification_configs
