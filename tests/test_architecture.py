@@ -30,14 +30,15 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "errors": set(),
     "version": set(),
     "token_range": set(),
+    "paths": {"errors"},  # what a named path is (a file, a folder, a device), from os.stat alone
     "progress": set(),  # a rank's step, phase and operation, which the engine writes and the watchdog reads
     "models": {"errors"},
     "schedules": {"errors", "models"},  # the stage split balances the model's FLOPs
     "layout": {"errors", "schedules"},  # a schedule's name and needs are read from its registry
     "facts": {"errors", "layout", "models", "schedules"},
-    "tokenizer": {"errors", "token_range"},
+    "tokenizer": {"errors", "paths", "token_range"},
     "interop": {"errors", "models", "tokenizer"},  # the export copies the run's tokenizer files
-    "config": {"errors", "facts", "interop", "layout", "models"},  # --init-from's model from its config.json
+    "config": {"errors", "facts", "interop", "layout", "models", "paths"},  # --init-from's model from its config.json
     "plan": {"errors", "facts", "layout", "models", "schedules"},
     "topology": {"layout"},
     "sample": {"errors", "models", "tokenizer"},
@@ -47,14 +48,14 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     # catalog (plait.plan.hardware), the only home of device facts; to be removed
     "observe/summary.py": {"plan"},
     "parallel": {"facts", "layout", "models", "progress", "schedules", "topology"},
-    "train": {"config", "errors", "facts", "interop", "layout", "models", "observe", "parallel", "progress",
+    "train": {"config", "errors", "facts", "interop", "layout", "models", "observe", "parallel", "paths", "progress",
               "token_range", "tokenizer", "topology", "version"},  # facts: the learning-rate schedules' shapes
     # calibrate times plait's own layers and step (parallel, train) into the planner's hardware profile
     "calibrate": {"config", "errors", "facts", "layout", "models", "parallel", "plan", "topology", "train"},
     # explain sets what a run measured (observe) beside the planner's prediction of it (plan)
     "explain": {"errors", "facts", "layout", "models", "observe", "plan", "schedules"},
-    "cli": {"calibrate", "config", "errors", "explain", "facts", "interop", "layout", "models", "observe", "plan",
-            "sample", "schedules", "tokenizer", "train", "version"},
+    "cli": {"calibrate", "config", "errors", "explain", "facts", "interop", "layout", "models", "observe", "paths",
+            "plan", "sample", "schedules", "tokenizer", "train", "version"},
     "__main__": {"cli"},
 }
 

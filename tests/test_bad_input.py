@@ -51,6 +51,7 @@ def files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "negative_overhead.json").write_text(measured + '"host_overhead": {"gpt2": {"layer_forward": -1}}}')
     (tmp_path / "all_headroom.json").write_text(measured + '"memory_headroom": 2}')
     (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "pipe")
     damaged_run = tmp_path / "damaged_run"
     damaged_run.mkdir()
     (damaged_run / "summary.json").write_text('{"model_spec": ')
@@ -58,8 +59,15 @@ def files(tmp_path: Path) -> dict[str, str]:
     finished.mkdir()
     (finished / "metrics.jsonl").write_text('{"step": 0, "loss": 5.0}\n')
     _hf_folders(tmp_path)
+    _word_tokenizer(tmp_path / "tokenizer.json")
     _checkpoint_of_negative_step(tmp_path / "negative_step_run" / "checkpoints" / "step_0000005")
     return {path.stem: str(path) for path in tmp_path.iterdir()}
+
+
+def _word_tokenizer(path: Path) -> None:
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")).save(str(path))
 
 
 def _checkpoint_of_negative_step(folder: Path) -> None:
@@ -196,6 +204,8 @@ BAD_INPUTS = {
                                          "step.json does not give the step its folder is named for (-5)"),
     "an empty run dir": (["--dp", "1", "--run-dir", ""], "--run-dir is empty; name the folder"),
     "resume-changed without resume": (["--dp", "1", "--resume-changed"], "--resume-changed only changes how --resume"),
+    "data from a device": (["--dp", "1", "--data", "/dev/zero"], "data file /dev/zero is not a regular file"),
+    "config file that is a folder": (["--config", "{folder}"], "is a folder; pass --config with a TOML file"),
     "data path that is a folder": (["--data", "{folder}"], "is a folder"),
     "resuming a run dir that is a file": (["--resume", "--run-dir", "{empty}"], "is a file, not a directory"),
     "a catalog GPU and a profile at once": (["--dry-run", "--gpu", "h100-sxm", "--hardware-profile", "{incomplete}"],
@@ -210,6 +220,10 @@ BAD_INPUTS = {
 BAD_COMMANDS = {
     "token file in a missing folder": (["prepare-data", "{short}", "--tokenizer", "/no/tokenizer.json", "--out",
                                         "missing_dir/t.u16"], "the folder missing_dir does not exist"),
+    "token file into a folder no one may write": (["prepare-data", "{short}", "--tokenizer", "{tokenizer}", "--out",
+                                                   "/sys/t.u16"], "; name a folder you can write to"),
+    "token file from a folder of text": (["prepare-data", "{folder}", "--tokenizer", "{tokenizer}", "--out", "t.u16"],
+                                         "is a folder; pass UTF-8 text files"),
     "export under a file": (["export", "{finished_run}", "--to", "{short}/hf"], "short.txt is a file"),
     "export of a run with no checkpoint": (["export", "{finished_run}", "--to", "hf"], "holds no complete checkpoint"),
     "export in shards of no size": (["export", "{finished_run}", "--to", "hf", "--max-shard-size", "5 parsecs"],
@@ -252,6 +266,14 @@ BAD_COMMANDS = {
                                                "the folder no_dir does not exist"),
     "simulate a timeline into a missing folder": (["simulate", "--model", "tiny", "--dp", "8", "--timeline",
                                                    "no_dir/t.png"], "the folder no_dir does not exist"),
+    "simulate a trace into a named pipe": (["simulate", "--model", "tiny", "--dp", "8", "--trace", "{pipe}"],
+                                           "is not a regular file (a device, a pipe or a socket)"),
+    "simulate a trace onto a full device": (["simulate", "--model", "tiny", "--dp", "8", "--trace", "/dev/full"],
+                                            "--trace /dev/full is not a regular file"),
+    "schedule drawn onto an endless device": (["schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--out",
+                                               "/dev/zero"], "--out /dev/zero is not a regular file"),
+    "simulate a trace under a file": (["simulate", "--model", "tiny", "--dp", "8", "--trace", "{short}/t.json"],
+                                      "is a file, not a folder"),
     "simulate a trace onto a folder": (["simulate", "--model", "tiny", "--dp", "8", "--trace", "{folder}"],
                                        "is a folder; name a file"),
     "explain a run with no summary": (["explain", "{finished_run}"], "holds no summary.json"),

@@ -27,6 +27,7 @@ from plait.interop.hf_config import init_from_model
 from plait.layout import CP_ALGORITHMS, PRECISIONS, RECOMPUTE, SCHEDULES, Layout, default_precision
 from plait.layout import GRAD_COMPRESSIONS
 from plait.models.spec import FAMILIES, SPEC_FIELDS, ModelSpec, model_spec
+from plait.paths import require_input_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -323,8 +324,7 @@ def _section(values: dict, key: str, allowed: tuple[str, ...], path: str) -> dic
 def read_config_file(path: str) -> dict[str, dict]:
     """Parse a TOML config into its three tables, rejecting anything unknown."""
     file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+    require_input_file("config file", path, "pass --config with a TOML file")
     try:
         values = tomllib.loads(file.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:

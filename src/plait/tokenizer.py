@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from plait.errors import ConfigError
+from plait.paths import check_output_path, require_input_file
 from plait.token_range import write_record_beside
 
 TOKENIZER_FILE = "tokenizer.json"  # the copy a run keeps
@@ -37,8 +38,7 @@ def load_tokenizer(path: str | Path):
     """The tokenizer in ``path``; ConfigError if it is missing or not a tokenizers file."""
     from tokenizers import Tokenizer
 
-    if not Path(path).is_file():
-        raise ConfigError(f"tokenizer {path} does not exist; pass a tokenizer.json saved by the tokenizers library")
+    require_input_file("tokenizer", path, "pass a tokenizer.json saved by the tokenizers library")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as error:  # the file is user input: whatever the library raises on it
@@ -66,6 +66,14 @@ def line_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[st
             decoder.decode(b"", final=True)
         except UnicodeDecodeError as error:
             raise ConfigError(f"{path} is not UTF-8 text ({error}); convert it before tokenizing") from None
+
+
+def _new_file(partial: Path, out: str):
+    """``partial`` (``--out out`` written aside) opened to write; ConfigError where the folder refuses it."""
+    try:
+        return partial.open("wb")
+    except OSError as error:
+        raise ConfigError(f"--out {out} cannot be written ({error.strerror}); name a folder you can write to") from None
 
 
 def end_of_document(tokenizer, tokenizer_path: str, eos_token: str | None = None) -> tuple[str, int]:
@@ -101,13 +109,10 @@ def prepare_data(texts: list[str], tokenizer_path: str, out: str, eos_token: str
     target = Path(out)
     if target.suffix not in OUT_DTYPES:
         raise ConfigError(f"--out {out} must end in .u16 or .u32, the token file types plait train reads")
-    if target.exists():
+    if check_output_path("--out", out):
         raise ConfigError(f"--out {out} already exists; choose another name or remove it")
-    if not target.parent.is_dir():
-        raise ConfigError(f"--out {out}: the folder {target.parent} does not exist; create it or name another")
-    missing = [text for text in texts if not Path(text).is_file()]
-    if missing:
-        raise ConfigError(f"text file {missing[0]} does not exist")
+    for text in texts:
+        require_input_file("text file", text, "pass UTF-8 text files to tokenize")
     tokenizer = load_tokenizer(tokenizer_path)
     dtype = OUT_DTYPES[target.suffix]
     if tokenizer.get_vocab_size() > np.iinfo(dtype).max + 1:
@@ -117,7 +122,7 @@ def prepare_data(texts: list[str], tokenizer_path: str, out: str, eos_token: str
     partial = target.with_name(target.name + ".partial")
     count, blocks = 0, text_blocks(texts)
     try:
-        with partial.open("wb") as sink, tqdm(total=sum(Path(t).stat().st_size for t in texts), unit="B",
+        with _new_file(partial, out) as sink, tqdm(total=sum(Path(t).stat().st_size for t in texts), unit="B",
                                               unit_scale=True, desc="tokenize") as progress:
             while batch := list(islice(blocks, BATCH_BLOCKS)):
                 encodings = tokenizer.encode_batch([block for block, _, _ in batch], add_special_tokens=False)

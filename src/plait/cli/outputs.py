@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from plait.errors import ConfigError
+from plait.paths import check_output_path
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -37,16 +38,11 @@ KINDS = {
 
 
 def check_output_file(flag: str, path: str | None, kind: str) -> None:
-    """Refuse ``path`` (given by ``flag``) before any work if its folder is missing, it is a folder, or it
-    is a file other than the ``kind`` plait writes there."""
+    """Refuse ``path`` (given by ``flag``) before any work if it is not a regular file or a new name in a
+    writable folder, or is a file other than the ``kind`` plait writes there (only a regular file is read)."""
     if path is None:
         return
-    target = Path(path)
-    if target.is_dir():
-        raise ConfigError(f"{flag} {path} is a folder; name a file to write")
-    if not target.parent.is_dir():
-        raise ConfigError(f"{flag} {path}: the folder {target.parent} does not exist; create it or name another")
     recognise, what = KINDS[kind]
-    if target.exists() and not recognise(target):
+    if check_output_path(flag, path) and not recognise(Path(path)):
         raise ConfigError(f"{flag} {path} exists and is not {what} plait would replace; name another file, "
                           "or move that one away first")

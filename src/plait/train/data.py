@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from plait.errors import ConfigError
+from plait.paths import require_input_file
 from plait.token_range import TokenRange, token_range
 from plait.tokenizer import check_tokenizer
 
@@ -46,10 +47,7 @@ def load_tokens(path: str | None, flag: str = "--data") -> np.ndarray:
     if path is None:
         return default_corpus()
     file, what = Path(path), flag.strip("-").replace("-", " ")
-    if file.is_dir():
-        raise ConfigError(f"{what} file {path} is a folder; pass {flag} with a text or token file")
-    if not file.is_file():
-        raise ConfigError(f"{what} file {path} does not exist; pass {flag} with a text or token file")
+    require_input_file(f"{what} file", path, f"pass {flag} with a text or token file")
     if file.stat().st_size == 0:
         raise ConfigError(f"{what} file {path} is empty; it needs at least one sequence of tokens")
     if file.suffix == ".npy":
