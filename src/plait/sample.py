@@ -63,15 +63,6 @@ class Codec:
         return decode_bytes(ids) if self.tokenizer is None else self.tokenizer.decode(ids)
 
 
-def check_sampling(max_tokens: int, temperature: float, top_k: int) -> None:
-    if max_tokens < 1:
-        raise ConfigError(f"--max-tokens must be a positive integer, got {max_tokens}")
-    if not temperature >= 0:
-        raise ConfigError(f"--temperature must be 0 (greedy) or positive, got {temperature}")
-    if top_k < 0:
-        raise ConfigError(f"--top-k must be 0 (no cut) or positive, got {top_k}")
-
-
 @torch.no_grad()
 def generate(model: Transformer, prompt: list[int], max_tokens: int, temperature: float = 0.0, top_k: int = 0,
              seed: int = 0) -> list[int]:

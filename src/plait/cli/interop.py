@@ -9,9 +9,14 @@ torch is imported only when a command runs.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from plait.errors import ConfigError
+
+# plait sample's most new tokens: each is a forward of the whole model on one process, and a bound
+# keeps a mistyped count from running for days
+MAX_SAMPLED_TOKENS = 100_000
 
 
 def add_interop_commands(subparsers) -> None:
@@ -42,7 +47,8 @@ def add_interop_commands(subparsers) -> None:
                     "tokenizer.json if it kept one, else as UTF-8 bytes.")
     sample.add_argument("run", metavar="RUN", help="the run directory of a `plait train` run with a checkpoint")
     sample.add_argument("--prompt", required=True, default=argparse.SUPPRESS, help="the text to continue")
-    sample.add_argument("--max-tokens", type=int, default=200, help="tokens to generate")
+    sample.add_argument("--max-tokens", type=int, default=200,
+                        help=f"tokens to generate, at most {MAX_SAMPLED_TOKENS:,}")
     sample.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy (argmax)")
     sample.add_argument("--top-k", type=int, default=0, help="sample among the K likeliest tokens only; 0: all")
     sample.add_argument("--seed", type=int, default=0, help="seeds the sampling")
@@ -93,10 +99,20 @@ def run_export(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def run_sample(args: argparse.Namespace, argv: list[str]) -> int:
-    from plait.sample import Codec, check_sampling, generate
+def check_sampling(max_tokens: int, temperature: float, top_k: int) -> None:
+    """Refuse sampling flags before torch is imported."""
+    if not 1 <= max_tokens <= MAX_SAMPLED_TOKENS:
+        raise ConfigError(f"--max-tokens must be a positive integer of at most {MAX_SAMPLED_TOKENS:,}, got {max_tokens}")
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ConfigError(f"--temperature must be 0 (greedy) or a positive finite number, got {temperature}")
+    if top_k < 0:
+        raise ConfigError(f"--top-k must be 0 (no cut) or positive, got {top_k}")
 
+
+def run_sample(args: argparse.Namespace, argv: list[str]) -> int:
     check_sampling(args.max_tokens, args.temperature, args.top_k)
+    from plait.sample import Codec, generate
+
     from plait.train.full_model import checkpoint_spec, load_run_model, run_checkpoint
 
     codec = Codec(Path(args.run), checkpoint_spec(run_checkpoint(Path(args.run))).vocab)

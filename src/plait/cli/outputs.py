@@ -29,20 +29,23 @@ def _is_png(path: Path) -> bool:
         return False
 
 
-# What plait writes, by kind: how to recognise one, and its name in a sentence.
+# What plait writes, by kind: how to recognise one, its name in a sentence, and the file name's ending.
 KINDS = {
-    "profile": (lambda path: _is_json_object_with(path, "bf16_tflops"), "a hardware profile"),
-    "trace": (lambda path: _is_json_object_with(path, "traceEvents"), "a Chrome trace"),
-    "png": (_is_png, "a PNG drawing"),
+    "profile": (lambda path: _is_json_object_with(path, "bf16_tflops"), "a hardware profile", ".json"),
+    "trace": (lambda path: _is_json_object_with(path, "traceEvents"), "a Chrome trace", ".json"),
+    "png": (_is_png, "a PNG drawing", ".png"),
 }
 
 
 def check_output_file(flag: str, path: str | None, kind: str) -> None:
     """Refuse ``path`` (given by ``flag``) before any work if it is not a regular file or a new name in a
-    writable folder, or is a file other than the ``kind`` plait writes there (only a regular file is read)."""
+    writable folder, is a file other than the ``kind`` plait writes there (only a regular file is read),
+    or its name does not end as that kind's files do."""
     if path is None:
         return
-    recognise, what = KINDS[kind]
+    recognise, what, suffix = KINDS[kind]
     if check_output_path(flag, path) and not recognise(Path(path)):
         raise ConfigError(f"{flag} {path} exists and is not {what} plait would replace; name another file, "
                           "or move that one away first")
+    if Path(path).suffix.lower() != suffix:
+        raise ConfigError(f"{flag} {path} must end in {suffix}: plait writes {what} there; name a {suffix} file")

@@ -152,6 +152,9 @@ def planning_inputs(args: argparse.Namespace) -> tuple[Workload, Hardware, dict]
     hw = device_hardware(args, base, precision)
     if not isinstance(args.gpus, int) or args.gpus < 1:
         raise ConfigError(f"--gpus must be a positive integer, got {args.gpus!r}")
+    if args.gpus > hw.gpus_per_node and args.gpus % hw.gpus_per_node:
+        raise ConfigError(f"--gpus {args.gpus} is not a whole number of nodes of {hw.gpus_per_node} GPUs "
+                          f"(--gpus-per-node); pass a multiple of {hw.gpus_per_node}, or at most one node's")
 
     batch = args.global_batch
     if batch is None:
