@@ -290,6 +290,8 @@ BAD_COMMANDS = {
                                          "a positive finite number, got -1.0"),
     "sample without end": (["sample", "{finished_run}", "--prompt", "a", "--max-tokens", str(10**12)],
                            "--max-tokens must be a positive integer of at most 100,000"),
+    "schedule too deep to draw in seconds": (["schedule", "1f1b", "--pp", "128", "--microbatches", "128"],
+                                             "plait schedule draws at most 64 ranks and 8,192 chunk forwards"),
     "explain a run with no summary": (["explain", "{finished_run}"], "holds no summary.json"),
     "explain a damaged summary": (["explain", "{damaged_run}"], "is not a readable summary"),
     "explain with a profile that is not JSON": (["explain", "{damaged_run}", "--hardware-profile", "{not_json}"],

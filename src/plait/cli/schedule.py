@@ -8,9 +8,13 @@ import argparse
 from pathlib import Path
 
 from plait.cli.outputs import check_output_file
+from plait.errors import ConfigError
 from plait.schedules.registry import SCHEDULES, interleaving_schedules
 
 UNIT_SECONDS = 1e-3  # one forward is drawn as 1 ms: the picture's axis counts forwards
+# The largest schedule the command lists and draws: 64 ranks of 128 micro-batches take seconds on a
+# loaded 2-core machine; the checker and the bars grow with the actions, four times that is minutes.
+MAX_DRAWN_RANKS, MAX_DRAWN_FORWARDS = 64, 64 * 128
 
 
 def add_schedule_command(subparsers) -> None:
@@ -30,11 +34,21 @@ def add_schedule_command(subparsers) -> None:
     schedule.set_defaults(handler=run_schedule)
 
 
+def check_drawable(pp: int, microbatches: int, virtual_stages: int) -> None:
+    """Refuse a schedule too large to list and draw in seconds (a bad size is left to the generator)."""
+    forwards = pp * microbatches * virtual_stages
+    if pp > MAX_DRAWN_RANKS or forwards > MAX_DRAWN_FORWARDS:
+        raise ConfigError(f"plait schedule draws at most {MAX_DRAWN_RANKS} ranks and {MAX_DRAWN_FORWARDS:,} chunk "
+                          f"forwards (pp × micro-batches × virtual stages), and this one has {pp} and {forwards:,}; "
+                          "draw a smaller pipeline, or simulate this one with plait simulate --timeline")
+
+
 def run_schedule(args: argparse.Namespace, argv: list[str]) -> int:
     from plait.observe.timeline import draw_timeline
     from plait.schedules import UNIT_COSTS, check, generate, simulate
 
     check_output_file("--out", args.out, "png")
+    check_drawable(args.pp, args.microbatches, args.virtual_stages)
     schedule = generate(args.name, args.pp, args.microbatches, args.virtual_stages)  # bad sizes: one line
     in_flight = check(schedule)
     timeline = simulate(schedule, cost={kind: cost * UNIT_SECONDS for kind, cost in UNIT_COSTS.items()})

@@ -64,18 +64,22 @@ def draw_timelines(panels: list[tuple[Timeline, str]], path: Path) -> None:
 
 
 def _draw_ranks(axes, timeline: Timeline, longest_ms: float) -> None:
+    """Each rank's bars, one ``broken_barh`` per rank and kind (one call per span re-fits the axes every
+    time: minutes for a pipeline of 64 stages), and each wide enough block labelled with its micro-batch."""
     ranks = len(timeline.spans)
     for rank, spans in enumerate(timeline.spans):
+        bars: dict[Kind, list[tuple[float, float]]] = {}
         for span in spans:
-            kind = span.action.kind
             start, width = span.start * 1e3, (span.end - span.start) * 1e3
+            bars.setdefault(span.action.kind, []).append((start, width))
+            if span.action.kind.is_compute and width > longest_ms / 60:
+                axes.text(start + width / 2, rank, f"{span.action.microbatch}", ha="center", va="center",
+                          fontsize=6, color="white")
+        for kind, xranges in bars.items():
             if kind.is_compute:
-                axes.broken_barh([(start, width)], (rank - 0.4, 0.8), facecolors=COLOURS[kind], edgecolor="white",
+                axes.broken_barh(xranges, (rank - 0.4, 0.8), facecolors=COLOURS[kind], edgecolor="white",
                                  linewidth=0.3)
-                if width > longest_ms / 60:
-                    axes.text(start + width / 2, rank, f"{span.action.microbatch}", ha="center", va="center",
-                              fontsize=6, color="white")
             else:
-                axes.broken_barh([(start, width)], (rank - 0.08, 0.16), facecolors="#999999")
+                axes.broken_barh(xranges, (rank - 0.08, 0.16), facecolors="#999999")
     axes.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
     axes.invert_yaxis()
