@@ -9,12 +9,14 @@ CPU has no catalog entry: it needs the profile ``plait calibrate`` writes).
 from __future__ import annotations
 
 import argparse
+import os
 
 from plait.cli.device import OVERRIDE_FLAGS, add_device_overrides, device_hardware, given_overrides, override_flags
 from plait.config import (
     RunConfig, config_from_args, config_tables, layout_values, model_and_train, model_flags, on_device,
 )
 from plait.errors import ConfigError
+from plait.facts.model_state import fullest_rank_model_states
 from plait.facts.stack import DEFAULT_STACK, STACKS
 from plait.layout import Layout
 from plait.plan.hardware import CATALOG, Hardware, catalog_name_of, hardware, load_profile
@@ -144,6 +146,25 @@ def worker_argv(argv: list[str], layout: Layout) -> list[str]:
     return kept + layout.flags()
 
 
+def check_rank_memory(config: RunConfig) -> None:
+    """Refuse, before any rank allocates, a model whose weights, gradients and optimizer state on its
+    fullest rank (``fullest_rank_model_states``, the planner's own fact) exceed what a rank has here: a
+    GPU's memory, or its share of this machine's RAM, which the ranks started on it divide."""
+    import torch
+
+    need = fullest_rank_model_states(config.model, config.layout, config.train.precision)
+    if torch.cuda.is_available():
+        have, where = torch.cuda.get_device_properties(0).total_memory, f"a {torch.cuda.get_device_name()}"
+    else:
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", config.layout.world_size))
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // ranks
+        where = f"each of {ranks} ranks sharing this machine's RAM" if ranks > 1 else "this machine's RAM"
+    if need > have:
+        raise ConfigError(f"the model's weights, gradients and optimizer state need {need / 2**30:,.1f} GiB on its "
+                          f"fullest rank under {config.layout.describe()}, and {where} has {have / 2**30:,.1f} GiB; "
+                          "shard them over more ranks (--zero 3, --tp, --pp) or choose a smaller model")
+
+
 def run_train(args: argparse.Namespace, argv: list[str]) -> int:
     if args.ranks is not None and not args.auto:
         raise ConfigError("--ranks sets how many ranks --auto plans for; add --auto, or give the layout "
@@ -167,6 +188,8 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
 
         check_data(config)
         check_init_from(config)
+        if named is None:  # a dry run for this machine (one for a named device predicts its memory)
+            check_rank_memory(config)
         if config.train.run_dir is not None or config.train.resume:  # (else a new directory of its own)
             from plait.train.run_dir import prepare_run_dir
 
@@ -175,6 +198,7 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
         print("plait train --dry-run: the run is valid; nothing was started")
         print(describe_prediction(config, prediction, hw))
         return 0 if prediction is None or prediction.fits else 1
+    check_rank_memory(config)
     from plait.train.start import announce
 
     config = announce(config)  # the start-up line, before the launcher's imports

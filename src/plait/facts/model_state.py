@@ -179,6 +179,13 @@ def pipeline_share(spec: ModelSpec, layout: Layout, pp_rank: int) -> tuple[int, 
     return sum(len(split[c]) for c in mine), 0 in mine, chunks - 1 in mine
 
 
+def fullest_rank_model_states(spec: ModelSpec, layout: Layout, precision: str) -> float:
+    """Bytes of parameters, gradients and optimizer state on the rank that holds the most: a floor under
+    what any rank of the run needs (``plait_model_states`` of each pipeline rank's share)."""
+    return max(plait_model_states(spec, layout, precision, *pipeline_share(spec, layout, pp_rank)).total
+               for pp_rank in range(layout.pp))
+
+
 def sharded_elements(counts: Counter, rank: int, ranks: int) -> tuple[int, int, int]:
     """Elements of tensors of these shapes (``rank_tensor_shape_counts``): all of them, the rows
     ``rank`` of ``ranks`` owns (torch.chunk's split, ZeRO 1-2), and one rank's FSDP2 shard padded to

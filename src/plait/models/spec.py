@@ -34,6 +34,10 @@ FAMILIES = tuple(FAMILY_FEATURES)
 # the matmul's bf16 cast of the weight is padded (plait.models.vocabulary); tensor parallelism pads the
 # weights to a multiple of this a rank (plait.facts.model_state.padded_vocab).
 ALIGNED_ROWS = 8
+# The most layers a model may have: the deepest transformer trained has 1,000 (DeepNet, 2022). The
+# stage split, the schedules and the planner walk the layers one by one (simulate takes about a
+# minute at 1,000 on a loaded 2-core machine), so a mistyped 10^9 would run for days unrefused.
+MAX_LAYERS = 1024
 # Values a rank makes at a time while it fills its weights (plait.parallel.materialize): a block of
 # rows drawn from one generator (plait.models.init), and the region of a weight it fills at once.
 # Large enough that seeding costs nothing beside drawing; small enough that building a rank's part
@@ -111,6 +115,9 @@ class ModelSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model {name} must be a positive integer, got {value!r}")
+        if self.layers > MAX_LAYERS:
+            raise ConfigError(f"model layers {self.layers:,} is more than plait builds, {MAX_LAYERS:,} (the deepest "
+                              "transformer trained has 1,000); choose fewer layers")
         for name in ("tie_embeddings", "parallel_block"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"model {name} must be true or false, got {getattr(self, name)!r}")
