@@ -39,10 +39,10 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "tokenizer": {"errors", "paths", "token_range"},
     "interop": {"errors", "models", "tokenizer"},  # the export copies the run's tokenizer files
     "config": {"errors", "facts", "interop", "layout", "models", "paths"},  # --init-from's model from its config.json
-    "plan": {"errors", "facts", "layout", "models", "schedules"},
+    "plan": {"errors", "facts", "layout", "models", "paths", "schedules"},
     "topology": {"layout"},
     "sample": {"errors", "models", "tokenizer"},
-    "observe": {"config", "errors", "facts", "layout", "models", "schedules", "topology"},
+    "observe": {"config", "errors", "facts", "layout", "models", "paths", "schedules", "topology"},
     "observe/simulated.py": {"plan"},  # draws the planner's simulated timeline
     # known wrong-way edge: the engine's summary reads the GPU's peak FLOPs for MFU from the planner's
     # catalog (plait.plan.hardware), the only home of device facts; to be removed

@@ -52,6 +52,8 @@ def files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "all_headroom.json").write_text(measured + '"memory_headroom": 2}')
     (tmp_path / "folder").mkdir()
     os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "piped_run").mkdir()
+    os.mkfifo(tmp_path / "piped_run" / "summary.json")
     damaged_run = tmp_path / "damaged_run"
     damaged_run.mkdir()
     (damaged_run / "summary.json").write_text('{"model_spec": ')
@@ -246,7 +248,7 @@ BAD_COMMANDS = {
         ["simulate", "--model", "tiny", "--stack", "megatron", "--offload-activations"], "cannot offload activations"),
     "plan on an unknown GPU": (["plan", "--model", "tiny", "--gpu", "h900"], "unknown GPU 'h900'"),
     "plan with a missing profile": (["plan", "--model", "tiny", "--hardware-profile", "/no/profile.json"],
-                                    "cannot read hardware profile"),
+                                    "hardware profile /no/profile.json does not exist"),
     "plan with an incomplete profile": (["plan", "--model", "tiny", "--hardware-profile", "{incomplete}"],
                                         "is incomplete"),
     "plan with blockwise scales out of order": (["plan", "--model", "tiny", "--hardware-profile", "{unsorted_blocks}"],
@@ -297,6 +299,9 @@ BAD_COMMANDS = {
                            "--max-tokens must be a positive integer of at most 100,000"),
     "schedule too deep to draw in seconds": (["schedule", "1f1b", "--pp", "128", "--microbatches", "128"],
                                              "plait schedule draws at most 64 ranks and 8,192 chunk forwards"),
+    "plan with a profile that is a device": (["plan", "--model", "tiny", "--hardware-profile", "/dev/zero"],
+                                             "hardware profile /dev/zero is not a regular file"),
+    "explain a run whose summary is a pipe": (["explain", "{piped_run}"], "summary.json is not a regular file"),
     "explain a run with no summary": (["explain", "{finished_run}"], "holds no summary.json"),
     "explain a damaged summary": (["explain", "{damaged_run}"], "is not a readable summary"),
     "explain with a profile that is not JSON": (["explain", "{damaged_run}", "--hardware-profile", "{not_json}"],

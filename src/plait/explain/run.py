@@ -26,6 +26,7 @@ from plait.observe.run_files import CONFIG_FILE, SUMMARY_FILE
 from plait.observe.simulated import simulated_timeline
 from plait.observe.timeline import draw_timelines
 from plait.observe.trace import TRACE_FILE, timeline_from_trace, traced_step_volumes
+from plait.paths import MISSING, not_a_file, require_input_file
 from plait.plan.hardware import Hardware, catalog_name_of, hardware
 from plait.plan.ranking import PLANNER_ERROR
 from plait.plan.scan import Candidate
@@ -231,12 +232,13 @@ def _format(value: float | None, unit: str) -> str:
 
 def read_summary(run_dir: Path) -> dict:
     path = Path(run_dir) / SUMMARY_FILE
-    if not path.exists():
+    if not_a_file(path) == MISSING:
         raise ConfigError(f"{run_dir} holds no {SUMMARY_FILE}; explain reads the directory of a finished "
                           "`plait train --run-dir DIR` run")
+    require_input_file("the run's summary", path, "explain reads the summary.json plait train writes")
     try:
         summary = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
         raise ConfigError(f"{path} is not a readable summary ({error}); it is damaged: train the run again") from None
     if not isinstance(summary, dict) or "model_spec" not in summary or "device_name" not in summary:
         raise ConfigError(f"{path} has no model_spec: it was written before plait explain existed; train the run again")

@@ -16,6 +16,7 @@ from pathlib import Path
 from plait.errors import ConfigError
 from plait.facts.stack import Kernels
 from plait.layout import no_bf16
+from plait.paths import require_input_file
 
 GB = 10**9
 GIB = 2**30
@@ -407,9 +408,10 @@ def check_profile_format(data, path: Path) -> None:
 def load_profile(path: str | Path) -> Hardware:
     """A hardware profile written by ``plait calibrate`` (a JSON object of Hardware's fields)."""
     path = Path(path)
+    require_input_file("hardware profile", path, "run `plait calibrate --out FILE` to write one")
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         raise ConfigError(f"cannot read hardware profile {path}: {error}; run `plait calibrate --out FILE` to write "
                           "one") from error
     check_profile_format(data, path)

@@ -54,7 +54,7 @@ def damage(folder: Path) -> str | None:
         expected = record["files"]
     except FileNotFoundError as error:
         return f"{Path(error.filename).name} is missing"
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, RecursionError) as error:
         return f"its record is not readable ({type(error).__name__}: {error})"
     if not isinstance(expected, dict) or step != record.get("step"):
         return f"{STEP_FILE} and {RUN_FILE} disagree"
