@@ -354,7 +354,10 @@ def _contents(root: Path) -> dict[str, bytes | None]:
 
 @pytest.mark.parametrize("flags, expected", [(["--dp", "2", "--global-batch", "5"], "not divisible"),
                                              (["--dry-run", "--lr", "inf"], "lr must be a finite number"),
-                                             (["--dp", "2", "--stall-timeout", "-1"], "stall-timeout must be 0")])
+                                             (["--dp", "2", "--stall-timeout", "-1"], "stall-timeout must be 0"),
+                                             (["--run-dir", ""], "--run-dir is empty"),
+                                             (["--resume-changed"], "--resume-changed only changes how --resume"),
+                                             (["--layers", str(10**9)], "is more than plait builds")])
 def test_command_line_reports_bad_input_without_starting_workers(tmp_path, flags, expected):
     """Refused before torch is imported: well under a second of CPU time."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
