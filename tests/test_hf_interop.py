@@ -164,6 +164,9 @@ class CountingSafeOpen:
                     def get_shape(self):
                         return stored.get_shape()
 
+                    def get_dtype(self):
+                        return stored.get_dtype()
+
                 return Slice()
 
         return Counted()
