@@ -42,7 +42,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "plan": {"errors", "facts", "layout", "models", "paths", "schedules"},
     "topology": {"layout"},
     "sample": {"errors", "models", "tokenizer"},
-    "observe": {"config", "errors", "facts", "layout", "models", "paths", "schedules", "topology"},
+    "observe": {"config", "errors", "facts", "layout", "models", "schedules", "topology"},
     "observe/simulated.py": {"plan"},  # draws the planner's simulated timeline
     # known wrong-way edge: the engine's summary reads the GPU's peak FLOPs for MFU from the planner's
     # catalog (plait.plan.hardware), the only home of device facts; to be removed
@@ -53,7 +53,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     # calibrate times plait's own layers and step (parallel, train) into the planner's hardware profile
     "calibrate": {"config", "errors", "facts", "layout", "models", "parallel", "plan", "topology", "train"},
     # explain sets what a run measured (observe) beside the planner's prediction of it (plan)
-    "explain": {"errors", "facts", "layout", "models", "observe", "plan", "schedules"},
+    "explain": {"errors", "facts", "layout", "models", "observe", "paths", "plan", "schedules"},
     "cli": {"calibrate", "config", "errors", "explain", "facts", "interop", "layout", "models", "observe", "paths",
             "plan", "sample", "schedules", "tokenizer", "train", "version"},
     "__main__": {"cli"},
