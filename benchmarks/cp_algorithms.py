@@ -16,12 +16,13 @@ import argparse
 from benchmarks.common import bench_config, step_times
 from plait.facts.collectives import layer_collectives
 from plait.layout import CP_ALGORITHMS as ALGORITHMS
+from plait.layout import Layout
 from plait.models.spec import model_spec
 
 
 def exchange_bytes(model: str, length: int, batch: int, cp: int, algorithm: str) -> int:
     """Bytes one rank hands the cp exchange of one layer per step, forward and backward, fp32."""
-    calls = layer_collectives(model_spec(model, seq_len=length), batch, length, cp=cp, cp_algorithm=algorithm)
+    calls = layer_collectives(model_spec(model, seq_len=length), Layout(cp=cp, cp_algorithm=algorithm), batch)
     return sum((call.forward + call.backward) * call.handed_bytes for call in calls if call.group == "cp")
 
 

@@ -44,8 +44,7 @@ def test_each_block_copies_to_host_what_it_would_keep(pool, model, precision, la
     config = run_config(model, precision=precision, offload_activations=True, **layout)
     lay = config.layout
     micro_batch = config.train.global_batch // (lay.dp * lay.microbatches)
-    fact = activation_bytes_per_layer(config.model, micro_batch, lay.tp, lay.sp, lay.cp, "none", precision,
-                                      STACKS["plait"], lay.zero, lay.pp, lay.cp_algorithm)
+    fact = activation_bytes_per_layer(config.model, lay, micro_batch, precision, STACKS["plait"])
     for rank in pool.run(offloaded_activation_bytes, layout_world_size(layout), config):
         assert rank == {"moved": [fact] * config.model.layers, "left": 0}
 
@@ -79,7 +78,7 @@ def test_offload_moves_the_layers_activations_from_the_device_to_the_host(stack)
     workload, kept = _gpt2_large(stack, False)
     _, offloaded = _gpt2_large(stack, True)
     spec, layers = workload.spec, workload.spec.layers
-    per_layer = activation_bytes_per_layer(spec, 4, precision="bf16", kernels=workload.kernels)
+    per_layer = activation_bytes_per_layer(spec, Layout(), 4, "bf16", workload.kernels)
     memory, moved = kept.memory_breakdown, offloaded.memory_breakdown
     assert memory["activations"] - moved["activations"] == pytest.approx(layers * per_layer, rel=1e-9)
     assert moved["other"] - memory["other"] == pytest.approx(per_layer, rel=1e-9)
@@ -93,7 +92,7 @@ def test_plaits_offload_adds_the_host_link_both_ways_to_every_layer():
     to cross the host link (PCIe Gen5 on an H100: 50 GB/s) out in forward and back in backward."""
     workload, kept = _gpt2_large("plait", False)
     _, offloaded = _gpt2_large("plait", True)
-    per_layer = activation_bytes_per_layer(workload.spec, 4, precision="bf16", kernels=workload.kernels)
+    per_layer = activation_bytes_per_layer(workload.spec, Layout(), 4, "bf16", workload.kernels)
     copies = 4 * workload.spec.layers * 2 * per_layer / 50e9
     assert offloaded.step_time_s - kept.step_time_s == pytest.approx(copies, rel=1e-6)
 
@@ -103,7 +102,7 @@ def test_megatron_core_hides_offload_copies_under_the_layers_compute():
     workload, kept = _gpt2_large("megatron-core", False)
     _, offloaded = _gpt2_large("megatron-core", True)
     hw, spec = stack_hardware(hardware("h100-sxm"), workload.kernels), workload.spec
-    per_layer = activation_bytes_per_layer(spec, 4, precision="bf16", kernels=workload.kernels)
+    per_layer = activation_bytes_per_layer(spec, Layout(), 4, "bf16", workload.kernels)
     copy = per_layer / 50e9
     times = layer_times(spec, hw, "bf16", 4, kernels=workload.kernels)
     exposed = max(0.0, copy - times.forward) + max(0.0, copy - times.backward)

@@ -111,9 +111,8 @@ def test_the_gather_precedes_the_attention_so_nothing_hides_it():
         cost = layer_cost(spec, hw, layout, 1, "bf16", STACKS["plait"])
         return cost.comm_forward + cost.comm_backward
     for cp in (2, 8):
-        calls = {call.op: call for call in layer_collectives(spec, 1, spec.seq_len, 1, False, cp, "none", 2,
-                                                              cp_algorithm="all-gather")}
         gathered = Layout(cp=cp, cp_algorithm="all-gather")
+        calls = {call.op: call for call in layer_collectives(spec, gathered, 1, 2)}
         # exposed: exactly the gather forward and the fp32 reduce-scatter backward, at the cp group's link
         link = group_link(hw, gathered, "cp")
         blocks = 3 * cp * (RING_STEP_KERNELS - 1) * hw.kernel_overhead_s  # forward, and twice in backward

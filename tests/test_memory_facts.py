@@ -113,8 +113,7 @@ def test_every_rank_keeps_the_shared_activation_fact(saved, index):
     config = run_config(model, precision=precision, **layout)
     lay = config.layout
     micro_batch = config.train.global_batch // (lay.dp * lay.microbatches)
-    fact = activation_bytes_per_layer(config.model, micro_batch, lay.tp, lay.sp, lay.cp, lay.recompute, precision,
-                                      STACKS["plait"], lay.zero, lay.pp, lay.cp_algorithm)
+    fact = activation_bytes_per_layer(config.model, lay, micro_batch, precision, STACKS["plait"])
     assert saved[index] == [[fact] * len(blocks) for blocks in saved[index]]
 
 
@@ -129,8 +128,7 @@ def test_a_pipeline_stage_under_zero_1_keeps_bf16_activations_and_no_weight_copi
     batch = config.train.global_batch // lay.dp  # the probe runs a data-parallel rank's whole batch at once
 
     def fact(zero: int) -> float:
-        return activation_bytes_per_layer(config.model, batch, lay.tp, lay.sp, lay.cp, lay.recompute, "bf16",
-                                          STACKS["plait"], zero, lay.pp, lay.cp_algorithm)
+        return activation_bytes_per_layer(config.model, replace(lay, zero=zero), batch, "bf16", STACKS["plait"])
 
     saved = pool.run(saved_activation_bytes, layout_world_size(layout), config)
     assert saved == [[fact(1)] * len(blocks) for blocks in saved] and fact(1) < fact(0)
@@ -145,8 +143,8 @@ def test_under_recompute_layers_the_first_blocks_of_a_chunk_keep_only_their_inpu
     modes = block_recompute(config.model, lay)
     assert modes == ("full", "full", "none", "none")
     micro_batch = config.train.global_batch // (lay.dp * lay.microbatches)
-    facts = [activation_bytes_per_layer(config.model, micro_batch, lay.tp, lay.sp, lay.cp, mode, "fp32", STACKS["plait"],
-                                        lay.zero, lay.pp, lay.cp_algorithm) for mode in modes]
+    facts = [activation_bytes_per_layer(config.model, replace(lay, recompute=mode), micro_batch, "fp32", STACKS["plait"])
+             for mode in modes]
     assert pool.run(saved_activation_bytes, 1, config)[0] == facts
 
 
@@ -181,9 +179,7 @@ def test_the_planner_predicts_plaits_own_figures(model, precision, layout):
     counts = tuple(len(r) for r in split_layers(spec, lay.pp, lay.virtual_stages, lay.stage_layers))
 
     def per_layer(mode: str) -> int:
-        return sum(saved_bytes_per_layer(spec, micro_batch, spec.seq_len, lay.tp, lay.sp, lay.cp, mode, precision,
-                                         autocast_copies_weights(precision, lay.zero, lay.pp), lay.zero == 3 and lay.pp == 1,
-                                         lay.cp_algorithm).values())
+        return sum(saved_bytes_per_layer(spec, replace(lay, recompute=mode), micro_batch, precision).values())
 
     layers = [sum(n * per_layer(mode) for mode, n in chunk_recompute(lay, blocks)) for blocks in counts]
     chunks = chunk_activation_bytes(workload, lay, micro_batch, counts)

@@ -59,12 +59,11 @@ def test_parallel_block_keeps_and_sends_what_the_facts_say(pool, model, precisio
     world = layout_world_size(layout)
     saved = pool.run(saved_activation_bytes, world, config)[0]
     lay = config.layout
-    fact = activation_bytes_per_layer(config.model, 2, lay.tp, lay.sp, lay.cp, lay.recompute, precision, STACKS["plait"],
-                                      lay.zero, lay.pp, lay.cp_algorithm)
+    fact = activation_bytes_per_layer(config.model, lay, 2, precision, STACKS["plait"])
     assert saved == [fact] * config.model.layers
     if precision == "fp32":
         measured = pool.run(layer_costs, world, config)[0]
-        assert measured["bytes"] == collective_bytes_per_layer(config.model, 2, config.model.seq_len, **layout)
+        assert measured["bytes"] == collective_bytes_per_layer(config.model, lay, 2)
 
 
 @pytest.mark.parametrize("model", MODELS)

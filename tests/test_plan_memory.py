@@ -45,33 +45,33 @@ REFERENCE = STACKS["megatron"]  # fused kernels, flash attention: Korthikanti's 
 @pytest.mark.parametrize("b", [1, 4])
 def test_korthikanti_equation_1_no_parallelism(b):
     s, h, a = GPT3.seq_len, GPT3.hidden, GPT3.heads
-    assert activation_bytes_per_layer(GPT3, b, kernels=PAPER) == pytest.approx(s * b * h * (34 + 5 * a * s / h))
+    assert activation_bytes_per_layer(GPT3, Layout(), b, kernels=PAPER) == pytest.approx(s * b * h * (34 + 5 * a * s / h))
 
 
 @pytest.mark.parametrize("t", [2, 4, 8])
 def test_korthikanti_equation_2_tensor_parallel(t):
     s, b, h, a = GPT3.seq_len, 1, GPT3.hidden, GPT3.heads
     expected = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
-    assert activation_bytes_per_layer(GPT3, b, tp=t, kernels=PAPER) == pytest.approx(expected)
+    assert activation_bytes_per_layer(GPT3, Layout(tp=t), b, kernels=PAPER) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("t", [2, 8])
 def test_korthikanti_equation_4_tensor_and_sequence_parallel(t):
     s, b, h, a = GPT3.seq_len, 2, GPT3.hidden, GPT3.heads
     expected = s * b * h / t * (34 + 5 * a * s / h)
-    assert activation_bytes_per_layer(GPT3, b, tp=t, sp=True, kernels=PAPER) == pytest.approx(expected)
+    assert activation_bytes_per_layer(GPT3, Layout(tp=t, sp=True), b, kernels=PAPER) == pytest.approx(expected)
 
 
 def test_korthikanti_selective_recompute_keeps_34_sbh_over_t():
     s, b, h, t = GPT3.seq_len, 1, GPT3.hidden, 8
-    got = activation_bytes_per_layer(GPT3, b, tp=t, sp=True, recompute="selective", kernels=PAPER)
+    got = activation_bytes_per_layer(GPT3, Layout(tp=t, sp=True, recompute="selective"), b, kernels=PAPER)
     assert got == pytest.approx(34 * s * b * h / t)
 
 
 def test_korthikanti_full_recompute_keeps_the_layer_input():
     s, b, h, t = GPT3.seq_len, 1, GPT3.hidden, 8
-    assert activation_bytes_per_layer(GPT3, b, tp=t, recompute="full", kernels=PAPER) == pytest.approx(2 * s * b * h)
-    assert activation_bytes_per_layer(GPT3, b, tp=t, sp=True, recompute="full", kernels=PAPER) == pytest.approx(2 * s * b * h / t)
+    assert activation_bytes_per_layer(GPT3, Layout(tp=t, recompute="full"), b, kernels=PAPER) == pytest.approx(2 * s * b * h)
+    assert activation_bytes_per_layer(GPT3, Layout(tp=t, sp=True, recompute="full"), b, kernels=PAPER) == pytest.approx(2 * s * b * h / t)
 
 
 def test_grouped_query_attention_saves_only_the_smaller_keys_and_values():
@@ -79,7 +79,8 @@ def test_grouped_query_attention_saves_only_the_smaller_keys_and_values():
     mha = ModelSpec("llama", 2, 4096, 32, 32, 14336, 1000, 4096, tie_embeddings=False)
     gqa = ModelSpec("llama", 2, 4096, 32, 8, 14336, 1000, 4096, tie_embeddings=False)
     s, b, t = 4096, 1, 4
-    saved = activation_bytes_per_layer(mha, b, tp=t, kernels=REFERENCE) - activation_bytes_per_layer(gqa, b, tp=t, kernels=REFERENCE)
+    saved = (activation_bytes_per_layer(mha, Layout(tp=t), b, kernels=REFERENCE)
+             - activation_bytes_per_layer(gqa, Layout(tp=t), b, kernels=REFERENCE))
     assert saved == pytest.approx(2 * 2 * s * b * (4096 - 8 * 128) / t)
 
 
@@ -91,7 +92,8 @@ def test_swiglu_saves_three_ffn_wide_tensors_fused_and_four_unfused_where_gelu_s
     s, b, f = 1024, 1, 4096
     # Same attention (no dropout, flash), so the whole difference is the MLP's extra ffn-wide tensors.
     for kernels, extra in ((REFERENCE, 1), (replace(REFERENCE, fused=False), 2)):
-        difference = activation_bytes_per_layer(swiglu, b, kernels=kernels) - activation_bytes_per_layer(gelu, b, kernels=kernels)
+        difference = (activation_bytes_per_layer(swiglu, Layout(), b, kernels=kernels)
+                      - activation_bytes_per_layer(gelu, Layout(), b, kernels=kernels))
         assert difference == pytest.approx(extra * 2 * s * b * f)
 
 
@@ -293,7 +295,7 @@ def test_the_block_being_replayed_holds_what_a_kept_block_would(stack, recompute
     zero = 1 if stack == "megatron" else 0
     hw = hardware("h100-sxm", memory_bytes=10**15)
     layout = Layout(dp=4, pp=2, zero=zero, recompute=recompute, microbatches=4, stage_layers=(24, 8))
-    kept, whole = (activation_bytes_per_layer(spec, 1, recompute=mode, kernels=kernels, zero=zero, pp=2)
+    kept, whole = (activation_bytes_per_layer(spec, Layout(pp=2, zero=zero, recompute=mode), 1, kernels=kernels)
                    for mode in (recompute, "none"))
     first = evaluate(Workload(spec, 16, "bf16", kernels), hw, 8, layout).memory_breakdown["activations"]
     assert whole > kept
@@ -307,7 +309,7 @@ def test_the_last_stage_frees_its_logits_before_any_block_replays_and_a_kept_blo
     free more than any replay needs."""
     spec, kernels, hw = model_spec("llama-8b"), STACKS["plait"], hardware("h100-sxm", memory_bytes=10**15)
     workload = Workload(spec, 8, "bf16", kernels)
-    whole, kept = (activation_bytes_per_layer(spec, 1, recompute=mode, kernels=kernels) for mode in ("none", "full"))
+    whole, kept = (activation_bytes_per_layer(spec, Layout(recompute=mode), 1, kernels=kernels) for mode in ("none", "full"))
     head = head_activation_bytes(spec, 1, 1, False, 1, "bf16", kernels)
     for layout, blocks in ((Layout(dp=8, recompute="full"), kept * spec.layers),
                            (Layout(dp=8, recompute="full", recompute_layers=20), kept * 20 + whole * 12)):

@@ -25,7 +25,7 @@ def _backward_tp_seconds(hw, layout) -> float:
     """The backward's own all-reduces (not a recomputed forward's), as the facts list them."""
     link = group_link(hw, layout, "tp")
     return sum(call.backward * all_reduce_seconds(call.tensor_bytes, call.size, link)
-               for call in layer_collectives(SPEC, 1, SPEC.seq_len, 8, element_bytes=2) if call.group == "tp")
+               for call in layer_collectives(SPEC, LAYOUT, 1, element_bytes=2) if call.group == "tp")
 
 
 @pytest.mark.parametrize("intra_gbps", [600, 5])  # NVLink, and a link so slow the matmuls cannot hide it
@@ -47,7 +47,7 @@ def test_plaits_own_layers_keep_the_backward_all_reduce_on_the_critical_path():
     plait = layer_cost(SPEC, hw, LAYOUT, 1, "bf16", STACKS["plait"])
     times = plait.times
     stream = residual_stream_bytes("bf16", LAYOUT.zero, LAYOUT.pp, STACKS["plait"])
-    calls = layer_collectives(SPEC, 1, SPEC.seq_len, 8, element_bytes=2, stream_bytes=stream)
+    calls = layer_collectives(SPEC, LAYOUT, 1, element_bytes=2, stream_bytes=stream)
     assert stream == FP32 and {call.tensor_bytes for call in calls if call.input_gradient} == {SPEC.seq_len * SPEC.hidden * FP32}
     assert plait.comm_backward == pytest.approx(sum(
         call.backward * all_reduce_seconds(call.tensor_bytes, call.size, group_link(hw, LAYOUT, "tp"))

@@ -45,7 +45,7 @@ def test_each_tensor_parallel_rank_holds_the_parameters_the_planner_counts(name,
             # whole wk and wv: each backward sums their whole gradient over tp, as the facts list it
             attention = model.layers["0"].attention
             whole = local_elements(attention.wk) + local_elements(attention.wv)
-            summed = [c.handed_bytes for c in layer_collectives(spec, 1, spec.seq_len, tp, stream_bytes=4)
+            summed = [c.handed_bytes for c in layer_collectives(spec, Layout(tp=tp), 1, stream_bytes=4)
                       if (c.op, c.forward, c.backward) == ("all_reduce", 0, 1)]
             assert summed == ([4 * whole] if kv_heads_whole(spec, tp) else [])
         finally:

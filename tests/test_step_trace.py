@@ -200,7 +200,7 @@ def test_context_collectives_carry_the_analytic_bytes(pool, tmp_path, layout, op
     """Per step: every layer's collective bytes (plait.facts.collectives); only the layers exchange over cp."""
     traces = pool.run(traced_run, layout_world_size(layout), run_config("tiny", steps=2, **layout), str(tmp_path))[0][0]
     spec = model_spec("tiny", seq_len=64)
-    per_layer = collective_bytes_per_layer(spec, 8, 64, **layout)[op]
+    per_layer = collective_bytes_per_layer(spec, Layout(**layout), 8)[op]
     for rank in traces:
         record = rank["steps"][-1]
         measured = sum(t["bytes"] for t in record["transfers"] if t["group"] == "cp" and t["op"] == op)
@@ -214,7 +214,7 @@ def test_tensor_collectives_of_a_whole_step_carry_the_analytic_bytes(pool, tmp_p
     of the model's two ends (embedding, head, the final norm's gradient sum under sp)."""
     traces = pool.run(traced_run, layout_world_size(layout), run_config("tiny", steps=2, **layout), str(tmp_path))[0][0]
     spec, batch = model_spec("tiny", seq_len=64), 8 // layout.get("dp", 1)
-    per_layer = collective_bytes_per_layer(spec, batch, 64, tp=2, sp=layout.get("sp", False))
+    per_layer = collective_bytes_per_layer(spec, Layout(tp=2, sp=layout.get("sp", False)), batch)
     ends = outside_layer_collective_bytes(spec, batch, 64, tp=2, sp=layout.get("sp", False))
     expected = {op: spec.layers * per_layer.get(op, 0) + ends.get(op, 0) for op in {*per_layer, *ends}}
     for rank in traces:

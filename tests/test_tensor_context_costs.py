@@ -7,6 +7,7 @@ import pytest
 
 from plait.facts.activations import saved_bytes_per_layer
 from plait.facts.collectives import collective_bytes_per_layer, outside_layer_collective_bytes
+from plait.layout import Layout
 from plait.models.spec import model_spec
 from tests.cases import run_config
 from tests.probes import layer_costs
@@ -59,7 +60,7 @@ def measured(pool):
 @pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
 @pytest.mark.parametrize("index", range(len(LAYOUTS)), ids=[str(layout) for layout in LAYOUTS])
 def test_collective_bytes_per_layer_match_analytic(measured, model, index):
-    expected = collective_bytes_per_layer(model_spec(model, seq_len=SEQ), BATCH, SEQ, **LAYOUTS[index])
+    expected = collective_bytes_per_layer(model_spec(model, seq_len=SEQ), Layout(**LAYOUTS[index]), BATCH)
     assert measured[model, index]["bytes"] == expected
 
 
@@ -75,7 +76,7 @@ def test_collective_bytes_outside_the_layers_match_analytic(measured, model, ind
 @pytest.mark.parametrize("model", ["tiny", "tiny-llama"])
 @pytest.mark.parametrize("index", range(len(LAYOUTS)), ids=[str(layout) for layout in LAYOUTS])
 def test_saved_activation_bytes_per_layer_match_analytic(measured, model, index):
-    expected = saved_bytes_per_layer(model_spec(model, seq_len=SEQ), BATCH, SEQ, **LAYOUTS[index])
+    expected = saved_bytes_per_layer(model_spec(model, seq_len=SEQ), Layout(**LAYOUTS[index]), BATCH)
     assert measured[model, index]["saved"] == sum(expected.values())
 
 
@@ -84,7 +85,7 @@ def test_saved_activation_bytes_per_layer_match_analytic(measured, model, index)
 def test_sequence_parallel_divides_the_norm_region_by_tp(measured, model, tp):
     """All that sp changes in saved memory is the norm region, which it divides by tp."""
     plain, sharded = LAYOUTS.index({"tp": tp}), LAYOUTS.index({"tp": tp, "sp": True})
-    norms = saved_bytes_per_layer(model_spec(model, seq_len=SEQ), BATCH, SEQ, tp=tp)["norms"]
+    norms = saved_bytes_per_layer(model_spec(model, seq_len=SEQ), Layout(tp=tp), BATCH)["norms"]
     assert norms > 0
     assert measured[model, plain]["saved"] - measured[model, sharded]["saved"] == norms - norms // tp
 

@@ -15,9 +15,11 @@ score matrices.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from plait.facts.model_state import padded_vocab
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
-from plait.layout import ZIGZAG_ALGORITHMS
+from plait.layout import ZIGZAG_ALGORITHMS, Layout
 from plait.models.flops import block_norms, kept_linears, kv_heads_per_rank, linear_shapes
 from plait.models.spec import ModelSpec
 
@@ -27,42 +29,29 @@ FP32 = 4
 BF16 = 2
 
 
-def activation_bytes_per_layer(
-    spec: ModelSpec,
-    micro_batch: int,
-    tp: int = 1,
-    sp: bool = False,
-    cp: int = 1,
-    recompute: str = "none",
-    precision: str = "bf16",
-    kernels: Kernels = STACKS[DEFAULT_STACK],
-    zero: int = 0,
-    pp: int = 1,
-    cp_algorithm: str = "all-to-all",
-) -> float:
+def activation_bytes_per_layer(spec: ModelSpec, layout: Layout, micro_batch: int, precision: str = "bf16",
+                               kernels: Kernels = STACKS[DEFAULT_STACK]) -> float:
     """Activation bytes one transformer layer keeps for one micro-batch on one rank, on ``kernels``' stack.
 
-    plait's own kernels (``plait_engine``): what plait's engine keeps (``saved_bytes_per_layer``;
-    ``zero`` and ``pp`` decide whether bf16 autocast keeps bf16 copies of the layer's weights).
-    A reference stack: Korthikanti et al.'s count (``korthikanti_bytes_per_layer``).
+    Of ``layout`` it reads tp, sp, cp, the recomputation and the cp algorithm, and, for plait's own
+    kernels (``plait_engine``), the ZeRO stage and pp, which decide whether bf16 autocast keeps bf16
+    copies of the layer's weights (``saved_bytes_per_layer``). A reference stack: Korthikanti et al.'s
+    count (``korthikanti_bytes_per_layer``).
     """
     if kernels.plait_engine:
-        copies = autocast_copies_weights(precision, zero, pp)
-        return sum(saved_bytes_per_layer(spec, micro_batch, spec.seq_len, tp, sp, cp, recompute, precision,
-                                         copies, zero == 3 and pp == 1, cp_algorithm).values())
-    return korthikanti_bytes_per_layer(spec, micro_batch, tp, sp, cp, recompute, precision, kernels)
+        return sum(saved_bytes_per_layer(spec, layout, micro_batch, precision).values())
+    return korthikanti_bytes_per_layer(spec, layout, micro_batch, precision, kernels)
 
 
-def recompute_working_bytes(spec: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False, cp: int = 1,
-                            recompute: str = "none", precision: str = "bf16", kernels: Kernels = STACKS[DEFAULT_STACK],
-                            zero: int = 0, pp: int = 1, cp_algorithm: str = "all-to-all") -> float:
+def recompute_working_bytes(spec: ModelSpec, layout: Layout, micro_batch: int, precision: str = "bf16",
+                            kernels: Kernels = STACKS[DEFAULT_STACK]) -> float:
     """What one recomputed block holds beyond what it kept while its backward runs: its replayed
     forward brings back every tensor a block without recomputation saves. Nothing without
     recomputation."""
-    if recompute == "none":
+    if layout.recompute == "none":
         return 0.0
-    kept, whole = (activation_bytes_per_layer(spec, micro_batch, tp, sp, cp, mode, precision, kernels, zero, pp, cp_algorithm)
-                   for mode in (recompute, "none"))
+    kept = activation_bytes_per_layer(spec, layout, micro_batch, precision, kernels)
+    whole = activation_bytes_per_layer(spec, replace(layout, recompute="none"), micro_batch, precision, kernels)
     return max(0.0, whole - kept)
 
 
@@ -91,11 +80,12 @@ def held_between_passes(saved: float, offload: bool) -> float:
     return 0.0 if offload else saved
 
 
-def korthikanti_bytes_per_layer(spec: ModelSpec, micro_batch: int, tp: int = 1, sp: bool = False, cp: int = 1,
-                                recompute: str = "none", precision: str = "bf16", kernels: Kernels = Kernels()) -> float:
+def korthikanti_bytes_per_layer(spec: ModelSpec, layout: Layout, micro_batch: int, precision: str = "bf16",
+                                kernels: Kernels = Kernels()) -> float:
     """Korthikanti et al.'s activation bytes of one layer, one micro-batch, one rank, on fused kernels;
     under ``op`` what torchtitan's per-operation policy keeps (``op_recompute_bytes``: its ring
     context parallelism dispatches the attention kernel, which is kept, and exchanges no heads)."""
+    tp, sp, cp, recompute = layout.tp, layout.sp, layout.cp, layout.recompute
     e = ACTIVATION_BYTES[precision]
     s = spec.seq_len // cp
     tokens = s * micro_batch
@@ -106,8 +96,7 @@ def korthikanti_bytes_per_layer(spec: ModelSpec, micro_batch: int, tp: int = 1, 
     if recompute == "full":
         return tokens * h * e / replicated_split
     if recompute == "op":
-        return sum(op_recompute_bytes(spec, tokens, tp, sp, cp, e, tokens * h * e // replicated_split,
-                                      kernel_attention=True, cp_exchanges=False).values())
+        return sum(op_recompute_bytes(spec, layout, tokens, e, tokens * h * e // replicated_split, kernels).values())
     # The norm inputs, the QKV input and the MLP input: four, or two where one norm feeds both side by side.
     replicated = tokens * h * 2 * block_norms(spec) * e
     if kernels.dropout:
@@ -189,14 +178,19 @@ def op_keeps_attention(kernels: Kernels, cp: int, cp_algorithm: str) -> bool:
     return not (kernels.plait_engine and cp > 1 and cp_algorithm in ZIGZAG_ALGORITHMS)
 
 
-def op_recompute_bytes(spec: ModelSpec, tokens: int, tp: int, sp: bool, cp: int, e: int, input_bytes: int,
-                       kernel_attention: bool, cp_exchanges: bool) -> dict[str, int]:
-    """What ``--recompute op`` keeps of one layer (plait.parallel.recompute's policy, torchtitan's):
-    the block's input; the outputs of the matmuls it keeps (plait.models.flops.kept_linears),
-    each its rank's width; the attention kernel's output and fp32 log-sum-exp when attention is one
-    kernel (``kernel_attention``; plait's ring and all-gather run many, all recomputed); the head exchange's four
-    all-to-all results (q, k and v expanded to the query heads, and the output) under all-to-all
-    context parallelism; and sequence parallelism's two reduce-scatter results."""
+def op_recompute_bytes(spec: ModelSpec, layout: Layout, tokens: int, e: int, input_bytes: int,
+                       kernels: Kernels) -> dict[str, int]:
+    """What ``--recompute op`` keeps of one layer (plait.parallel.recompute's policy, torchtitan's) of
+    ``tokens`` tokens, ``e`` bytes a value: the block's input (``input_bytes``); the outputs of the
+    matmuls it keeps (plait.models.flops.kept_linears), each its rank's width; the attention kernel's
+    output and fp32 log-sum-exp when attention is one kernel (``op_keeps_attention``; plait's ring and
+    all-gather run many, all recomputed); under plait's all-to-all context parallelism the head
+    exchange's four results (q, k and v expanded to the query heads, and the output; a reference
+    stack's ring dispatches the attention kernel and exchanges no heads); and sequence parallelism's
+    two reduce-scatter results."""
+    tp, sp, cp = layout.tp, layout.sp, layout.cp
+    kernel_attention = op_keeps_attention(kernels, cp, layout.cp_algorithm)
+    cp_exchanges = kernels.plait_engine and layout.cp_algorithm == "all-to-all"
     shapes = linear_shapes(spec, tp)
     stream = tokens * spec.hidden // tp  # one rank's share of a hidden-width tensor
     heads = spec.heads // tp
@@ -209,11 +203,9 @@ def op_recompute_bytes(spec: ModelSpec, tokens: int, tp: int, sp: bool, cp: int,
     }
 
 
-def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,
-                          cp: int = 1, recompute: str = "none", precision: str = "fp32",
-                          weight_copies: bool | None = None, fsdp_inputs: bool = False,
-                          cp_algorithm: str = "all-to-all") -> dict[str, int]:
-    """Bytes one layer keeps for backward, by region, as plait's model and kernels keep them.
+def saved_bytes_per_layer(spec: ModelSpec, layout: Layout, micro_batch: int, precision: str = "fp32") -> dict[str, int]:
+    """Bytes one layer keeps for backward, by region, as plait's model and kernels keep them, for one
+    micro-batch of ``micro_batch`` sequences on a rank of ``layout``.
 
     Korthikanti et al. 2022 count sbh(10 + 24/t + 5as/ht) bytes (half precision, dropout, attention
     scores kept); here, without dropout, with a fused attention kernel that keeps one softmax
@@ -236,14 +228,15 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     - MLP (sharded), in the activation precision: GELU input and output; SwiGLU w1, silu(w1), w3
       outputs and their product;
     - rotary tables (Llama), fp32: cos and sin of the positions, s·head_dim/2 each;
-    - weights (bf16 autocast over fp32 weights, ``weight_copies``; by default whenever bf16):
-      the bf16 copy of every weight matrix each linear multiplies by (``layer_weight_elements``).
+    - weights (bf16 autocast over fp32 weights, ``autocast_copies_weights``: ZeRO 0, and ZeRO-3 on
+      a pipeline stage): the bf16 copy of every weight matrix each linear multiplies by
+      (``layer_weight_elements``).
 
-    bf16 without ``weight_copies`` (bf16 weights: ZeRO 1–2, and ZeRO-3 without stages) runs the whole
+    bf16 without weight copies (bf16 weights: ZeRO 1–2, and ZeRO-3 without stages) runs the whole
     layer in bf16: the fp32 layout at 2 bytes a value, residual stream and block input included, save
     the fp32 log-sum-exp, the rotary tables (buffers stay fp32) and RMSNorm, which works on an fp32
     copy of its input (LayerNorm stays in bf16). Under ZeRO-3 without stages
-    (``fsdp_inputs``) FSDP2's mixed precision casts the block's inputs to bf16, the rotary tables
+    FSDP2's mixed precision casts the block's inputs to bf16, the rotary tables
     among them.
 
     ``selective`` recomputation keeps the attention core's inputs q, k, v (k, v with their kv-heads:
@@ -252,21 +245,19 @@ def saved_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp
     the block's input, the fp32 residual stream (a sequence shard under sp). The rotary tables a
     recomputed block reads stay alive through its arguments, once for all blocks, unsaved.
     """
+    tp, sp, cp, recompute, cp_algorithm = layout.tp, layout.sp, layout.cp, layout.recompute, layout.cp_algorithm
     e = ACTIVATION_BYTES[precision]
-    if weight_copies is None:
-        weight_copies = precision == "bf16"
-    autocast = precision == "bf16" and weight_copies
+    autocast = autocast_copies_weights(precision, layout.zero, layout.pp)
+    fsdp_inputs = layout.zero == 3 and layout.pp == 1
     stream = FP32 if precision == "fp32" or autocast else BF16  # residual stream and norms
-    s, b, h, f = seq // cp, batch, spec.hidden, spec.ffn_hidden
+    s, b, h, f = spec.seq_len // cp, micro_batch, spec.hidden, spec.ffn_hidden
     heads = spec.heads // tp
     sbh = s * b * h
     block_input = (sbh // tp if sp else sbh) * stream
     if recompute == "full":
         return {"block_input": block_input}
     if recompute == "op":
-        return op_recompute_bytes(spec, s * b, tp, sp, cp, e, block_input,
-                                  kernel_attention=op_keeps_attention(STACKS["plait"], cp, cp_algorithm),
-                                  cp_exchanges=cp_algorithm == "all-to-all")
+        return op_recompute_bytes(spec, layout, s * b, e, block_input, STACKS["plait"])
     layernorm = spec.norm_kind == "layernorm"
     norms = block_norms(spec) * ((sbh + 2 * s * b) if layernorm else (2 * sbh + s * b))
     relaid = (spec.rotary_positions or cp > 1) and heads > 1

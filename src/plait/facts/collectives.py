@@ -45,11 +45,10 @@ class Collective:
         return self.tensor_bytes // self.size if self.op == "all_gather" else self.tensor_bytes
 
 
-def layer_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False, cp: int = 1,
-                      recompute: str = "none", element_bytes: int = FP32,
-                      recompute_whole_forward: bool = False, cp_algorithm: str = "all-to-all",
-                      stream_bytes: int | None = None) -> tuple[Collective, ...]:
-    """The tensor- and context-parallel collectives of one layer and micro-batch on one rank.
+def layer_collectives(spec: ModelSpec, layout: Layout, micro_batch: int, element_bytes: int = FP32,
+                      stream_bytes: int | None = None, recompute_whole_forward: bool = False) -> tuple[Collective, ...]:
+    """The tensor- and context-parallel collectives of one layer and micro-batch on one rank of
+    ``layout`` (its tp, sp, cp, cp algorithm and recomputation).
 
     Tensor parallel: an all-reduce after wo and after w2 forward, and of the input gradients of
     attention and MLP backward; with sp each becomes an all-gather before and a reduce-scatter after
@@ -75,6 +74,8 @@ def layer_collectives(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bo
     column-parallel linears read (sp's gather of their input, the reduction of its gradient): fp32
     under bf16 autocast over fp32 weights (plait.facts.activations.residual_stream_bytes).
     """
+    tp, sp, cp, recompute, cp_algorithm = layout.tp, layout.sp, layout.cp, layout.recompute, layout.cp_algorithm
+    batch, seq = micro_batch, spec.seq_len
     stream = batch * (seq // cp) * spec.hidden * element_bytes  # the residual stream this rank holds, whole over tp
     read = batch * (seq // cp) * spec.hidden * (stream_bytes or element_bytes)  # as the column-parallel linears read it
     full = recompute == "full"
@@ -162,8 +163,7 @@ def outside_layer_collective_bytes(spec: ModelSpec, batch: int, seq: int, tp: in
     return volumes
 
 
-def collective_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 1, sp: bool = False,
-                               cp: int = 1, recompute: str = "none", cp_algorithm: str = "all-to-all") -> dict[str, int]:
+def collective_bytes_per_layer(spec: ModelSpec, layout: Layout, micro_batch: int) -> dict[str, int]:
     """Bytes each rank hands each collective per layer and step (forward, backward, gradient sync),
     in plait's fp32 model: ``layer_collectives`` plus the tp sum of the norms' gradients under sp
     (the cp ranks' gradient average is the data-parallel reduction's, over dp·cp)."""
@@ -173,9 +173,9 @@ def collective_bytes_per_layer(spec: ModelSpec, batch: int, seq: int, tp: int = 
         if count:
             volumes[name] = volumes.get(name, 0) + count
 
-    for call in layer_collectives(spec, batch, seq, tp, sp, cp, recompute, cp_algorithm=cp_algorithm):
+    for call in layer_collectives(spec, layout, micro_batch):
         add(call.op, (call.forward + call.backward) * call.handed_bytes)
-    add("all_reduce", norm_gradient_elements(spec, 1, False, tp, sp) * FP32)
+    add("all_reduce", norm_gradient_elements(spec, 1, False, layout.tp, layout.sp) * FP32)
     return volumes
 
 

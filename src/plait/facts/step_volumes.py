@@ -14,6 +14,7 @@ the same step on every rank; tests require the two equal for every layout of the
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from plait.facts.activations import ACTIVATION_BYTES, residual_stream_bytes
 from plait.facts.collectives import (
@@ -67,8 +68,7 @@ def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank
     tp, sp, cp, seq = layout.tp, layout.sp, layout.cp, spec.seq_len
     e, stream = ACTIVATION_BYTES[precision], residual_stream_bytes(precision, layout.zero, layout.pp, STACKS["plait"])
     calls = [(call, blocks) for mode, blocks in rank_recompute(spec, layout, pp_rank).items()
-             for call in layer_collectives(spec, micro_batch, seq, tp, sp, cp, mode, e, cp_algorithm=layout.cp_algorithm,
-                                           stream_bytes=stream)]
+             for call in layer_collectives(spec, replace(layout, recompute=mode), micro_batch, e, stream)]
     calls += [(call, 1) for call in (embedding_collectives(spec, micro_batch, seq, tp, sp, cp, stream) if first else ())]
     calls += [(call, 1) for call in (head_collectives(spec, micro_batch, seq, tp, sp, cp, stream) if last else ())]
     for call, count in calls:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from plait.facts.activations import ACTIVATION_BYTES, residual_stream_bytes
+from plait.facts.activations import ACTIVATION_BYTES, activation_bytes_per_layer, residual_stream_bytes
 from plait.facts.collectives import (Collective, boundary_split_over_tp, embedding_collectives, head_collectives,
                                      layer_collectives, stage_boundary_bytes)
 from plait.facts.recompute import chunk_recompute
@@ -23,7 +23,6 @@ from plait.plan.comm import (
 from plait.plan.compute import (NO_OVERHEAD, UNSCALED, Gemm, LayerTimes, end_pass_seconds, gemm_seconds, head_times,
                                 layer_shape, layer_times)
 from plait.plan.hardware import Hardware, HostOverhead
-from plait.plan.memory import layer_saved_bytes
 from plait.plan.zero3 import first_gather, zero3_exposed, zero3_layer_seconds
 
 # torch.sum over the 2–8 stacked partial outputs of a fused matmul + reduce-scatter is bound by its
@@ -101,7 +100,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
         times = replace(times, forward=times.forward + wrappers.layer_forward,
                         backward_input=times.backward_input + wrappers.layer_backward)
     if layout.offload_activations:
-        times = with_offload_copies(times, layer_saved_bytes(spec, layout, micro_batch, precision, kernels)
+        times = with_offload_copies(times, activation_bytes_per_layer(spec, layout, micro_batch, precision, kernels)
                                     / hw.host_link_bytes_per_s, kernels)
     e = ACTIVATION_BYTES[precision]
     # The calls plait.facts lists: tensor-parallel collectives, the all-to-all head exchange and the
@@ -114,8 +113,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     windows = None  # the matmuls a fused collective runs inside (fused_windows), when any is fused
     stream = residual_stream_bytes(precision, layout.zero, layout.pp, kernels)
     links = {}  # a group's link, found once for its several calls
-    for call in layer_collectives(spec, micro_batch, spec.seq_len, layout.tp, layout.sp, layout.cp, layout.recompute,
-                                  e, kernels.recompute_whole_forward, layout.cp_algorithm, stream):
+    for call in layer_collectives(spec, layout, micro_batch, e, stream, kernels.recompute_whole_forward):
         if call.group not in links:
             links[call.group] = group_link(hw, layout, call.group)
         link = links[call.group]

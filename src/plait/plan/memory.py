@@ -49,7 +49,7 @@ def other_bytes(
     """
     extra = reserved
     if layout.offload_activations:  # the block running has its saved bytes on the device
-        extra += layer_saved_bytes(spec, layout, micro_batch, precision, kernels)
+        extra += activation_bytes_per_layer(spec, layout, micro_batch, precision, kernels)
     if layout.pp > 1:  # one send and one receive buffer
         extra += 2 * stage_boundary_bytes(spec, layout, micro_batch, precision, kernels)
     if layout.zero == 3:
@@ -61,9 +61,3 @@ def other_bytes(
     if layout.grad_compression == "powersgd":  # no tp, no pp: the rank holds the whole model
         extra += rank_parameters(spec, spec.layers, True, True, 1) * communicated_bytes(layout, precision, kernels)[0]
     return extra
-
-
-def layer_saved_bytes(spec: ModelSpec, layout: Layout, micro_batch: int, precision: str, kernels: Kernels) -> float:
-    """What one block saves for backward under ``layout``'s own recomputation, on ``kernels``' stack."""
-    return activation_bytes_per_layer(spec, micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, precision,
-                                      kernels, layout.zero, layout.pp, layout.cp_algorithm)

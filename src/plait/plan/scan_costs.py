@@ -159,11 +159,11 @@ class LayoutCosts:
         for rc in self.costed:
             key = (tp, sp, cp, rc, mbs, weights, algorithm)
             if key not in cached:
-                zero, pp = layout.zero, layout.pp
+                recomputing = replace(layout, recompute=rc)
                 cached[key] = (
-                    held_between_passes(activation_bytes_per_layer(spec, mbs, tp, sp, cp, rc, precision, kernels,
-                                                                   zero, pp, algorithm), layout.offload_activations),
-                    recompute_working_bytes(spec, mbs, tp, sp, cp, rc, precision, kernels, zero, pp, algorithm))
+                    held_between_passes(activation_bytes_per_layer(spec, recomputing, mbs, precision, kernels),
+                                        layout.offload_activations),
+                    recompute_working_bytes(spec, recomputing, mbs, precision, kernels))
             held[rc], working[rc] = cached[key]
         return held, working
 

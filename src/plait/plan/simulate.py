@@ -33,7 +33,7 @@ from plait.plan.comm import (
 from plait.plan.compute import gradient_seconds, optimizer_seconds
 from plait.plan.costs import chunk_costs, stage_boundaries, wrapper_overhead
 from plait.plan.hardware import Hardware, stack_hardware
-from plait.plan.memory import RankMemory, layer_saved_bytes, other_bytes
+from plait.plan.memory import RankMemory, other_bytes
 from plait.plan.pipeline import play
 from plait.schedules import schedule_spec, split_layers
 
@@ -95,8 +95,7 @@ def stage_memory(workload: Workload, hw: Hardware, layout: Layout, micro_batch: 
     other = other_bytes(spec, layout, micro_batch, precision, hw.reserved_bytes, kernels)
     loss = loss_backward_bytes(spec, micro_batch, layout.tp, layout.cp, kernels, precision) if last else 0.0
     head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision, kernels) if last else 0.0
-    working = recompute_working_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, layout.recompute, precision,
-                                      kernels, layout.zero, layout.pp, layout.cp_algorithm) if layers else 0.0
+    working = recompute_working_bytes(spec, layout, micro_batch, precision, kernels) if layers else 0.0
     replayed = replayed_block_bytes(working, schedule_spec(layout.schedule).splits_backward, kept_in_every_chunk,
                                     last and layout.virtual_stages == 1, head + loss)
     return RankMemory(states.params, states.grads, states.optimizer, activations + replayed, other + loss)
@@ -108,9 +107,8 @@ def chunk_activation_bytes(workload: Workload, layout: Layout, micro_batch: int,
     spec, precision = workload.spec, workload.precision
 
     def per_layer(mode: str) -> float:
-        return held_between_passes(activation_bytes_per_layer(
-            spec, micro_batch, layout.tp, layout.sp, layout.cp, mode, precision, workload.kernels, layout.zero,
-            layout.pp, layout.cp_algorithm), layout.offload_activations)
+        return held_between_passes(activation_bytes_per_layer(spec, replace(layout, recompute=mode), micro_batch,
+                                                              precision, workload.kernels), layout.offload_activations)
 
     head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision, workload.kernels)
     return [sum(n * per_layer(mode) for mode, n in chunk_recompute(layout, blocks)) + (head if c == len(counts) - 1 else 0.0)
@@ -119,7 +117,7 @@ def chunk_activation_bytes(workload: Workload, layout: Layout, micro_batch: int,
 
 def chunk_offloaded_bytes(workload: Workload, layout: Layout, micro_batch: int, counts: tuple[int, ...]) -> list[float]:
     """What activation offload keeps in host memory for one forward of each chunk: its blocks' saved bytes."""
-    saved = layer_saved_bytes(workload.spec, layout, micro_batch, workload.precision, workload.kernels)
+    saved = activation_bytes_per_layer(workload.spec, layout, micro_batch, workload.precision, workload.kernels)
     return [n * saved for n in counts]
 
 
