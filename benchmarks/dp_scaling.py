@@ -13,7 +13,8 @@ from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.plan.comm import all_reduce_seconds, group_link
 from plait.plan.hardware import hardware
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 
 PER_GPU = 8
 

@@ -13,7 +13,7 @@ import time
 from plait.models.spec import model_spec
 from plait.plan.hardware import hardware
 from plait.plan.search import search
-from plait.plan.simulate import Workload
+from plait.plan.workload import Workload
 
 
 def main() -> None:

@@ -26,7 +26,8 @@ from plait.layout import Layout
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
 from plait.plan.hardware import hardware
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 
 LAYOUTS = {
     "dp8 zero3": {"dp": 8, "zero": 3},

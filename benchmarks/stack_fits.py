@@ -16,7 +16,8 @@ from plait.errors import ConfigError
 from plait.layout import Layout
 from plait.plan.hardware import hardware
 from plait.plan.search import best_layout
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 
 
 def predict(case: Case, hw) -> tuple[float, str]:

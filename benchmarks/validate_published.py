@@ -47,7 +47,8 @@ from plait.facts.stack import DEEPSPEED_BF16_OPTIMIZER, STACKS
 from plait.layout import Layout
 from plait.plan.hardware import hardware
 from plait.plan.search import best_layout
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 
 
 def ablations() -> list[Ablation]:

@@ -23,7 +23,8 @@ from plait.layout import Layout
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
 from plait.plan.hardware import hardware
-from plait.plan.simulate import Workload, stage_memory
+from plait.plan.simulate import stage_memory
+from plait.plan.workload import Workload
 
 LARGE = {"layers": 24, "hidden": 1536, "heads": 12, "kv_heads": 4, "ffn_hidden": 4096, "vocab": 32000, "seq_len": 64}
 TWIN = {**LARGE, "layers": 4, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn_hidden": 704}

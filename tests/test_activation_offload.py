@@ -14,7 +14,8 @@ from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.plan.compute import layer_times
 from plait.plan.hardware import hardware, stack_hardware
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 from tests.cases import layout_world_size, run_config, train_losses
 from tests.probes import offloaded_activation_bytes
 from tests.test_data_parallel_parity import assert_trains_as_one_process
@@ -104,7 +105,7 @@ def test_megatron_core_hides_offload_copies_under_the_layers_compute():
     hw, spec = stack_hardware(hardware("h100-sxm"), workload.kernels), workload.spec
     per_layer = activation_bytes_per_layer(spec, Layout(), 4, "bf16", workload.kernels)
     copy = per_layer / 50e9
-    times = layer_times(spec, hw, "bf16", 4, kernels=workload.kernels)
+    times = layer_times(spec, hw, Layout(), 4, "bf16", workload.kernels)
     exposed = max(0.0, copy - times.forward) + max(0.0, copy - times.backward)
     assert offloaded.step_time_s - kept.step_time_s == pytest.approx(4 * spec.layers * exposed, rel=1e-6, abs=1e-9)
     serial = replace(workload, kernels=replace(workload.kernels, activation_offload="serial"))

@@ -15,7 +15,8 @@ from plait.observe.bottleneck import bottleneck
 from plait.explain.run import explain
 from plait.observe.trace import timeline_from_trace
 from plait.plan.hardware import hardware
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 from plait.schedules import generate
 from tests.cases import run_config, train_losses
 

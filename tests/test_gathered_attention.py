@@ -165,11 +165,11 @@ def test_plaits_zigzag_attention_is_priced_as_its_blockwise_kernel_and_a_fused_s
     spec, hw = model_spec("llama-1b", seq_len=8192), hardware("h100-sxm")
     blockwise = blockwise_attention_seconds(spec, hw, "bf16", 1, 1, 4)
     for algorithm in ("ring", "all-gather"):
-        times = layer_times(spec, hw, "bf16", 1, 1, 4, False, "none", STACKS["plait"], algorithm)
+        times = layer_times(spec, hw, Layout(cp=4, cp_algorithm=algorithm), 1, "bf16", STACKS["plait"])
         assert (times.attention, times.attention_backward) == pytest.approx(blockwise)
-    fused = layer_times(spec, hw, "bf16", 1, 1, 4, False, "none", STACKS["plait"], "all-to-all")
+    fused = layer_times(spec, hw, Layout(cp=4), 1, "bf16", STACKS["plait"])
     assert fused.attention < blockwise[0] and fused.attention_backward < blockwise[1]
-    megatron = layer_times(spec, hw, "bf16", 1, 1, 4, False, "none", STACKS["megatron"], "ring")
+    megatron = layer_times(spec, hw, Layout(cp=4, cp_algorithm="ring"), 1, "bf16", STACKS["megatron"])
     assert megatron.attention == pytest.approx(fused.attention)
 
 

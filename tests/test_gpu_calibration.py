@@ -18,6 +18,7 @@ from plait.calibrate.host import (
 from plait.calibrate.machine import probe_attention_seconds
 from plait.facts.activations import ACTIVATION_BYTES
 from plait.facts.stack import STACKS
+from plait.layout import Layout
 from plait.models.spec import PRESETS
 from plait.plan.compute import Gemm, attention_matmul_seconds, gemm_seconds, layer_times, matmul_rate
 from plait.plan.hardware import causal_exponentials, hardware, load_profile, save_profile
@@ -48,7 +49,7 @@ def test_the_catalog_charges_a_flash_kernels_exponentials_at_its_special_functio
     spec = PRESETS["llama-1b"]
     exponentials = 32 * 8192 * 8192 * causal_exponentials(3.9)
     assert exponentials == pytest.approx(32 * 8192 * 8192 / 2 / 3.9e12)
-    times = layer_times(spec, H100, "bf16", 1, kernels=STACKS["megatron"])
+    times = layer_times(spec, H100, Layout(), 1, "bf16", STACKS["megatron"])
     matmuls = attention_matmul_seconds(H100, "bf16", Gemm(8192, 8192, 64, 32), flash=True)
     assert times.attention == pytest.approx(matmuls + exponentials)
     assert times.attention_backward == pytest.approx(2.5 * matmuls + exponentials)
@@ -83,7 +84,7 @@ def test_the_attention_fit_recovers_forward_and_backward_apart_from_a_per_call_c
         assert point["predicted_backward_s"] == pytest.approx(backward - 2e-4)
     spec = PRESETS["llama-1b"]
     profile = replace(H100, **figures)
-    times = layer_times(spec, profile, "bf16", 1, kernels=STACKS["plait"])
+    times = layer_times(spec, profile, Layout(), 1, "bf16", STACKS["plait"])
     matmul = attention_matmul_seconds(profile, "bf16", Gemm(8192, 8192, 64, 32), flash=True)
     assert times.attention_backward == pytest.approx(matmul / 0.5 + 32 * 8192 * 8192 * 0.04e-12)
 
@@ -100,7 +101,7 @@ def test_a_gpus_host_time_is_taken_whole_and_predicted_where_it_exceeds_the_kern
     host = fit_host_overhead(t, *host_probe_kernels(H100, "llama", "bf16"))
     assert (host.layer_forward, host.layer_backward) == pytest.approx((host_forward, host_backward))
     profile = replace(H100, host_overhead={"llama": host})
-    times = layer_times(probe_spec("llama", 1), profile, "bf16", 1, kernels=STACKS["plait"])
+    times = layer_times(probe_spec("llama", 1), profile, Layout(), 1, "bf16", STACKS["plait"])
     assert (times.forward, times.backward_input) == pytest.approx((host_forward, host_backward))
 
 

@@ -119,7 +119,8 @@ def test_the_planner_times_the_bytes_each_compression_moves():
     all-reduces and holds a whole-gradient error buffer; plan explores none unless pinned."""
     from plait.plan.hardware import hardware
     from plait.plan.search import search
-    from plait.plan.simulate import Workload, evaluate, flush_costs
+    from plait.plan.simulate import evaluate, flush_costs
+    from plait.plan.workload import Workload
 
     gpt2, hw = model_spec("gpt2"), hardware("a100-80gb", gpus_per_node=8)
     workload = Workload(gpt2, 256, "fp32")

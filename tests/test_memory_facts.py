@@ -19,7 +19,8 @@ from plait.facts.model_state import pipeline_share, rank_model_states
 from plait.facts.recompute import block_recompute, chunk_recompute
 from plait.facts.stack import STACKS
 from plait.plan.hardware import hardware
-from plait.plan.simulate import Workload, chunk_activation_bytes, stage_memory
+from plait.plan.simulate import chunk_activation_bytes, stage_memory
+from plait.plan.workload import Workload
 from plait.schedules.split import split_layers
 from plait.train.loop import build_model
 from tests.cases import layout_world_size, run_config

@@ -23,7 +23,8 @@ from plait.models.spec import ModelSpec
 from plait.plan.hardware import CATALOG, hardware
 from plait.plan.ranking import PLANNER_ERROR
 from plait.plan.search import search
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 from tests.schedule_cases import INTERLEAVING_SCHEDULES, ONE_CHUNK_SCHEDULES
 
 CASES = 220

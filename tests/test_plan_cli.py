@@ -107,7 +107,7 @@ def test_a_layout_over_more_dimensions_must_win_by_more_than_the_planners_error(
     from plait.plan.hardware import hardware
     from plait.plan.ranking import PLANNER_ERROR, layout_complexity
     from plait.plan.search import search
-    from plait.plan.simulate import Workload
+    from plait.plan.workload import Workload
 
     workload, hw = Workload(model_spec("llama-8b"), global_batch=256), hardware("a100-80gb")
     fastest = search(workload, hw, 64, top=1, tie_break="time").ranked[0]
@@ -130,7 +130,7 @@ def test_context_parallelism_on_a_short_sequence_must_win_by_more_than_the_plann
     from plait.plan.hardware import hardware
     from plait.plan.ranking import CONTEXT_PARALLEL_PRECEDENT_TOKENS, PLANNER_ERROR, layout_complexity
     from plait.plan.search import search
-    from plait.plan.simulate import Workload
+    from plait.plan.workload import Workload
 
     workload, hw = Workload(model_spec("llama-1b"), global_batch=32, kernels=STACKS["megatron"]), hardware("h100-sxm")
     fastest = search(workload, hw, 64, top=1, tie_break="time").ranked[0]

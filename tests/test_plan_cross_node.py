@@ -25,7 +25,8 @@ from plait.plan.comm import (
 from plait.plan.compute import LayerTimes
 from plait.plan.hardware import hardware
 from plait.plan.memory import other_bytes
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 from plait.plan.zero3 import zero3_exposed, zero3_layer_seconds
 
 GB = 1e9

@@ -23,7 +23,8 @@ from plait.plan.comm import Link, reduce_scatter_seconds, ring_pass_seconds
 from plait.plan.compute import head_times, layer_times
 from plait.plan.costs import layer_cost, parallel_styles
 from plait.plan.hardware import CollectiveScale, HostOverhead, KernelScale, hardware, load_profile, save_profile
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 
 CPU_LIKE = replace(hardware("a100-80gb"), host_runs_ahead=False, comm_overlap=0.0)
 
@@ -40,17 +41,17 @@ def test_tensor_counts_are_the_models_parameter_tensors(name):
 def test_a_host_that_runs_ahead_hides_under_the_kernels_and_one_that_does_not_adds():
     spec = model_spec("tiny")
     host = {"gpt2": HostOverhead(layer_forward=1.0, layer_backward=2.0)}
-    kernels = layer_times(spec, CPU_LIKE, "fp32", 2)
-    adds = layer_times(spec, replace(CPU_LIKE, host_overhead=host), "fp32", 2, kernels=STACKS["megatron"])
-    hides = layer_times(spec, replace(CPU_LIKE, host_overhead=host, host_runs_ahead=True), "fp32", 2,
-                        kernels=STACKS["megatron"])
+    kernels = layer_times(spec, CPU_LIKE, Layout(), 2, "fp32")
+    adds = layer_times(spec, replace(CPU_LIKE, host_overhead=host), Layout(), 2, "fp32", STACKS["megatron"])
+    hides = layer_times(spec, replace(CPU_LIKE, host_overhead=host, host_runs_ahead=True), Layout(), 2, "fp32",
+                        STACKS["megatron"])
     assert adds.forward == pytest.approx(kernels.forward + 1.0) and adds.backward_input == pytest.approx(kernels.backward_input + 2.0)
     assert hides.forward == pytest.approx(max(kernels.forward, 1.0))
 
 
 def test_the_fitted_host_overhead_reproduces_the_probe_passes():
     spec = probe_spec("llama", PROBE_LAYERS[0])
-    layer, head = layer_times(spec, CPU_LIKE, "fp32", 1, kernels=STACKS["plait"]), head_times(spec, CPU_LIKE, "fp32", 1, 1, 1)
+    layer, head = layer_times(spec, CPU_LIKE, Layout(), 1, "fp32", STACKS["plait"]), head_times(spec, CPU_LIKE, "fp32", 1, 1, 1)
     extra = HostOverhead(3e-4, 5e-4, 2e-4, 7e-4)  # what the "measurement" hides beyond the kernels
     t = {}
     for n in PROBE_LAYERS:
@@ -67,7 +68,7 @@ def test_the_fitted_kernel_scale_reproduces_the_working_layers(family):
     them (and the host overhead) equals the "measured" per-layer seconds."""
     host = {family: HostOverhead(layer_forward=4e-4, layer_backward=6e-4)}
     spec = working_spec(family, 1)
-    kernels = layer_times(spec, CPU_LIKE, "fp32", CPU_SIZES.working_micro_batch, kernels=STACKS["plait"])
+    kernels = layer_times(spec, CPU_LIKE, Layout(), CPU_SIZES.working_micro_batch, "fp32", STACKS["plait"])
     forward, backward = 1.4 * kernels.forward + 4e-4, 1.2 * kernels.backward + 6e-4
     t = {}
     for n in PROBE_LAYERS:
@@ -75,8 +76,8 @@ def test_the_fitted_kernel_scale_reproduces_the_working_layers(family):
         t[f"both{n}"] = n * (forward + backward) + 0.03
     scale = fit_layer_kernel_scale(t, kernels, host[family])
     assert (scale.forward, scale.backward) == pytest.approx((1.4, 1.2))
-    fitted = layer_times(spec, replace(CPU_LIKE, host_overhead=host, layer_kernel_scale={family: scale}), "fp32",
-                         CPU_SIZES.working_micro_batch, kernels=STACKS["plait"])
+    fitted = layer_times(spec, replace(CPU_LIKE, host_overhead=host, layer_kernel_scale={family: scale}), Layout(),
+                         CPU_SIZES.working_micro_batch, "fp32", STACKS["plait"])
     assert (fitted.forward, fitted.backward) == pytest.approx((forward, backward))
 
 

@@ -9,7 +9,8 @@ from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.plan.hardware import hardware
 from plait.plan.scan import scan
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 from plait.plan.space import scanned_layout
 
 

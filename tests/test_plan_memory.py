@@ -13,7 +13,8 @@ from plait.facts.stack import STACKS, Kernels
 from plait.layout import Layout
 from plait.models.spec import ModelSpec, model_spec
 from plait.plan.hardware import GIB, hardware, stack_hardware
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 from plait.schedules import generate, peak_in_flight
 from plait.schedules.simulate import compile_schedule
 from tests.schedule_cases import INTERLEAVING_SCHEDULES, ONE_CHUNK_SCHEDULES

@@ -14,7 +14,8 @@ from plait.plan.costs import layer_cost
 from plait.plan.hardware import CATALOG, catalog_name_of, hardware, stack_hardware
 from plait.plan.scan import scan
 from plait.plan.search import best_layout, search
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 from plait.plan.space import SCANNED, scanned_layout
 
 

@@ -20,7 +20,7 @@ from plait.models.transformer import expand_kv_heads
 from plait.parallel.ring_attention import ring_backward, ring_forward, zigzag_positions
 from plait.plan.hardware import hardware
 from plait.plan.scan import scan
-from plait.plan.simulate import Workload
+from plait.plan.workload import Workload
 from plait.plan.space import scanned_layout
 from tests.cases import layout_world_size, run_config, train_losses
 from tests.test_data_parallel_parity import assert_same_losses

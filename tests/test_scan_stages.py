@@ -12,7 +12,8 @@ from plait.plan.scan import (
     Candidate, Scan, ScanSetup, candidate_layouts, memory_floor, mesh_of, microbatch_splits, scan_setup,
     score_schedules, time_floors,
 )
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 from plait.plan.space import SCANNED, meshes
 
 # Tensor parallelism with full recomputation on 8 GPUs, without stages: one kind of rank, one schedule.

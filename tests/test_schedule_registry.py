@@ -20,7 +20,8 @@ from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.plan.hardware import hardware
 from plait.plan.pipeline import estimate_step
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 from plait.plan.space import schedule_choices
 from plait.schedules import (
     SCHEDULES, Action, Kind, ScheduleSpec, check, generate, peak_in_flight, register, simulate, unregister,

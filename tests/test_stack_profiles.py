@@ -15,7 +15,8 @@ from plait.layout import Layout
 from plait.models.spec import ModelSpec, model_spec
 from plait.plan.costs import chunk_costs, layer_cost
 from plait.plan.hardware import hardware, stack_hardware
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 
 CORE = STACKS["megatron-core"]
 
@@ -45,7 +46,7 @@ def test_hopper_native_causal_attention_costs_half_a_full_shape_matmul():
     assert stack_hardware(hardware("a100-80gb"), STACKS["nemo"]) == hardware("a100-80gb")
     for kernels, share, charged in ((STACKS["nemo"], 0.5, 0.0), (CORE, 1.0, exponentials)):
         hw = stack_hardware(hardware("h100-sxm"), kernels)
-        assert layer_times(spec, hw, "bf16", 1, kernels=kernels).attention == pytest.approx(
+        assert layer_times(spec, hw, Layout(), 1, "bf16", kernels).attention == pytest.approx(
             share * full_shape_matmuls(hw) + charged)
 
 
@@ -239,7 +240,8 @@ def test_an_overlapped_parameter_gather_hides_under_the_next_forward_but_its_fir
     bucket; gathered after the optimizer step (DeepSpeed, plait) it is exposed whole; a forward
     shorter than the gather leaves the rest exposed."""
     from plait.models.spec import ModelSpec
-    from plait.plan.simulate import Workload, flush_costs
+    from plait.plan.simulate import flush_costs
+    from plait.plan.workload import Workload
 
     spec = ModelSpec("gpt2", 48, 7168, 56, 56, 4 * 7168, 131072, 4096, tie_embeddings=False)
     layout, hw = Layout(dp=48, tp=8, sp=True, zero=1), stack_hardware(hardware("h100-sxm"), CORE)
@@ -260,7 +262,8 @@ def test_under_interleaving_a_chunks_overlapped_gather_hides_under_the_forwards_
     On GPT 314B (tp8·pp8, v=7, 32 micro-batches) the part of the gather the plain window left
     exposed hides, a third of what the rank waits for after backward (the rest is its reduction)."""
     from plait.models.spec import ModelSpec
-    from plait.plan.simulate import Workload, evaluate, gather_window
+    from plait.plan.simulate import evaluate, gather_window
+    from plait.plan.workload import Workload
 
     assert gather_window(0.7, 1, 8, 32) == 0.7
     assert gather_window(0.7, 7, 8, 32) == pytest.approx(0.7 * (1 + 6 * 8) / 7)
@@ -396,7 +399,8 @@ def test_deepspeed_and_megatron_before_its_overlap_reduce_gradients_after_the_la
     --overlap-grad-reduce of August 2023. The whole gradient reduction waits after backward, where a
     stack reducing buckets from hooks hides all but the last bucket under it."""
     from benchmarks.published_case import EAGER
-    from plait.plan.simulate import Workload, flush_costs
+    from plait.plan.simulate import flush_costs
+    from plait.plan.workload import Workload
 
     kernels = EAGER if stack == "megatron-2022" else STACKS[stack]
     spec, hw = model_spec("gpt2-xl"), hardware("a100-80gb")

@@ -132,7 +132,8 @@ def test_the_simulated_trace_ends_with_the_steps_gradient_accumulation():
     trace ends where the predicted step does."""
     from plait.observe.simulated import simulated_trace
     from plait.plan.hardware import hardware
-    from plait.plan.simulate import Workload, evaluate
+    from plait.plan.simulate import evaluate
+    from plait.plan.workload import Workload
 
     workload, hw, layout = Workload(model_spec("llama-1b"), 16, "bf16"), hardware("h100-sxm"), Layout(microbatches=16)
     events = [event for event in simulated_trace(workload, hw, 1, layout)["traceEvents"] if event.get("ph") == "X"]

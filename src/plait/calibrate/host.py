@@ -47,7 +47,8 @@ from plait.parallel.optimizer import build_optimizer
 from plait.plan.compute import LayerTimes, head_times, layer_times
 from plait.plan.hardware import Hardware, HostOverhead, KernelScale
 from plait.plan.least_squares import relative_least_squares
-from plait.plan.simulate import Workload, evaluate
+from plait.plan.simulate import evaluate
+from plait.plan.workload import Workload
 from plait.topology import Topology, build_topology
 from plait.train.loop import autocast, parallelize_run, train_step
 
@@ -188,7 +189,7 @@ def host_probe_kernels(profile: Hardware, family: str, precision: str) -> tuple[
     if profile.host_runs_ahead:
         return LayerTimes(0.0, 0.0, 0.0, 0.0), LayerTimes(0.0, 0.0, 0.0, 0.0)
     spec, kernels_only = probe_spec(family, PROBE_LAYERS[0]), kernel_model(profile)
-    return (layer_times(spec, kernels_only, precision, 1, kernels=STACKS["plait"], weight_passes=probe_passes(spec, precision)),
+    return (layer_times(spec, kernels_only, Layout(), 1, precision, STACKS["plait"], probe_passes(spec, precision)),
             probe_head(spec, kernels_only, precision))
 
 
@@ -249,8 +250,8 @@ def layer_kernel_scales(times: dict[str, float], profile: Hardware, precision: s
     for family in FAMILIES:
         t = {key.split("/")[1]: seconds for key, seconds in times.items() if key.startswith(f"{family}/")}
         spec = working_spec(family, 1, sizes)
-        layer = layer_times(spec, kernels_only, precision, sizes.working_micro_batch, kernels=STACKS["plait"],
-                            weight_passes=probe_passes(spec, precision))
+        layer = layer_times(spec, kernels_only, Layout(), sizes.working_micro_batch, precision, STACKS["plait"],
+                            probe_passes(spec, precision))
         # (a host that runs ahead of its GPU spends its time under the working layers' kernels)
         host = HostOverhead() if profile.host_runs_ahead else profile.host_overhead.get(family, HostOverhead())
         out[family] = fit_layer_kernel_scale(t, layer, host)

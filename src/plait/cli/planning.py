@@ -26,7 +26,8 @@ from plait.observe.simulated import simulated_timeline, simulated_trace
 from plait.observe.timeline import draw_timeline
 from plait.plan.hardware import CATALOG, Hardware, hardware, load_profile, profile_json
 from plait.plan.search import NothingFits, best_layout, search
-from plait.plan.simulate import Prediction, Workload, evaluate
+from plait.plan.simulate import Prediction, evaluate
+from plait.plan.workload import Workload
 
 DEFAULT_TOKENS = 2**20  # default global batch: about a million tokens
 

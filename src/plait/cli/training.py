@@ -21,7 +21,8 @@ from plait.facts.stack import DEFAULT_STACK, STACKS
 from plait.layout import Layout
 from plait.plan.hardware import CATALOG, Hardware, catalog_name_of, hardware, load_profile
 from plait.plan.search import search
-from plait.plan.simulate import Prediction, Workload, evaluate
+from plait.plan.simulate import Prediction, evaluate
+from plait.plan.workload import Workload
 
 # The flags --auto removes from the workers' command line, with how many values each takes: its own,
 # and the device's figures, which only a prediction reads.

@@ -31,7 +31,8 @@ from plait.plan.hardware import Hardware, catalog_name_of, hardware
 from plait.plan.ranking import PLANNER_ERROR
 from plait.plan.scan import Candidate
 from plait.plan.search import search
-from plait.plan.simulate import Prediction, Workload, evaluate
+from plait.plan.simulate import Prediction, evaluate
+from plait.plan.workload import Workload
 from plait.schedules import Timeline
 
 EXPLAIN_PICTURE = "explain.png"

@@ -17,7 +17,8 @@ from plait.plan.compute import gradient_seconds
 from plait.plan.costs import chunk_costs, stage_boundaries
 from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.pipeline import action_costs, action_flights
-from plait.plan.simulate import Workload, check_layout, flush_costs, gather_window
+from plait.plan.simulate import check_layout, flush_costs, gather_window
+from plait.plan.workload import Workload
 from plait.schedules import Timeline, generate, simulate, split_layers
 
 
@@ -50,7 +51,7 @@ def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout)
                             norm_gradient_elements(spec, layers, last, layout.tp, layout.sp))
         exposed = flush.exposed(sum(chunks[c].backward for c in mine),
                                 gather_window(sum(chunks[c].forward for c in mine), v, pp, layout.microbatches))
-        gradients = gradient_seconds(spec, hw, layout, precision, workload.kernels, layers, first, last)
+        gradients = gradient_seconds(workload, hw, layout, layers, first, last)
         start = timeline.step_time
         for name, seconds in (("gradient accumulation", gradients), ("gradient sync (exposed)", exposed),
                               ("optimizer", flush.optimizer)):

@@ -12,6 +12,7 @@ softmax's exponentials on the special-function units. The FLOPs these times cove
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from plait.facts.activations import ACTIVATION_BYTES, op_keeps_attention
@@ -22,6 +23,7 @@ from plait.layout import ZIGZAG_ALGORITHMS, Layout
 from plait.models.flops import block_norms, kv_heads_per_rank, linear_shapes, recomputed_linears
 from plait.models.spec import ModelSpec
 from plait.plan.hardware import Hardware, HostOverhead, KernelScale
+from plait.plan.workload import Workload
 
 # Non-matmul kernels one layer launches forward (two norms, two residual adds, the activation,
 # rotary or bias adds, attention's softmax path); the backward launches about twice as many.
@@ -177,30 +179,19 @@ def blockwise_attention_seconds(spec: ModelSpec, hw: Hardware, precision: str, m
     return forward * forward_scale, backward * backward_scale
 
 
-def layer_times(
-    spec: ModelSpec,
-    hw: Hardware,
-    precision: str,
-    micro_batch: int,
-    tp: int = 1,
-    cp: int = 1,
-    sp: bool = False,
-    recompute: str = "none",
-    kernels: Kernels = STACKS[DEFAULT_STACK],
-    cp_algorithm: str = "all-to-all",
-    weight_passes: WeightPasses = NO_PASSES,
-) -> LayerTimes:
-    """Predicted compute time of one transformer layer on one rank (no communication), with the
-    engine's passes over its weights (plait.facts.weight_passes)."""
-    return layer_times_by_recompute(spec, hw, precision, micro_batch, tp, cp, sp, (recompute,), kernels, cp_algorithm,
-                                    weight_passes)[recompute]
+def layer_times(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str,
+                kernels: Kernels = STACKS[DEFAULT_STACK], weight_passes: WeightPasses = NO_PASSES) -> LayerTimes:
+    """Predicted compute time of one transformer layer on one rank of ``layout`` (its tp, cp, sp, cp
+    algorithm and recomputation; no communication), with the engine's passes over its weights
+    (plait.facts.weight_passes)."""
+    return layer_times_by_recompute(spec, hw, layout, micro_batch, precision, kernels, weight_passes)(layout.recompute)
 
 
-def layer_times_by_recompute(spec: ModelSpec, hw: Hardware, precision: str, micro_batch: int, tp: int, cp: int,
-                             sp: bool, recomputes: tuple[str, ...], kernels: Kernels, cp_algorithm: str,
-                             weight_passes: WeightPasses) -> dict[str, LayerTimes]:
-    """``layer_times`` under each of ``recomputes``, what they share computed once (the planner's
-    search asks for several at a time)."""
+def layer_times_by_recompute(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, precision: str,
+                             kernels: Kernels, weight_passes: WeightPasses) -> Callable[[str], LayerTimes]:
+    """``layer_times`` as a function of the recomputation (the layout's own is not read): what every
+    recomputation shares computed once, here (the planner's search asks for several at a time)."""
+    tp, cp, sp, cp_algorithm = layout.tp, layout.cp, layout.sp, layout.cp_algorithm
     shape = layer_shape(spec, micro_batch, tp, cp, sp, precision, kernels)
     memory_rate = hw.memory_gbps * 1e9
     weights = sum(gemm_seconds(hw, precision, g) for g in shape.weights)
@@ -243,8 +234,8 @@ def layer_times_by_recompute(spec: ModelSpec, hw: Hardware, precision: str, micr
     attention *= scale.forward
     tokens = micro_batch * spec.seq_len // cp
     shapes = linear_shapes(spec, tp)
-    times = {}
-    for recompute in recomputes:
+
+    def under(recompute: str) -> LayerTimes:
         extra = {"none": 0.0, "selective": attention}.get(recompute)
         if recompute == "full":  # the forward, but for a closing w2 no backward needs (plait.models.flops.layer_flops)
             closing = (0.0 if kernels.recompute_whole_forward
@@ -256,17 +247,17 @@ def layer_times_by_recompute(spec: ModelSpec, hw: Hardware, precision: str, micr
             extra = with_host(hw, scale.forward * (rerun + elementwise + weight_recomputed), host.layer_forward)
             if not op_keeps_attention(kernels, cp, cp_algorithm):
                 extra += attention
-        times[recompute] = LayerTimes(forward, backward_input, grad_weight, extra, attention,
-                                      scale.backward * attention_backward)
-    return times
+        return LayerTimes(forward, backward_input, grad_weight, extra, attention, scale.backward * attention_backward)
+
+    return under
 
 
-def gradient_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str, kernels: Kernels,
-                     layers: int, first: bool, last: bool) -> float:
+def gradient_seconds(workload: Workload, hw: Hardware, layout: Layout, layers: int, first: bool, last: bool) -> float:
     """A step's accumulation of the gradients (plait.facts.weight_passes) on a rank of ``layers``
     layers that holds the first and last stage as ``first`` and ``last`` say, the layers' at their
     kernels' backward scale. It runs in the micro-batches' backwards; charged to the step, it leaves
     out what it would add to a pipeline's bubble, at most (pp − 1)/m of it."""
+    spec, precision, kernels = workload.spec, workload.precision, workload.kernels
     scale = hw.layer_kernel_scale.get(spec.family, UNSCALED)
     return ((layers * scale.backward * layer_gradient_bytes(spec, layout, precision, kernels)
              + end_gradient_bytes(spec, layout, precision, kernels, first, last)) / (hw.memory_gbps * 1e9))

@@ -93,8 +93,7 @@ def layer_cost(spec: ModelSpec, hw: Hardware, layout: Layout, micro_batch: int, 
     ``times`` may pass in this layout's plait.plan.compute.layer_times when already known.
     """
     if times is None:
-        times = layer_times(spec, hw, precision, micro_batch, layout.tp, layout.cp, layout.sp, layout.recompute, kernels,
-                            layout.cp_algorithm, layer_passes(spec, layout, precision, kernels))
+        times = layer_times(spec, hw, layout, micro_batch, precision, kernels, layer_passes(spec, layout, precision, kernels))
     wrappers = wrapper_overhead(hw, spec, layout)
     if wrappers.layer_forward or wrappers.layer_backward:
         times = replace(times, forward=times.forward + wrappers.layer_forward,

@@ -39,7 +39,8 @@ from plait.plan.peaks import (
 from plait.plan.pipeline import estimate_step
 from plait.plan.ranking import complexity, full_shard_ranks
 from plait.plan.scan_costs import LayerWork, LayoutCosts, PassCosts, StreamCosts
-from plait.plan.simulate import FlushCosts, Workload, gather_window
+from plait.plan.simulate import FlushCosts, gather_window
+from plait.plan.workload import Workload
 from plait.plan.space import divisors, meshes, options, refused, scanned_fields, scanned_layout, zero_choices
 from plait.schedules.registry import Fill, ScheduleSpec, schedule_spec
 

@@ -17,7 +17,8 @@ from plait.layout import ZIGZAG_ALGORITHMS, Layout
 from plait.plan.compute import LayerTimes, end_pass_seconds, gradient_seconds, head_times, layer_times_by_recompute
 from plait.plan.costs import end_collectives, layer_cost, stage_boundaries
 from plait.plan.hardware import Hardware
-from plait.plan.simulate import FlushCosts, Workload, flush_costs
+from plait.plan.simulate import FlushCosts, flush_costs
+from plait.plan.workload import Workload
 from plait.schedules.registry import SCHEDULES
 
 
@@ -62,7 +63,8 @@ class PassCosts:
     garbage collector frees)."""
 
     def __init__(self, workload: Workload, hw: Hardware, compression: str, gpus: int):
-        self.spec, self.hw, self.precision, self.kernels = workload.spec, hw, workload.precision, workload.kernels
+        self.workload, self.spec, self.hw = workload, workload.spec, hw
+        self.precision, self.kernels = workload.precision, workload.kernels
         self.compression, self.gpus = compression, gpus
         self.layer_passes = functools.cache(self._layer_passes)
         self.end_passes = functools.cache(self._end_passes)
@@ -85,10 +87,10 @@ class PassCosts:
         """A step's gradient accumulation (plait.plan.compute.gradient_seconds): one layer's, and the
         ends' on the first and on the last rank (with no stages, one rank holds both)."""
         layout = Layout(tp=tp, pp=pp, zero=zero, microbatches=m, grad_compression=self.compression)
-        spec, hw, precision, kernels = self.spec, self.hw, self.precision, self.kernels
-        return (gradient_seconds(spec, hw, layout, precision, kernels, 1, False, False),
-                gradient_seconds(spec, hw, layout, precision, kernels, 0, True, pp == 1),
-                gradient_seconds(spec, hw, layout, precision, kernels, 0, pp == 1, True))
+        workload, hw = self.workload, self.hw
+        return (gradient_seconds(workload, hw, layout, 1, False, False),
+                gradient_seconds(workload, hw, layout, 0, True, pp == 1),
+                gradient_seconds(workload, hw, layout, 0, pp == 1, True))
 
     def _ends(self, tp: int, cp: int, sp: bool, mbs: int, stream: int) -> tuple[float, float, float, float]:
         """(head's work, embedding's work, head's activation bytes, its loss backward's passing bytes)
@@ -174,8 +176,8 @@ class LayoutCosts:
         key = (tp, cp, sp, mbs, algorithm in ZIGZAG_ALGORITHMS if cp > 1 else None, passes)
         times = self._layer_times.get(key)
         if times is None:
-            times = self._layer_times[key] = layer_times_by_recompute(
-                self.spec, self.hw, self.precision, mbs, tp, cp, sp, self.costed, self.kernels, algorithm, passes)
+            under = layer_times_by_recompute(self.spec, self.hw, layout, mbs, self.precision, self.kernels, passes)
+            times = self._layer_times[key] = {rc: under(rc) for rc in self.costed}
         return times
 
     def layer_work(self, layout: Layout, mbs: int, passes: WeightPasses, stream: int,

@@ -24,7 +24,8 @@ from plait.layout import Layout
 from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.ranking import CONTEXT_PARALLEL_PRECEDENT_TOKENS, FULL_SHARD_PRECEDENT_RANKS, PLANNER_ERROR, rank
 from plait.plan.scan import Scan, scan
-from plait.plan.simulate import Prediction, Workload, evaluate
+from plait.plan.simulate import Prediction, evaluate
+from plait.plan.workload import Workload
 from plait.plan.space import SCANNED, mesh_sizes, scanned_layout
 
 PLAYED = 8  # layouts whose schedules are played exactly after the closed-form pass

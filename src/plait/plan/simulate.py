@@ -21,7 +21,7 @@ from plait.facts.model_state import (
     communicated_bytes, held_gradient_bytes, powersgd_elements, rank_layer_parameters, rank_model_states, rank_parameters,
     rank_tensor_shapes, rank_tensors, reduced_gradient_elements, reduction_rounds, zero_group,
 )
-from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
+from plait.facts.stack import Kernels
 from plait.facts.validity import check_run
 from plait.layout import Layout
 from plait.models.flops import attention_core_forward_flops, flops_per_sequence, layer_flops
@@ -35,21 +35,12 @@ from plait.plan.costs import chunk_costs, stage_boundaries, wrapper_overhead
 from plait.plan.hardware import Hardware, stack_hardware
 from plait.plan.memory import RankMemory, other_bytes
 from plait.plan.pipeline import play
+from plait.plan.workload import Workload
 from plait.schedules import schedule_spec, split_layers
 
 # DDP's default gradient bucket, for the other stacks (plait's own: plait.facts.buckets); the last
 # bucket cannot overlap anything.
 BUCKET_BYTES = BUCKET_CAP_BYTES
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What is trained: the model, the global batch in sequences, the precision, the kernels."""
-
-    spec: ModelSpec
-    global_batch: int
-    precision: str = "bf16"
-    kernels: Kernels = STACKS[DEFAULT_STACK]
 
 
 @dataclass(frozen=True)
@@ -284,7 +275,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp),
                             norm_gradient_elements(spec, layers, last, layout.tp, layout.sp))
         forward = gather_window(sum(chunks[c].forward for c in mine), v, pp, m)
-        gradients = gradient_seconds(spec, hw, layout, precision, workload.kernels, layers, first, last)
+        gradients = gradient_seconds(workload, hw, layout, layers, first, last)
         tails.append((flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer, gradients))
         kept = (layout.recompute_layers is not None
                 and min((counts[c] for c in mine if counts[c]), default=0) > layout.recompute_layers)
