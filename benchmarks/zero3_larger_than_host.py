@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from plait.facts.model_state import PipelineShare
 from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.flops import parameter_count
@@ -51,7 +52,7 @@ def predicted_peak(model: dict) -> float:
     layout = Layout(**LAYOUT)
     workload = Workload(spec, GLOBAL_BATCH, "fp32", STACKS["plait"])
     micro_batch = GLOBAL_BATCH // layout.dp
-    return stage_memory(workload, hardware("a100-80gb"), layout, micro_batch, spec.layers, True, True, 0.0, False).total
+    return stage_memory(workload, hardware("a100-80gb"), layout, micro_batch, PipelineShare(spec.layers, True, True), 0.0, False).total
 
 
 def main() -> None:

@@ -107,14 +107,14 @@ def test_a_rank_holds_its_own_part_and_little_more_through_build_save_and_load(p
     whole_bytes = 4 * sum(torch.Size(shape).numel() for shape in _shapes(config.model))
     (tmp_path / "checkpoints").mkdir()
     for rank in pool.run(lifetime_holdings, layout_world_size(layout), config, str(tmp_path)):
-        layers, first, last = pipeline_share(config.model, config.layout, rank["pp"])
-        fact = rank_model_states(config.model, config.layout, precision, layers, first, last, dp_rank=rank["dp"])
+        share = pipeline_share(config.model, config.layout, rank["pp"])
+        fact = rank_model_states(config.model, config.layout, precision, share, dp_rank=rank["dp"])
         assert rank["params"] == fact.params
         assert rank["held"] <= rank["peak"] <= rank["held"] + BUILD_WORKSPACE_BYTES
         assert rank["peak"] < whole_bytes
         # Saving holds at most DCP's workspace beside the state; loading too, or what the step's own
         # optimizer holds (ZeRO 1 and 2 share the rows of masters they load as a step shares its update).
-        workspace = checkpoint_workspace_bytes(config.model, config.layout, layers, first, last)
+        workspace = checkpoint_workspace_bytes(config.model, config.layout, *share)
         assert rank["save"] <= workspace and rank["load"] <= max(workspace, rank["step"]), (rank, workspace)
 
 

@@ -88,9 +88,9 @@ def held(pool):
 def test_every_rank_holds_the_shared_model_state_fact(held, index):
     config = _config(*MODEL_STATE_CASES[index])
     for outcome in held[index]:
-        layers, first, last = pipeline_share(config.model, config.layout, outcome["pp"])
-        fact = rank_model_states(config.model, config.layout, config.train.precision, layers, first, last,
-                                 STACKS["plait"], outcome["dp"], outcome["cp"])
+        share = pipeline_share(config.model, config.layout, outcome["pp"])
+        fact = rank_model_states(config.model, config.layout, config.train.precision, share, STACKS["plait"],
+                                 outcome["dp"], outcome["cp"])
         assert outcome["held"] == {"parameters": fact.params, "gradients": fact.grads, "optimizer": fact.optimizer}
 
 
@@ -187,7 +187,7 @@ def test_the_planner_predicts_plaits_own_figures(model, precision, layout):
     assert chunks[:-1] == layers[:-1]
     assert chunks[-1] >= layers[-1]
     for rank in range(lay.pp):
-        layers, first, last = pipeline_share(spec, lay, rank)
-        memory = stage_memory(workload, hardware("a100-80gb"), lay, micro_batch, layers, first, last, 0.0, False)
-        fact = rank_model_states(spec, lay, precision, layers, first, last)
+        share = pipeline_share(spec, lay, rank)
+        memory = stage_memory(workload, hardware("a100-80gb"), lay, micro_batch, share, 0.0, False)
+        fact = rank_model_states(spec, lay, precision, share)
         assert (memory.params, memory.grads, memory.optimizer) == (fact.params, fact.grads, fact.optimizer)

@@ -280,10 +280,10 @@ def test_under_interleaving_a_chunks_overlapped_gather_hides_under_the_forwards_
 def test_deepspeeds_bf16_optimizer_holds_an_fp32_gradient_copy_sharded_over_nothing(dp):
     """BLOOM's prequel ("Rebalancing layers"): the BF16 optimizer accumulates the gradients in fp32,
     "The additional memory usage is 4bytes x params and it's not sharded across gpus"."""
-    from plait.facts.model_state import rank_model_states, rank_parameters
+    from plait.facts.model_state import PipelineShare, rank_model_states, rank_parameters
 
     spec, layout = model_spec("gpt3-175b"), Layout(dp=dp, tp=4, pp=12, zero=1)
-    plain, extra = (rank_model_states(spec, layout, "bf16", 8, False, False, kernels)
+    plain, extra = (rank_model_states(spec, layout, "bf16", PipelineShare(8, False, False), kernels)
                     for kernels in (STACKS["megatron-deepspeed"], DEEPSPEED_BF16_OPTIMIZER))
     assert extra.grads - plain.grads == pytest.approx(4 * rank_parameters(spec, 8, False, False, 4))
     assert (extra.params, extra.optimizer) == (plain.params, plain.optimizer)
@@ -295,18 +295,18 @@ def test_megatron_in_bf16_holds_fp32_main_gradients_and_nemos_performance_recipe
     main_grad and the fp32 master and moments, 18 bytes a parameter before ZeRO shards them, where
     the ZeRO paper counts 16; NeMo's performance recipes turn grad_reduce_in_fp32 off, the paper's
     split; DeepSpeed's bf16 engine keeps it too. In fp32 there is no master: 4 + 4 + 8."""
-    from plait.facts.model_state import rank_model_states, rank_parameters
+    from plait.facts.model_state import PipelineShare, rank_model_states, rank_parameters
 
     spec, layout = model_spec("llama-70b"), Layout(dp=8, tp=4, pp=4, zero=zero)
     params = rank_parameters(spec, 20, False, False, 4)
     shards = {"gradients": 8 if zero >= 2 else 1, "optimizer": 8 if zero >= 1 else 1}
-    core = rank_model_states(spec, layout, "bf16", 20, False, False, STACKS["megatron-core"])
+    core = rank_model_states(spec, layout, "bf16", PipelineShare(20, False, False), STACKS["megatron-core"])
     assert (core.params, core.grads, core.optimizer) == pytest.approx(
         (2 * params, 4 * params / shards["gradients"], 12 * params / shards["optimizer"]))
     for paper in ("nemo", "megatron-deepspeed"):
-        held = rank_model_states(spec, layout, "bf16", 20, False, False, STACKS[paper])
+        held = rank_model_states(spec, layout, "bf16", PipelineShare(20, False, False), STACKS[paper])
         assert (held.params, held.grads, held.optimizer) == pytest.approx((core.params, core.grads / 2, core.optimizer))
-    fp32 = rank_model_states(spec, layout, "fp32", 20, False, False, STACKS["megatron-core"])
+    fp32 = rank_model_states(spec, layout, "fp32", PipelineShare(20, False, False), STACKS["megatron-core"])
     assert (fp32.params, fp32.grads, fp32.optimizer) == pytest.approx(
         (4 * params, 4 * params / shards["gradients"], 8 * params / shards["optimizer"]))
 
@@ -316,19 +316,19 @@ def test_fsdp_reduce_scatters_fp32_gradients_into_fp32_shards(stack):
     """torchtitan's FSDP mixed precision gathers bf16 weights and reduce-scatters in fp32
     (reduce_dtype) into fp32 shards, their own master: the paper's 16 bytes a parameter over the
     shards, split 4 + 4 + 8, and each layer's reduce-scatter moves twice the paper's bytes."""
-    from plait.facts.model_state import communicated_bytes, rank_model_states, rank_parameters
+    from plait.facts.model_state import PipelineShare, communicated_bytes, rank_model_states, rank_parameters
     from plait.plan.zero3 import zero3_layer_seconds
 
     spec, layout = model_spec("llama-70b"), Layout(dp=64, zero=3)
     params = rank_parameters(spec, spec.layers, True, True, 1)
-    held = rank_model_states(spec, layout, "bf16", spec.layers, True, True, STACKS[stack])
+    held = rank_model_states(spec, layout, "bf16", PipelineShare(spec.layers, True, True), STACKS[stack])
     assert (held.params, held.grads, held.optimizer) == pytest.approx(
         (4 * params / 64, 4 * params / 64, 8 * params / 64))
     # Under DDP (torchtitan's replicate) the fp32 weights are whole, their own master: 16 bytes, not 18;
     # SHARD_GRAD_OP (ZeRO-2) keeps bf16 weights whole beside the fp32 shards: 2 + 16 / N.
-    whole = rank_model_states(spec, Layout(dp=64), "bf16", spec.layers, True, True, STACKS[stack])
+    whole = rank_model_states(spec, Layout(dp=64), "bf16", PipelineShare(spec.layers, True, True), STACKS[stack])
     assert (whole.params, whole.grads, whole.optimizer) == pytest.approx((4 * params, 4 * params, 8 * params))
-    grads_sharded = rank_model_states(spec, Layout(dp=64, zero=2), "bf16", spec.layers, True, True, STACKS[stack])
+    grads_sharded = rank_model_states(spec, Layout(dp=64, zero=2), "bf16", PipelineShare(spec.layers, True, True), STACKS[stack])
     assert grads_sharded.total == pytest.approx(2 * params + 16 * params / 64)
     assert communicated_bytes(layout, "bf16", STACKS[stack]) == (4, 2)
     gather, scatter = zero3_layer_seconds(spec, hardware("a100-80gb"), layout, "bf16", STACKS[stack])

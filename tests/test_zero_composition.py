@@ -57,9 +57,8 @@ def expected_model_states(config, rank: int) -> dict[str, int]:
     """The shared formula's bytes for global ``rank`` (mesh order pp, dp, cp, tp)."""
     layout = config.layout
     pp_rank, dp_rank = rank // (layout.dp * layout.cp * layout.tp), rank // (layout.cp * layout.tp) % layout.dp
-    layers, first, last = pipeline_share(config.model, layout, pp_rank)
-    states = plait_model_states(config.model, layout, config.train.precision, layers, first, last, dp_rank,
-                                rank // layout.tp % layout.cp)
+    share = pipeline_share(config.model, layout, pp_rank)
+    states = plait_model_states(config.model, layout, config.train.precision, share, dp_rank, rank // layout.tp % layout.cp)
     return {"parameters": states.params, "gradients": states.grads, "optimizer": states.optimizer}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from plait.facts.stack import Kernels
 from plait.layout import Layout
@@ -168,15 +169,24 @@ def owned_rows(rows: int, rank: int, ranks: int) -> int:
     return owned.stop - owned.start
 
 
-def pipeline_share(spec: ModelSpec, layout: Layout, pp_rank: int) -> tuple[int, bool, bool]:
-    """Layers pipeline rank ``pp_rank`` holds, and whether it holds the first and the last chunk
-    (chunk c on rank c mod pp, as every plait schedule places them)."""
+class PipelineShare(NamedTuple):
+    """What one pipeline rank holds of the model: its ``layers`` blocks, and whether it holds the
+    ``first`` chunk (the embedding) and the ``last`` (the final norm and head)."""
+
+    layers: int
+    first: bool
+    last: bool
+
+
+def pipeline_share(spec: ModelSpec, layout: Layout, pp_rank: int) -> PipelineShare:
+    """What pipeline rank ``pp_rank`` holds (chunk c on rank c mod pp, as every plait schedule places
+    them)."""
     from plait.schedules.split import split_layers
 
     chunks = layout.pp * layout.virtual_stages
     split = split_layers(spec, layout.pp, layout.virtual_stages, layout.stage_layers)
     mine = range(pp_rank, chunks, layout.pp)
-    return sum(len(split[c]) for c in mine), 0 in mine, chunks - 1 in mine
+    return PipelineShare(sum(len(split[c]) for c in mine), 0 in mine, chunks - 1 in mine)
 
 
 def fullest_rank_model_states(spec: ModelSpec, layout: Layout, precision: str) -> float:
@@ -202,9 +212,10 @@ def zero_rank(layout: Layout, dp_rank: int, cp_rank: int = 0) -> int:
     return (dp_rank % layout.dp_shard) * layout.cp + cp_rank
 
 
-def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: int, first: bool, last: bool,
-                       dp_rank: int = 0, cp_rank: int = 0) -> ModelStates:
-    """Bytes of parameters, gradients and optimizer state one rank holds in plait, at their largest.
+def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, share: PipelineShare, dp_rank: int = 0,
+                       cp_rank: int = 0) -> ModelStates:
+    """Bytes of parameters, gradients and optimizer state one rank holds in plait, at their largest,
+    of its ``share`` of the model.
 
     ZeRO shards over the dp and cp ranks together (those of one replica group under hybrid sharding,
     HSDP; ``dp_rank`` and ``cp_rank`` are the global coordinates, ``zero_rank``): the cp ranks hold
@@ -217,7 +228,7 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     FSDP2 (stage 3) holds each parameter's and gradient's shard padded to the largest rank's rows.
     Adam keeps two fp32 moments per owned element and one fp32 step counter per tensor.
     """
-    counts = rank_tensor_shape_counts(spec, layers, first, last, layout.tp, layout.pp)
+    counts = rank_tensor_shape_counts(spec, *share, layout.tp, layout.pp)
     zero, ranks = layout.zero, zero_group(layout)[0]
     half = holds_bf16_weights(precision, zero)
     weight_bytes = BF16 if half else FP32
@@ -239,9 +250,9 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: 
     return ModelStates(params=params, grads=grads, optimizer=optimizer)
 
 
-def rank_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: int, first: bool, last: bool,
+def rank_model_states(spec: ModelSpec, layout: Layout, precision: str, share: PipelineShare,
                       kernels: Kernels | None = None, dp_rank: int = 0, cp_rank: int = 0) -> ModelStates:
-    """Model-state bytes of one rank of a pipeline stage holding ``layers`` layers, on ``kernels``' stack.
+    """Model-state bytes of one rank of a pipeline stage holding ``share`` of the model, on ``kernels``' stack.
 
     plait's own (``kernels`` None or ``plait_engine``): what plait's engine holds (``plait_model_states``).
     A reference stack: ``reference_bytes``' split of ``rank_parameters`` sharded over ZeRO's group
@@ -250,8 +261,8 @@ def rank_model_states(spec: ModelSpec, layout: Layout, precision: str, layers: i
     (``Kernels.fp32_grad_accumulation``).
     """
     if kernels is None or kernels.plait_engine:
-        return plait_model_states(spec, layout, precision, layers, first, last, dp_rank, cp_rank)
-    params = rank_parameters(spec, layers, first, last, layout.tp)
+        return plait_model_states(spec, layout, precision, share, dp_rank, cp_rank)
+    params = rank_parameters(spec, *share, layout.tp)
     states = model_state_bytes(params, precision, layout.zero, zero_group(layout)[0], kernels)
     if kernels.fp32_grad_accumulation:
         return ModelStates(states.params, states.grads + FP32 * params, states.optimizer)

@@ -14,7 +14,9 @@ the same step on every rank; tests require the two equal for every layout of the
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
+from itertools import chain
 
 from plait.facts.activations import ACTIVATION_BYTES, residual_stream_bytes
 from plait.facts.collectives import (
@@ -22,7 +24,7 @@ from plait.facts.collectives import (
     tied_embedding_bytes,
 )
 from plait.facts.model_state import (
-    communicated_bytes, held_gradient_bytes, pipeline_share, rank_tensor_shape_counts, reduction_rounds,
+    PipelineShare, communicated_bytes, held_gradient_bytes, pipeline_share, rank_tensor_shape_counts, reduction_rounds,
     sharded_elements, zero_rank,
 )
 from plait.facts.recompute import rank_recompute
@@ -31,6 +33,7 @@ from plait.layout import Layout
 from plait.models.spec import ModelSpec
 
 SCALAR = 4  # one fp32 value: the step's loss, the pipeline's squared gradient norm
+Transfer = tuple[str, str, int]  # (group, op, bytes the rank hands it in one step)
 
 
 def step_volumes(spec: ModelSpec, layout: Layout, global_batch: int, precision: str = "fp32",
@@ -45,19 +48,20 @@ def step_volumes(spec: ModelSpec, layout: Layout, global_batch: int, precision: 
         if layout.group_size(group) > 1:
             volumes.setdefault(group, Counter())[op] += int(count)
 
-    layers, first, last = pipeline_share(spec, layout, pp_rank)
+    share = pipeline_share(spec, layout, pp_rank)
     micro_batch = global_batch // layout.dp // layout.microbatches
-    _inside_the_model(spec, layout, micro_batch, pp_rank, layers, first, last, precision, add)
     in_zero_group = zero_rank(layout, dp_rank, cp_rank)
-    _pipeline(spec, layout, micro_batch, pp_rank, in_zero_group, first, last, precision, add)
-    _data_parallel(spec, layout, layers, first, last, precision, in_zero_group, add)
+    for group, op, count in chain(_inside_the_model(spec, layout, micro_batch, pp_rank, share, precision),
+                                  _pipeline(spec, layout, micro_batch, pp_rank, in_zero_group, share, precision),
+                                  _data_parallel(spec, layout, share, precision, in_zero_group)):
+        add(group, op, count)
     add("dp", "all_reduce", SCALAR)  # the logged loss, averaged over dp
     add("cp", "all_reduce", SCALAR)  # and over cp
     return volumes
 
 
-def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, layers: int, first: bool,
-                      last: bool, precision: str, add) -> None:
+def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, share: PipelineShare,
+                      precision: str) -> Iterator[Transfer]:
     """The layers' and ends' tensor- and context-parallel calls of every micro-batch (each block's
     by its own recomputation, whole wk and wv summed in each backward among them), and the norms'
     gradients under sp summed over tp after the backward. What the matmuls write moves in the activations'
@@ -66,6 +70,7 @@ def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank
     do the ends' calls and, in the weights' dtype alike, the weights' gradients summed over tp.
     """
     tp, sp, cp, seq = layout.tp, layout.sp, layout.cp, spec.seq_len
+    layers, first, last = share
     e, stream = ACTIVATION_BYTES[precision], residual_stream_bytes(precision, layout.zero, layout.pp, STACKS["plait"])
     calls = [(call, blocks) for mode, blocks in rank_recompute(spec, layout, pp_rank).items()
              for call in layer_collectives(spec, replace(layout, recompute=mode), micro_batch, e, stream)]
@@ -73,16 +78,16 @@ def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank
     calls += [(call, 1) for call in (head_collectives(spec, micro_batch, seq, tp, sp, cp, stream) if last else ())]
     for call, count in calls:
         count *= layout.microbatches
-        add(call.group, call.op, count * (call.forward + call.backward) * call.handed_bytes)
+        yield call.group, call.op, count * (call.forward + call.backward) * call.handed_bytes
         if call.op == "send":  # each ring hop receives its like from the rank before
-            add(call.group, "recv", count * (call.forward + call.backward) * call.handed_bytes)
+            yield call.group, "recv", count * (call.forward + call.backward) * call.handed_bytes
     norms = norm_gradient_elements(spec, layers, last, tp, sp)
     # (laid out as their parameters once a step, or by ZeRO-2's buckets every micro-batch's)
-    add("tp", "all_reduce", reduction_rounds(layout) * norms * stream)
+    yield "tp", "all_reduce", reduction_rounds(layout) * norms * stream
 
 
-def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, in_zero_group: int, first: bool,
-              last: bool, precision: str, add) -> None:
+def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, in_zero_group: int,
+              share: PipelineShare, precision: str) -> Iterator[Transfer]:
     """Each chunk sends its micro-batch's output on and its input's gradient back (the model's first
     and last chunk one fewer), receiving as many; the end stages swap the tied embedding's gradient;
     a barrier starts the schedule, the last stage broadcasts the loss and the stages sum their
@@ -93,16 +98,16 @@ def _pipeline(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank: int, i
     mine = range(pp_rank, chunks, layout.pp)
     hops = sum((c < chunks - 1) + (c > 0) for c in mine)
     moved = layout.microbatches * hops * stage_boundary_bytes(spec, layout, micro_batch, precision, STACKS["plait"])
-    tied = tied_embedding_bytes(spec, layout, precision, STACKS["plait"], in_zero_group) if first != last else 0
+    tied = tied_embedding_bytes(spec, layout, precision, STACKS["plait"], in_zero_group) if share.first != share.last else 0
     for op in ("send", "recv"):
-        add("pp", op, moved + tied)
-    add("pp", "barrier", 0)
-    add("pp", "broadcast", SCALAR)
-    add("pp", "all_reduce", SCALAR)
+        yield "pp", op, moved + tied
+    yield "pp", "barrier", 0
+    yield "pp", "broadcast", SCALAR
+    yield "pp", "all_reduce", SCALAR
 
 
-def _data_parallel(spec: ModelSpec, layout: Layout, layers: int, first: bool, last: bool, precision: str,
-                   rank: int, add) -> None:
+def _data_parallel(spec: ModelSpec, layout: Layout, share: PipelineShare, precision: str,
+                   rank: int) -> Iterator[Transfer]:
     """Over the replica group (dp·cp, ``Layout.replica_dim``) ZeRO 0 all-reduces every gradient; ZeRO 1
     all-reduces them and gathers the updated rows each rank owns in ZeRO's group (``Layout.zero_dim``,
     where the rank is ``rank``); ZeRO 2 reduce-scatters each micro-batch's (on a pipeline stage the
@@ -111,22 +116,22 @@ def _data_parallel(spec: ModelSpec, layout: Layout, layers: int, first: bool, la
     micro-batch's gradients (on a pipeline stage, which keeps them for the schedule, it gathers once
     a step and reduce-scatters the accumulated gradients). Under hybrid sharding ZeRO's group is one
     replica group's and the shards' gradients are all-reduced across replicas (``dp_replicate``)."""
-    counts = rank_tensor_shape_counts(spec, layers, first, last, layout.tp, layout.pp)
+    counts = rank_tensor_shape_counts(spec, *share, layout.tp, layout.pp)
     grad_bytes, param_bytes = communicated_bytes(layout, precision, STACKS["plait"])
     shard_group, ranks = layout.zero_dim, layout.group_size(layout.zero_dim)
     whole, owned, padded = sharded_elements(counts, rank, ranks)
     zero = layout.zero
     if zero <= 1:
-        add(layout.replica_dim, "all_reduce", whole * grad_bytes)
+        yield layout.replica_dim, "all_reduce", whole * grad_bytes
     if zero in (1, 2):
-        add(shard_group, "all_gather", owned * param_bytes)
+        yield shard_group, "all_gather", owned * param_bytes
     per_micro_batch = (reduction_rounds(layout) if zero == 2 else
                        layout.microbatches if zero == 3 and layout.pp == 1 else 1)
     # ZeRO-2's replicas average the rows as the rank holds them (``held_gradient_bytes``); FSDP2's
     # all-reduce its padded shards in the reduce dtype.
     row_bytes = held_gradient_bytes(layout, precision)
     if zero >= 2:
-        add(shard_group, "reduce_scatter", per_micro_batch * (padded * ranks if zero == 3 else whole) * grad_bytes)
-        add("dp_replicate", "all_reduce", per_micro_batch * padded * grad_bytes if zero == 3 else owned * row_bytes)
+        yield shard_group, "reduce_scatter", per_micro_batch * (padded * ranks if zero == 3 else whole) * grad_bytes
+        yield "dp_replicate", "all_reduce", per_micro_batch * padded * grad_bytes if zero == 3 else owned * row_bytes
     if zero == 3:
-        add(shard_group, "all_gather", (2 * per_micro_batch if layout.pp == 1 else 1) * padded * param_bytes)
+        yield shard_group, "all_gather", (2 * per_micro_batch if layout.pp == 1 else 1) * padded * param_bytes

@@ -10,7 +10,7 @@ format, so the same viewer or renderer shows prediction and measurement side by 
 from __future__ import annotations
 
 from plait.facts.collectives import norm_gradient_elements
-from plait.facts.model_state import rank_parameters, rank_tensors
+from plait.facts.model_state import PipelineShare, rank_parameters, rank_tensors
 from plait.layout import Layout
 from plait.observe.trace import timeline_events
 from plait.plan.compute import gradient_seconds
@@ -51,7 +51,7 @@ def simulated_trace(workload: Workload, hw: Hardware, gpus: int, layout: Layout)
                             norm_gradient_elements(spec, layers, last, layout.tp, layout.sp))
         exposed = flush.exposed(sum(chunks[c].backward for c in mine),
                                 gather_window(sum(chunks[c].forward for c in mine), v, pp, layout.microbatches))
-        gradients = gradient_seconds(workload, hw, layout, layers, first, last)
+        gradients = gradient_seconds(workload, hw, layout, PipelineShare(layers, first, last))
         start = timeline.step_time
         for name, seconds in (("gradient accumulation", gradients), ("gradient sync (exposed)", exposed),
                               ("optimizer", flush.optimizer)):

@@ -71,8 +71,8 @@ def trace_slowdown(split: dict | None, step_times: list[float], observed: list[b
 
 def model_state_formula(config: RunConfig, topology: Topology) -> dict[str, int]:
     """What the shared fact says this rank holds of parameters, gradients and optimizer state."""
-    layers, first, last = pipeline_share(config.model, config.layout, topology.coordinate("pp"))
-    states = rank_model_states(config.model, config.layout, config.train.precision, layers, first, last,
+    share = pipeline_share(config.model, config.layout, topology.coordinate("pp"))
+    states = rank_model_states(config.model, config.layout, config.train.precision, share,
                                dp_rank=topology.coordinate("dp"), cp_rank=topology.coordinate("cp"))
     return {"parameters": round(states.params), "gradients": round(states.grads), "optimizer": round(states.optimizer)}
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plait.facts.activations import ACTIVATION_BYTES, op_keeps_attention
-from plait.facts.model_state import padded_vocab
+from plait.facts.model_state import PipelineShare, padded_vocab
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.facts.weight_passes import (NO_PASSES, WeightPasses, end_gradient_bytes, end_passes, layer_gradient_bytes)
 from plait.layout import ZIGZAG_ALGORITHMS, Layout
@@ -252,15 +252,14 @@ def layer_times_by_recompute(spec: ModelSpec, hw: Hardware, layout: Layout, micr
     return under
 
 
-def gradient_seconds(workload: Workload, hw: Hardware, layout: Layout, layers: int, first: bool, last: bool) -> float:
-    """A step's accumulation of the gradients (plait.facts.weight_passes) on a rank of ``layers``
-    layers that holds the first and last stage as ``first`` and ``last`` say, the layers' at their
-    kernels' backward scale. It runs in the micro-batches' backwards; charged to the step, it leaves
+def gradient_seconds(workload: Workload, hw: Hardware, layout: Layout, share: PipelineShare) -> float:
+    """A step's accumulation of the gradients (plait.facts.weight_passes) on a rank holding ``share``
+    of the model, the layers' at their kernels' backward scale. It runs in the micro-batches' backwards; charged to the step, it leaves
     out what it would add to a pipeline's bubble, at most (pp − 1)/m of it."""
     spec, precision, kernels = workload.spec, workload.precision, workload.kernels
     scale = hw.layer_kernel_scale.get(spec.family, UNSCALED)
-    return ((layers * scale.backward * layer_gradient_bytes(spec, layout, precision, kernels)
-             + end_gradient_bytes(spec, layout, precision, kernels, first, last)) / (hw.memory_gbps * 1e9))
+    return ((share.layers * scale.backward * layer_gradient_bytes(spec, layout, precision, kernels)
+             + end_gradient_bytes(spec, layout, precision, kernels, share.first, share.last)) / (hw.memory_gbps * 1e9))
 
 
 def end_pass_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str, kernels: Kernels, first: bool,

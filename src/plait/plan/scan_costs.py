@@ -11,7 +11,7 @@ from plait.facts.activations import (
     recompute_working_bytes,
 )
 from plait.facts.collectives import norm_gradient_elements
-from plait.facts.model_state import rank_model_states, reduction_rounds
+from plait.facts.model_state import PipelineShare, rank_model_states, reduction_rounds
 from plait.facts.weight_passes import WeightPasses, layer_passes
 from plait.layout import ZIGZAG_ALGORITHMS, Layout
 from plait.plan.compute import LayerTimes, end_pass_seconds, gradient_seconds, head_times, layer_times_by_recompute
@@ -88,9 +88,9 @@ class PassCosts:
         ends' on the first and on the last rank (with no stages, one rank holds both)."""
         layout = Layout(tp=tp, pp=pp, zero=zero, microbatches=m, grad_compression=self.compression)
         workload, hw = self.workload, self.hw
-        return (gradient_seconds(workload, hw, layout, 1, False, False),
-                gradient_seconds(workload, hw, layout, 0, True, pp == 1),
-                gradient_seconds(workload, hw, layout, 0, pp == 1, True))
+        return (gradient_seconds(workload, hw, layout, PipelineShare(1, False, False)),
+                gradient_seconds(workload, hw, layout, PipelineShare(0, True, pp == 1)),
+                gradient_seconds(workload, hw, layout, PipelineShare(0, pp == 1, True)))
 
     def _ends(self, tp: int, cp: int, sp: bool, mbs: int, stream: int) -> tuple[float, float, float, float]:
         """(head's work, embedding's work, head's activation bytes, its loss backward's passing bytes)
@@ -132,9 +132,9 @@ class LayoutCosts:
         states = self._rank_states.get(key)
         if states is None:
             spec, precision, kernels, pp = self.spec, self.precision, self.kernels, layout.pp
-            full = [rank_model_states(spec, layout, precision, per_rank, *ends, kernels).total
+            full = [rank_model_states(spec, layout, precision, PipelineShare(per_rank, *ends), kernels).total
                     for ends in ((True, pp == 1), (pp == 1, pp == 1), (pp == 1, True))]
-            fewer = rank_model_states(spec, layout, precision, per_rank - 1, pp == 1, pp == 1, kernels).total
+            fewer = rank_model_states(spec, layout, precision, PipelineShare(per_rank - 1, pp == 1, pp == 1), kernels).total
             states = self._rank_states[key] = RankStates(*full, full[1] - fewer)
         return states
 

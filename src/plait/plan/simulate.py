@@ -18,6 +18,7 @@ from plait.facts.buckets import BUCKET_CAP_BYTES, bucket_bytes
 from plait.facts.collectives import norm_gradient_elements, tied_embedding_bytes
 from plait.facts.recompute import block_recompute, chunk_recompute
 from plait.facts.model_state import (
+    PipelineShare,
     communicated_bytes, held_gradient_bytes, powersgd_elements, rank_layer_parameters, rank_model_states, rank_parameters,
     rank_tensor_shapes, rank_tensors, reduced_gradient_elements, reduction_rounds, zero_group,
 )
@@ -77,12 +78,13 @@ def check_layout(workload: Workload, gpus: int, layout: Layout) -> int:
     return workload.global_batch // (layout.dp * layout.microbatches)
 
 
-def stage_memory(workload: Workload, hw: Hardware, layout: Layout, micro_batch: int, layers: int,
-                 first: bool, last: bool, activations: float, kept_in_every_chunk: bool) -> RankMemory:
-    """Peak bytes of one rank of a pipeline stage holding ``layers`` layers and ``activations``, and
-    under recomputation what the block its backward replays adds (``replayed_block_bytes``)."""
+def stage_memory(workload: Workload, hw: Hardware, layout: Layout, micro_batch: int, share: PipelineShare,
+                 activations: float, kept_in_every_chunk: bool) -> RankMemory:
+    """Peak bytes of one rank of a pipeline stage holding ``share`` of the model and ``activations``,
+    and under recomputation what the block its backward replays adds (``replayed_block_bytes``)."""
     spec, precision, kernels = workload.spec, workload.precision, workload.kernels
-    states = rank_model_states(spec, layout, precision, layers, first, last, kernels)
+    layers, last = share.layers, share.last
+    states = rank_model_states(spec, layout, precision, share, kernels)
     other = other_bytes(spec, layout, micro_batch, precision, hw.reserved_bytes, kernels)
     loss = loss_backward_bytes(spec, micro_batch, layout.tp, layout.cp, kernels, precision) if last else 0.0
     head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision, kernels) if last else 0.0
@@ -271,16 +273,16 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         mine = range(rank, pp * v, pp)
         layers = sum(counts[c] for c in mine)
         first, last = 0 in mine, pp * v - 1 in mine
+        share = PipelineShare(layers, first, last)
         params = rank_parameters(spec, layers, first, last, layout.tp)
         flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp),
                             norm_gradient_elements(spec, layers, last, layout.tp, layout.sp))
         forward = gather_window(sum(chunks[c].forward for c in mine), v, pp, m)
-        gradients = gradient_seconds(workload, hw, layout, layers, first, last)
+        gradients = gradient_seconds(workload, hw, layout, share)
         tails.append((flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer, gradients))
         kept = (layout.recompute_layers is not None
                 and min((counts[c] for c in mine if counts[c]), default=0) > layout.recompute_layers)
-        memories.append(stage_memory(workload, hw, layout, micro_batch, layers, first, last, played.peak_activations[rank],
-                                     kept))
+        memories.append(stage_memory(workload, hw, layout, micro_batch, share, played.peak_activations[rank], kept))
     step = played.step_time + max(sum(tail) for tail in tails)
     # Offloaded activations in host memory, at the most any rank holds (as the device's peak, from the play).
     host = max(play(layout.schedule, pp, v, m, chunks, boundaries,
