@@ -19,7 +19,7 @@ from plait.facts.validity import run_problems
 from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.plan.hardware import hardware
-from plait.plan.pipeline import estimate_step
+from plait.plan.pipeline import StageWork, estimate_step
 from plait.plan.simulate import evaluate
 from plait.plan.workload import Workload
 from plait.plan.space import schedule_choices
@@ -59,7 +59,7 @@ def test_an_unregistered_name_is_refused_everywhere(tmp_path, capsys):
     assert NAME not in SCHEDULES
     for refused in (lambda: generate(NAME, 2, 4), lambda: Layout(pp=2, schedule=NAME).validate(),
                     lambda: in_flight_chunks(NAME, 2, 1, 4, 0),
-                    lambda: estimate_step(NAME, 2, 1, 4, 1.0, 1.0, 1.0, 0.0)):
+                    lambda: estimate_step(NAME, 2, 1, 4, StageWork(1.0, 1.0, 1.0, 0.0))):
         with pytest.raises(ConfigError, match=f"unknown pipeline schedule '{NAME}'; use one of naive, gpipe"):
             refused()
     with pytest.raises(ValueError, match=f"Kernels names pipeline schedule '{NAME}'"):

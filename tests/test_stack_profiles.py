@@ -620,8 +620,7 @@ def test_megatrons_interleaved_exchange_makes_a_forward_output_wait_a_backward()
     counts = tuple(len(r) for r in split_layers(case.spec, layout.pp, layout.virtual_stages, layout.stage_layers))
     chunks = chunk_costs(case.spec, hw, layout, micro_batch, "bf16", case.kernels, counts)
     boundaries = stage_boundaries(case.spec, hw, layout, micro_batch, "bf16", case.kernels)
-    as_made, paired = (play(layout.schedule, layout.pp, layout.virtual_stages, layout.microbatches, chunks, boundaries,
-                            [0.0] * len(chunks), after).step_time for after in (False, True))
+    as_made, paired = (play(layout, chunks, boundaries, [0.0] * len(chunks), after).step_time for after in (False, True))
     assert paired > as_made
 
 

@@ -15,6 +15,7 @@ from plait.facts.validity import pipeline_problems
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
 from plait.plan.space import schedule_choices
+from plait.schedules.registry import ScheduleSpec
 from plait.schedules.split import split_layers
 
 
@@ -166,12 +167,25 @@ def fewest_recomputed(ranks: tuple, kept: float, recomputed: float, head: float,
     return low
 
 
-def partial_candidate(ranks: tuple, v: int, per_rc: dict, blocks: int, per_rank: int, head: float, working: float,
-                      splits_backward: bool, freed: float) -> tuple:
+class ScheduleChoice(NamedTuple):
+    """One schedule of a layout as its step and peaks read it."""
+
+    name: str
+    v: int
+    pipeline: ScheduleSpec
+    ranks: tuple[tuple[RankHold, float], ...]  # each examined rank's hold and bytes besides its activations
+    first_layers: int
+    last_layers: int
+    middle_layers: int  # the most a middle rank holds
+
+
+def partial_candidate(choice: ScheduleChoice, per_rc: dict, blocks: int, per_rank: int, head: float, working: float,
+                      freed: float) -> tuple:
     """(``full``, the per-layer figures of a chunk recomputing its first ``blocks`` layers, its peak
-    with the replayed block's ``working`` bytes where they add, ``blocks``): time a blend of none and
-    full by the share of a rank's layers recomputed (``per_rc``'s figures are named tuples, each held
-    bytes first)."""
+    with the replayed block's ``working`` bytes where they add, ``blocks``) under ``choice``'s
+    schedule: time a blend of none and full by the share of a rank's layers recomputed (``per_rc``'s
+    figures are named tuples, each held bytes first)."""
+    ranks, v, splits_backward = choice.ranks, choice.v, choice.pipeline.splits_backward
     kept, recomputed = per_rc["none"], per_rc["full"]
     share = min(1.0, blocks * v / per_rank)
     blend = kept._make(share * r + (1 - share) * k for k, r in zip(kept, recomputed))

@@ -16,10 +16,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from plait.facts.in_flight import peak_activation_bytes
+from plait.layout import Layout
 from plait.plan.costs import Boundaries, ChunkCost
 from plait.schedules import Action, Kind, Schedule, ScheduleSpec, generate, schedule_spec
 from plait.schedules.actions import COMPUTE_KINDS, crossed_boundary
@@ -99,14 +101,13 @@ def action_lists(schedule: ScheduleSpec, pp: int, microbatches: int, virtual_sta
     return compile_schedule(generate(schedule.name, pp, microbatches, virtual_stages, sends_after_backward))
 
 
-def play(
-    name: str, pp: int, virtual_stages: int, microbatches: int,
-    chunks: Sequence[ChunkCost], boundaries: Boundaries, chunk_bytes: Sequence[float],
-    sends_after_backward: bool = False,
-) -> Played:
-    """Step time, busy time and peak activations of ``name`` played with these per-chunk costs
-    (``sends_after_backward``: plait.schedules.generators.with_transfers)."""
-    schedule = schedule_spec(name)
+def play(layout: Layout, chunks: Sequence[ChunkCost], boundaries: Boundaries, chunk_bytes: Sequence[float],
+         sends_after_backward: bool = False) -> Played:
+    """Step time, busy time and peak activations of ``layout``'s schedule over its pp, virtual stages
+    and micro-batches, played with these per-chunk costs (``sends_after_backward``:
+    plait.schedules.generators.with_transfers)."""
+    schedule = schedule_spec(layout.schedule)
+    pp, virtual_stages, microbatches = layout.pp, layout.virtual_stages, layout.microbatches
     short = schedule.steady_after * pp
     longer = short + pp
     if pp == 1 or microbatches <= longer:
@@ -129,17 +130,28 @@ def play(
     )
 
 
-def estimate_step(name: str, pp: int, virtual_stages: int, microbatches: int,
-                  mean: float, slowest: float, fill: float, flight: float) -> float:
-    """Closed-form pipeline time: m times the slowest rank's work per micro-batch plus the bubble.
+class StageWork(NamedTuple):
+    """Seconds a pipeline's closed form (``estimate_step``) reads, per micro-batch.
 
     ``mean`` and ``slowest`` are the average and the largest forward + backward seconds per
     micro-batch of one rank over all its chunks; ``fill`` is the work that cannot overlap while
     the pipeline fills and drains, per stage, as the schedule's ``Fill`` says: (F + B)/v for gpipe,
     1f1b and interleaved (Narayanan et al. 2021), F + I − W for zb-h1 (Qi et al. 2023), each with the
-    stack's own cost of a chunk's two passes (``Kernels.chunk_pass_s``); naive runs one stage at a time.
+    stack's own cost of a chunk's two passes (``Kernels.chunk_pass_s``); ``flight`` is a boundary's
+    transfer in flight.
     """
+
+    mean: float
+    slowest: float
+    fill: float
+    flight: float
+
+
+def estimate_step(name: str, pp: int, virtual_stages: int, microbatches: int, work: StageWork) -> float:
+    """Closed-form pipeline time: m times the slowest rank's work per micro-batch plus the bubble;
+    naive runs one stage at a time. (The planner's scan calls it for every schedule it weighs, before
+    any Layout of that schedule exists, so it takes the schedule's sizes.)"""
     m, p = microbatches, pp
     if schedule_spec(name).fill is Fill.SERIAL:
-        return m * (p * mean + 2 * (p - 1) * flight)
-    return m * slowest + (p - 1) * fill + 2 * (p - 1) * flight * virtual_stages
+        return m * (p * work.mean + 2 * (p - 1) * work.flight)
+    return m * work.slowest + (p - 1) * work.fill + 2 * (p - 1) * work.flight * virtual_stages

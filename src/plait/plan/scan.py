@@ -33,16 +33,16 @@ from plait.plan.compute import LayerTimes
 from plait.plan.hardware import Hardware
 from plait.plan.memory import other_bytes
 from plait.plan.peaks import (
-    RankHold, StageShapes, beside_activations, fewest_recomputed, least_memory_at_larger_microbatches,
+    RankHold, ScheduleChoice, StageShapes, beside_activations, fewest_recomputed, least_memory_at_larger_microbatches,
     partial_candidate, replayed_block_extra_bytes, schedule_peak,
 )
-from plait.plan.pipeline import estimate_step
+from plait.plan.pipeline import StageWork, estimate_step
 from plait.plan.ranking import complexity, full_shard_ranks
 from plait.plan.scan_costs import LayerWork, LayoutCosts, PassCosts, StreamCosts
 from plait.plan.simulate import FlushCosts, gather_window
 from plait.plan.workload import Workload
 from plait.plan.space import divisors, meshes, options, refused, scanned_fields, scanned_layout, zero_choices
-from plait.schedules.registry import Fill, ScheduleSpec, schedule_spec
+from plait.schedules.registry import Fill, schedule_spec
 
 
 @dataclass
@@ -209,18 +209,6 @@ class StepTerms(NamedTuple):
     fastest_first: list[str]  # the accepted recomputations, least work first
     split_fastest_first: list[str]  # of those, what a split backward can run
     try_partial: bool  # whether recomputing some blocks could be kept (never faster than none)
-
-
-class ScheduleChoice(NamedTuple):
-    """One schedule of a layout as its step and peaks read it."""
-
-    name: str
-    v: int
-    pipeline: ScheduleSpec
-    ranks: tuple[tuple[RankHold, float], ...]  # each examined rank's hold and bytes besides its activations
-    first_layers: int
-    last_layers: int
-    middle_layers: int  # the most a middle rank holds
 
 
 def scan(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: int | None, keep: int,
@@ -579,8 +567,7 @@ def partial_recomputation(setup: ScanSetup, candidate: Candidate, memory: RankMe
                                                 head, setup.capacity - replayed)
     if pinned_blocks or blocks is not None and blocks * choice.v < min(
             hold.layers for hold, _ in choice.ranks if hold.layers):
-        return partial_candidate(choice.ranks, choice.v, by_recompute, blocks, candidate.mesh.per_rank, head,
-                                 full_working, choice.pipeline.splits_backward, memory.freed)
+        return partial_candidate(choice, by_recompute, blocks, candidate.mesh.per_rank, head, full_working, memory.freed)
     return None
 
 
@@ -613,5 +600,5 @@ def schedule_step(setup: ScanSetup, candidate: Candidate, memory: RankMemory, te
     gradients = max(choice.first_layers * beside.layer_gradients + beside.first_gradients,
                     choice.last_layers * beside.layer_gradients + beside.last_gradients,
                     choice.middle_layers * beside.layer_gradients)
-    return (estimate_step(name, pp, v, m, costs.mean + sending, slowest + sending, fill, memory.ends.flight) + flushed
-            + gradients)
+    work = StageWork(costs.mean + sending, slowest + sending, fill, memory.ends.flight)
+    return estimate_step(name, pp, v, m, work) + flushed + gradients

@@ -47,15 +47,25 @@ class SearchResult:
 
 
 def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = None,
-           micro_batch: int | None = None, top: int = PLAYED, tie_break: str = "simplicity",
-           hint: bool = True) -> SearchResult:
-    """Rank the layouts of ``gpus`` devices that fit; raise ConfigError (saying, with ``hint``, what
-    would fit) if none does.
+           micro_batch: int | None = None, top: int = PLAYED, tie_break: str = "simplicity") -> SearchResult:
+    """Rank the layouts of ``gpus`` devices that fit; raise ConfigError (saying what would fit) if
+    none does.
 
     Every layout ranked passes the one validation ``plait train`` uses (plait.facts.validity).
     """
     fixed = fixed or {}
     hw = stack_hardware(hw, workload.kernels)
+    found, ranked = _fitting(workload, hw, gpus, fixed, micro_batch, top, tie_break)
+    if not ranked:
+        raise NothingFits(_does_not_fit(workload, hw, gpus, found, fixed, micro_batch, tie_break))
+    return SearchResult(ranked[:top], found.scored, found.fitting, explain(ranked, found, hw, tie_break), found.bounded,
+                        found.oversized)
+
+
+def _fitting(workload: Workload, hw: Hardware, gpus: int, fixed: dict, micro_batch: int | None, top: int,
+             tie_break: str) -> tuple[Scan, list[Prediction]]:
+    """The scan of ``gpus`` devices on the stack's hardware ``hw``, and the layouts it keeps that fit
+    once played, ranked (none when nothing fits); ConfigError where no layout agrees with the flags."""
     if gpus > MAX_GPUS:
         raise ConfigError(f"{gpus:,} devices is beyond the {MAX_GPUS:,} the planner searches; plan one pod or "
                           "data-parallel replica group and scale it")
@@ -71,16 +81,14 @@ def search(workload: Workload, hw: Hardware, gpus: int, fixed: dict | None = Non
         if len(ranked) >= max(top, PLAYED):
             break
     if not ranked:
-        raise NothingFits(_does_not_fit(workload, hw, gpus, found, fixed, micro_batch, tie_break, hint))
+        return found, ranked
     if tie_break == "simplicity":  # the simpler contenders the fastest few left out
         played = {p.layout for p in ranked}
         for layout in found.simpler_layouts(fixed.get("stage_layers")):
             prediction = evaluate(workload, hw, gpus, layout) if layout not in played else None
             if prediction and prediction.fits:
                 ranked.append(prediction)
-    ranked = rank(ranked, hw.gpus_per_node, workload.spec.seq_len, tie_break)
-    return SearchResult(ranked[:top], found.scored, found.fitting, explain(ranked, found, hw, tie_break), found.bounded,
-                        found.oversized)
+    return found, rank(ranked, hw.gpus_per_node, workload.spec.seq_len, tie_break)
 
 
 def _nothing_valid(workload: Workload, gpus: int, fixed: dict) -> str:
@@ -116,12 +124,10 @@ MESH_PINS = ("dp", "tp", "cp", "pp", "dp_replicate", "microbatches", "virtual_st
 
 
 def _does_not_fit(workload: Workload, hw: Hardware, gpus: int, found: Scan, fixed: dict, micro_batch: int | None,
-                  tie_break: str, hint: bool) -> str:
+                  tie_break: str) -> str:
     peak, fields = found.smallest
     head = (f"no layout fits {gpus} × {hw.name} ({hw.memory_bytes / 1e9:.0f} GB each, {hw.memory_headroom:.0%} kept free): the smallest, "
             f"{scanned_layout(fields).describe()}, needs {peak / 1e9:.1f} GB per GPU")
-    if not hint:
-        return head
     # The fewest GPUs that fit it, at the same global batch or at as many sequences a GPU, and plan's
     # pick there under the same choices but the mesh's.
     kept = {name: value for name, value in fixed.items() if name not in MESH_PINS}
@@ -131,10 +137,12 @@ def _does_not_fit(workload: Workload, hw: Hardware, gpus: int, found: Scan, fixe
             if not scan(wider, hw, gpus * scale, kept, micro_batch, keep=1).fitting:
                 continue
             try:
-                pick = search(wider, hw, gpus * scale, kept, micro_batch, top=1, tie_break=tie_break,
-                              hint=False).ranked[0].layout.describe()
-            except ConfigError:  # beyond the devices the planner searches, or no pick fits once played
+                ranked = _fitting(wider, hw, gpus * scale, kept, micro_batch, 1, tie_break)[1]
+            except ConfigError:  # beyond the devices the planner searches
                 continue
+            if not ranked:  # no pick fits once played
+                continue
+            pick = ranked[0].layout.describe()
             kept = "the same global batch" if batch == workload.global_batch else f"global batch {batch} (as many a GPU)"
             return f"{head}; {gpus * scale} GPUs would fit it at {kept}, plan's pick there {pick}"
     return f"{head}; use a smaller model or GPUs with more memory"

@@ -266,8 +266,7 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
     chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
     boundaries = stage_boundaries(spec, hw, layout, micro_batch, precision, workload.kernels)
     paired = workload.kernels.sends_after_backward(layout.schedule)
-    played = play(layout.schedule, pp, v, m, chunks, boundaries, chunk_activation_bytes(workload, layout, micro_batch, counts),
-                  paired)
+    played = play(layout, chunks, boundaries, chunk_activation_bytes(workload, layout, micro_batch, counts), paired)
     tails, memories = [], []
     for rank in range(pp):
         mine = range(rank, pp * v, pp)
@@ -285,8 +284,8 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         memories.append(stage_memory(workload, hw, layout, micro_batch, share, played.peak_activations[rank], kept))
     step = played.step_time + max(sum(tail) for tail in tails)
     # Offloaded activations in host memory, at the most any rank holds (as the device's peak, from the play).
-    host = max(play(layout.schedule, pp, v, m, chunks, boundaries,
-                    chunk_offloaded_bytes(workload, layout, micro_batch, counts), paired).peak_activations) \
+    host = max(play(layout, chunks, boundaries, chunk_offloaded_bytes(workload, layout, micro_batch, counts),
+                    paired).peak_activations) \
         if layout.offload_activations else 0.0
     busiest = max(range(pp), key=lambda r: played.busy[r])
     comm_inside = m * sum(chunks[c].comm for c in range(busiest, pp * v, pp))
