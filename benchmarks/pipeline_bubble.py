@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from pipeline_common import StageClock, TimedChunk, batch, equal_chunks, run_on_ranks, slowest_action, stop_clock  # noqa: E402
 
 from plait.errors import ConfigError  # noqa: E402
-from plait.parallel.pipeline_executor import Executor  # noqa: E402
+from plait.parallel.pipeline_executor import BoundaryTransfers, Executor  # noqa: E402
 from plait.schedules import Kind, Schedule, Span, Timeline, generate, simulate, theoretical_bubble  # noqa: E402
 from plait.schedules import SCHEDULES as REGISTERED, schedule_spec  # noqa: E402
 
@@ -68,7 +68,7 @@ def measure(m: int, steps: int, width: int, depth: int, rows: int, names: list[s
             loss = torch.nn.functional.mse_loss(output, micro_targets[mb]) / m
             return stop_clock(loss, clocks[last]) if clocks else loss  # the last chunk's clock covers its loss
 
-        executor = Executor(schedule, rank, mine, loss_fn, lambda mb: (rows, width), None, torch.device("cpu"))
+        executor = Executor(schedule, rank, mine, loss_fn, BoundaryTransfers(None, torch.device("cpu"), lambda mb: (rows, width)))
         timelines = []
         for step in range(steps + 1):
             dist.barrier()

@@ -19,7 +19,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 sys.path.insert(0, str(Path(__file__).parent))
 from pipeline_common import alternating_medians, batch, equal_chunks, run_on_ranks  # noqa: E402
 
-from plait.parallel.pipeline_executor import Executor  # noqa: E402
+from plait.parallel.pipeline_executor import BoundaryTransfers, Executor  # noqa: E402
 from plait.schedules import generate  # noqa: E402
 
 
@@ -34,7 +34,8 @@ def compare(m: int, steps: int, width: int, depth: int, rows: int) -> dict:
     def loss_fn(output: torch.Tensor, mb: int) -> torch.Tensor:
         return torch.nn.functional.mse_loss(output, micro_targets[mb]) / m
 
-    executor = Executor(schedule, rank, {rank: ours}, loss_fn, lambda mb: (rows, width), None, torch.device("cpu"))
+    executor = Executor(schedule, rank, {rank: ours}, loss_fn,
+                        BoundaryTransfers(None, torch.device("cpu"), lambda mb: (rows, width)))
     stage = PipelineStage(theirs, rank, pp, torch.device("cpu"), input_args=micro_inputs[0])
     torch_schedule = Schedule1F1B(stage, m, loss_fn=torch.nn.functional.mse_loss)
 

@@ -151,15 +151,17 @@ def zero2_gradient_rows(config: RunConfig, bucket_bytes: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from plait.facts.model_state import owned_slice
+    from plait.parallel.gradient_shards import GradientSharding
     from plait.parallel.optimizer import BETAS, parameter_groups
     from plait.parallel.sharded_adamw import ShardedAdamW
+    from plait.parallel.zero_rows import RowSplit
     from plait.train.data import BatchSource, training_tokens
     from plait.train.loop import build_model
 
     topology = build_topology(config.layout, torch.device("cpu"))
     model, reference = build_model(config, torch.device("cpu")), build_model(config, torch.device("cpu"))
-    optimizer = ShardedAdamW(parameter_groups(model, 0.0), topology.mesh["dp"], lr=1e-3, betas=BETAS,
-                             gradient_chunks={0: list(model.parameters())}, bucket_bytes=bucket_bytes)
+    optimizer = ShardedAdamW(parameter_groups(model, 0.0), RowSplit(topology.mesh["dp"]), lr=1e-3, betas=BETAS,
+                             gradient_sharding=GradientSharding({0: list(model.parameters())}, bucket_bytes))
     source = BatchSource(training_tokens(config.train.data, config.model.vocab, config.model.seq_len),
                          config.model.seq_len, config.train.global_batch, config.train.seed)
 
@@ -232,14 +234,16 @@ def zero2_rows_over_micro_batches(config: RunConfig) -> dict:
     import torch.distributed as dist
 
     from plait.parallel.gradients import gradient_sync
+    from plait.parallel.gradient_shards import GradientSharding
     from plait.parallel.sharded_adamw import ShardedAdamW
+    from plait.parallel.zero_rows import RowSplit
     from plait.facts.model_state import owned_slice
 
     topology = build_topology(config.layout, torch.device("cpu"))
     rank, ranks = topology.coordinate("dp"), topology.size("dp")
     model = torch.nn.Linear(64, 48).to(torch.bfloat16)
-    optimizer = ShardedAdamW(model.parameters(), topology.mesh["dp"], lr=1e-3, betas=(0.9, 0.95),
-                             gradient_chunks={0: list(model.parameters())})
+    optimizer = ShardedAdamW(model.parameters(), RowSplit(topology.mesh["dp"]), lr=1e-3, betas=(0.9, 0.95),
+                             gradient_sharding=GradientSharding({0: list(model.parameters())}))
     expected = [torch.zeros(param.shape, dtype=torch.float64) for param in model.parameters()]
     whole_after = []
     generator = torch.Generator().manual_seed(rank)

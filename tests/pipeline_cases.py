@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from plait.parallel.pipeline_executor import Executor
+from plait.parallel.pipeline_executor import BoundaryTransfers, Executor
 from plait.schedules import generate
 
 WIDTH = 8
@@ -46,7 +46,7 @@ def run_toy_schedule(name: str, m: int, v: int) -> dict:
     def loss_fn(output: torch.Tensor, mb: int) -> torch.Tensor:
         return ((output - targets[mb]) ** 2).mean() / m
 
-    executor = Executor(schedule, rank, mine, loss_fn, lambda mb: (2, WIDTH), None, torch.device("cpu"))
+    executor = Executor(schedule, rank, mine, loss_fn, BoundaryTransfers(None, torch.device("cpu"), lambda mb: (2, WIDTH)))
     record = executor.run(list(inputs))
     return {
         "executed": [span.action for span in record.spans],

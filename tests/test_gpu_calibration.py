@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from plait.calibrate.gpu import fit_attention, fit_matmul_efficiency, measure_device
+from plait.calibrate.gpu import KernelShapes, fit_attention, fit_matmul_efficiency, measure_device
 from plait.calibrate.host import (
     PROBE_LAYERS, ProbeSizes, fit_host_overhead, host_probe_kernels, interleaved_medians, probe_spec,
 )
@@ -126,8 +126,9 @@ def test_a_device_calibration_writes_a_profile_the_planner_reads_back(tmp_path):
     sizes = ProbeSizes(working_shape={"hidden": 64, "heads": 2, "vocab": 32, "seq_len": 32}, working_micro_batch=1,
                        optimizer_sets={"small": [(32, 32)] * 4, "large": [(128, 128)] * 2, "mixed": [(64, 64)] * 3},
                        block_shapes=((2, 128, 128, 16, False), (2, 128, 128, 16, True), (2, 256, 128, 32, False)))
-    profile, fits = measure_device(H100, "probe", "fp32", sizes, [(128, 128, 128), (256, 128, 64), (64, 64, 64)],
-                                   [(2, 64, 16), (2, 128, 16), (4, 64, 32)], 2**12, 64)
+    shapes = KernelShapes([(128, 128, 128), (256, 128, 64), (64, 64, 64)], [(2, 64, 16), (2, 128, 16), (4, 64, 32)],
+                          2**12, 64)
+    profile, fits = measure_device(H100, "probe", "fp32", sizes, shapes)
     assert profile.name == "probe" and profile.matmul_efficiency > 0 and profile.attention_backward_efficiency > 0
     assert set(profile.layer_kernel_scale) == set(profile.host_overhead) == {"gpt2", "llama"}
     assert len(fits["matmul"]) == 3 and len(fits["attention"]) == 3 and len(fits["working_layers"]) == 8

@@ -22,7 +22,7 @@ come from the catalog entry the driver's device name gives (plait.plan.hardware.
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -67,7 +67,21 @@ GPU_SIZES = ProbeSizes(
         "mixed": [(2048, 2048)] * 16 + [(2048,)] * 16,
     },
 )
-ELEMENTWISE_ELEMENTS, NORM_WIDTH = 2**26, 2048
+
+
+@dataclass(frozen=True)
+class KernelShapes:
+    """The sizes at which ``measure_device`` times the device's own kernels: its ``matmuls``
+    (tokens, output features, input features), its fused ``attention`` (batch·heads, sequence, head
+    dim), and the ``elementwise_elements`` and a norm's ``norm_width`` of its elementwise passes."""
+
+    matmuls: list[tuple[int, int, int]]
+    attention: list[tuple[int, int, int]]
+    elementwise_elements: int
+    norm_width: int
+
+
+GPU_KERNEL_SHAPES = KernelShapes(GPU_MATMULS, GPU_ATTENTION, 2**26, 2048)
 
 
 def fit_matmul_efficiency(base: Hardware, precision: str, matmuls: list[tuple[tuple[int, int, int], float]]) -> tuple[float, float]:
@@ -112,12 +126,13 @@ def fit_attention(timed: list[tuple[tuple[int, int, int], float, float]], profil
     return figures, points
 
 
-def measure_device(base: Hardware, name: str, precision: str, sizes: ProbeSizes, matmul_shapes: list[tuple[int, int, int]],
-                   attention_shapes: list[tuple[int, int, int]], elements: int, width: int) -> tuple[Hardware, dict]:
-    """``base`` with every compute figure measured on ``sizes.device``, and each fit's points."""
+def measure_device(base: Hardware, name: str, precision: str, sizes: ProbeSizes,
+                   shapes: KernelShapes) -> tuple[Hardware, dict]:
+    """``base`` with every compute figure measured on ``sizes.device`` (its kernels at ``shapes``),
+    and each fit's points."""
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     probes = {}
-    for m, n, k in matmul_shapes:
+    for m, n, k in shapes.matmuls:
         x, w = (torch.randn(rows, k, dtype=dtype, device=sizes.device) for rows in (m, n))
         probes[m, n, k] = lambda x=x, w=w: F.linear(x, w)
     layers = working_layer_probes(precision, sizes)
@@ -126,12 +141,12 @@ def measure_device(base: Hardware, name: str, precision: str, sizes: ProbeSizes,
     del probes, layers  # (their tensors and four models: 15 GB at a GPU's sizes)
     if sizes.device.type == "cuda":
         torch.cuda.empty_cache()
-    matmuls = [(shape, times[shape]) for shape in matmul_shapes]
+    matmuls = [(shape, times[shape]) for shape in shapes.matmuls]
     efficiency, launch = fit_matmul_efficiency(base, precision, matmuls)
-    memory_gbps, activation_gbps = measure_elementwise_gbps(dtype, sizes, elements, width)
+    memory_gbps, activation_gbps = measure_elementwise_gbps(dtype, sizes, shapes.elementwise_elements, shapes.norm_width)
     profile = replace(base, name=name, matmul_efficiency=efficiency, kernel_overhead_s=launch, memory_gbps=memory_gbps,
                       activation_gbps=activation_gbps, host_overhead={}, layer_kernel_scale={})
-    attention, attention_points = fit_attention(time_attention(dtype, sizes, attention_shapes), profile, precision)
+    attention, attention_points = fit_attention(time_attention(dtype, sizes, shapes.attention), profile, precision)
     block_points = measure_block_attention(dtype, sizes, profile, precision)
     per_parameter, per_tensor, optimizer_points = measure_optimizer(sizes)
     profile = replace(profile, **attention, **block_attention_fields(block_points), optimizer_parameter_s=per_parameter,
@@ -158,8 +173,7 @@ def calibrate_gpu(out: str | Path, name: str, precision: str) -> Hardware:
     if entry is None:
         raise ConfigError(f"the catalog holds no entry for {device_name!r}, whose links and peak a GPU calibration "
                           "starts from; name a catalog GPU with `plait plan --gpu` instead")
-    profile, fits = measure_device(hardware(entry), name, precision, GPU_SIZES, GPU_MATMULS, GPU_ATTENTION,
-                                   ELEMENTWISE_ELEMENTS, NORM_WIDTH)
+    profile, fits = measure_device(hardware(entry), name, precision, GPU_SIZES, GPU_KERNEL_SHAPES)
     fits = {**fits, "device_name": device_name, "catalog_entry": entry}
     save_profile(profile, out, fits)
     return profile

@@ -6,7 +6,7 @@ Megatron-LM's distributed optimizer and torchtitan's FSDP2 (``plait.topology``).
 - stage 0: replicated parameters; plait's bucketed gradient all-reduce overlapping backward
   (``plait.parallel.gradient_buckets``), or PyTorch DDP where PowerSGD compresses (``uses_ddp``).
 - stage 1: the same plus ``ShardedAdamW``: each rank keeps the optimizer state of 1/Nd of every parameter.
-- stage 2: ``ShardedAdamW`` with ``gradient_chunks``: replicated parameters, no wrapper; the
+- stage 2: ``ShardedAdamW`` with a ``GradientSharding``: replicated parameters, no wrapper; the
   optimizer's hooks reduce-scatter the gradients in buckets, overlapping backward, into fp32 rows:
   every micro-batch's, or on a pipeline stage the schedule's accumulated ones.
 - stages 1 and 2 under tensor parallelism: the same, on the rows of each rank's tp shard, as
@@ -55,7 +55,7 @@ def apply_data_parallel(model: nn.Module, topology: Topology, precision: str = "
 def shard_data_parallel(model: nn.Module, topology: Topology, precision: str = "fp32") -> nn.Module:
     """What decides what a rank keeps, applied on the meta device too: ZeRO 1 and 2's bf16
     parameters, ZeRO-3's FSDP2 shards (over ZeRO's group, 2-D over DTensors already split over tp).
-    Stage 2 needs no wrapper: ``ShardedAdamW(gradient_chunks=...)`` reduce-scatters the gradients
+    Stage 2 needs no wrapper: ``ShardedAdamW(gradient_sharding=...)`` reduce-scatters the gradients
     itself."""
     if topology.size(topology.replica_dim) == 1:
         return model

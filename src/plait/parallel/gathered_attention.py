@@ -45,12 +45,12 @@ def gathered_forward(q: torch.Tensor, blocks: torch.Tensor, rank: int) -> tuple[
 def gathered_backward(grad_out: torch.Tensor, q: torch.Tensor, blocks: torch.Tensor, out: torch.Tensor,
                       lse: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(dq in q's dtype, this rank's fp32 share of every block's dK/dV, shaped as ``blocks``)."""
-    queries, grad_out, delta, grad_q = backward_start(grad_out, q, out, blocks.shape[3])
+    side = backward_start(grad_out, q, out, lse, blocks.shape[3])
     grad_blocks = torch.zeros(blocks.shape, dtype=torch.float32, device=q.device)
     for source in range(blocks.shape[0]):
-        cols, block_kv = block_backward(queries, blocks[source], grad_out, lse, delta, rank, source, grad_q)
+        cols, block_kv = block_backward(side, blocks[source], rank, source)
         grad_blocks[source][..., cols, :] += block_kv
-    return grad_q.flatten(1, 2).to(q.dtype), grad_blocks
+    return side.grad_q.flatten(1, 2).to(q.dtype), grad_blocks
 
 
 class _GatheredAttention(torch.autograd.Function):

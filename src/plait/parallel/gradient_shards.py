@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -38,6 +39,18 @@ from plait.parallel.zero_rows import RowSplit
 # before 2.13 has only those.
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
+
+@dataclass(frozen=True)
+class GradientSharding:
+    """How ZeRO-2 reduce-scatters the gradients: ``chunks`` maps each chunk to the model's parameters
+    in order (one chunk without pipeline parallelism), bucketed in the reverse of that order
+    (``bucket_bytes``, None for plait.facts.buckets' rule), in backward or, on a pipeline stage
+    (``per_chunk``), as its executor finishes each chunk."""
+
+    chunks: Mapping[int, list[nn.Parameter]]
+    bucket_bytes: int | None = None
+    per_chunk: bool = False
 
 
 class GradientReduceScatter(GradientBuckets):

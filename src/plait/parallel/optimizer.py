@@ -10,7 +10,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from plait.parallel.data import zero_optimizer_mesh
+from plait.parallel.gradient_shards import GradientSharding
 from plait.parallel.sharded_adamw import ShardedAdamW
+from plait.parallel.zero_rows import RowSplit
 from plait.topology import Topology
 
 BETAS = (0.9, 0.95)
@@ -34,9 +36,9 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float, topology: 
     default the whole model) finishes its backward."""
     groups = parameter_groups(model, weight_decay)
     if topology is not None and (mesh := zero_optimizer_mesh(topology)) is not None:
-        order = (chunks or {0: list(model.parameters())}) if topology.layout.zero == 2 else None
-        return ShardedAdamW(groups, mesh, lr=lr, betas=BETAS, gradient_chunks=order, tp_dp_mesh=topology.tp_dp_mesh,
-                            per_chunk=topology.size("pp") > 1)
+        sharding = (GradientSharding(chunks or {0: list(model.parameters())}, per_chunk=topology.size("pp") > 1)
+                    if topology.layout.zero == 2 else None)
+        return ShardedAdamW(groups, RowSplit(mesh, topology.tp_dp_mesh), lr=lr, betas=BETAS, gradient_sharding=sharding)
     # fused=True: PyTorch's single-kernel AdamW (CPU and CUDA; plain and DTensor parameters), several
     # times faster than the per-tensor loop. Each element's update depends on that element alone,
     # so every sharding of the parameters gives the single-process result.

@@ -30,7 +30,7 @@ from torch import nn
 
 from plait.models.vocabulary import vocabulary_logits
 from plait.progress import Progress
-from plait.parallel.pipeline_executor import ChunkReduction, Executor, StepRecord
+from plait.parallel.pipeline_executor import BoundaryTransfers, ChunkReduction, Executor, StepRecord
 from plait.parallel.cross_entropy import cross_entropy
 from plait.schedules.actions import Schedule
 from plait.schedules.forward_only import forward_only
@@ -173,8 +173,8 @@ class Pipeline:
         reduction = self.gradient_buckets if schedule is self.schedule else None
         # Hidden states and their gradients cross stages in the residual stream's dtype, the weights'.
         dtype = next(self.model.parameters()).dtype
-        executor = Executor(schedule, self.pp_rank, chunks, loss_fn, recv_shape, self.pp_group, self.device,
-                            dtype=dtype, reduction=reduction, progress=progress)
+        executor = Executor(schedule, self.pp_rank, chunks, loss_fn,
+                            BoundaryTransfers(self.pp_group, self.device, recv_shape, dtype), reduction, progress)
         progress.operation("pp barrier before the schedule")
         dist.barrier(group=self.pp_group)  # a common start, so every rank's spans share one clock origin
         record = executor.run([inputs for inputs, _ in micro_batches])

@@ -12,7 +12,7 @@ Blocking rules (the ones ``plait.schedules.simulate`` plays): a send is an ``ise
 not wait for (its handle is kept and waited at the end of the step); a receive blocks at its place
 in the list until the message is there. Activations and gradients travel with different tags, so
 each (sender, receiver, activation|grad) pair is one ordered channel. The ``irecv`` behind a
-receive is posted a few receives ahead (``prefetch``), in list order so channels stay matched:
+receive is posted a few receives ahead (``PREFETCHED_RECEIVES``), in list order so channels stay matched:
 gloo moves a message only once its receive is posted, and a receive posted at the last moment would
 add a round trip to the peer's communication thread to every transfer.
 """
@@ -35,6 +35,7 @@ from plait.schedules.actions import Action, Kind, Schedule
 from plait.schedules.simulate import Span
 
 TAGS = {Kind.SEND_ACTIVATION: 0, Kind.RECV_ACTIVATION: 0, Kind.SEND_GRAD: 1, Kind.RECV_GRAD: 1}
+PREFETCHED_RECEIVES = 4
 LossFn = Callable[[torch.Tensor, int], torch.Tensor]
 GRADIENT_KINDS = (Kind.BACKWARD, Kind.BACKWARD_WEIGHT)  # the actions that accumulate weight gradients
 # Each action in words, as the stall watchdog reports it (a transfer names its peer after these).
@@ -68,6 +69,17 @@ class _MicroState:
     param_groups: list | None = None
 
 
+@dataclass(frozen=True)
+class BoundaryTransfers:
+    """How the hidden states that cross between chunks, and their gradients, travel: over ``group``
+    (None in one process) to and from ``device``, each micro-batch's ``recv_shape(mb)``, in ``dtype``."""
+
+    group: dist.ProcessGroup | None
+    device: torch.device
+    recv_shape: Callable[[int], tuple[int, ...]]
+    dtype: torch.dtype = torch.float32
+
+
 @dataclass
 class StepRecord:
     """One rank's step: the summed micro-batch loss (last stage only) and every action's span."""
@@ -82,8 +94,8 @@ class Executor:
 
     ``chunks`` maps each chunk this rank holds to a module taking the chunk's input (token ids on
     chunk 0, hidden states after) to its output (logits on the last chunk). ``loss_fn(logits, mb)``
-    gives the last chunk's loss, already scaled for accumulation. ``recv_shape(mb)`` is the shape of
-    the hidden states that cross between chunks; transfers are in ``dtype``. ``reduction`` starts
+    gives the last chunk's loss, already scaled for accumulation. ``transfers`` says how what crosses
+    between chunks travels, and the device the rank computes on. ``reduction`` starts
     each chunk's data-parallel gradient reduction right after its last backward action, so it
     overlaps what is left of the schedule. ``progress`` records each action as it starts, for the
     stall watchdog.
@@ -95,23 +107,19 @@ class Executor:
         rank: int,
         chunks: Mapping[int, nn.Module],
         loss_fn: LossFn,
-        recv_shape: Callable[[int], tuple[int, ...]],
-        group: dist.ProcessGroup | None,
-        device: torch.device,
-        dtype: torch.dtype = torch.float32,
-        prefetch: int = 4,
+        transfers: BoundaryTransfers,
         reduction: ChunkReduction | None = None,
         progress: Progress | None = None,
     ):
         self.schedule, self.rank, self.chunks = schedule, rank, chunks
-        self.prefetch = max(1, prefetch)
-        self.loss_fn, self.recv_shape, self.group = loss_fn, recv_shape, group
-        self.device, self.dtype = device, dtype
+        self.loss_fn, self.recv_shape, self.group = loss_fn, transfers.recv_shape, transfers.group
+        self.device, self.dtype = transfers.device, transfers.dtype
         self.last_chunk = schedule.num_chunks - 1
         self.reduction = reduction
         self.progress = progress or Progress()
         # Global ranks of the pp group's members: the watchdog names a transfer's peer as the job knows it.
-        self.global_ranks = dist.get_process_group_ranks(group) if group is not None else list(range(schedule.pp))
+        self.global_ranks = (dist.get_process_group_ranks(self.group) if self.group is not None
+                             else list(range(schedule.pp)))
         self.final = {index: chunk for chunk, index in last_gradient_actions(schedule.actions[rank]).items()}
 
     def run(self, inputs: list[torch.Tensor]) -> StepRecord:
@@ -126,7 +134,7 @@ class Executor:
         upcoming = deque(i for i, action in enumerate(actions) if action.kind.is_recv)
         posted: dict[int, tuple[dist.Work, torch.Tensor]] = {}
         for index, action in enumerate(actions):
-            while upcoming and len(posted) < self.prefetch:
+            while upcoming and len(posted) < PREFETCHED_RECEIVES:
                 ahead = upcoming.popleft()
                 posted[ahead] = self._post_receive(actions[ahead])
             state = states.setdefault((action.chunk, action.microbatch), _MicroState())

@@ -18,6 +18,7 @@ travelling gradients are fp32; the matrix products run in the inputs' precision.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -70,6 +71,7 @@ def merge_into(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, bl
     lse.copy_(merged)
 
 
+# (eight parameters: a numeric kernel's tensors, its mask flag and scale, as block_attention's)
 def block_gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
                     delta: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, ...]:
     """fp32 (dq, dk, dv) of one block, given the whole attention's log-sum-exp and delta = rowsum(dO·O).
@@ -105,24 +107,35 @@ def empty_attention(queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             torch.full(queries.shape[:-1], -math.inf, dtype=torch.float32, device=queries.device))
 
 
-def block_backward(queries: torch.Tensor, kv: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
-                   delta: torch.Tensor, rank: int, source: int, grad_q: torch.Tensor) -> tuple[slice, torch.Tensor]:
-    """Adds to ``grad_q`` the gradient through ``source``'s K/V block and returns (its rows of the
+class QuerySide(NamedTuple):
+    """This rank's queries' side of the attention backward, by kv-head: the queries, the output's
+    gradient, the forward's fp32 log-sum-exp, delta = rowsum(dO·O), and the fp32 dQ the blocks add to."""
+
+    queries: torch.Tensor
+    grad_out: torch.Tensor
+    lse: torch.Tensor
+    delta: torch.Tensor
+    grad_q: torch.Tensor
+
+
+def block_backward(side: QuerySide, kv: torch.Tensor, rank: int, source: int) -> tuple[slice, torch.Tensor]:
+    """Adds to ``side.grad_q`` the gradient through ``source``'s K/V block and returns (its rows of the
     block, the fp32 dK and dV of those rows stacked) for the block's holder to accumulate."""
+    queries = side.queries
     rows, cols, causal = step_blocks(rank, source, queries.shape[-2])
     block_q, block_k, block_v = block_gradients(
         queries[..., rows, :], kv[0, ..., cols, :].unsqueeze(2), kv[1, ..., cols, :].unsqueeze(2),
-        grad_out[..., rows, :], lse[..., rows], delta[..., rows], causal, queries.shape[-1] ** -0.5)
-    grad_q[..., rows, :] += block_q
+        side.grad_out[..., rows, :], side.lse[..., rows], side.delta[..., rows], causal, queries.shape[-1] ** -0.5)
+    side.grad_q[..., rows, :] += block_q
     return cols, torch.stack((block_k, block_v))
 
 
-def backward_start(grad_out: torch.Tensor, q: torch.Tensor, out: torch.Tensor,
-                   kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(queries, grad_out by kv-head, delta = rowsum(dO·O), an fp32 dQ of zeros) for ``block_backward``."""
+def backward_start(grad_out: torch.Tensor, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                   kv_heads: int) -> QuerySide:
+    """The queries' side of the backward for ``block_backward``, its dQ zeros."""
     queries, grad_out = by_kv_head(q, kv_heads), by_kv_head(grad_out, kv_heads)
     delta = (grad_out.float() * by_kv_head(out, kv_heads).float()).sum(-1)
-    return queries, grad_out, delta, torch.zeros(queries.shape, dtype=torch.float32, device=q.device)
+    return QuerySide(queries, grad_out, lse, delta, torch.zeros(queries.shape, dtype=torch.float32, device=q.device))
 
 
 def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,14 +154,13 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring) 
 def ring_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                   lse: torch.Tensor, ring: Ring) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in the inputs' dtypes: K/V go round again, each block's fp32 dK/dV travelling with it."""
-    queries, grad_out, delta, grad_q = backward_start(grad_out, q, out, k.shape[1])
+    side = backward_start(grad_out, q, out, lse, k.shape[1])
     kv = torch.stack((k, v))
     grad_kv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)  # for the K/V block held now
     returning = None
     for step in range(ring.size):
         transfer = ring.pass_on(kv) if step + 1 < ring.size else None
-        cols, block_kv = block_backward(queries, kv, grad_out, lse, delta, ring.rank, (ring.rank - step) % ring.size,
-                                        grad_q)
+        cols, block_kv = block_backward(side, kv, ring.rank, (ring.rank - step) % ring.size)
         if returning is not None:
             grad_kv = returning.wait()  # the gradient of the block just received, from the previous rank
         grad_kv[..., cols, :] += block_kv
@@ -156,7 +168,7 @@ def ring_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: t
         if transfer is not None:
             kv = transfer.wait()
     grad_kv = returning.wait()
-    return grad_q.flatten(1, 2).to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype)
+    return side.grad_q.flatten(1, 2).to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype)
 
 
 class _RingAttention(torch.autograd.Function):

@@ -14,16 +14,15 @@ parameters are the master rounded after every step.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.optim.adamw import adamw
 
 from plait.parallel.gradient_buckets import default_bucket_bytes
-from plait.parallel.gradient_shards import GradientReduceScatter, all_gather_single
+from plait.parallel.gradient_shards import GradientReduceScatter, GradientSharding, all_gather_single
 from plait.parallel.zero_rows import RowSplit, local_tensor
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -34,30 +33,26 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 # rank, which torch.distributed.checkpoint cannot reshard. Here every parameter is split by rows
 # like DTensor's Shard(0) and the moments are DTensors, so any layout can load the checkpoint.
 class ShardedAdamW(torch.optim.Optimizer):
-    """AdamW (decoupled weight decay, PyTorch's fused kernel, as ``build_optimizer``) with state sharded over ``mesh``.
+    """AdamW (decoupled weight decay, PyTorch's fused kernel, as ``build_optimizer``) with state sharded by ``split``.
 
-    ``mesh`` is ZeRO's group (the dp ranks, with the cp ranks beside them: ``Layout.zero_dim``); under
-    tensor parallelism ``tp_dp_mesh`` (plait.parallel.zero_rows) places the rows of each tp shard. With ``gradient_chunks`` (chunk → the model's parameters in
-    order; one chunk without pipeline parallelism) the gradients are reduce-scattered too (ZeRO-2),
-    bucketed in the reverse of that order (``bucket_bytes``, default plait.facts.buckets' rule),
-    in backward, or on a pipeline stage (``per_chunk``) as its executor finishes each chunk.
-    Parameters held in a lower precision than fp32 get an fp32 master copy of the owned rows
-    (``masters``)."""
+    ``split`` splits rows over ZeRO's group (the dp ranks, with the cp ranks beside them:
+    ``Layout.zero_dim``), and under tensor parallelism the rows of each tp shard. With
+    ``gradient_sharding`` the gradients are reduce-scattered too (ZeRO-2). Parameters held in a lower
+    precision than fp32 get an fp32 master copy of the owned rows (``masters``)."""
 
-    def __init__(self, params, mesh: DeviceMesh, lr: float, betas: tuple[float, float], eps: float = 1e-8,
-                 weight_decay: float = 1e-2, gradient_chunks: Mapping[int, list[nn.Parameter]] | None = None,
-                 bucket_bytes: int | None = None, tp_dp_mesh: DeviceMesh | None = None, per_chunk: bool = False):
+    def __init__(self, params, split: RowSplit, lr: float, betas: tuple[float, float], eps: float = 1e-8,
+                 weight_decay: float = 1e-2, gradient_sharding: GradientSharding | None = None):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
-        self.split = RowSplit(mesh, tp_dp_mesh)
+        self.split = split
         optimized = self._optimized()
         self.masters = {param: self.split.as_dtensor(self._rows_of(param).to(torch.float32, copy=True), param)
                         for param in optimized if param.dtype != torch.float32}
         self.gradient_shards = None
-        if gradient_chunks is not None:
+        if gradient_sharding is not None:
             stepped = set(optimized)
-            chunks = {chunk: [p for p in params if p in stepped] for chunk, params in gradient_chunks.items()}
-            limit = bucket_bytes or default_bucket_bytes([p for params in chunks.values() for p in params])
-            self.gradient_shards = GradientReduceScatter(chunks, self.split, limit, per_chunk)
+            chunks = {chunk: [p for p in params if p in stepped] for chunk, params in gradient_sharding.chunks.items()}
+            limit = gradient_sharding.bucket_bytes or default_bucket_bytes([p for params in chunks.values() for p in params])
+            self.gradient_shards = GradientReduceScatter(chunks, self.split, limit, gradient_sharding.per_chunk)
         self._buckets: list[list[list[tuple[torch.Tensor, slice]]]] | None = None  # per bucket, per rank
 
     def _optimized(self) -> list[torch.Tensor]:

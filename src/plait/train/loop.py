@@ -61,6 +61,21 @@ def no_spans(name: str, **args) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def _nothing() -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class StepWatchers:
+    """What observes a step without changing it: ``laid_out`` is called after backward, once the
+    gradients are laid out as their parameters, before they are reduced; ``span`` times the compute
+    spans of a traced step; ``progress`` records the pipeline's actions for the stall watchdog."""
+
+    laid_out: Callable[[], None] = _nothing
+    span: Spans = no_spans
+    progress: Progress = field(default_factory=Progress)
+
+
 class NonFiniteLoss(RuntimeError):
     """A step's global gradient norm or loss is NaN or infinite: the run stops, nothing of that step is
     kept. ``local_squares``: this rank's share of each group's squared gradient norm (``GradientNorms``),
@@ -171,19 +186,17 @@ def group_norms(local_squares: torch.Tensor, layers: int) -> dict[str, float]:
 
 def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: float, autocast: Callable,
                positions: torch.Tensor | None = None,
-               laid_out: Callable[[], None] = lambda: None, span: Spans = no_spans,
-               progress: Progress | None = None,
-               is_spike: Callable[[float], bool] | None = None) -> tuple[torch.Tensor, GradientNorms]:  # nine: its inputs, four observers
+               watchers: StepWatchers | None = None,
+               is_spike: Callable[[float], bool] | None = None) -> tuple[torch.Tensor, GradientNorms]:
     """One optimizer step: forward and backward, the gradients finished for the layout, clipping at
-    ``grad_clip`` (0: none), the step unless ``is_spike`` says the norm is a spike. Returns (this
-    rank's mean loss, the gradient norms).
+    ``grad_clip`` (0: none), the step unless ``is_spike`` says the norm is a spike, under ``watchers``.
+    Returns (this rank's mean loss, the gradient norms).
 
     ``autocast()`` gives the run's precision context; ``positions`` are those of the sequence slice
-    this rank holds under context parallelism; ``laid_out`` is called after backward, once the
-    gradients are laid out as their parameters, before they are reduced; ``span`` times the compute
-    spans of a traced step; ``progress`` records the pipeline's actions for the stall watchdog."""
+    this rank holds under context parallelism."""
+    watchers = watchers or StepWatchers()
+    laid_out, span, progress = watchers.laid_out, watchers.span, watchers.progress
     if parallel.pipeline is not None:
-        progress = progress or Progress()
         progress.phase("forward and backward")
         loss = parallel.pipeline.forward_backward(micro_batches, autocast, positions, progress)
     else:
@@ -323,9 +336,9 @@ def take_step(run: RankRun, step: int) -> dict:
         count = config.layout.microbatches
         micro = list(zip(inputs.chunk(count), targets.chunk(count)))
         try:
+            watchers = StepWatchers(run.meter.before_reduction, progress.marking(run.tracer.span), progress)
             local_loss, norms = train_step(run.parallel, micro, train_spec.grad_clip, lambda: autocast(config, device),
-                                           positions, run.meter.before_reduction, progress.marking(run.tracer.span),
-                                           progress, run.spikes.is_spike)
+                                           positions, watchers, run.spikes.is_spike)
         except NonFiniteLoss as error:  # raised on every rank alike, so every rank sums the groups' norms
             norms = group_norms(error.local_squares, config.model.layers)
             if run.log is not None:
