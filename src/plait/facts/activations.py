@@ -15,8 +15,6 @@ score matrices.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from plait.facts.model_state import padded_vocab
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.layout import ZIGZAG_ALGORITHMS, Layout
@@ -51,7 +49,7 @@ def recompute_working_bytes(spec: ModelSpec, layout: Layout, micro_batch: int, p
     if layout.recompute == "none":
         return 0.0
     kept = activation_bytes_per_layer(spec, layout, micro_batch, precision, kernels)
-    whole = activation_bytes_per_layer(spec, replace(layout, recompute="none"), micro_batch, precision, kernels)
+    whole = activation_bytes_per_layer(spec, layout.with_recompute("none"), micro_batch, precision, kernels)
     return max(0.0, whole - kept)
 
 

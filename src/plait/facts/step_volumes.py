@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import replace
 from itertools import chain
 
 from plait.facts.activations import ACTIVATION_BYTES, residual_stream_bytes
@@ -73,7 +72,7 @@ def _inside_the_model(spec: ModelSpec, layout: Layout, micro_batch: int, pp_rank
     layers, first, last = share
     e, stream = ACTIVATION_BYTES[precision], residual_stream_bytes(precision, layout.zero, layout.pp, STACKS["plait"])
     calls = [(call, blocks) for mode, blocks in rank_recompute(spec, layout, pp_rank).items()
-             for call in layer_collectives(spec, replace(layout, recompute=mode), micro_batch, e, stream)]
+             for call in layer_collectives(spec, layout.with_recompute(mode), micro_batch, e, stream)]
     calls += [(call, 1) for call in (embedding_collectives(spec, micro_batch, seq, tp, sp, cp, stream) if first else ())]
     calls += [(call, 1) for call in (head_collectives(spec, micro_batch, seq, tp, sp, cp, stream) if last else ())]
     for call, count in calls:

@@ -161,7 +161,7 @@ class LayoutCosts:
         for rc in self.costed:
             key = (tp, sp, cp, rc, mbs, weights, algorithm)
             if key not in cached:
-                recomputing = replace(layout, recompute=rc)
+                recomputing = layout.with_recompute(rc)
                 cached[key] = (
                     held_between_passes(activation_bytes_per_layer(spec, recomputing, mbs, precision, kernels),
                                         layout.offload_activations),
@@ -190,7 +190,7 @@ class LayoutCosts:
                (zero, dp * cp > 1) if self.hw.host_overhead else None, layout.cp_algorithm, passes, stream)
         work = self._layer_work.get(key)
         if work is None:
-            work = self._layer_work[key] = {rc: _layer_work(replace(layout, recompute=rc), self.workload, self.hw,
+            work = self._layer_work[key] = {rc: _layer_work(layout.with_recompute(rc), self.workload, self.hw,
                                                             mbs, times) for rc in self.costed}
         return work
 

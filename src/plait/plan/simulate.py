@@ -100,7 +100,7 @@ def chunk_activation_bytes(workload: Workload, layout: Layout, micro_batch: int,
     spec, precision = workload.spec, workload.precision
 
     def per_layer(mode: str) -> float:
-        return held_between_passes(activation_bytes_per_layer(spec, replace(layout, recompute=mode), micro_batch,
+        return held_between_passes(activation_bytes_per_layer(spec, layout.with_recompute(mode), micro_batch,
                                                               precision, workload.kernels), layout.offload_activations)
 
     head = head_activation_bytes(spec, micro_batch, layout.tp, layout.sp, layout.cp, precision, workload.kernels)
