@@ -14,7 +14,7 @@ from plait.cli.schedule import add_schedule_command
 from plait.cli.train_help import document_train_defaults
 from plait.cli.training import add_prediction_arguments, run_train
 from plait.cli.verify import add_verify_command
-from plait.config import add_layout_arguments, add_model_arguments, add_train_arguments
+from plait.cli.flags import add_layout_arguments, add_model_arguments, add_train_arguments
 from plait.errors import ConfigError
 from plait.train.start import inside_torchrun
 from plait.version import plait_version

@@ -16,7 +16,8 @@ from pathlib import Path
 from plait.cli.device import add_device_overrides, device_hardware
 from plait.cli.outputs import check_output_file
 from plait.cli.training import train_command
-from plait.config import add_layout_arguments, add_model_arguments, layout_values
+from plait.cli.flags import add_layout_arguments, add_model_arguments
+from plait.config import layout_values
 from plait.errors import ConfigError
 from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.layout import PRECISIONS, Layout, default_precision

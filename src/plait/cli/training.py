@@ -12,9 +12,8 @@ import argparse
 import os
 
 from plait.cli.device import OVERRIDE_FLAGS, add_device_overrides, device_hardware, given_overrides, override_flags
-from plait.config import (
-    RunConfig, config_from_args, config_tables, layout_values, model_and_train, model_flags, on_device,
-)
+from plait.cli.flags import model_flags
+from plait.config import RunConfig, config_from_args, config_tables, layout_values, model_and_train, on_device
 from plait.errors import ConfigError
 from plait.facts.model_state import fullest_rank_model_states
 from plait.facts.stack import DEFAULT_STACK, STACKS

@@ -7,7 +7,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from plait.config import add_layout_arguments, add_model_arguments, config_from_args
+from plait.cli.flags import add_layout_arguments, add_model_arguments
+from plait.config import config_from_args
 from plait.errors import ConfigError
 
 DEFAULT_STEPS = 5
