@@ -12,7 +12,7 @@ from benchmarks.published_case import Ablation, Case
 from benchmarks.stack_fits import predict
 from plait.facts.stack import STACKS
 from plait.models.spec import ModelSpec
-from plait.plan.hardware import device_memory
+from plait.hardware import device_memory
 
 # bigscience-workshop/bigscience experiments/tr3m-1B3.md (December 2021), run with the first version
 # of train/tr3-1B3-baseline/tr3m-1B3-emb-norm-pile.slurm: 24 layers, hidden 2,048, 16 heads, MLP

@@ -12,7 +12,7 @@ from __future__ import annotations
 from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.plan.comm import all_reduce_seconds, group_link
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 from plait.plan.simulate import evaluate
 from plait.plan.workload import Workload
 

@@ -32,7 +32,7 @@ import torch
 
 from plait.errors import ConfigError
 from plait.plan.compute import Gemm, gemm_seconds
-from plait.plan.hardware import Hardware, catalog_name_of, hardware
+from plait.hardware import Hardware, catalog_name_of, hardware
 from plait.plan.least_squares import relative_least_squares
 
 HIDDEN_SIZES = (1536, 2048, 4096, 5120, 6144, 8192, 12288)

@@ -25,7 +25,7 @@ import torch
 from benchmarks.gpu_mfu import train_one_rank
 from plait.layout import Layout
 from plait.explain.run import explain
-from plait.plan.hardware import load_profile
+from plait.hardware import load_profile
 
 LLAMA_1B_8K = ["--model", "llama-1b", "--global-batch", "8", "--microbatches", "8"]
 RUNS = {

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from plait.explain.run import explain
-from plait.plan.hardware import load_profile
+from plait.hardware import load_profile
 
 
 def train_one_rank(run_dir: Path, flags: list[str]) -> None:

@@ -23,7 +23,7 @@ from plait.calibrate.machine import calibrate
 from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.spec import model_spec
-from plait.plan.hardware import load_profile
+from plait.hardware import load_profile
 from plait.plan.simulate import evaluate
 from plait.plan.workload import Workload
 

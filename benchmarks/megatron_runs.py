@@ -11,7 +11,7 @@ from plait.facts.stack import STACKS, Kernels
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
 from plait.plan.costs import layer_cost
-from plait.plan.hardware import Hardware, hardware
+from plait.hardware import Hardware, hardware
 
 MEGATRON_2021 = "Narayanan et al. 2021 (arXiv 2104.04473), table 1"
 KORTHIKANTI_2022 = "Korthikanti et al. 2022 (arXiv 2205.05198), tables 3 and 5"

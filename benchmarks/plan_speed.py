@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from plait.models.spec import model_spec
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 from plait.plan.search import search
 from plait.plan.workload import Workload
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from plait.facts.stack import Kernels
 from plait.models.spec import ModelSpec
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 
 # Megatron-LM 2022 (Korthikanti et al.): its fused softmax without flash attention, dropout, its
 # scatter/gather of pipeline tensors, waited on before the next compute, its distributed optimizer (ZeRO-1),

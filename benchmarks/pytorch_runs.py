@@ -10,7 +10,7 @@ from benchmarks.published_case import Ablation, Case
 from plait.facts.stack import STACKS, Kernels
 from plait.models.flops import flops_per_sequence
 from plait.models.spec import ModelSpec, model_spec
-from plait.plan.hardware import device_memory
+from plait.hardware import device_memory
 
 LLAMA_3 = "Llama 3 Herd of Models (arXiv 2407.21783), table 4"  # also on Balaji's SC'24 slide
 TORCHTITAN = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md, table 5"

@@ -14,7 +14,7 @@ from benchmarks.published_case import Case
 from benchmarks.zero_bubble_runs import CHUNK_PASS_FITTED_ON, marginal_microbatch_seconds, unpredicted_per_extra_chunk
 from plait.errors import ConfigError
 from plait.layout import Layout
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 from plait.plan.search import best_layout
 from plait.plan.simulate import evaluate
 from plait.plan.workload import Workload

@@ -45,7 +45,7 @@ from benchmarks.zero_bubble_runs import (
 from plait.errors import ConfigError
 from plait.facts.stack import DEEPSPEED_BF16_OPTIMIZER, STACKS
 from plait.layout import Layout
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 from plait.plan.search import best_layout
 from plait.plan.simulate import evaluate
 from plait.plan.workload import Workload

@@ -23,7 +23,7 @@ from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.flops import parameter_count
 from plait.models.spec import model_spec
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 from plait.plan.simulate import stage_memory
 from plait.plan.workload import Workload
 

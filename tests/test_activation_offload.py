@@ -13,7 +13,7 @@ from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.plan.compute import layer_times
-from plait.plan.hardware import hardware, stack_hardware
+from plait.hardware import hardware, stack_hardware
 from plait.plan.simulate import evaluate
 from plait.plan.workload import Workload
 from tests.cases import layout_world_size, run_config, train_losses

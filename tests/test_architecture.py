@@ -22,8 +22,9 @@ FAMILY_HOME = Path("models/spec.py")
 
 # What each top-level part of plait (a package or a module) may import, by part; a file's own entry
 # (its path under src/plait) adds to its part's. Bottom up: the pure shared layers (errors, models,
-# schedules, layout, facts), the torch-free planner (plan) beside config, the engine (topology,
-# parallel, train) and observe above them, and the tools that use both (calibrate, cli) on top.
+# schedules, layout, facts, the hardware catalog), the torch-free planner (plan) beside config, the
+# engine (topology, parallel, train) and observe above them, and the tools that use both (calibrate,
+# explain, cli) on top.
 # An import that goes the wrong way is either moved or listed here, on the file that makes it, as a
 # known wrong-way edge to be removed; an entry that no import uses any more fails too.
 ALLOWED_IMPORTS: dict[str, set[str]] = {
@@ -36,26 +37,27 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "schedules": {"errors", "models"},  # the stage split balances the model's FLOPs
     "layout": {"errors", "schedules"},  # a schedule's name and needs are read from its registry
     "facts": {"errors", "layout", "models", "schedules"},
+    # the accelerators' vendor figures and measured profiles: what the planner predicts on and the
+    # engine's summary reads a GPU's peak from
+    "hardware": {"errors", "facts", "layout", "paths"},
     "tokenizer": {"errors", "paths", "token_range"},
     "interop": {"errors", "models", "tokenizer"},  # the export copies the run's tokenizer files
     "config": {"errors", "facts", "interop", "layout", "models", "paths"},  # --init-from's model from its config.json
-    "plan": {"errors", "facts", "layout", "models", "paths", "schedules"},
+    "plan": {"errors", "facts", "hardware", "layout", "models", "schedules"},
     "topology": {"layout"},
     "sample": {"errors", "models", "tokenizer"},
-    "observe": {"config", "errors", "facts", "layout", "models", "schedules", "topology"},
+    "observe": {"config", "errors", "facts", "hardware", "layout", "models", "schedules", "topology"},
     "observe/simulated.py": {"plan"},  # draws the planner's simulated timeline
-    # known wrong-way edge: the engine's summary reads the GPU's peak FLOPs for MFU from the planner's
-    # catalog (plait.plan.hardware), the only home of device facts; to be removed
-    "observe/summary.py": {"plan"},
     "parallel": {"facts", "layout", "models", "progress", "schedules", "topology"},
     "train": {"config", "errors", "facts", "interop", "layout", "models", "observe", "parallel", "paths", "progress",
               "token_range", "tokenizer", "topology", "version"},  # facts: the learning-rate schedules' shapes
     # calibrate times plait's own layers and step (parallel, train) into the planner's hardware profile
-    "calibrate": {"config", "errors", "facts", "layout", "models", "parallel", "plan", "topology", "train"},
+    "calibrate": {"config", "errors", "facts", "hardware", "layout", "models", "parallel", "plan", "topology",
+                  "train"},
     # explain sets what a run measured (observe) beside the planner's prediction of it (plan)
-    "explain": {"errors", "facts", "layout", "models", "observe", "paths", "plan", "schedules"},
-    "cli": {"calibrate", "config", "errors", "explain", "facts", "interop", "layout", "models", "observe", "paths",
-            "plan", "sample", "schedules", "tokenizer", "train", "version"},
+    "explain": {"errors", "facts", "hardware", "layout", "models", "observe", "paths", "plan", "schedules"},
+    "cli": {"calibrate", "config", "errors", "explain", "facts", "hardware", "interop", "layout", "models", "observe",
+            "paths", "plan", "sample", "schedules", "tokenizer", "train", "version"},
     "__main__": {"cli"},
 }
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from plait.plan.hardware import Hardware, save_profile
+from plait.hardware import Hardware, save_profile
 
 # A CPU profile with round figures of the order `plait calibrate` measures on a 2-core machine
 # (the pick only has to be one the planner prints; how fast it runs is not under test).

@@ -69,7 +69,8 @@ def files(tmp_path: Path) -> dict[str, str]:
 def _word_tokenizer(path: Path) -> None:
     from tokenizers import Tokenizer, models
 
-    Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")).save(str(path))
+    # an end-of-document token, which prepare-data puts after each document
+    Tokenizer(models.WordLevel({"[UNK]": 0, "<|endoftext|>": 1}, unk_token="[UNK]")).save(str(path))
 
 
 def _checkpoint_of_negative_step(folder: Path) -> None:

@@ -14,7 +14,7 @@ from plait.models.spec import model_spec
 from plait.observe.bottleneck import bottleneck
 from plait.explain.run import explain
 from plait.observe.trace import timeline_from_trace
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 from plait.plan.simulate import evaluate
 from plait.plan.workload import Workload
 from plait.schedules import generate
@@ -39,7 +39,7 @@ def profile(tmp_path_factory):
 
 
 def test_prediction_is_the_planner_on_the_runs_own_model_batch_and_layout(run_dir, profile):
-    from plait.plan.hardware import load_profile
+    from plait.hardware import load_profile
 
     hw = load_profile(profile)
     explanation = explain(run_dir, profile=hw)
@@ -130,7 +130,7 @@ def dp_run_dir(pool, tmp_path_factory):
 
 
 def test_a_data_parallel_run_is_explained_with_where_its_time_went(dp_run_dir, profile):
-    from plait.plan.hardware import load_profile
+    from plait.hardware import load_profile
 
     explanation = explain(dp_run_dir, profile=load_profile(profile))
     summary = json.loads((dp_run_dir / "summary.json").read_text())

@@ -23,7 +23,7 @@ from plait.parallel.ring_attention import block_attention, block_gradients, zigz
 from plait.plan.comm import all_gather_seconds, group_link, reduce_scatter_seconds
 from plait.plan.compute import CAUSAL_MASK_BYTES, block_score_bytes, blockwise_attention_seconds, layer_times
 from plait.plan.costs import RING_STEP_KERNELS, layer_cost
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 from tests.cases import layout_world_size, run_config, train_losses
 from tests.test_data_parallel_parity import assert_same_losses
 from tests.test_ring_attention import _algorithms, assert_bf16_cp2_within_rounding

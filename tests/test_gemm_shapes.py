@@ -16,7 +16,7 @@ import pytest
 from benchmarks.gemm_shapes import best_setup, dump, errors, fit, long_kernels
 from plait.calibrate.gpu import GPU_SIZES
 from plait.calibrate.host import layer_kernel_scales
-from plait.plan.hardware import hardware, load_profile
+from plait.hardware import hardware, load_profile
 
 MEASURED = Path(__file__).parent.parent / "benchmarks" / "measured"
 H100 = hardware("h100-sxm")

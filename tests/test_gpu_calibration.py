@@ -21,7 +21,7 @@ from plait.facts.stack import STACKS
 from plait.layout import Layout
 from plait.models.spec import PRESETS
 from plait.plan.compute import Gemm, attention_matmul_seconds, gemm_seconds, layer_times, matmul_rate
-from plait.plan.hardware import causal_exponentials, hardware, load_profile, save_profile
+from plait.hardware import causal_exponentials, hardware, load_profile, save_profile
 
 H100 = hardware("h100-sxm")
 

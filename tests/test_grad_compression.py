@@ -117,7 +117,7 @@ def test_meaningless_combinations_are_refused_in_one_sentence(layout, words):
 def test_the_planner_times_the_bytes_each_compression_moves():
     """bf16 halves an fp32 all-reduce's bandwidth term; PowerSGD moves its factors in three
     all-reduces and holds a whole-gradient error buffer; plan explores none unless pinned."""
-    from plait.plan.hardware import hardware
+    from plait.hardware import hardware
     from plait.plan.search import search
     from plait.plan.simulate import evaluate, flush_costs
     from plait.plan.workload import Workload

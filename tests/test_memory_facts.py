@@ -18,7 +18,7 @@ from plait.facts.activations import activation_bytes_per_layer, autocast_copies_
 from plait.facts.model_state import pipeline_share, rank_model_states
 from plait.facts.recompute import block_recompute, chunk_recompute
 from plait.facts.stack import STACKS
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 from plait.plan.simulate import chunk_activation_bytes, stage_memory
 from plait.plan.workload import Workload
 from plait.schedules.split import split_layers

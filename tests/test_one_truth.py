@@ -20,7 +20,7 @@ from plait.errors import ConfigError
 from plait.facts.validity import run_problems
 from plait.layout import Layout
 from plait.models.spec import ModelSpec
-from plait.plan.hardware import CATALOG, hardware
+from plait.hardware import CATALOG, hardware
 from plait.plan.ranking import PLANNER_ERROR
 from plait.plan.search import search
 from plait.plan.simulate import evaluate

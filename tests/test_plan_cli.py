@@ -104,7 +104,7 @@ def test_a_layout_over_more_dimensions_must_win_by_more_than_the_planners_error(
     predicted behind it by less than the planner's own error, so plan recommends that; strictly by
     time the other comes first."""
     from plait.models.spec import model_spec
-    from plait.plan.hardware import hardware
+    from plait.hardware import hardware
     from plait.plan.ranking import PLANNER_ERROR, layout_complexity
     from plait.plan.search import search
     from plait.plan.workload import Workload
@@ -127,7 +127,7 @@ def test_context_parallelism_on_a_short_sequence_must_win_by_more_than_the_plann
     sequence the two count alike."""
     from plait.facts.stack import STACKS
     from plait.models.spec import model_spec
-    from plait.plan.hardware import hardware
+    from plait.hardware import hardware
     from plait.plan.ranking import CONTEXT_PARALLEL_PRECEDENT_TOKENS, PLANNER_ERROR, layout_complexity
     from plait.plan.search import search
     from plait.plan.workload import Workload

@@ -23,7 +23,7 @@ from plait.plan.comm import (
     strided_link,
 )
 from plait.plan.compute import LayerTimes
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 from plait.plan.memory import other_bytes
 from plait.plan.simulate import evaluate
 from plait.plan.workload import Workload

@@ -22,7 +22,7 @@ from plait.models.transformer import Transformer
 from plait.plan.comm import Link, reduce_scatter_seconds, ring_pass_seconds
 from plait.plan.compute import head_times, layer_times
 from plait.plan.costs import layer_cost, parallel_styles
-from plait.plan.hardware import CollectiveScale, HostOverhead, KernelScale, hardware, load_profile, save_profile
+from plait.hardware import CollectiveScale, HostOverhead, KernelScale, hardware, load_profile, save_profile
 from plait.plan.simulate import evaluate
 from plait.plan.workload import Workload
 

@@ -7,7 +7,7 @@ import pytest
 from plait.errors import ConfigError
 from plait.layout import Layout
 from plait.models.spec import model_spec
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 from plait.plan.scan import scan
 from plait.plan.simulate import evaluate
 from plait.plan.workload import Workload

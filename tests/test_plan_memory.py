@@ -12,7 +12,7 @@ from plait.facts.model_state import model_state_bytes
 from plait.facts.stack import STACKS, Kernels
 from plait.layout import Layout
 from plait.models.spec import ModelSpec, model_spec
-from plait.plan.hardware import GIB, hardware, stack_hardware
+from plait.hardware import GIB, hardware, stack_hardware
 from plait.plan.simulate import evaluate
 from plait.plan.workload import Workload
 from plait.schedules import generate, peak_in_flight

@@ -11,7 +11,7 @@ from plait.models.spec import model_spec
 from plait.plan.comm import Link, all_reduce_seconds, group_link, reduce_scatter_seconds
 from plait.plan.compute import Gemm, gemm_seconds, layer_shape
 from plait.plan.costs import layer_cost
-from plait.plan.hardware import CATALOG, catalog_name_of, hardware, stack_hardware
+from plait.hardware import CATALOG, catalog_name_of, hardware, stack_hardware
 from plait.plan.scan import scan
 from plait.plan.search import best_layout, search
 from plait.plan.simulate import evaluate

@@ -15,7 +15,7 @@ from plait.layout import Layout
 from plait.models.spec import model_spec
 from plait.plan.comm import all_reduce_seconds, group_link
 from plait.plan.costs import column_parallel_share, layer_cost
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 
 SPEC = model_spec("gpt3-175b")
 LAYOUT = Layout(tp=8)

@@ -21,7 +21,7 @@ from plait.models.spec import model_spec
 from plait.models.transformer import Transformer
 from plait.parallel.tensor import apply_tensor_parallel
 from plait.plan.comm import all_reduce_seconds, group_link
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 from plait.plan.simulate import flush_costs
 from plait.plan.workload import Workload
 from plait.topology import build_topology

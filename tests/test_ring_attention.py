@@ -18,7 +18,7 @@ from plait.layout import ZIGZAG_ALGORITHMS, Layout
 from plait.models.spec import ModelSpec, model_spec
 from plait.models.transformer import expand_kv_heads
 from plait.parallel.ring_attention import ring_backward, ring_forward, zigzag_positions
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 from plait.plan.scan import scan
 from plait.plan.workload import Workload
 from plait.plan.space import scanned_layout

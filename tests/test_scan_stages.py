@@ -7,7 +7,7 @@ import pytest
 
 from plait.layout import Layout
 from plait.models.spec import model_spec
-from plait.plan.hardware import hardware, stack_hardware
+from plait.hardware import hardware, stack_hardware
 from plait.plan.scan import (
     Candidate, Scan, ScanSetup, candidate_layouts, memory_floor, mesh_of, microbatch_splits, scan_setup,
     score_schedules, time_floors,

@@ -18,7 +18,7 @@ from plait.facts.stack import STACKS, Kernels
 from plait.facts.validity import run_problems
 from plait.layout import Layout
 from plait.models.spec import model_spec
-from plait.plan.hardware import hardware
+from plait.hardware import hardware
 from plait.plan.pipeline import StageWork, estimate_step
 from plait.plan.simulate import evaluate
 from plait.plan.workload import Workload

@@ -14,7 +14,7 @@ from plait.facts.stack import DEEPSPEED_BF16_OPTIMIZER, STACKS
 from plait.layout import Layout
 from plait.models.spec import ModelSpec, model_spec
 from plait.plan.costs import chunk_costs, layer_cost
-from plait.plan.hardware import hardware, stack_hardware
+from plait.hardware import hardware, stack_hardware
 from plait.plan.simulate import evaluate
 from plait.plan.workload import Workload
 

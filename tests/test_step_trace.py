@@ -91,7 +91,7 @@ def calibrated_cpu_profile():
     wrapper, kernel scales, an optimizer fit, a host that does not run ahead of its kernels."""
     from dataclasses import replace
 
-    from plait.plan.hardware import HostOverhead, KernelScale, hardware
+    from plait.hardware import HostOverhead, KernelScale, hardware
 
     wrappers = {f"{family}/{style}": HostOverhead(2e-4, 3e-4, 0.0, 0.0, 1e-3)
                 for family in ("gpt2", "llama") for style in ("tp", "sp", "cp", "zero0", "zero1", "zero2", "zero3")}

@@ -131,7 +131,7 @@ def test_the_simulated_trace_ends_with_the_steps_gradient_accumulation():
     """`plait simulate --trace` draws the accumulation the step pays after its schedule, so the
     trace ends where the predicted step does."""
     from plait.observe.simulated import simulated_trace
-    from plait.plan.hardware import hardware
+    from plait.hardware import hardware
     from plait.plan.simulate import evaluate
     from plait.plan.workload import Workload
 

@@ -16,7 +16,7 @@
   fp32 gradient accumulation, and the kernels the microbenchmarks leave out).
 
 One GPU cannot measure its links, so NVLink, the network, their latencies and the memory size
-come from the catalog entry the driver's device name gives (plait.plan.hardware.catalog_name_of).
+come from the catalog entry the driver's device name gives (plait.hardware.catalog_name_of).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from plait.calibrate.machine import (
 )
 from plait.errors import ConfigError
 from plait.plan.compute import Gemm, gemm_seconds, matmul_rate
-from plait.plan.hardware import Hardware, catalog_name_of, hardware, save_profile
+from plait.hardware import Hardware, catalog_name_of, hardware, save_profile
 from plait.plan.least_squares import relative_least_squares
 
 # (tokens, output features, input features): the layers of 1B-70B models at micro-batch × sequence

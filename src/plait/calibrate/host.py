@@ -4,7 +4,7 @@ On a CPU the host is the device: Python, the dispatcher and autograd's bookkeepi
 same core as the kernels, so a small layer costs far more than its matmuls. (A GPU's host queues
 kernels ahead, so its time shows only where it exceeds theirs; plait.calibrate.gpu runs the same
 probes on a GPU at its own sizes, ``ProbeSizes``.) Four measurements feed the profile
-(plait.plan.hardware):
+(plait.hardware):
 
 * host overhead: plait's transformer at a size where kernels take microseconds, with one and with
   four layers, forward and forward + backward; the difference per layer, less what the kernel
@@ -45,7 +45,7 @@ from plait.parallel.cross_entropy import cross_entropy
 from plait.parallel.grad_norm import clip_grad_norm
 from plait.parallel.optimizer import build_optimizer
 from plait.plan.compute import LayerTimes, head_times, layer_times
-from plait.plan.hardware import Hardware, HostOverhead, KernelScale
+from plait.hardware import Hardware, HostOverhead, KernelScale
 from plait.plan.least_squares import relative_least_squares
 from plait.plan.simulate import evaluate
 from plait.plan.workload import Workload

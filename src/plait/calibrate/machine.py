@@ -43,7 +43,7 @@ from plait.parallel.gradient_shards import all_gather_single, reduce_scatter_sin
 from plait.parallel.ring_attention import block_attention, block_gradients
 from plait.plan.comm import LINK_EFFICIENCY, Link, all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
 from plait.plan.compute import Gemm, attention_matmul_seconds, block_kernel_seconds, gemm_seconds
-from plait.plan.hardware import CollectiveScale, Hardware, save_profile
+from plait.hardware import CollectiveScale, Hardware, save_profile
 from plait.plan.least_squares import relative_least_squares
 
 SHAPES = [(64, 64, 64), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 512, 512),

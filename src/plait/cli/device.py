@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from plait.plan.hardware import Hardware, apply_overrides
+from plait.hardware import Hardware, apply_overrides
 
 # Flag → the Hardware figure it sets (``--memory-gb`` in 10^9 bytes), in the order plan prints them.
 OVERRIDE_FLAGS = {

@@ -25,7 +25,7 @@ from plait.models.spec import SPEC_FIELDS, model_spec
 from plait.observe.run_files import SUMMARY_FILE
 from plait.observe.simulated import simulated_timeline, simulated_trace
 from plait.observe.timeline import draw_timeline
-from plait.plan.hardware import CATALOG, Hardware, hardware, load_profile, profile_json
+from plait.hardware import CATALOG, Hardware, hardware, load_profile, profile_json
 from plait.plan.search import NothingFits, best_layout, search
 from plait.plan.simulate import Prediction, evaluate
 from plait.plan.workload import Workload

@@ -18,7 +18,7 @@ from plait.errors import ConfigError
 from plait.facts.model_state import fullest_rank_model_states
 from plait.facts.stack import DEFAULT_STACK, STACKS
 from plait.layout import Layout
-from plait.plan.hardware import CATALOG, Hardware, catalog_name_of, hardware, load_profile
+from plait.hardware import CATALOG, Hardware, catalog_name_of, hardware, load_profile
 from plait.plan.search import search
 from plait.plan.simulate import Prediction, evaluate
 from plait.plan.workload import Workload

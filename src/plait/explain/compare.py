@@ -17,7 +17,7 @@ from pathlib import Path
 from plait.errors import ConfigError
 from plait.explain.run import Explanation, explain
 from plait.layout import DATA_GROUPS
-from plait.plan.hardware import Hardware
+from plait.hardware import Hardware
 
 PARTS = ("compute", "exposed dp communication", "exposed tp and cp communication", "bubble", "waiting for data",
          "other")

@@ -27,7 +27,7 @@ from plait.observe.simulated import simulated_timeline
 from plait.observe.timeline import draw_timelines
 from plait.observe.trace import TRACE_FILE, timeline_from_trace, traced_step_volumes
 from plait.paths import MISSING, not_a_file, require_input_file
-from plait.plan.hardware import Hardware, catalog_name_of, hardware
+from plait.hardware import Hardware, catalog_name_of, hardware
 from plait.plan.ranking import PLANNER_ERROR
 from plait.plan.scan import Candidate
 from plait.plan.search import search

@@ -89,13 +89,13 @@ class Kernels:
     param_gather_overlap: bool = False
     # The fraction of a catalog GPU's dense peak this stack's large matmuls reach, where it was fitted
     # on published runs of the stack (benchmarks/validate_published.py); other GPUs keep the
-    # catalog's (plait.plan.hardware.Hardware.matmul_efficiency).
+    # catalog's (plait.hardware.Hardware.matmul_efficiency).
     matmul_efficiency: tuple[tuple[str, float], ...] = ()
     # The stack's attention kernels against one matmul of the full s×s shape at the stack's matmul
     # rate, by GPU, where they differ from the catalog's 1.0 (which is exact for batched-matmul
     # attention, and the published FlashAttention-2 runs fit): a causal kernel that skips the score
     # blocks above the diagonal does half that work, so one running it at a large matmul's rate
-    # reads 2.0 (plait.plan.hardware.Hardware.attention_efficiency).
+    # reads 2.0 (plait.hardware.Hardware.attention_efficiency).
     attention_efficiency: tuple[tuple[str, float], ...] = ()
     # Seconds each layer's forward and its backward take beyond their kernels under tensor parallelism,
     # fitted where a stack's runs show a cost per layer pass that the kernels do not explain:

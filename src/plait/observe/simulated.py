@@ -15,7 +15,7 @@ from plait.layout import Layout
 from plait.observe.trace import timeline_events
 from plait.plan.compute import gradient_seconds
 from plait.plan.costs import chunk_costs, stage_boundaries
-from plait.plan.hardware import Hardware, stack_hardware
+from plait.hardware import Hardware, stack_hardware
 from plait.plan.pipeline import action_costs, action_flights
 from plait.plan.simulate import check_layout, flush_costs, gather_window
 from plait.plan.workload import Workload

@@ -2,7 +2,7 @@
 
 ``model_spec``, ``global_batch`` and ``device_name`` let ``plait explain`` predict the same run.
 ``mfu`` is the model FLOP/s per rank over the device's peak from the hardware catalog
-(``plait.plan.hardware``), null on a device the catalog does not hold (any CPU). ``time_split`` is
+(``plait.hardware``), null on a device the catalog does not hold (any CPU). ``time_split`` is
 where the traced steps' time went (``plait.observe.time_split``): compute, exposed communication
 (per group), overlapped communication, bubble and other, medians over the traced steps with their
 min and max, and per rank; ``comm_fraction`` is its exposed communication over the traced step's
@@ -32,7 +32,7 @@ from plait.facts.model_state import pipeline_share, rank_model_states
 from plait.models.flops import flops_per_sequence, parameter_count
 from plait.observe.run_files import SUMMARY_FILE, write_json_atomically
 from plait.observe.time_split import run_time_split
-from plait.plan.hardware import catalog_name_of, hardware
+from plait.hardware import catalog_name_of, hardware
 from plait.topology import Topology
 
 

@@ -45,7 +45,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from plait.layout import MESH_DIMS, Layout
-from plait.plan.hardware import CollectiveScale, Hardware
+from plait.hardware import CollectiveScale, Hardware
 
 # Fraction of the nominal link bandwidth a large collective achieves. Inside a node NCCL's ring
 # bus bandwidth on NVLink is ~80% of nominal in nccl-tests reports. Across nodes each adapter
@@ -215,5 +215,5 @@ def send_seconds(nbytes: float, link: Link) -> float:
 
 def exposed_under(comm_s: float, compute_s: float, overlap: float) -> float:
     """What is left of ``comm_s`` seconds of communication run beside ``compute_s`` of compute
-    when ``overlap`` of it can hide (plait.plan.hardware.Hardware.comm_overlap)."""
+    when ``overlap`` of it can hide (plait.hardware.Hardware.comm_overlap)."""
     return comm_s - overlap * min(comm_s, compute_s)

@@ -22,7 +22,7 @@ from plait.facts.weight_passes import (NO_PASSES, WeightPasses, end_gradient_byt
 from plait.layout import ZIGZAG_ALGORITHMS, Layout
 from plait.models.flops import block_norms, kv_heads_per_rank, linear_shapes, recomputed_linears
 from plait.models.spec import ModelSpec
-from plait.plan.hardware import Hardware, HostOverhead, KernelScale
+from plait.hardware import Hardware, HostOverhead, KernelScale
 from plait.plan.workload import Workload
 
 # Non-matmul kernels one layer launches forward (two norms, two residual adds, the activation,

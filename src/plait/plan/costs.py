@@ -22,7 +22,7 @@ from plait.plan.comm import (
 )
 from plait.plan.compute import (NO_OVERHEAD, UNSCALED, Gemm, LayerTimes, end_pass_seconds, gemm_seconds, head_times,
                                 layer_shape, layer_times)
-from plait.plan.hardware import Hardware, HostOverhead
+from plait.hardware import Hardware, HostOverhead
 from plait.plan.zero3 import first_gather, zero3_exposed, zero3_layer_seconds
 
 # torch.sum over the 2–8 stacked partial outputs of a fused matmul + reduce-scatter is bound by its

@@ -30,7 +30,7 @@ from plait.facts.validity import (
 )
 from plait.layout import RECOMPUTE, Layout
 from plait.plan.compute import LayerTimes
-from plait.plan.hardware import Hardware
+from plait.hardware import Hardware
 from plait.plan.memory import other_bytes
 from plait.plan.peaks import (
     RankHold, ScheduleChoice, StageShapes, beside_activations, fewest_recomputed, least_memory_at_larger_microbatches,

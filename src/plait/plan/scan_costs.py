@@ -16,7 +16,7 @@ from plait.facts.weight_passes import WeightPasses, layer_passes
 from plait.layout import ZIGZAG_ALGORITHMS, Layout
 from plait.plan.compute import LayerTimes, end_pass_seconds, gradient_seconds, head_times, layer_times_by_recompute
 from plait.plan.costs import end_collectives, layer_cost, stage_boundaries
-from plait.plan.hardware import Hardware
+from plait.hardware import Hardware
 from plait.plan.simulate import FlushCosts, flush_costs
 from plait.plan.workload import Workload
 from plait.schedules.registry import SCHEDULES

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from plait.errors import ConfigError
 from plait.facts.validity import run_problems
 from plait.layout import Layout
-from plait.plan.hardware import Hardware, stack_hardware
+from plait.hardware import Hardware, stack_hardware
 from plait.plan.ranking import CONTEXT_PARALLEL_PRECEDENT_TOKENS, FULL_SHARD_PRECEDENT_RANKS, PLANNER_ERROR, rank
 from plait.plan.scan import Scan, scan
 from plait.plan.simulate import Prediction, evaluate

@@ -33,7 +33,7 @@ from plait.plan.comm import (
 )
 from plait.plan.compute import gradient_seconds, optimizer_seconds
 from plait.plan.costs import chunk_costs, stage_boundaries, wrapper_overhead
-from plait.plan.hardware import Hardware, stack_hardware
+from plait.hardware import Hardware, stack_hardware
 from plait.plan.memory import RankMemory, other_bytes
 from plait.plan.pipeline import play
 from plait.plan.workload import Workload

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from plait.facts.validity import compression_problems, fit_problems
 from plait.layout import Layout
-from plait.plan.hardware import Hardware
+from plait.hardware import Hardware
 from plait.plan.workload import Workload
 from plait.schedules.registry import SCHEDULES, schedule_spec
 from plait.schedules.split import split_problems

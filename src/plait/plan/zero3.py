@@ -25,7 +25,7 @@ from plait.models.flops import linear_shares
 from plait.models.spec import ModelSpec
 from plait.plan.comm import all_gather_seconds, all_reduce_seconds, exposed_under, reduce_scatter_seconds, strided_link
 from plait.plan.compute import LayerTimes
-from plait.plan.hardware import Hardware
+from plait.hardware import Hardware
 
 
 def zero3_layer_seconds(spec: ModelSpec, hw: Hardware, layout: Layout, precision: str,
