@@ -192,7 +192,7 @@ def pipeline_share(spec: ModelSpec, layout: Layout, pp_rank: int) -> PipelineSha
 def fullest_rank_model_states(spec: ModelSpec, layout: Layout, precision: str) -> float:
     """Bytes of parameters, gradients and optimizer state on the rank that holds the most: a floor under
     what any rank of the run needs (``plait_model_states`` of each pipeline rank's share)."""
-    return max(plait_model_states(spec, layout, precision, *pipeline_share(spec, layout, pp_rank)).total
+    return max(plait_model_states(spec, layout, precision, pipeline_share(spec, layout, pp_rank)).total
                for pp_rank in range(layout.pp))
 
 
