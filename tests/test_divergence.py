@@ -103,3 +103,15 @@ def test_the_groups_norms_add_up_to_the_global_norm_under_every_sharding(pool, t
         assert list(groups) == ["embeddings", "block 0", "block 1", "block 2", "block 3", "head"]
         assert all(norm > 0 for name, norm in groups.items() if name != "head")
         assert math.sqrt(sum(norm**2 for norm in groups.values())) == pytest.approx(row["grad_norm"], rel=1e-4)
+
+
+def test_where_a_non_finite_norm_arose_is_said_even_when_every_group_is_finite():
+    from plait.explain.divergence import non_finite_sentence
+    from plait.observe.spikes import non_finite_groups
+
+    assert non_finite_groups({"block 0": 1.0, "block 1": math.inf}) == "non-finite gradients in block 1"
+    assert "overflow float32 together" in non_finite_groups({"block 0": 1e30, "block 1": 3e30})
+    record = {"step": 3, "lr": 0.1, "grad_norm_by_group": {"block 0": 1.0, "block 1": "nan"}}
+    assert "the gradients of block 1;" in non_finite_sentence(record)
+    record["grad_norm_by_group"]["block 1"] = 2.0
+    assert "overflowing float32 together" in non_finite_sentence(record)

@@ -92,7 +92,8 @@ def non_finite_sentence(record: dict) -> str:
     if not norms:
         return f"the loss was not finite at step {record['step']} (lr {record['lr']:.3g}); the run stopped there"
     bad = [name for name, norm in norms.items() if not math.isfinite(float(norm))]
-    where = ("every parameter group's gradient" if len(bad) == len(norms)
+    where = ("every group's norm finite, their squares overflowing float32 together" if not bad
+             else "every parameter group's gradient" if len(bad) == len(norms)
              else "the gradients of " + ", ".join(bad))
     return (f"the gradient norm was not finite at step {record['step']} (lr {record['lr']:.3g}): {where}; "
             "the run stopped there")

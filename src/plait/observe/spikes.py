@@ -55,6 +55,8 @@ class SpikeGuard:
 def non_finite_groups(norms: dict[str, float]) -> str:
     """Which parameter groups' gradients are not finite, in the model's order, in a few words."""
     bad = [name for name, norm in norms.items() if not math.isfinite(norm)]
+    if not bad:
+        return "every group's norm is finite: their squares overflow float32 together"
     if len(bad) == len(norms):
         return "every parameter group's gradient is non-finite"
     shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
