@@ -292,3 +292,15 @@ def test_a_model_too_large_for_its_gpus_names_the_count_that_fits_and_plans_pick
                  "--json"]) == 0
     top = json.loads(capsys.readouterr().out)[0]["layout"]
     assert err.strip().endswith(Layout(**top | {"stage_layers": None}).describe())
+
+
+def test_a_dry_run_naming_no_device_accepts_plans_cluster_pick_on_a_small_machine(capsys):
+    """plan's pick for llama-70b on 64 GPUs, dry-run here without --gpu: the run is checked, not this
+    machine (whose RAM split 64 ways holds 0.4 GiB a rank); a rank no catalog GPU holds is still refused."""
+    layout = ["--dp", "64", "--tp", "1", "--cp", "1", "--pp", "1", "--zero", "3", "--microbatches", "2",
+              "--recompute", "full"]
+    assert main(["train", "--model", "llama-70b", "--global-batch", "128", *layout, "--dry-run"]) == 0
+    assert "the run is valid" in capsys.readouterr().out
+    assert main(["train", "--model", "llama-70b", "--global-batch", "128", *layout[:-6], "--zero", "0",
+                 "--microbatches", "2", "--recompute", "full", "--dry-run"]) == 2
+    assert "the largest GPU of the catalog" in capsys.readouterr().err

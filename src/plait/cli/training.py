@@ -152,13 +152,24 @@ def check_rank_memory(config: RunConfig) -> None:
     GPU's memory, or its share of this machine's RAM, which the ranks started on it divide."""
     import torch
 
-    need = fullest_rank_model_states(config.model, config.layout, config.train.precision)
     if torch.cuda.is_available():
         have, where = torch.cuda.get_device_properties(0).total_memory, f"a {torch.cuda.get_device_name()}"
     else:
         ranks = int(os.environ.get("LOCAL_WORLD_SIZE", config.layout.world_size))
         have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // ranks
         where = f"each of {ranks} ranks sharing this machine's RAM" if ranks > 1 else "this machine's RAM"
+    _refuse_beyond(config, have, where)
+
+
+def check_any_device_holds(config: RunConfig) -> None:
+    """A dry run that names no device checks the run, not this machine (its ranks may start on a cluster
+    plan picked them for): refuse only a model whose fullest rank no device of the catalog could hold."""
+    largest = max(CATALOG.values(), key=lambda gpu: gpu.memory_bytes)
+    _refuse_beyond(config, largest.memory_bytes, f"the largest GPU of the catalog ({largest.name})")
+
+
+def _refuse_beyond(config: RunConfig, have: float, where: str) -> None:
+    need = fullest_rank_model_states(config.model, config.layout, config.train.precision)
     if need > have:
         raise ConfigError(f"the model's weights, gradients and optimizer state need {need / 2**30:,.1f} GiB on its "
                           f"fullest rank under {config.layout.describe()}, and {where} has {have / 2**30:,.1f} GiB; "
@@ -188,8 +199,8 @@ def run_train(args: argparse.Namespace, argv: list[str]) -> int:
 
         check_data(config)
         check_init_from(config)
-        if named is None:  # a dry run for this machine (one for a named device predicts its memory)
-            check_rank_memory(config)
+        if named is None:  # (one for a named device predicts its memory)
+            check_any_device_holds(config)
         if config.train.run_dir is not None or config.train.resume:  # (else a new directory of its own)
             from plait.train.run_dir import prepare_run_dir
 
