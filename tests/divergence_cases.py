@@ -16,8 +16,8 @@ SPIKE = 1e4  # what the injected step's block gradients are multiplied by
 
 
 def _spiking(measure, step: int, block: int, factor: float):
-    """``local_group_squares`` (the first to read a step's finished gradients, before clipping) that
-    first multiplies block ``block``'s gradients by ``factor`` at ``step``."""
+    """``gradient_norm`` (the first to read a step's finished gradients, once a step) that first
+    multiplies block ``block``'s gradients by ``factor`` at ``step``."""
     calls = iter(range(10**9))
 
     def measure_with_spike(model, optimizer, topology, reduction):
@@ -34,11 +34,11 @@ def _spiking(measure, step: int, block: int, factor: float):
 def train_with_a_spike(config: RunConfig, run_dir: str, step: int, block: int, factor: float = SPIKE) -> list[int] | str:
     """Train ``config`` with block ``block``'s gradients multiplied by ``factor`` at ``step`` (the run
     starts at step 0): the steps whose update this rank skipped, or why the run stopped."""
-    measure = loop.local_group_squares
-    loop.local_group_squares = _spiking(measure, step, block, factor)
+    measure = loop.gradient_norm
+    loop.gradient_norm = _spiking(measure, step, block, factor)
     try:
         return loop.train(config, build_topology(config.layout, torch.device("cpu")), Path(run_dir)).skipped_steps
     except loop.NonFiniteLoss as error:
         return str(error)
     finally:
-        loop.local_group_squares = measure
+        loop.gradient_norm = measure

@@ -23,10 +23,11 @@ gradients from its last backward action on, overlapping the rest of the schedule
 4. under hybrid sharding's ZeRO-2, the replica groups' gradient rows averaged (the reduce-scatter
    ran inside each).
 
-``clip_gradients`` then takes the global norm: over the optimizer's gradients on one stage, summed
-over the stages (a tied weight counted once) under pipeline parallelism. ``local_group_squares`` is
-each parameter group's share of its square that this rank holds (``GRADIENT_GROUPS``), counted once
-over the ranks: summed over every rank, one small all-reduce where a step's record wants it.
+``gradient_norm`` then takes the global norm (over the optimizer's gradients on one stage, summed
+over the stages, a tied weight counted once, under pipeline parallelism) and ``clip_gradients`` scales
+to it. ``local_group_squares`` is each parameter group's share of its square that this rank holds
+(``gradient_groups``), counted once over the ranks: summed over every rank, one small all-reduce
+where a step's record wants it.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from plait.parallel.gradient_buckets import GradientAllReduce, GradientBuckets, default_bucket_bytes
 from plait.parallel.gradient_shards import GradientReduceScatter
-from plait.parallel.grad_norm import clip_grad_norm, scale_to_norm, total_norm
+from plait.parallel.grad_norm import scale_to_norm, total_norm
 from plait.parallel.sharded_adamw import ShardedAdamW, gradients_by_parameter, gradients_of
 from plait.parallel.tensor import finish_tensor_gradients
 from plait.topology import Topology
@@ -160,19 +161,22 @@ def average_gradients(gradients: list[torch.Tensor], topology: Topology, dims: t
                 grad.copy_(part.view_as(grad))
 
 
-def clip_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
-                   reduction: GradientReduction, max_norm: float) -> torch.Tensor:
-    """Clip by the global norm of the step's gradients; return the norm before clipping."""
+def gradient_norm(model: nn.Module, optimizer: torch.optim.Optimizer, topology: Topology,
+                  reduction: GradientReduction) -> torch.Tensor:
+    """The global norm of the step's gradients, the same on every rank."""
     grads = gradients_by_parameter(optimizer)
     if not reduction.stage_norm:
-        return clip_grad_norm(grads.values(), max_norm)
+        return total_norm(list(grads.values()))
     # The tied embedding's two copies hold the same gradient: the first stage's counts it.
     tied = model.tok_embeddings.weight if reduction.tied_peer == 0 else None
     squares = total_norm([grad for param, grad in grads.items() if param is not tied]).square()
     dist.all_reduce(squares, group=topology.group("pp"))
-    norm = squares.sqrt()
-    scale_to_norm(list(grads.values()), max_norm, norm)
-    return norm
+    return squares.sqrt()
+
+
+def clip_gradients(optimizer: torch.optim.Optimizer, max_norm: float, norm: torch.Tensor) -> None:
+    """Scale the step's gradients, of global norm ``norm`` (``gradient_norm``), down to ``max_norm``."""
+    scale_to_norm(gradients_of(optimizer), max_norm, norm)
 
 
 BLOCK_PARAMETER = re.compile(r"(?:^|\.)layers\.(\d+)\.")

@@ -38,7 +38,7 @@ from plait.observe.wandb_log import WandbLog
 from plait.parallel.context import average_over_context, context_shard
 from plait.parallel.cross_entropy import cross_entropy
 from plait.parallel.gradients import (
-    clip_gradients, finish_gradients, gradient_groups, gradient_sync, local_group_squares,
+    clip_gradients, finish_gradients, gradient_groups, gradient_norm, gradient_sync, local_group_squares,
 )
 from plait.parallel.materialize import materialize
 from plait.parallel.parallelize import Parallelized, parallelize
@@ -162,14 +162,29 @@ def forward_backward(parallel: Parallelized, micro_batches: MicroBatches, autoca
     return local_loss
 
 
+def _never(norm: float) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class NormPolicy:
+    """What a step does given its global gradient norm (the same on every rank, so every rank alike):
+    whether it skips the update (``--skip-spikes``) and whether it measures each group's norm, for a
+    record (``local_group_squares``: a pass over the gradients, so only where a step is recorded)."""
+
+    skips: Callable[[float], bool] = _never
+    records: Callable[[float], bool] = _never
+
+
 @dataclass(frozen=True)
 class GradientNorms:
     """A step's global gradient norm before clipping (the same on every rank), this rank's share of
-    each of ``gradient_groups``' squared norms (``local_group_squares``: summed over the ranks, the
-    groups' squares), and whether the update was skipped as a spike (``--skip-spikes``)."""
+    each of ``gradient_groups``' squared norms where the step records them (``local_group_squares``:
+    summed over the ranks, the groups' squares; else None), and whether the update was skipped as a
+    spike (``--skip-spikes``)."""
 
     total: torch.Tensor
-    local_squares: torch.Tensor
+    local_squares: torch.Tensor | None
     skipped: bool = False
 
     def by_group(self, layers: int) -> dict[str, float]:
@@ -187,10 +202,10 @@ def group_norms(local_squares: torch.Tensor, layers: int) -> dict[str, float]:
 def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: float, autocast: Callable,
                positions: torch.Tensor | None = None,
                watchers: StepWatchers | None = None,
-               is_spike: Callable[[float], bool] | None = None) -> tuple[torch.Tensor, GradientNorms]:
+               policy: NormPolicy | None = None) -> tuple[torch.Tensor, GradientNorms]:
     """One optimizer step: forward and backward, the gradients finished for the layout, clipping at
-    ``grad_clip`` (0: none), the step unless ``is_spike`` says the norm is a spike, under ``watchers``.
-    Returns (this rank's mean loss, the gradient norms).
+    ``grad_clip`` (0: none), the step unless ``policy`` skips it, under ``watchers``. Returns (this
+    rank's mean loss, the gradient norms).
 
     ``autocast()`` gives the run's precision context; ``positions`` are those of the sequence slice
     this rank holds under context parallelism."""
@@ -205,16 +220,24 @@ def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: f
         finish_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction, laid_out)
     with span("optimizer"):
         max_norm = grad_clip if grad_clip > 0 else math.inf
-        squares = local_group_squares(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction)
-        total = clip_gradients(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction, max_norm)
-        if not torch.isfinite(total):  # the global norm, the same on every rank: all stop before stepping
+        policy = policy or NormPolicy()
+        total = gradient_norm(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction)
+        value = total.item()
+
+        def squares() -> torch.Tensor:
+            return local_group_squares(parallel.model, parallel.optimizer, parallel.topology, parallel.reduction)
+
+        if not math.isfinite(value):  # the global norm, the same on every rank: all stop before stepping
+            where = squares()
             parallel.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteLoss(f"the gradient norm is {total.item()}", squares)
-        skipped = is_spike is not None and is_spike(total.item())
+            raise NonFiniteLoss(f"the gradient norm is {value}", where)
+        recorded = squares() if policy.records(value) else None
+        clip_gradients(parallel.optimizer, max_norm, total)
+        skipped = policy.skips(value)
         if not skipped:
             parallel.optimizer.step()
         parallel.optimizer.zero_grad(set_to_none=True)
-    return loss, GradientNorms(total, squares, skipped)
+    return loss, GradientNorms(total, recorded, skipped)
 
 
 @dataclass
@@ -321,6 +344,15 @@ def scalar_loggers(config: RunConfig, run_dir: Path, first_step: int) -> list[Te
     return loggers
 
 
+def norm_policy(run: RankRun, step: int) -> NormPolicy:
+    """Skip a spike (``--skip-spikes``); record each group's norm every --log-every steps, at the last,
+    and at a skipped or notable step (``NOTABLE_FACTOR`` times the running median)."""
+    train_spec, spikes = run.config.train, run.spikes
+    logged = step % train_spec.log_every == 0 or step == train_spec.steps - 1
+    return NormPolicy(spikes.is_spike,
+                      lambda norm: logged or spikes.is_spike(norm) or spikes.exceeds(norm, NOTABLE_FACTOR))
+
+
 def take_step(run: RankRun, step: int) -> dict:
     """One training step, traced when its turn comes: its row of metrics (the global loss, the
     learning rate, the gradient norm, time and throughput, the held-out loss when due)."""
@@ -338,7 +370,7 @@ def take_step(run: RankRun, step: int) -> dict:
         try:
             watchers = StepWatchers(run.meter.before_reduction, progress.marking(run.tracer.span), progress)
             local_loss, norms = train_step(run.parallel, micro, train_spec.grad_clip, lambda: autocast(config, device),
-                                           positions, watchers, run.spikes.is_spike)
+                                           positions, watchers, norm_policy(run, step))
         except NonFiniteLoss as error:  # raised on every rank alike, so every rank sums the groups' norms
             norms = group_norms(error.local_squares, config.model.layers)
             if run.log is not None:
@@ -347,7 +379,6 @@ def take_step(run: RankRun, step: int) -> dict:
                                 "was not taken and nothing of it was logged or saved; resume from an earlier "
                                 "checkpoint with a lower --lr, or check the data") from None
         grad_norm = norms.total.item()
-        notable = norms.skipped or run.spikes.exceeds(grad_norm, NOTABLE_FACTOR)
         run.spikes.record(grad_norm, norms.skipped)
         run.schedule.step()
         if run.parallel.pipeline is not None:
@@ -373,8 +404,7 @@ def take_step(run: RankRun, step: int) -> dict:
     if norms.skipped:
         row["skipped"] = True
         run.result.skipped_steps.append(step)
-    if notable or step % train_spec.log_every == 0 or step == train_spec.steps - 1:
-        # outside the traced step: one all-reduce of a few floats, on every rank alike
+    if norms.local_squares is not None:  # outside the traced step: one all-reduce of a few floats, every rank alike
         row["grad_norm_by_group"] = norms.by_group(config.model.layers)
     return row
 
