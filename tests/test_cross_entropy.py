@@ -25,9 +25,9 @@ def _torch_loss_and_gradient(logits: torch.Tensor, targets: torch.Tensor, diviso
     return loss.detach(), leaf.grad
 
 
-def _plait_loss_and_gradient(logits: torch.Tensor, targets: torch.Tensor, divisor: int = 1):
+def _plait_loss_and_gradient(logits: torch.Tensor, targets: torch.Tensor, divisor: int = 1, z_loss: float = 0.0):
     leaf = logits.detach().requires_grad_()
-    loss = cross_entropy(leaf, targets, divisor)
+    loss = cross_entropy(leaf, targets, divisor, z_loss)
     loss.backward()
     return loss.detach(), leaf.grad
 
@@ -41,6 +41,19 @@ def test_values_and_gradients_are_torchs(dtype):
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     tolerance = 1e-7 if dtype == torch.float32 else 1e-3  # bf16: the gradient rounded once, to its dtype
     assert torch.allclose(grad.float(), expected_grad.float(), atol=tolerance, rtol=0)
+
+
+def test_z_loss_adds_the_mean_squared_log_sum_exp_and_its_gradient():
+    logits, targets = _logits(torch.float32)
+    leaf = logits.detach().requires_grad_()
+    flat = leaf.flatten(0, 1)
+    z_term = 0.1 * flat.logsumexp(dim=-1).square().mean()
+    ((F.cross_entropy(flat, targets.flatten()) + z_term) / 3).backward()
+    loss, grad = _plait_loss_and_gradient(logits, targets, 3, z_loss=0.1)
+    plain_loss, plain_grad = _plait_loss_and_gradient(logits, targets, 3)
+    assert loss.item() == pytest.approx(plain_loss.item() + z_term.item() / 3, rel=1e-6)
+    assert torch.allclose(grad, leaf.grad, atol=1e-7, rtol=0)
+    assert not torch.allclose(grad, plain_grad, atol=1e-4, rtol=0)
 
 
 def test_rows_read_a_block_at_a_time_give_the_same_values(monkeypatch):
@@ -79,7 +92,7 @@ def test_the_loss_keeps_only_its_gradient_in_the_logits_dtype():
     assert torch_saved >= logits.numel() * 4
 
 
-def vocab_parallel_loss_and_gradient(dtype_name: str) -> tuple[float, torch.Tensor]:
+def vocab_parallel_loss_and_gradient(dtype_name: str, z_loss: float) -> tuple[float, torch.Tensor]:
     """On each tp rank: the loss of logits split by vocabulary (a DTensor), and this rank's gradient."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -88,15 +101,15 @@ def vocab_parallel_loss_and_gradient(dtype_name: str) -> tuple[float, torch.Tens
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
     logits, targets = _logits(getattr(torch, dtype_name))
     sharded = distribute_tensor(logits, mesh, [Shard(-1)]).requires_grad_()
-    loss = cross_entropy(sharded, targets, 3)
+    loss = cross_entropy(sharded, targets, 3, z_loss)
     loss.backward()
     return loss.item(), sharded.grad.full_tensor()
 
 
-@pytest.mark.parametrize("dtype", ("float32", "bfloat16"))
-def test_logits_split_by_vocabulary_give_the_whole_vocabularys_loss(pool, dtype):
+@pytest.mark.parametrize("dtype, z_loss", (("float32", 0.0), ("bfloat16", 0.0), ("float32", 0.1)))
+def test_logits_split_by_vocabulary_give_the_whole_vocabularys_loss(pool, dtype, z_loss):
     logits, targets = _logits(getattr(torch, dtype))
-    expected, expected_grad = _plait_loss_and_gradient(logits, targets, 3)
-    for loss, grad in pool.run(vocab_parallel_loss_and_gradient, 4, dtype):
+    expected, expected_grad = _plait_loss_and_gradient(logits, targets, 3, z_loss)
+    for loss, grad in pool.run(vocab_parallel_loss_and_gradient, 4, dtype, z_loss):
         assert loss == pytest.approx(expected.item(), rel=1e-6)
         assert torch.allclose(grad.float(), expected_grad.float(), atol=1e-7 if dtype == "float32" else 1e-3, rtol=0)

@@ -115,3 +115,20 @@ def test_where_a_non_finite_norm_arose_is_said_even_when_every_group_is_finite()
     assert "the gradients of block 1;" in non_finite_sentence(record)
     record["grad_norm_by_group"]["block 1"] = 2.0
     assert "overflowing float32 together" in non_finite_sentence(record)
+
+
+def test_z_loss_trains_as_one_process_under_tp_pp_and_changes_the_loss(pool):
+    """``--z-loss`` reaches the loss on every layout: the pipeline's last stage, over vocabulary shards,
+    gives the single process's z-lossed losses, which differ from the plain cross entropy's."""
+    from tests.test_data_parallel_parity import assert_same_losses
+
+    layout = LAYOUTS["tp2·pp2"]
+
+    def with_z(config, z_loss: float):
+        return replace(config, train=replace(config.train, z_loss=z_loss))
+
+    plain = pool.run(train_losses, 1, run_config("tiny", steps=4))[0]
+    z_lossed = pool.run(train_losses, 1, with_z(run_config("tiny", steps=4), 1e-2))[0]
+    assert all(z > p + 1e-3 for z, p in zip(z_lossed, plain)), (z_lossed, plain)  # lse ≈ log(vocab) ≈ 5.5
+    for losses in pool.run(train_losses, layout_world_size(layout), with_z(run_config("tiny", steps=4, **layout), 1e-2)):
+        assert_same_losses(z_lossed, losses)

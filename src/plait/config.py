@@ -66,6 +66,7 @@ class TrainSpec:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     skip_spikes: float = 0.0  # skip an update whose gradient norm is K times the running median; 0: off
+    z_loss: float = 0.0  # PaLM's z-loss coefficient on the logits' squared log-sum-exp; 0: off
     deterministic: bool = False
     data: str | None = None
     tokenizer: str | None = None  # the tokenizer.json --data was made with; the run keeps a copy for plait sample
@@ -114,7 +115,8 @@ class TrainSpec:
                               f"choose steps from 0 to {self.steps - 1}, or raise --steps")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision!r} is unknown; use one of {', '.join(PRECISIONS)}")
-        for name in ("lr", "decay_fraction", "min_lr_ratio", "grad_clip", "weight_decay", "skip_spikes"):
+        for name in ("lr", "decay_fraction", "min_lr_ratio", "grad_clip", "weight_decay", "skip_spikes",
+                     "z_loss"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"{name.replace('_', '-')} must be a finite number, got {value!r}")
@@ -129,8 +131,8 @@ class TrainSpec:
             raise ConfigError(f"lr-schedule {self.lr_schedule!r} is unknown; use one of {', '.join(LR_SCHEDULES)}")
         if not 0 < self.decay_fraction <= 1:
             raise ConfigError(f"decay-fraction must lie in (0, 1], got {self.decay_fraction!r}")
-        if self.grad_clip < 0 or self.weight_decay < 0:
-            raise ConfigError("grad-clip and weight-decay must not be negative; use 0 to turn them off")
+        if self.grad_clip < 0 or self.weight_decay < 0 or self.z_loss < 0:
+            raise ConfigError("grad-clip, weight-decay and z-loss must not be negative; use 0 to turn them off")
         if self.skip_spikes != 0 and self.skip_spikes <= 1:
             raise ConfigError(f"skip-spikes is how many times the running median a skipped update's gradient norm "
                               f"is, so it must be above 1 (5 is usual), or 0 for off; got {self.skip_spikes!r}")

@@ -162,6 +162,10 @@ def _add_observing_arguments(group, defaults: TrainSpec) -> None:
                        help="skip the update of a step whose gradient norm is more than K times the median of the last "
                             "100 updates' (after 8 of them; every rank alike; the row says \"skipped\") "
                             "(default 0: off)")
+    group.add_argument("--z-loss", type=float, metavar="Z",
+                       help="add Z times the mean squared log-sum-exp of the logits to the loss (PaLM's z-loss; 1e-4 "
+                            "is usual), which keeps the logits from drifting; the logged loss includes it, the "
+                            "evaluation loss does not (default 0: off)")
     group.add_argument("--wandb", metavar="PROJECT",
                        help="also log the TensorBoard scalars and the resolved config to a Weights & Biases run of "
                             "PROJECT in RUN/wandb/ (needs pip install wandb); offline unless WANDB_MODE says "

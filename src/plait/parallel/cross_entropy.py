@@ -12,9 +12,15 @@ Under tensor parallelism the logits are split by vocabulary (a DTensor sharded o
 dimension): each rank reads its columns, and two all-reduces over the tp group of one value per
 token make the log-sum-exp and the target's logit whole (Megatron's vocab-parallel cross entropy).
 Our own rather than ``loss_parallel`` for its memory, as above.
+
+``z_loss`` adds PaLM's auxiliary term, the coefficient times the squared log-sum-exp of each token's
+logits, which keeps the softmax's normaliser near 1 and the logits from drifting up in bf16. Its
+gradient is the softmax times ``2 · z_loss · lse``, made in the same pass as the rest.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.distributed._functional_collectives as funcol
@@ -35,12 +41,13 @@ def _reduce(values: torch.Tensor, op: str, group) -> torch.Tensor:
 
 
 class _VocabularyCrossEntropy(torch.autograd.Function):
-    """Sum over rows of cross entropy, times ``scale``, of (rows, columns) logits whose columns are
-    vocabulary ids ``first_id`` onwards of a vocabulary split over ``group`` (None: whole)."""
+    """Sum over rows of cross entropy plus ``z_loss`` times the squared log-sum-exp, times ``scale``,
+    of (rows, columns) logits whose columns are vocabulary ids ``first_id`` onwards of a vocabulary
+    split over ``group`` (None: whole)."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, group, first_id: int, scale: float,
-                keep_gradient: bool) -> torch.Tensor:
+                z_loss: float) -> torch.Tensor:
         rows, columns = logits.shape
         local = targets - first_id
         owned = (local >= 0) & (local < columns)
@@ -57,12 +64,15 @@ class _VocabularyCrossEntropy(torch.autograd.Function):
         # About the common maxima (a rank whose columns are all masked padding adds nothing).
         sums = torch.where(torch.isfinite(local_maxima), sums * (local_maxima - maxima).exp(), 0.0)
         sums, picked = _reduce(torch.stack((sums, picked)), "sum", group)
-        loss = (sums.log() + maxima - picked).sum() * scale
-        if keep_gradient:
+        log_sum_exp = sums.log() + maxima
+        loss = ((log_sum_exp - picked).sum() + z_loss * log_sum_exp.square().sum()) * scale
+        if ctx.needs_input_grad[0]:  # the gradient is made only for a backward to come
             gradient = torch.empty(rows, columns, dtype=logits.dtype, device=logits.device)
+            # d/dlogit of lse is the softmax; of z·lse², the softmax times 2·z·lse
+            row_scale = (1 + 2 * z_loss * log_sum_exp) * scale
             for block in _blocks(rows, columns):
                 values = logits[block].float()
-                gradient[block] = (values - maxima[block, None]).exp() / sums[block, None] * scale
+                gradient[block] = (values - maxima[block, None]).exp() / sums[block, None] * row_scale[block, None]
             gradient[owned_rows, local[owned_rows]] -= scale
             ctx.save_for_backward(gradient)
         return loss
@@ -73,10 +83,11 @@ class _VocabularyCrossEntropy(torch.autograd.Function):
         return gradient * grad_output.to(gradient.dtype), None, None, None, None, None
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, divisor: int = 1) -> torch.Tensor:
-    """Mean cross entropy of (batch, seq, vocab) ``logits`` against (batch, seq) ``targets``,
-    divided by ``divisor`` (the micro-batches a step averages over); logits split by vocabulary over
-    tensor parallelism as a DTensor sharded on their last dimension. A plain fp32 scalar tensor."""
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, divisor: int = 1, z_loss: float = 0.0) -> torch.Tensor:
+    """Mean cross entropy of (batch, seq, vocab) ``logits`` against (batch, seq) ``targets``, plus
+    ``z_loss`` times the mean squared log-sum-exp, divided by ``divisor`` (the micro-batches a step
+    averages over); logits split by vocabulary over tensor parallelism as a DTensor sharded on their
+    last dimension. A plain fp32 scalar tensor."""
     group, first_id = None, 0
     if isinstance(logits, DTensor):
         mesh = logits.device_mesh
@@ -84,5 +95,18 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, divisor: int = 1)
         logits = logits.to_local()
     flat_logits, flat_targets = logits.flatten(0, 1), targets.flatten().to(logits.device)
     scale = 1.0 / (flat_targets.numel() * divisor)
-    return _VocabularyCrossEntropy.apply(flat_logits, flat_targets, group, first_id, scale,
-                                         torch.is_grad_enabled() and logits.requires_grad)
+    return _VocabularyCrossEntropy.apply(flat_logits, flat_targets, group, first_id, scale, z_loss)
+
+
+@dataclass(frozen=True)
+class TrainingLoss:
+    """What training minimises: the cross entropy, plus ``z_loss`` times the mean squared log-sum-exp
+    of the logits (``--z-loss``; 0: none). Evaluation scores the cross entropy alone."""
+
+    z_loss: float = 0.0
+
+    def __call__(self, logits: torch.Tensor, targets: torch.Tensor, divisor: int = 1) -> torch.Tensor:
+        return cross_entropy(logits, targets, divisor, self.z_loss)
+
+
+CROSS_ENTROPY_ONLY = TrainingLoss()

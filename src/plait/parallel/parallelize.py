@@ -27,6 +27,7 @@ from plait.parallel.gradient_buckets import GradientBuckets
 from plait.parallel.gradients import GradientReduction, data_parallel_buckets, gradient_reduction
 from plait.parallel.materialize import materialize
 from plait.parallel.offload import apply_activation_offload
+from plait.parallel.cross_entropy import CROSS_ENTROPY_ONLY, TrainingLoss
 from plait.parallel.optimizer import build_optimizer
 from plait.parallel.pipeline import Pipeline, build_pipeline
 from plait.parallel.recompute import apply_recompute
@@ -49,6 +50,7 @@ class Parallelized:
     topology: Topology
     unreduced_gradients: Callable[[], list[torch.Tensor]]
     gradient_buckets: GradientBuckets | None = None
+    loss: TrainingLoss = CROSS_ENTROPY_ONLY
 
 
 def apply_within_stage(model: Transformer, topology: Topology) -> Transformer:

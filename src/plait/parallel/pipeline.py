@@ -31,7 +31,7 @@ from torch import nn
 from plait.models.vocabulary import vocabulary_logits
 from plait.progress import Progress
 from plait.parallel.pipeline_executor import BoundaryTransfers, ChunkReduction, Executor, StepRecord
-from plait.parallel.cross_entropy import cross_entropy
+from plait.parallel.cross_entropy import CROSS_ENTROPY_ONLY, TrainingLoss
 from plait.schedules.actions import Schedule
 from plait.schedules.forward_only import forward_only
 from plait.schedules.registry import generate
@@ -133,34 +133,37 @@ class Pipeline:
         self.gradient_buckets: ChunkReduction | None = None
 
     def forward_backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast,
-                         positions: torch.Tensor | None = None, progress: Progress | None = None) -> torch.Tensor:
+                         positions: torch.Tensor | None = None, progress: Progress | None = None,
+                         loss: TrainingLoss = CROSS_ENTROPY_ONLY) -> torch.Tensor:
         """Forward and backward every micro-batch by the schedule, each chunk's data-parallel
         reduction started once its gradients are final (``gradient_buckets``) and left in flight.
 
         ``positions`` are those of the sequence slice this rank holds (None: all of them). Returns
         the mean loss of this rank's tokens, on every pp rank. ``progress`` records each action, for
-        the stall watchdog.
+        the stall watchdog; ``loss`` is what the last stage minimises.
         """
-        loss, record = self._execute(self.schedule, micro_batches, autocast, positions, progress or Progress())
+        mean, record = self._execute(self.schedule, micro_batches, autocast, positions, progress or Progress(), loss)
         self.last_step_spans = record.spans
         origin = min((span.start for span in record.spans), default=0.0)
         self.spans.append([Span(s.action, s.start - origin, s.end - origin) for s in record.spans])
         self.steps_run += 1
-        return loss
+        return mean
 
     @torch.no_grad()
     def evaluate(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast,
                  positions: torch.Tensor | None = None) -> torch.Tensor:
         """The mean loss of this rank's tokens by the schedule's forwards alone (no gradients, no timeline)."""
-        return self._execute(forward_only(self.schedule), micro_batches, autocast, positions, Progress())[0]
+        return self._execute(forward_only(self.schedule), micro_batches, autocast, positions, Progress(),
+                             CROSS_ENTROPY_ONLY)[0]
 
     def _execute(self, schedule: Schedule, micro_batches: list[tuple[torch.Tensor, torch.Tensor]], autocast,
-                 positions: torch.Tensor | None, progress: Progress) -> tuple[torch.Tensor, StepRecord]:
+                 positions: torch.Tensor | None, progress: Progress,
+                 loss: TrainingLoss) -> tuple[torch.Tensor, StepRecord]:
         count = len(micro_batches)
         targets = [t.to(self.device) for _, t in micro_batches]
 
         def loss_fn(logits: torch.Tensor, mb: int) -> torch.Tensor:
-            return cross_entropy(logits, targets[mb], count)
+            return loss(logits, targets[mb], count)
 
         def recv_shape(mb: int) -> tuple[int, ...]:
             batch, tokens = micro_batches[mb][0].shape

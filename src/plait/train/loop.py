@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -36,7 +36,7 @@ from plait.observe.summary import write_summary
 from plait.observe.tensorboard import TensorBoardLog
 from plait.observe.wandb_log import WandbLog
 from plait.parallel.context import average_over_context, context_shard
-from plait.parallel.cross_entropy import cross_entropy
+from plait.parallel.cross_entropy import TrainingLoss
 from plait.parallel.gradients import (
     clip_gradients, finish_gradients, gradient_groups, gradient_norm, gradient_sync, local_group_squares,
 )
@@ -130,7 +130,8 @@ def parallelize_run(config: RunConfig, topology: Topology) -> Parallelized:
     train = config.train
     with torch.device("meta"):
         model = Transformer(config.model)
-    return parallelize(model, topology, train.precision, train.lr, train.weight_decay, weight_source(config))
+    parallel = parallelize(model, topology, train.precision, train.lr, train.weight_decay, weight_source(config))
+    return replace(parallel, loss=TrainingLoss(train.z_loss))
 
 
 def autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -155,7 +156,7 @@ def forward_backward(parallel: Parallelized, micro_batches: MicroBatches, autoca
             # hold through the backward), and the backward's kernels take their dtypes from the
             # forward's graph (a recomputed block re-enters autocast by itself)
             with span("forward", microbatch=index), autocast():
-                loss = cross_entropy(model(inputs.to(device), positions), targets, count)
+                loss = parallel.loss(model(inputs.to(device), positions), targets, count)
             with span("backward", microbatch=index):
                 loss.backward()
         local_loss += loss.detach()
@@ -213,7 +214,7 @@ def train_step(parallel: Parallelized, micro_batches: MicroBatches, grad_clip: f
     laid_out, span, progress = watchers.laid_out, watchers.span, watchers.progress
     if parallel.pipeline is not None:
         progress.phase("forward and backward")
-        loss = parallel.pipeline.forward_backward(micro_batches, autocast, positions, progress)
+        loss = parallel.pipeline.forward_backward(micro_batches, autocast, positions, progress, parallel.loss)
     else:
         loss = forward_backward(parallel, micro_batches, autocast, positions, span)
     with span("gradient sync"):
