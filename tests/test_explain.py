@@ -152,17 +152,17 @@ def test_a_data_parallel_run_is_explained_with_where_its_time_went(dp_run_dir, p
     assert explanation.draw() is None  # the measured-beside-simulated picture is of pipeline schedules
 
 
-def _split(compute: float, exposed: dict[str, float], bubble: float = 0.0, other: float = 0.0) -> dict:
+def _split(compute: float, exposed: dict[str, float], bubble: float = 0.0, host: float = 0.0) -> dict:
     """A time split as plait.observe.time_split writes it, of one traced step."""
-    step = compute + sum(exposed.values()) + bubble + other
+    step = compute + sum(exposed.values()) + bubble + host
     median = lambda value: {"median": value, "min": value, "max": value}  # noqa: E731
     return {"step_s": median(step), "compute_s": median(compute), "bubble_s": median(bubble),
-            "other_s": median(other), "exposed_comm_by_op_s": exposed}
+            "host_s": median(host), "exposed_comm_by_op_s": exposed}
 
 
 @pytest.mark.parametrize(("split", "named"), [
     (_split(0.030, {"dp all_reduce": 0.060}), "exposed dp all_reduce is 67% of the step: the model is too light"),
-    (_split(1.000, {"dp all_reduce": 0.050}, other=0.02), "compute is 93% of the step: the run is compute-bound"),
+    (_split(1.000, {"dp all_reduce": 0.050}, host=0.02), "compute is 93% of the step: the run is compute-bound"),
     (_split(1.000, {"tp all_reduce": 0.1, "dp all_reduce": 0.3}), "exposed dp all_reduce is 21% of the step"),
     (_split(1.000, {"pp send": 0.05}, bubble=0.5), "the pipeline bubble is 32% of the step: more micro-batches"),
 ])

@@ -30,7 +30,7 @@ LAYOUTS = {
     "pp2": {"pp": 2, "microbatches": 2},
     "dp2·tp2·pp2": {"dp": 2, "tp": 2, "pp": 2, "microbatches": 2},
 }
-PARTS = ("compute_s", "exposed_comm_s", "bubble_s", "data_s", "other_s")
+PARTS = ("compute_s", "exposed_comm_s", "bubble_s", "data_s", "host_s")
 
 
 def test_a_delayed_collective_raises_exposed_communication_by_the_delay(pool):
@@ -58,7 +58,7 @@ def runs(pool, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_compute_exposed_bubble_and_other_add_up_to_the_step_time(runs, name):
+def test_compute_exposed_bubble_data_and_host_add_up_to_the_step_time(runs, name):
     traces, step_times, _, _ = runs[name]
     assert len(traces) == layout_world_size(LAYOUTS[name])
     for rank in traces:

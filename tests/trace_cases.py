@@ -85,3 +85,21 @@ def run_with_a_slow_loader(config: RunConfig, run_dir: str, delay_s: float) -> N
         traced_run(config, run_dir)
     finally:
         BatchSource.local_batch = read
+
+
+def run_with_a_slow_host(config: RunConfig, run_dir: str, delay_s: float) -> None:
+    """``traced_run`` whose host spends ``delay_s`` on every learning-rate step, between the step's
+    operations: a run bound by its host's own work."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    step = LambdaLR.step
+
+    def slow(self, *args, **kwargs):
+        time.sleep(delay_s)
+        return step(self, *args, **kwargs)
+
+    LambdaLR.step = slow
+    try:
+        traced_run(config, run_dir)
+    finally:
+        LambdaLR.step = step

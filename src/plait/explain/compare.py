@@ -3,9 +3,9 @@
 Each run is explained as on its own (``plait.explain.run``: the planner's prediction of the same
 model, batch and layout). Its step is split into the same parts on both sides: compute, exposed
 data-parallel communication, exposed tensor- and context-parallel communication, the pipeline
-bubble, waiting for data and other time. The measured parts are those of the run's median traced step (one whole
-step, ``time_split``'s ``median_step``), scaled to its median plain step so that they add up to the
-run's step time; the predicted parts add up to the predicted step. The part whose measured seconds
+bubble, waiting for data, and host overhead with what else the step holds. The measured parts are
+those of the run's median traced step (one whole step, ``time_split``'s ``median_step``), scaled to
+its median plain step so that they add up to the run's step time; the predicted parts add up to the predicted step. The part whose measured seconds
 changed most between the runs is named in one sentence.
 """
 
@@ -20,7 +20,7 @@ from plait.layout import DATA_GROUPS
 from plait.hardware import Hardware
 
 PARTS = ("compute", "exposed dp communication", "exposed tp and cp communication", "bubble", "waiting for data",
-         "other")
+         "host and other")
 
 
 def measured_parts(explanation: Explanation) -> dict[str, float]:
@@ -35,19 +35,19 @@ def measured_parts(explanation: Explanation) -> dict[str, float]:
     tensor = exposed.get("tp", 0.0) + exposed.get("cp", 0.0)
     parts = {"compute": step["compute_s"], "exposed dp communication": data,
              "exposed tp and cp communication": tensor, "bubble": step["bubble_s"], "waiting for data": step["data_s"],
-             "other": step["other_s"] + step["exposed_comm_s"] - data - tensor}  # groups beyond the mesh's: other
+             "host and other": step["host_s"] + step["exposed_comm_s"] - data - tensor}  # groups beyond the mesh's
     scale = summary["step_time_s"] / step["step_s"]
     return {part: seconds * scale for part, seconds in parts.items()}
 
 
 def predicted_parts(explanation: Explanation) -> dict[str, float]:
-    """The planner's step of the same run in ``PARTS``; other is what its step holds beyond the rest."""
+    """The planner's step of the same run in ``PARTS``; host and other is what its step holds beyond the rest."""
     times = explanation.prediction.time_breakdown
     parts = {"compute": times["compute_s"] + times["optimizer_s"],
              "exposed dp communication": times["exposed_dp_comm_s"],
              "exposed tp and cp communication": times["critical_path_comm_s"], "bubble": times["bubble_s"],
              "waiting for data": 0.0}  # the planner takes the data as ready
-    return {**parts, "other": max(0.0, explanation.prediction.step_time_s - sum(parts.values()))}
+    return {**parts, "host and other": max(0.0, explanation.prediction.step_time_s - sum(parts.values()))}
 
 
 @dataclass

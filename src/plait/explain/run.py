@@ -27,7 +27,7 @@ from plait.observe.simulated import simulated_timeline
 from plait.observe.timeline import draw_timelines
 from plait.observe.trace import TRACE_FILE, timeline_from_trace, traced_step_volumes
 from plait.paths import MISSING, not_a_file, require_input_file
-from plait.hardware import Hardware, catalog_name_of, hardware
+from plait.hardware import CATALOG, Hardware, catalog_name_of, hardware
 from plait.plan.ranking import PLANNER_ERROR
 from plait.plan.scan import Candidate
 from plait.plan.search import search
@@ -37,6 +37,9 @@ from plait.schedules import Timeline
 
 EXPLAIN_PICTURE = "explain.png"
 STATE_KINDS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer"}
+# Each rank's parts of its median traced step (plait.observe.time_split), as explain names them.
+RANK_PARTS = {"compute": "compute_s", "exposed communication": "exposed_comm_s", "bubble": "bubble_s",
+              "waiting for data": "data_s", "host overhead": "host_s"}
 
 
 @dataclass
@@ -68,8 +71,46 @@ class Explanation:
         rows += self.volume_rows()
         measured_peak = s.get("peak_memory_bytes") if s.get("device") == "cuda" else None  # a CPU's RSS is not it
         rows.append(("peak memory per rank", p.peak_memory_bytes, measured_peak, "bytes"))
-        rows.append(("MFU", p.mfu if s.get("device") == "cuda" else None, s.get("mfu"), "fraction"))
+        rows.append(("MFU", p.mfu if self.measured_mfu is not None else None, self.measured_mfu, "fraction"))
         return rows
+
+    @property
+    def measured_mfu(self) -> float | None:
+        """The run's model FLOPs over its device's peak: on a GPU the catalog's (the summary's ``mfu``),
+        on a CPU the matmul rate of the measured profile explain predicts with (None when it predicts
+        on a catalog GPU instead, which did not run it)."""
+        if self.summary.get("device") == "cuda":
+            return self.summary.get("mfu")
+        if self.hardware.name in CATALOG:
+            return None
+        return self.summary["model_tflops_per_rank"] / self.hardware.peak_tflops(self.workload.precision)
+
+    def rank_shares(self) -> list[dict]:
+        """The utilization postmortem: where each rank's median traced step went (its seconds, and
+        each part's share of it); none when untraced."""
+        split = self.summary.get("time_split") or {}
+        return [{"rank": rank["rank"], "name": rank["name"], "traced_step_s": rank["step_s"],
+                 **{part: rank[key] / rank["step_s"] for part, key in RANK_PARTS.items()}}
+                for rank in split.get("per_rank", [])]
+
+    def rank_lines(self) -> list[str]:
+        """``rank_shares`` as a table."""
+        if not (ranks := self.rank_shares()):
+            return []
+        lines = ["", "| rank | traced step | " + " | ".join(RANK_PARTS) + " |", "| --- | ---: |" + " ---: |" * len(RANK_PARTS)]
+        for rank in ranks:
+            shares = " | ".join(f"{rank[part]:.0%}" for part in RANK_PARTS)
+            lines.append(f"| {rank['rank']} {rank['name']} | {rank['traced_step_s']:.4g} s | {shares} |")
+        return lines
+
+    def bottleneck_line(self) -> str | None:
+        """The bottleneck sentence, with the run's MFU where it is measured."""
+        if not self.summary.get("time_split"):
+            return None
+        sentence = bottleneck(self.summary["time_split"])
+        if self.measured_mfu is None:
+            return sentence
+        return f"{sentence} (MFU {self.measured_mfu:.1%} of {self.hardware.name}'s peak)"
 
     @property
     def trace_scale(self) -> float:
@@ -96,7 +137,7 @@ class Explanation:
             ("exposed pp communication", None, measured("pp"), "s"),
             ("bubble", predicted["bubble_s"], scale * split["bubble_s"]["median"], "s"),
             ("waiting for data", None, scale * split.get("data_s", {}).get("median", 0.0), "s"),
-            ("other", None, scale * split["other_s"]["median"], "s"),
+            ("host overhead", None, scale * split["host_s"]["median"], "s"),
             ("exposed communication share", (predicted["exposed_dp_comm_s"] + predicted["critical_path_comm_s"])
              / self.prediction.step_time_s, self.summary["comm_fraction"], "fraction"),
         ]
@@ -161,7 +202,8 @@ class Explanation:
             "run_dir": str(self.run_dir), "hardware": self.hardware.name, "layout": self.layout.to_dict(),
             "predicted": self.prediction.to_dict(),
             "rows": [{"quantity": q, "predicted": p, "measured": m, "unit": u} for q, p, m, u in self.rows()],
-            "bottleneck": bottleneck(self.summary["time_split"]) if self.summary.get("time_split") else None,
+            "bottleneck": self.bottleneck_line(),
+            "ranks": self.rank_shares(),
             "planner": self.planner_choice(),
             "suggestion": self.suggestion(),
             "divergence": postmortem(self.run_dir),
@@ -184,13 +226,14 @@ class Explanation:
             else:
                 error = f"{predicted / measured - 1:+.1%}"
             lines.append(f"| {quantity} | {_format(predicted, unit)} | {_format(measured, unit)} | {error} |")
+        lines += self.rank_lines()
         if s.get("bubble_fraction_theory"):
             lines.append(f"\nthe schedule's bubble with equal stage costs: {s['bubble_fraction_theory']:.1%}")
         if s.get("time_split"):
             if s.get("trace_slowdown"):
                 lines.append(f"traced steps ran {s['trace_slowdown']:.2f}× a plain step (the tracer's Python call on "
                              "every operator); their parts above are scaled to the plain step")
-            lines.append(f"bottleneck: {bottleneck(s['time_split'])}")
+            lines.append(f"bottleneck: {self.bottleneck_line()}")
         if (choice := self.planner_choice()) is not None:
             lines.append(choice)
         lines += [f"divergence: {finding}" for finding in postmortem(self.run_dir)]

@@ -9,7 +9,9 @@ Pure Python. On each rank a step splits into
 * compute: the compute spans (forward, backward, gradient sync, optimizer; pipeline actions) less
   the waits inside them;
 * data: reading the step's batch (the ``data`` span): a rank waiting for its data loader;
-* other: the rest of the step (the loss average, Python between spans) less its waits.
+* host: the rest of the step less its waits: the host's own work between plait's operations (the
+  loop's Python, the loss average, the optimizer's bookkeeping outside its span); on a CPU, the
+  interpreter, and on a GPU, what the host adds where the device waits for it.
 
 The five add up to the step's duration; exposed communication is also given per group and op
 (``dp all_reduce``); overlapped communication (per group) is the time while at least one of the
@@ -62,7 +64,7 @@ def _part(span: dict) -> str:
 
 def split_step(record: dict) -> dict:
     """One rank's traced step as seconds of compute, exposed communication (and per group),
-    overlapped communication per group, bubble, data and other."""
+    overlapped communication per group, bubble, data and host."""
     transfers = record["transfers"]
     compute = [s for s in record["spans"] if _part(s) == "compute"]
     pipeline_transfers = [s for s in record["spans"] if _part(s) == "pipeline"]
@@ -89,7 +91,7 @@ def split_step(record: dict) -> dict:
         "exposed_comm_s": exposed_total,
         "bubble_s": bubble,
         "data_s": data,
-        "other_s": record["duration"] - computing - sum(s["end"] - s["start"] for s in pipeline_transfers) - data
+        "host_s": record["duration"] - computing - sum(s["end"] - s["start"] for s in pipeline_transfers) - data
         - (waited - in_compute),
         "exposed_comm_by_group_s": exposed,
         "exposed_comm_by_op_s": by_op,
@@ -116,7 +118,7 @@ def run_time_split(ranks: list[dict]) -> dict | None:
     if not steps:
         return None
     splits = {step: [split_step(r) for rank in ranks for r in rank["steps"] if r["step"] == step] for step in steps}
-    scalars = ("step_s", "compute_s", "exposed_comm_s", "bubble_s", "data_s", "other_s")
+    scalars = ("step_s", "compute_s", "exposed_comm_s", "bubble_s", "data_s", "host_s")
     per_step = {key: [_mean([s[key] for s in splits[step]]) for step in steps] for key in scalars}
     by_group = {}
     for key in ("exposed_comm_by_group_s", "exposed_comm_by_op_s", "overlapped_comm_by_group_s"):
@@ -124,7 +126,7 @@ def run_time_split(ranks: list[dict]) -> dict | None:
         by_group[key] = {name: statistics.median(_mean([s[key].get(name, 0.0) for s in splits[step]]) for step in steps)
                          for name in names}
     shares = {part: _spread([p / t for p, t in zip(per_step[f"{part}_s"], per_step["step_s"])])
-              for part in ("compute", "exposed_comm", "bubble", "data", "other")}
+              for part in ("compute", "exposed_comm", "bubble", "data", "host")}
     middle = per_step["step_s"].index(statistics.median_low(per_step["step_s"]))
     median_step = {"step": steps[middle], **{key: per_step[key][middle] for key in scalars},
                    "exposed_comm_by_group_s": {name: _mean([s["exposed_comm_by_group_s"].get(name, 0.0)
