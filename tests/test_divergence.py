@@ -132,3 +132,23 @@ def test_z_loss_trains_as_one_process_under_tp_pp_and_changes_the_loss(pool):
     assert all(z > p + 1e-3 for z, p in zip(z_lossed, plain)), (z_lossed, plain)  # lse ≈ log(vocab) ≈ 5.5
     for losses in pool.run(train_losses, layout_world_size(layout), with_z(run_config("tiny", steps=4, **layout), 1e-2)):
         assert_same_losses(z_lossed, losses)
+
+
+def test_a_run_of_loss_spikes_is_one_divergence_said_once_with_whether_the_loss_came_back(tmp_path):
+    from plait.explain.divergence import postmortem
+
+    def write(losses: list[float]) -> list[str]:
+        rows = [{"step": step, "loss": loss, "lr": 0.01 * step, "grad_norm": 1.0} for step, loss in enumerate(losses)]
+        (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return postmortem(tmp_path)
+
+    flat = [3.0] * 10
+    diverged = write(flat + [6.0, 9.0, 3.5, 12.0, 20.0, 15.0])  # one step back under 1.5×: still one divergence
+    assert diverged == ["the loss diverged from step 10 (lr 0.1): 5 of steps 10–15 read 1.5× or more their running "
+                        "median, at most 20 at step 14 (6.67×, lr 0.14); the loss never came back: 15 at the last "
+                        "step, step 15, 5× the median before it"]
+    recovered = write(flat + [6.0, 7.0, 8.0] + [3.2] * 3 + [9.0])  # and a lone spike after it
+    assert len(recovered) == 2
+    assert recovered[0].startswith("the loss diverged from step 10 (lr 0.1): 3 of steps 10–12 ")
+    assert recovered[0].endswith("; the loss came back, to 3.2 at step 13")
+    assert recovered[1] == "loss spike at step 16: 9 against a running median of 3 (3×); lr 0.16"

@@ -5,7 +5,10 @@ the updates ``--skip-spikes`` skipped, and the first non-finite value with where
 A gradient-norm spike is a norm more than ``NOTABLE_FACTOR`` times the running median, the level at
 which training records every parameter group's norm (``plait.train.spikes``); its block is the group
 whose norm grew most against its own last recorded one. A loss spike is a loss ``LOSS_SPIKE`` times
-its running median: a loss moves far less than a gradient norm. Pure Python.
+its running median: a loss moves far less than a gradient norm. Loss spikes that follow one another
+(``EPISODE_SPIKES`` or more, each within ``EPISODE_GAP`` steps of the last) are one divergence, said
+once: where it began, its worst step, the learning rate over it, and whether the loss came back. Pure
+Python.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from plait.observe.run_files import NON_FINITE_FILE, read_metrics
 from plait.observe.spikes import NOTABLE_FACTOR, SPIKE_HISTORY, SPIKE_WINDOW
 
 LOSS_SPIKE = 1.5
+EPISODE_SPIKES = 3
+EPISODE_GAP = 3
 
 
 @dataclass(frozen=True)
@@ -99,13 +104,44 @@ def non_finite_sentence(record: dict) -> str:
             "the run stopped there")
 
 
+def episodes(found: list[Spike]) -> list[list[Spike]]:
+    """``found`` (in step order) as runs of spikes each within ``EPISODE_GAP`` steps of the last."""
+    runs: list[list[Spike]] = []
+    for spike in found:
+        if runs and spike.step - runs[-1][-1].step <= EPISODE_GAP:
+            runs[-1].append(spike)
+        else:
+            runs.append([spike])
+    return runs
+
+
+def divergence_sentence(episode: list[Spike], rows: list[dict]) -> str:
+    """One sentence for a run of loss spikes: where it began, its worst, the learning rate over it, and
+    whether the loss came back under ``LOSS_SPIKE`` times the median before it after the run of spikes."""
+    first, last = episode[0], episode[-1]
+    worst = max(episode, key=lambda spike: spike.ratio)
+    back = next((row for row in rows if row["step"] > last.step and row["loss"] <= LOSS_SPIKE * first.median), None)
+    final = rows[-1]
+    came_back = (f"the loss came back, to {back['loss']:.4g} at step {back['step']}" if back is not None
+                 else f"the loss never came back: {final['loss']:.4g} at the last step, step {final['step']}, "
+                      f"{final['loss'] / first.median:.3g}× the median before it")
+    return (f"the loss diverged from step {first.step} (lr {first.lr:.3g}): {len(episode)} of steps "
+            f"{first.step}–{last.step} read {LOSS_SPIKE}× or more their running median, at most {worst.value:.4g} at "
+            f"step {worst.step} ({worst.ratio:.3g}×, lr {worst.lr:.3g}); {came_back}")
+
+
 def postmortem(run_dir: Path) -> list[str]:
-    """The run's spikes and skipped updates, then its first non-finite value, a sentence each (none
-    for a run that trained smoothly)."""
+    """The run's divergences (runs of loss spikes), single spikes and skipped updates, then its first
+    non-finite value, a sentence each (none for a run that trained smoothly)."""
     rows = sorted(read_metrics(run_dir), key=lambda row: row["step"])
-    found = spikes(rows, "loss", LOSS_SPIKE)
-    found += [_with_block(spike, rows) for spike in spikes(rows, "grad_norm", NOTABLE_FACTOR)]
-    lines = [spike.sentence() for spike in sorted(found, key=lambda spike: spike.step)]
+    found: list[tuple[int, str]] = []
+    for episode in episodes(spikes(rows, "loss", LOSS_SPIKE)):
+        if len(episode) >= EPISODE_SPIKES:
+            found.append((episode[0].step, divergence_sentence(episode, rows)))
+        else:
+            found += [(spike.step, spike.sentence()) for spike in episode]
+    found += [(spike.step, _with_block(spike, rows).sentence()) for spike in spikes(rows, "grad_norm", NOTABLE_FACTOR)]
+    lines = [sentence for _, sentence in sorted(found, key=lambda pair: pair[0])]
     skipped = [row["step"] for row in rows if row.get("skipped")]
     if skipped:
         lines.append(f"updates skipped by --skip-spikes: step(s) {', '.join(map(str, skipped))}")

@@ -100,7 +100,8 @@ class Explanation:
         lines = ["", "| rank | traced step | " + " | ".join(RANK_PARTS) + " |", "| --- | ---: |" + " ---: |" * len(RANK_PARTS)]
         for rank in ranks:
             shares = " | ".join(f"{rank[part]:.0%}" for part in RANK_PARTS)
-            lines.append(f"| {rank['rank']} {rank['name']} | {rank['traced_step_s']:.4g} s | {shares} |")
+            label = rank["name"] if rank["name"] == f"rank {rank['rank']}" else f"{rank['rank']} ({rank['name']})"
+            lines.append(f"| {label} | {rank['traced_step_s']:.4g} s | {shares} |")
         return lines
 
     def bottleneck_line(self) -> str | None:
