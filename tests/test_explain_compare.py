@@ -89,3 +89,20 @@ def test_three_runs_or_a_run_without_a_traced_step_are_refused_in_one_line(runs,
     assert main(["explain", str(runs / "dp2"), str(untraced), "--gpu", "a100-80gb"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "has no traced step to split" in lines[0], lines
+
+
+def test_a_run_spanning_more_nodes_is_said_to_and_its_predicted_all_reduce_crosses_the_slow_link(runs):
+    """The seed's scaling question on this machine: dp2 against dp4 predicted on a profile of nodes of
+    two ranks joined by a slow network, so dp4 spans two nodes and its gradient all-reduce crosses it."""
+    from tests.test_step_trace import calibrated_cpu_profile
+
+    one_node = replace(calibrated_cpu_profile(), gpus_per_node=4)
+    two_nodes = replace(one_node, gpus_per_node=2, inter_node_gbps=0.05)
+    same = compare(runs / "dp2", runs / "dp4", profile=one_node)
+    split = compare(runs / "dp2", runs / "dp4", profile=two_nodes)
+    assert same.nodes_clause() == "" and split.measured == same.measured
+    assert split.sentence().startswith("dp4 spans 2 node(s) of 2 on ") and ", against dp2 spans 1 node(s)" in \
+        split.sentence()
+    dp = "exposed dp communication"
+    assert split.predicted[0][dp] == pytest.approx(same.predicted[0][dp])  # dp2 stays inside its node
+    assert split.predicted[1][dp] > 2 * same.predicted[1][dp] + 0.01

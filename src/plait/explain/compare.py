@@ -11,6 +11,7 @@ changed most between the runs is named in one sentence.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,13 +70,23 @@ class Comparison:
         first, second = self.first.summary, self.second.summary
         return (second["tokens_per_s"] / first["tokens_per_s"]) / (second["world_size"] / first["world_size"])
 
+    def nodes_clause(self) -> str:
+        """Where the runs span different numbers of nodes of the hardware they are predicted on: how
+        many each (its links between nodes are what the predicted parts cross); else nothing."""
+        nodes = [math.ceil(run.summary["world_size"] / run.hardware.gpus_per_node) for run in (self.first, self.second)]
+        if nodes[0] == nodes[1]:
+            return ""
+        spans = [f"{run.layout.describe()} spans {count} node(s) of {run.hardware.gpus_per_node} on {run.hardware.name}"
+                 for run, count in zip((self.first, self.second), nodes)]
+        return f"{spans[1]}, against {spans[0]}: "
+
     def sentence(self) -> str:
         """What made the difference, in one sentence."""
         part = self.changed_most()
         (first, second), (predicted_first, predicted_second) = self.measured, self.predicted
         a, b = self.first.summary, self.second.summary
         change = second[part] - first[part]
-        return (f"{part} changed most ({change:+.3g} s): {second[part]:.3g} s, {second[part] / b['step_time_s']:.0%} of "
+        return (f"{self.nodes_clause()}{part} changed most ({change:+.3g} s): {second[part]:.3g} s, {second[part] / b['step_time_s']:.0%} of "
                 f"{self.second.layout.describe()}'s step, against {first[part]:.3g} s, "
                 f"{first[part] / a['step_time_s']:.0%} of {self.first.layout.describe()}'s (predicted "
                 f"{predicted_second[part]:.3g} s against {predicted_first[part]:.3g} s)")
