@@ -34,7 +34,7 @@ from benchmarks.pipeline_common import alternating_medians, run_on_ranks
 from plait.config import RunConfig, TrainSpec
 from plait.layout import Layout
 from plait.models.spec import model_spec
-from plait.parallel.data import fsdp_policy
+from plait.parallel.data_parallel.data import fsdp_policy
 from plait.parallel.pipeline import prune_to_rank
 from plait.schedules.registry import generate
 from plait.schedules.split import split_layers

@@ -151,10 +151,10 @@ def zero2_gradient_rows(config: RunConfig, bucket_bytes: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from plait.facts.model_state import owned_slice
-    from plait.parallel.gradient_shards import GradientSharding
+    from plait.parallel.data_parallel.gradient_shards import GradientSharding
     from plait.parallel.optimizer import BETAS, parameter_groups
-    from plait.parallel.sharded_adamw import ShardedAdamW
-    from plait.parallel.zero_rows import RowSplit
+    from plait.parallel.data_parallel.sharded_adamw import ShardedAdamW
+    from plait.parallel.data_parallel.zero_rows import RowSplit
     from plait.train.data import BatchSource, training_tokens
     from plait.train.loop import build_model
 
@@ -206,7 +206,7 @@ def averages_after_a_backward_that_reaches_no_parameter(config: RunConfig) -> fl
     gradients are from the average of the ranks' accumulated gradients (they must still be reduced)."""
     import torch.distributed as dist
 
-    from plait.parallel.gradient_buckets import GradientAllReduce
+    from plait.parallel.data_parallel.gradient_buckets import GradientAllReduce
     from plait.parallel.gradients import gradient_sync
 
     topology = build_topology(config.layout, torch.device("cpu"))
@@ -234,9 +234,9 @@ def zero2_rows_over_micro_batches(config: RunConfig) -> dict:
     import torch.distributed as dist
 
     from plait.parallel.gradients import gradient_sync
-    from plait.parallel.gradient_shards import GradientSharding
-    from plait.parallel.sharded_adamw import ShardedAdamW
-    from plait.parallel.zero_rows import RowSplit
+    from plait.parallel.data_parallel.gradient_shards import GradientSharding
+    from plait.parallel.data_parallel.sharded_adamw import ShardedAdamW
+    from plait.parallel.data_parallel.zero_rows import RowSplit
     from plait.facts.model_state import owned_slice
 
     topology = build_topology(config.layout, torch.device("cpu"))

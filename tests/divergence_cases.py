@@ -9,7 +9,7 @@ import torch
 
 import plait.train.loop as loop
 from plait.config import RunConfig
-from plait.parallel.sharded_adamw import gradients_by_parameter
+from plait.parallel.data_parallel.sharded_adamw import gradients_by_parameter
 from plait.topology import build_topology
 
 SPIKE = 1e4  # what the injected step's block gradients are multiplied by

@@ -58,7 +58,7 @@ def reducers_left_after_training(config: RunConfig) -> int:
     reductions are still alive (hooks on the parameters must not keep the model from being freed)."""
     import gc
 
-    from plait.parallel.gradient_buckets import GradientBuckets
+    from plait.parallel.data_parallel.gradient_buckets import GradientBuckets
     from plait.train.loop import train
 
     train(config, build_topology(config.layout, torch.device("cpu")))

@@ -60,7 +60,7 @@ def saved_activation_bytes(config: RunConfig) -> list[int]:
     on the model as a stage of ``config``'s layout holds it: tensor and context parallelism, then
     (without pp) data parallelism and ZeRO, whose bf16 stages 1 and 2 hold bf16 weights (on a
     pipeline stage too)."""
-    from plait.parallel.data import apply_data_parallel, hold_weights
+    from plait.parallel.data_parallel.data import apply_data_parallel, hold_weights
 
     topology = build_topology(config.layout, CPU)
     model = apply_within_stage(build_model(config, CPU), topology)
@@ -114,7 +114,7 @@ def offloaded_activation_bytes(config: RunConfig) -> dict:
     from unittest import mock
 
     from plait.parallel import offload
-    from plait.parallel.data import apply_data_parallel
+    from plait.parallel.data_parallel.data import apply_data_parallel
 
     topology = build_topology(config.layout, CPU)
     model = apply_within_stage(build_model(config, CPU), topology)

@@ -120,7 +120,7 @@ def test_every_rank_keeps_the_shared_activation_fact(saved, index):
 
 @pytest.mark.parametrize("model", MODELS)
 def test_a_pipeline_stage_under_zero_1_keeps_bf16_activations_and_no_weight_copies(pool, model):
-    """bf16 on stages under ZeRO-1: the stage's weights are bf16 (plait.parallel.data.hold_weights), so
+    """bf16 on stages under ZeRO-1: the stage's weights are bf16 (plait.parallel.data_parallel.data.hold_weights), so
     its blocks keep what the whole layer in bf16 keeps and no bf16 copy of any weight, measured block
     by block; at ZeRO 0 the same stage keeps more (autocast's copies over fp32 weights)."""
     layout = {"dp": 2, "pp": 2, "zero": 1, "schedule": "1f1b", "microbatches": 2}

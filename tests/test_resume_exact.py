@@ -4,7 +4,7 @@ loss after the resume and every tensor of the next checkpoint (weights and optim
 
 DDP's first backward after a start all-reduces the whole model as one bucket and later ones in
 rebuilt buckets, so over four ranks the resumed run's first step summed otherwise than the
-uninterrupted run's and drifted from it (plait.parallel.data.uses_ddp)."""
+uninterrupted run's and drifted from it (plait.parallel.data_parallel.data.uses_ddp)."""
 
 from __future__ import annotations
 

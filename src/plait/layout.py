@@ -16,7 +16,7 @@ from plait.schedules.registry import SCHEDULES, check_virtual_stages, schedule_s
 RECOMPUTE = ("none", "selective", "op", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "bf16")
-# How the data-parallel gradient reduction travels (plait.parallel.compression): as computed, cast
+# How the data-parallel gradient reduction travels (plait.parallel.data_parallel.compression): as computed, cast
 # to bf16 for the wire, or PowerSGD's low-rank factors with error feedback (lossy).
 GRAD_COMPRESSIONS = ("none", "bf16", "powersgd")
 # How context-parallel attention sees the whole sequence: heads exchanged all-to-all (Ulysses), K/V

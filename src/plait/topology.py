@@ -22,7 +22,7 @@ class Topology:
     they join dp and cp, each its own process group even where dp is 1), all of one root, so FSDP2
     can pair ZeRO's group with tp's. ``hybrid_mesh``: (dp_replicate, ZeRO's group), on which FSDP2
     runs HSDP at ZeRO-3. ``tp_dp_mesh``: the same ranks as a (tp, ZeRO's group) mesh, which places
-    ZeRO-1/2's rows of a tp shard (plait.parallel.zero_rows). Each is built only for a layout that
+    ZeRO-1/2's rows of a tp shard (plait.parallel.data_parallel.zero_rows). Each is built only for a layout that
     uses it."""
 
     layout: Layout

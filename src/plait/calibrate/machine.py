@@ -39,7 +39,7 @@ from plait.calibrate.host import (
     CPU_SIZES, ProbeSizes, interleaved_medians, layer_kernel_scales, measure_host_overhead, measure_optimizer,
     measure_wrapper_overhead, working_layer_probes,
 )
-from plait.parallel.gradient_shards import all_gather_single, reduce_scatter_single
+from plait.parallel.data_parallel.gradient_shards import all_gather_single, reduce_scatter_single
 from plait.parallel.ring_attention import block_attention, block_gradients
 from plait.plan.comm import LINK_EFFICIENCY, Link, all_gather_seconds, all_reduce_seconds, reduce_scatter_seconds
 from plait.plan.compute import Gemm, attention_matmul_seconds, block_kernel_seconds, gemm_seconds

@@ -146,7 +146,7 @@ def loss_backward_bytes(spec: ModelSpec, micro_batch: int, tp: int, cp: int, ker
 def autocast_copies_weights(precision: str, zero: int = 0, pp: int = 1) -> bool:
     """Whether bf16 runs as autocast over fp32 weights, which keeps a bf16 copy of each layer weight
     per micro-batch: ZeRO 0, and ZeRO-3 on a pipeline stage (which gathers fp32 weights:
-    plait.parallel.stage_sharding). Otherwise (ZeRO 1 and 2, whose weights are bf16 with or without
+    plait.parallel.data_parallel.stage_sharding). Otherwise (ZeRO 1 and 2, whose weights are bf16 with or without
     stages, ``holds_bf16_weights``; ZeRO-3 without stages, whose FSDP2 gathers bf16 weights, casts
     the inputs to bf16 and frees the gathered weights after each block) the whole layer runs in bf16
     and keeps no copy."""

@@ -6,7 +6,7 @@ produced all of its gradients, so only the last one waits for the end of backwar
 quarter of what the rank reduces keeps three quarters of it under backward. The floor keeps a very
 small model from paying a collective's latency for a few kilobytes; the cap is DDP's default, which
 large models keep. DDP's ``bucket_cap_mb``, plait's own all-reduce and ZeRO-2 reduce-scatter hooks
-(plait.parallel.gradient_buckets) and the planner (plait.plan.simulate) all take it from here.
+(plait.parallel.data_parallel.gradient_buckets) and the planner (plait.plan.simulate) all take it from here.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ BUILD_WORKSPACE_BYTES = 3 * FILL_BLOCK_ELEMENTS * FP32
 def holds_bf16_weights(precision: str, zero: int) -> bool:
     """Whether plait's engine holds a rank's parameters in bf16 and computes their gradients in bf16
     (with an fp32 master of the rows it owns in ``ShardedAdamW``): ZeRO 1 and 2 under bf16, with or
-    without pipeline stages (plait.parallel.data.cast_parameters); ZeRO-2 then sums its reduced rows
+    without pipeline stages (plait.parallel.data_parallel.data.cast_parameters); ZeRO-2 then sums its reduced rows
     in fp32. ZeRO 0 runs autocast over fp32 parameters, their own master; ZeRO-3 holds FSDP2's fp32
     shards."""
     return precision == "bf16" and zero in (1, 2)
@@ -157,7 +157,7 @@ def _block_and_end_shapes(spec: ModelSpec, first: bool, last: bool, tp: int) -> 
 
 def owned_slice(rows: int, rank: int, ranks: int) -> slice:
     """The rows of a ``rows``-row tensor that ``rank`` of ``ranks`` owns: torch.chunk's split, as
-    DTensor's Shard(0) (ZeRO-1/2's rows, plait.parallel.zero_rows)."""
+    DTensor's Shard(0) (ZeRO-1/2's rows, plait.parallel.data_parallel.zero_rows)."""
     chunk = -(-rows // ranks)
     start = min(rank * chunk, rows)
     return slice(start, min(start + chunk, rows))
@@ -223,7 +223,7 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, share: P
     Megatron-LM's distributed optimizer and torchtitan's FSDP2 shard. bf16 keeps fp32 parameters
     under autocast (ZeRO 0) or FSDP2's fp32 shards (ZeRO 3); ZeRO 1 and 2 hold bf16 parameters and an fp32 master of the rows the rank owns
     (``holds_bf16_weights``), ZeRO 1 bf16 gradients, ZeRO 2 the fp32 sum of each micro-batch's
-    reduce-scattered rows (plait.parallel.gradient_shards). Under tensor parallelism the rows are those of the
+    reduce-scattered rows (plait.parallel.data_parallel.gradient_shards). Under tensor parallelism the rows are those of the
     rank's tp shard. Stage 1 and 2 shard each tensor by rows, as torch.chunk;
     FSDP2 (stage 3) holds each parameter's and gradient's shard padded to the largest rank's rows.
     Adam keeps two fp32 moments per owned element and one fp32 step counter per tensor.
@@ -239,7 +239,7 @@ def plait_model_states(spec: ModelSpec, layout: Layout, precision: str, share: P
     if layout.pp > 1 and zero >= 2:
         # A pipeline stage accumulates its whole gradients over the schedule and reduce-scatters them
         # once after it (plait.parallel.gradients); under ZeRO-3 it also keeps its fp32 parameters
-        # gathered for the whole step (plait.parallel.stage_sharding), and FSDP2 accumulates the
+        # gathered for the whole step (plait.parallel.data_parallel.stage_sharding), and FSDP2 accumulates the
         # gradients in its reduce dtype, bf16 under --grad-compression bf16. (ZeRO-2's fp32 rows
         # after it outweigh the whole bf16 gradients only where a group of 2 gives this rank the larger half.)
         grads = max(whole * weight_bytes, grads)
@@ -309,7 +309,7 @@ def communicated_bytes(layout: Layout, precision: str, kernels: Kernels) -> tupl
     plait under bf16 keeps fp32 weights and gradients at ZeRO 0 (autocast); ZeRO 1–2 cast the
     weights to bf16 (``holds_bf16_weights``); ZeRO-3's FSDP2 gathers bf16 weights (fp32 on a
     pipeline stage) and reduce-scatters fp32 gradients (its MixedPrecisionPolicy in
-    plait.parallel.data). A reference
+    plait.parallel.data_parallel.data). A reference
     stack gathers the ZeRO paper's bf16 parameters and reduces its gradients as it holds them
     (``reference_bytes``: fp32 in Megatron-LM and torchtitan's FSDP). ``--grad-compression bf16`` puts
     every gradient on the wire in bf16; PowerSGD's factors travel in the gradients' own dtype

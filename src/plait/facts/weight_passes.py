@@ -73,7 +73,7 @@ def cast_passes(elements: float, casts: bool) -> WeightPasses:
 
 def fsdp2_without_stages(layout: Layout) -> bool:
     """ZeRO-3 without pipeline stages: FSDP2 gathers each layer every micro-batch, forward and
-    backward (on a stage, plait.parallel.stage_sharding gathers once a step)."""
+    backward (on a stage, plait.parallel.data_parallel.stage_sharding gathers once a step)."""
     return layout.zero == 3 and layout.pp == 1
 
 

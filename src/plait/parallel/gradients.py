@@ -3,7 +3,7 @@
 Data-parallel gradients are averaged inside backward over every rank holding the same weights: the
 dp ranks and the cp ranks beside them (``Topology.replica_dim``; each cp rank saw its own slice of
 the sequences), bucket by bucket as backward produces them, by the mechanism each layout was built
-on: ``GradientAllReduce`` (ZeRO 0, 1; DDP's all-reduce under PowerSGD, ``plait.parallel.data.uses_ddp``),
+on: ``GradientAllReduce`` (ZeRO 0, 1; DDP's all-reduce under PowerSGD, ``plait.parallel.data_parallel.data.uses_ddp``),
 ``GradientReduceScatter`` (ZeRO-2), FSDP2's reduce-scatter (ZeRO-3), the last two over ZeRO's
 group (``Topology.zero_dim``); the buckets' size is ``plait.facts.buckets``' rule.
 ``gradient_sync`` switches them off for every micro-batch but the last, but for the
@@ -11,8 +11,8 @@ reduce-scatters (FSDP2's, ZeRO-2's), which run every micro-batch's. A pipeline s
 backward per (chunk, micro-batch), split into input and weight halves under zero-bubble
 schedules, which DDP's per-backward hooks cannot follow: there plait's buckets reduce each chunk's
 gradients from its last backward action on, overlapping the rest of the schedule
-(``plait.parallel.gradient_buckets``), and ZeRO-3's FSDP2 reduce-scatters once after the schedule
-(``plait.parallel.stage_sharding``). What is left is finished here, once per step, after backward
+(``plait.parallel.data_parallel.gradient_buckets``), and ZeRO-3's FSDP2 reduce-scatters once after the schedule
+(``plait.parallel.data_parallel.stage_sharding``). What is left is finished here, once per step, after backward
 (``finish_gradients``), in this order:
 
 1. tensor parallelism: every gradient laid out as its parameter is;
@@ -45,10 +45,10 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from plait.parallel.gradient_buckets import GradientAllReduce, GradientBuckets, default_bucket_bytes
-from plait.parallel.gradient_shards import GradientReduceScatter
+from plait.parallel.data_parallel.gradient_buckets import GradientAllReduce, GradientBuckets, default_bucket_bytes
+from plait.parallel.data_parallel.gradient_shards import GradientReduceScatter
+from plait.parallel.data_parallel.sharded_adamw import ShardedAdamW, gradients_by_parameter, gradients_of
 from plait.parallel.grad_norm import scale_to_norm, total_norm
-from plait.parallel.sharded_adamw import ShardedAdamW, gradients_by_parameter, gradients_of
 from plait.parallel.tensor import finish_tensor_gradients
 from plait.topology import Topology
 

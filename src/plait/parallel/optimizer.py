@@ -9,10 +9,10 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from plait.parallel.data import zero_optimizer_mesh
-from plait.parallel.gradient_shards import GradientSharding
-from plait.parallel.sharded_adamw import ShardedAdamW
-from plait.parallel.zero_rows import RowSplit
+from plait.parallel.data_parallel.data import zero_optimizer_mesh
+from plait.parallel.data_parallel.gradient_shards import GradientSharding
+from plait.parallel.data_parallel.sharded_adamw import ShardedAdamW
+from plait.parallel.data_parallel.zero_rows import RowSplit
 from plait.topology import Topology
 
 BETAS = (0.9, 0.95)

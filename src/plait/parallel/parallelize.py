@@ -20,18 +20,18 @@ from torch import nn
 from plait.facts.recompute import block_recompute
 from plait.models.init import WeightSource
 from plait.models.transformer import Transformer
-from plait.parallel.compression import compress_gradients
 from plait.parallel.context import apply_context_parallel
-from plait.parallel.data import hold_weights, replicate_data_parallel, shard_data_parallel
-from plait.parallel.gradient_buckets import GradientBuckets
+from plait.parallel.cross_entropy import CROSS_ENTROPY_ONLY, TrainingLoss
+from plait.parallel.data_parallel.compression import compress_gradients
+from plait.parallel.data_parallel.data import hold_weights, replicate_data_parallel, shard_data_parallel
+from plait.parallel.data_parallel.gradient_buckets import GradientBuckets
+from plait.parallel.data_parallel.stage_sharding import ShardedStage
 from plait.parallel.gradients import GradientReduction, data_parallel_buckets, gradient_reduction
 from plait.parallel.materialize import materialize
 from plait.parallel.offload import apply_activation_offload
-from plait.parallel.cross_entropy import CROSS_ENTROPY_ONLY, TrainingLoss
 from plait.parallel.optimizer import build_optimizer
 from plait.parallel.pipeline import Pipeline, build_pipeline
 from plait.parallel.recompute import apply_recompute
-from plait.parallel.stage_sharding import ShardedStage
 from plait.parallel.tensor import apply_tensor_parallel
 from plait.topology import Topology
 
@@ -86,7 +86,7 @@ def parallelize(model: Transformer, topology: Topology, precision: str, lr: floa
         model = shard_data_parallel(model, topology, precision)
         materialize(model, source, topology.device)
         model = replicate_data_parallel(model, topology)
-    # A stage's gradients are final chunk by chunk (plait.parallel.gradient_buckets).
+    # A stage's gradients are final chunk by chunk (plait.parallel.data_parallel.gradient_buckets).
     chunks = {c: list(view.parameters()) for c, view in pipeline.chunks.items()} if pipeline is not None else None
     optimizer = build_optimizer(model, lr, weight_decay, topology, chunks)
     buckets = data_parallel_buckets(model, optimizer, topology, chunks)

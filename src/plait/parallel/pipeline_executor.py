@@ -46,7 +46,7 @@ OPERATIONS = {Kind.FORWARD: "forward", Kind.BACKWARD: "backward", Kind.BACKWARD_
 
 
 class ChunkReduction(Protocol):
-    """A chunk's data-parallel gradient reduction (plait.parallel.gradient_buckets): ``arm`` before
+    """A chunk's data-parallel gradient reduction (plait.parallel.data_parallel.gradient_buckets): ``arm`` before
     the chunk's last backward action of the step, ``close`` after it; neither waits."""
 
     def arm(self, chunk: int) -> None: ...

@@ -159,7 +159,7 @@ def plait_reduction_seconds(hw: Hardware, layout: Layout, grads: float, grad_byt
     it, run by hooks inside backward bucket by bucket (DDP, plait's own buckets under tp or on a
     pipeline stage, ZeRO-2's, FSDP2's), on a pipeline stage from each chunk's last backward action
     on, except ZeRO-3 on a pipeline stage, whose FSDP2 reduce-scatter follows the schedule
-    (plait.parallel.stage_sharding). Under hybrid sharding the reduce-scatter runs inside a replica
+    (plait.parallel.data_parallel.stage_sharding). Under hybrid sharding the reduce-scatter runs inside a replica
     group and an all-reduce of the rows across the groups follows it (in FSDP2's backward hook at
     ZeRO-3, after backward at ZeRO-2)."""
     after = 0.0
@@ -222,7 +222,7 @@ def flush_costs(workload: Workload, hw: Hardware, layout: Layout, params: float,
     bucket = bucket_bytes(bucketed) if kernels.plait_engine else BUCKET_BYTES  # plait's rule; DDP's default
     last_bucket = reduce if per_layer else reduce * min(1.0, bucket / bucketed) if bucketed else 0.0
     # ZeRO-1/2 gather the updated rows after the step; ZeRO-3 on a pipeline stage gathers its
-    # parameters once per step, before its first forward (plait.parallel.stage_sharding).
+    # parameters once per step, before its first forward (plait.parallel.data_parallel.stage_sharding).
     once = layout.zero in (1, 2) or (layout.zero == 3 and layout.pp > 1)
     gather = all_gather_seconds(params * p_bytes, shards, link) if once else 0.0
     first_gather = gather * min(1.0, bucket / bucketed) if kernels.param_gather_overlap and bucketed else None

@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from plait.errors import ConfigError
 
-from plait.parallel.sharded_adamw import ShardedAdamW, master_weights
+from plait.parallel.data_parallel.sharded_adamw import ShardedAdamW, master_weights
 
 CHECKPOINT_DIR = "checkpoints"
 PARTIAL = ".partial"

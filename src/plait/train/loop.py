@@ -37,12 +37,12 @@ from plait.observe.tensorboard import TensorBoardLog
 from plait.observe.wandb_log import WandbLog
 from plait.parallel.context import average_over_context, context_shard
 from plait.parallel.cross_entropy import TrainingLoss
+from plait.parallel.data_parallel.sharded_adamw import fp32_masters, gradients_of
 from plait.parallel.gradients import (
     clip_gradients, finish_gradients, gradient_groups, gradient_norm, gradient_sync, local_group_squares,
 )
 from plait.parallel.materialize import materialize
 from plait.parallel.parallelize import Parallelized, parallelize
-from plait.parallel.sharded_adamw import fp32_masters, gradients_of
 from plait.tokenizer import TOKENIZER_FILE
 from plait.topology import Topology
 from plait.train.checkpoint import latest_checkpoint, load_checkpoint, weights_are_finite

@@ -1,6 +1,6 @@
 """ZeRO-2's gradient path: each gradient reduce-scattered into the rows of it this rank owns.
 
-The hooks and buckets are ``plait.parallel.gradient_buckets``'s (shared with the all-reduce of
+The hooks and buckets are ``plait.parallel.data_parallel.gradient_buckets``'s (shared with the all-reduce of
 ZeRO 0/1): each full bucket is packed, its gradients freed, and
 reduce-scattered asynchronously while the backward pass goes on, and a finished reduce-scatter's
 buffer is released as soon as it is seen done. When the backward pass ends (on a pipeline stage,
@@ -32,8 +32,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from plait.parallel.gradient_buckets import GradientBuckets, InFlight
-from plait.parallel.zero_rows import RowSplit
+from plait.parallel.data_parallel.gradient_buckets import GradientBuckets, InFlight
+from plait.parallel.data_parallel.zero_rows import RowSplit
 
 # torch 2.13 renamed the two single-tensor collectives and warns under the old names; torch
 # before 2.13 has only those.

@@ -35,7 +35,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.nn.parallel import DistributedDataParallel
 
 from plait.facts.model_state import POWERSGD_MIN_COMPRESSION_RATE, POWERSGD_RANK, POWERSGD_START_STEP
-from plait.parallel.gradient_buckets import GradientBuckets
+from plait.parallel.data_parallel.gradient_buckets import GradientBuckets
 from plait.topology import Topology
 
 

@@ -5,13 +5,13 @@ parameters in reverse, the order backward produces their gradients; a bucket who
 all there goes out as one asynchronous collective, buckets in a fixed order so every rank issues
 the same collectives in the same order, and what has finished is taken as later buckets go out.
 The buckets are the same at every step, the first after a start included, so a resumed run sums
-each element in the order the uninterrupted one did (``plait.parallel.data.uses_ddp``). Every rank
+each element in the order the uninterrupted one did (``plait.parallel.data_parallel.data.uses_ddp``). Every rank
 must reach the same parameters, as under DDP. Two reductions share this:
 
 - ``GradientAllReduce``: ZeRO 0/1 (but PowerSGD's, which DDP runs): each bucket all-reduced and averaged in place, on the rank's local tp shards, its
   gradients first laid out as their parameters (so sequence-parallel partial sums are summed over
   tp before dp averages them);
-- ``plait.parallel.gradient_shards.GradientReduceScatter``: ZeRO-2's reduce-scatter into each
+- ``plait.parallel.data_parallel.gradient_shards.GradientReduceScatter``: ZeRO-2's reduce-scatter into each
   rank's rows.
 
 Without pipeline parallelism one backward finishes every gradient: the hooks reduce while ``sync``
@@ -39,8 +39,8 @@ from torch import nn
 from torch.autograd import Variable
 
 from plait.facts.buckets import bucket_bytes
+from plait.parallel.data_parallel.zero_rows import local_tensor
 from plait.parallel.tensor import laid_out_gradient
-from plait.parallel.zero_rows import local_tensor
 
 
 def gradient_bytes(params: list[nn.Parameter]) -> int:
@@ -73,7 +73,7 @@ class GradientBuckets:
 
     def __init__(self, chunks: Mapping[int, list[nn.Parameter]], bucket_bytes: int, per_chunk: bool = False):
         self.sync, self.in_backward, self.per_chunk = True, True, per_chunk
-        self.wire_dtype: torch.dtype | None = None  # bf16 under --grad-compression bf16 (plait.parallel.compression)
+        self.wire_dtype: torch.dtype | None = None  # bf16 under --grad-compression bf16 (plait.parallel.data_parallel.compression)
         self.buckets: list[list[nn.Parameter]] = []
         self._spans: dict[int, range] = {}
         for chunk, params in chunks.items():

@@ -4,7 +4,7 @@ the same sequences), whose gradients are averaged together and over which ZeRO s
 Megatron-LM's distributed optimizer and torchtitan's FSDP2 (``plait.topology``).
 
 - stage 0: replicated parameters; plait's bucketed gradient all-reduce overlapping backward
-  (``plait.parallel.gradient_buckets``), or PyTorch DDP where PowerSGD compresses (``uses_ddp``).
+  (``plait.parallel.data_parallel.gradient_buckets``), or PyTorch DDP where PowerSGD compresses (``uses_ddp``).
 - stage 1: the same plus ``ShardedAdamW``: each rank keeps the optimizer state of 1/Nd of every parameter.
 - stage 2: ``ShardedAdamW`` with a ``GradientSharding``: replicated parameters, no wrapper; the
   optimizer's hooks reduce-scatter the gradients in buckets, overlapping backward, into fp32 rows:
@@ -35,8 +35,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from plait.facts.model_state import holds_bf16_weights
-from plait.parallel.compression import compressed_policy
-from plait.parallel.gradient_buckets import default_bucket_bytes
+from plait.parallel.data_parallel.compression import compressed_policy
+from plait.parallel.data_parallel.gradient_buckets import default_bucket_bytes
 from plait.topology import Topology
 
 # Newer torch names DDP's per-forward buffer broadcast ``forward_sync_buffers`` and deprecates the old

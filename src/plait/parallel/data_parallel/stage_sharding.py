@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from plait.models.transformer import Transformer
-from plait.parallel.data import fully_shard_model
+from plait.parallel.data_parallel.data import fully_shard_model
 
 
 class ShardedStage:

@@ -4,7 +4,7 @@ Stage 1: gradients arrive whole (averaged by ``GradientAllReduce``'s buckets, or
 PowerSGD). Stage 2: ``GradientReduceScatter`` leaves
 each rank only the averaged gradient of its own rows. Either way each rank updates the rows it
 owns, and one all-gather per step hands the updated rows to the other ranks. Under tensor
-parallelism the rows are those of the rank's tp shard (plait.parallel.zero_rows).
+parallelism the rows are those of the rank's tp shard (plait.parallel.data_parallel.zero_rows).
 
 Mixed precision, as the ZeRO paper accounts it: parameters in bf16 (2 bytes, replicated), stage 1's
 gradients in bf16 too (stage 2 sums its reduce-scattered rows in fp32), and for the rows a rank
@@ -21,9 +21,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.adamw import adamw
 
-from plait.parallel.gradient_buckets import default_bucket_bytes
-from plait.parallel.gradient_shards import GradientReduceScatter, GradientSharding, all_gather_single
-from plait.parallel.zero_rows import RowSplit, local_tensor
+from plait.parallel.data_parallel.gradient_buckets import default_bucket_bytes
+from plait.parallel.data_parallel.gradient_shards import GradientReduceScatter, GradientSharding, all_gather_single
+from plait.parallel.data_parallel.zero_rows import RowSplit, local_tensor
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
