@@ -47,7 +47,6 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "topology": {"layout"},
     "sample": {"errors", "models", "tokenizer"},
     "observe": {"config", "errors", "facts", "hardware", "layout", "models", "schedules", "topology"},
-    "observe/simulated.py": {"plan"},  # draws the planner's simulated timeline
     "parallel": {"facts", "layout", "models", "progress", "schedules", "topology"},
     "train": {"config", "errors", "facts", "interop", "layout", "models", "observe", "parallel", "paths", "progress",
               "token_range", "tokenizer", "topology", "version"},  # facts: the learning-rate schedules' shapes

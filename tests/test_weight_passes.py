@@ -130,13 +130,15 @@ def test_the_embedding_and_heads_passes_move_what_the_planner_counts(family, voc
 def test_the_simulated_trace_ends_with_the_steps_gradient_accumulation():
     """`plait simulate --trace` draws the accumulation the step pays after its schedule, so the
     trace ends where the predicted step does."""
-    from plait.observe.simulated import simulated_trace
     from plait.hardware import hardware
+    from plait.observe.trace import simulated_trace
     from plait.plan.simulate import evaluate
+    from plait.plan.simulated_step import flush_spans, simulated_timeline
     from plait.plan.workload import Workload
 
     workload, hw, layout = Workload(model_spec("llama-1b"), 16, "bf16"), hardware("h100-sxm"), Layout(microbatches=16)
-    events = [event for event in simulated_trace(workload, hw, 1, layout)["traceEvents"] if event.get("ph") == "X"]
+    trace = simulated_trace(simulated_timeline(workload, hw, 1, layout), flush_spans(workload, hw, 1, layout), layout)
+    events = [event for event in trace["traceEvents"] if event.get("ph") == "X"]
     assert [event["dur"] for event in events if event["name"] == "gradient accumulation"][0] > 0
     end = max(event["ts"] + event["dur"] for event in events)
     assert end == pytest.approx(evaluate(workload, hw, 1, layout).step_time_s * 1e6, rel=1e-6)

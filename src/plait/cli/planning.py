@@ -23,11 +23,12 @@ from plait.facts.stack import DEFAULT_STACK, STACKS, Kernels
 from plait.layout import PRECISIONS, Layout, default_precision
 from plait.models.spec import SPEC_FIELDS, model_spec
 from plait.observe.run_files import SUMMARY_FILE
-from plait.observe.simulated import simulated_timeline, simulated_trace
 from plait.observe.timeline import draw_timeline
+from plait.observe.trace import simulated_trace
 from plait.hardware import CATALOG, Hardware, hardware, load_profile, profile_json
 from plait.plan.search import NothingFits, best_layout, search
 from plait.plan.simulate import Prediction, evaluate
+from plait.plan.simulated_step import flush_spans, simulated_timeline
 from plait.plan.workload import Workload
 
 DEFAULT_TOKENS = 2**20  # default global batch: about a million tokens
@@ -219,7 +220,9 @@ def run_simulate(args: argparse.Namespace, argv: list[str] | None = None) -> int
             fixed["microbatches"] = max(1, workload.global_batch // (fixed["dp"] * args.microbatch_size))
         prediction = evaluate(workload, hw, args.gpus, Layout(**fixed))
     if args.trace:
-        Path(args.trace).write_text(json.dumps(simulated_trace(workload, hw, args.gpus, prediction.layout)))
+        trace = simulated_trace(simulated_timeline(workload, hw, args.gpus, prediction.layout),
+                                flush_spans(workload, hw, args.gpus, prediction.layout), prediction.layout)
+        Path(args.trace).write_text(json.dumps(trace))
     if args.timeline:
         timeline = simulated_timeline(workload, hw, args.gpus, prediction.layout)
         draw_timeline(timeline, Path(args.timeline), f"simulated: {prediction.layout.describe()} on {args.gpus} × {hw.name}")

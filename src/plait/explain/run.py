@@ -23,7 +23,7 @@ from plait.models.spec import ModelSpec
 from plait.explain.divergence import postmortem
 from plait.observe.bottleneck import bottleneck
 from plait.observe.run_files import CONFIG_FILE, SUMMARY_FILE
-from plait.observe.simulated import simulated_timeline
+from plait.plan.simulated_step import simulated_timeline
 from plait.observe.timeline import draw_timelines
 from plait.observe.trace import TRACE_FILE, timeline_from_trace, traced_step_volumes
 from plait.paths import MISSING, not_a_file, require_input_file

@@ -1,6 +1,6 @@
 """A pipeline step's timeline as Chrome/Perfetto trace events, one track per pipeline rank.
 
-Pure Python: the planner writes simulated steps in this format; a run's trace.json
+Pure Python: a simulated step (``simulated_trace``) is written in this format; a run's trace.json
 (``plait.observe.rank_trace``) carries the same arguments on its pipeline actions. Every event carries its action
 in ``args``, so ``timeline_from_trace`` reads a measured step back for ``plait explain`` to draw
 beside the simulated one, and ``traced_step_volumes`` a rank's bytes per group and op.
@@ -8,6 +8,9 @@ beside the simulated one, and ``traced_step_volumes`` a rank's bytes per group a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from plait.layout import Layout
 from plait.schedules.actions import Action, Kind
 from plait.schedules.simulate import Span, Timeline
 
@@ -31,6 +34,20 @@ def timeline_events(timeline: Timeline, busy_only: bool = False) -> list[dict]:
                          "peer": action.peer},
             })
     return events
+
+
+def simulated_trace(timeline: Timeline, flush: Sequence[Sequence[tuple[str, float]]], layout: Layout) -> dict:
+    """Chrome trace events (microseconds) of one simulated step of ``layout``: each rank's busy
+    actions, then from the step's end the named spans that follow its flush
+    (``plait.plan.simulated_step.flush_spans``)."""
+    events = timeline_events(timeline, busy_only=True)
+    for rank, spans in enumerate(flush):
+        start = timeline.step_time
+        for name, seconds in spans:
+            events.append({"name": name, "cat": "flush", "ph": "X", "pid": 0, "tid": rank, "ts": start * 1e6,
+                           "dur": seconds * 1e6})
+            start += seconds
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"layout": layout.to_dict(), "simulated": True}}
 
 
 def timeline_from_trace(trace: dict) -> Timeline:

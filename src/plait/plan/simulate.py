@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from plait.facts.activations import (
     activation_bytes_per_layer, head_activation_bytes, held_between_passes, loss_backward_bytes, op_keeps_attention,
@@ -32,7 +33,7 @@ from plait.plan.comm import (
     send_seconds, strided_link,
 )
 from plait.plan.compute import gradient_seconds, optimizer_seconds
-from plait.plan.costs import chunk_costs, stage_boundaries, wrapper_overhead
+from plait.plan.costs import Boundaries, ChunkCost, chunk_costs, stage_boundaries, wrapper_overhead
 from plait.hardware import Hardware, stack_hardware
 from plait.plan.memory import RankMemory, other_bytes
 from plait.plan.pipeline import play
@@ -256,29 +257,68 @@ def hardware_flops(spec: ModelSpec, layout: Layout, kernels: Kernels) -> float:
     return flops_per_sequence(spec).hardware + sum(n * rerun(mode) for mode, n in Counter(block_recompute(spec, layout)).items())
 
 
+@dataclass(frozen=True)
+class StepCosts:
+    """What a layout's step is played with: the checked micro-batch size, the hardware as the stack
+    runs on it, each chunk's blocks and seconds, and the transfers between stages."""
+
+    micro_batch: int
+    hw: Hardware
+    counts: tuple[int, ...]
+    chunks: list[ChunkCost]
+    boundaries: Boundaries
+
+
+def step_costs(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> StepCosts:
+    """``layout``'s checked costs for ``workload`` on ``gpus`` devices of ``hw``."""
+    micro_batch = check_layout(workload, gpus, layout)
+    spec, precision, kernels = workload.spec, workload.precision, workload.kernels
+    hw = stack_hardware(hw, kernels)
+    counts = tuple(len(r) for r in split_layers(spec, layout.pp, layout.virtual_stages, layout.stage_layers))
+    return StepCosts(micro_batch, hw, counts, chunk_costs(spec, hw, layout, micro_batch, precision, kernels, counts),
+                     stage_boundaries(spec, hw, layout, micro_batch, precision, kernels))
+
+
+def held_chunks(layout: Layout, counts: tuple[int, ...], rank: int) -> tuple[range, PipelineShare]:
+    """The chunks pipeline rank ``rank`` runs (chunk c on rank c mod pp) and what it holds of the model."""
+    mine = range(rank, len(counts), layout.pp)
+    return mine, PipelineShare(sum(counts[c] for c in mine), 0 in mine, len(counts) - 1 in mine)
+
+
+class StepTail(NamedTuple):
+    """Seconds one pipeline rank spends after its schedule: data-parallel communication left exposed,
+    the optimizer, and the step's gradient accumulation (plait.plan.compute.gradient_seconds)."""
+
+    exposed: float
+    optimizer: float
+    gradients: float
+
+
+def step_tail(workload: Workload, layout: Layout, costs: StepCosts, rank: int) -> StepTail:
+    """What follows the flush on pipeline rank ``rank`` (every dp, cp and tp rank of a stage alike)."""
+    spec, hw, chunks = workload.spec, costs.hw, costs.chunks
+    mine, share = held_chunks(layout, costs.counts, rank)
+    layers, first, last = share
+    params = rank_parameters(spec, layers, first, last, layout.tp)
+    flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, layout.pp),
+                        norm_gradient_elements(spec, layers, last, layout.tp, layout.sp))
+    forward = gather_window(sum(chunks[c].forward for c in mine), layout.virtual_stages, layout.pp, layout.microbatches)
+    return StepTail(flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer,
+                    gradient_seconds(workload, hw, layout, share))
+
+
 def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Prediction:
     """Predict ``layout`` for ``workload`` on ``gpus`` devices of ``hw``: play its schedule with costs."""
-    micro_batch = check_layout(workload, gpus, layout)
+    costs = step_costs(workload, hw, gpus, layout)
+    micro_batch, hw, counts, chunks, boundaries = costs.micro_batch, costs.hw, costs.counts, costs.chunks, costs.boundaries
     spec, precision = workload.spec, workload.precision
-    hw = stack_hardware(hw, workload.kernels)
     pp, v, m = layout.pp, layout.virtual_stages, layout.microbatches
-    counts = tuple(len(r) for r in split_layers(spec, pp, v, layout.stage_layers))
-    chunks = chunk_costs(spec, hw, layout, micro_batch, precision, workload.kernels, counts)
-    boundaries = stage_boundaries(spec, hw, layout, micro_batch, precision, workload.kernels)
     paired = workload.kernels.sends_after_backward(layout.schedule)
     played = play(layout, chunks, boundaries, chunk_activation_bytes(workload, layout, micro_batch, counts), paired)
     tails, memories = [], []
     for rank in range(pp):
-        mine = range(rank, pp * v, pp)
-        layers = sum(counts[c] for c in mine)
-        first, last = 0 in mine, pp * v - 1 in mine
-        share = PipelineShare(layers, first, last)
-        params = rank_parameters(spec, layers, first, last, layout.tp)
-        flush = flush_costs(workload, hw, layout, params, rank_tensors(spec, layers, first, last, pp),
-                            norm_gradient_elements(spec, layers, last, layout.tp, layout.sp))
-        forward = gather_window(sum(chunks[c].forward for c in mine), v, pp, m)
-        gradients = gradient_seconds(workload, hw, layout, share)
-        tails.append((flush.exposed(sum(chunks[c].backward for c in mine), forward), flush.optimizer, gradients))
+        mine, share = held_chunks(layout, counts, rank)
+        tails.append(step_tail(workload, layout, costs, rank))
         kept = (layout.recompute_layers is not None
                 and min((counts[c] for c in mine if counts[c]), default=0) > layout.recompute_layers)
         memories.append(stage_memory(workload, hw, layout, micro_batch, share, played.peak_activations[rank], kept))
@@ -299,10 +339,10 @@ def evaluate(workload: Workload, hw: Hardware, gpus: int, layout: Layout) -> Pre
         peak_memory_bytes=int(peak.total), memory_breakdown=peak.breakdown(), fits=peak.total <= hw.usable_memory_bytes,
         host_memory_bytes=int(host),
         time_breakdown={
-            "compute_s": played.busy[busiest] - comm_inside + tails[busiest][2],
+            "compute_s": played.busy[busiest] - comm_inside + tails[busiest].gradients,
             "critical_path_comm_s": comm_inside + played.sending[busiest],
             "bubble_s": max(0.0, played.step_time - played.busy[busiest] - played.sending[busiest]),  # (rounding leaves a hair without stages)
-            "exposed_dp_comm_s": tails[busiest][0],
-            "optimizer_s": tails[busiest][1],
+            "exposed_dp_comm_s": tails[busiest].exposed,
+            "optimizer_s": tails[busiest].optimizer,
         },
     )
