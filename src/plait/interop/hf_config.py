@@ -22,10 +22,14 @@ WEIGHTS_FILE = "model.safetensors"  # the weights in one file
 WEIGHTS_INDEX = "model.safetensors.index.json"  # or sharded: which shard holds each tensor
 GPT2_END_OF_TEXT = 50256
 GPT2_VOCABS = (50257, 50304)  # GPT-2's own vocabulary, and nanoGPT's padding of it to a multiple of 64
+HF_MODEL_TYPES = ("gpt2", "llama")  # the Hugging Face models whose files plait lays out (plait.interop.hf_names)
 
 
 def hf_config(spec: ModelSpec) -> dict:
     """The ``config.json`` of the Hugging Face model that computes what ``spec`` computes."""
+    if spec.hf_model_type not in HF_MODEL_TYPES:
+        raise ConfigError(f"the {spec.family} block is Hugging Face's {spec.hf_model_type!r}, whose files plait does "
+                          f"not lay out (only {' and '.join(HF_MODEL_TYPES)}'s); it cannot be exported")
     if spec.parallel_block:
         raise ConfigError("Hugging Face's GPT-2 and Llama run attention and MLP one after the other, and this model runs "
                           "them side by side (--parallel-block); it cannot be exported to them")

@@ -27,10 +27,9 @@ def attention_parameter_count(spec: ModelSpec) -> int:
 
 
 def mlp_parameter_count(spec: ModelSpec) -> int:
-    if spec.gated_mlp:
-        return 3 * spec.hidden * spec.ffn_hidden
+    """w1 and w2 (and the gate w3), with biases on w1 and w2: the gate has none."""
     biases = spec.ffn_hidden + spec.hidden if spec.has_bias else 0
-    return 2 * spec.hidden * spec.ffn_hidden + biases
+    return (3 if spec.gated_mlp else 2) * spec.hidden * spec.ffn_hidden + biases
 
 
 def linear_shares(spec: ModelSpec) -> tuple[float, ...]:
