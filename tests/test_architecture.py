@@ -1,5 +1,5 @@
 """The package's layering: what each top-level part of plait may import, no import cycle between
-them, and a torch-free planner.
+them, a torch-free planner; and functions short enough to read, taking few parameters.
 
 Every import counts, including those inside functions: a cycle hidden in a function body still
 ties two packages together (neither can be read, tested or moved without the other).
@@ -239,3 +239,48 @@ def test_family_comparisons_are_found(tmp_path):
     (tmp_path / "models" / "spec.py").write_text('gpt2 = family == "gpt2"\n')
     (tmp_path / "cost.py").write_text('if spec.family != "llama":\n    pass\nfamily_name = 1\nx = "gpt2"==spec.family\n')
     assert family_comparisons(tmp_path) == ['cost.py:1: if spec.family != "llama":', 'cost.py:4: x = "gpt2"==spec.family']
+
+
+MAX_FUNCTION_LINES = 80
+MAX_PARAMETERS = 7
+# A comment on the line above a function that takes more parameters says why, and begins so.
+WHY_MORE_PARAMETERS = re.compile(r"#\s*\((eight|nine|ten|\d+) parameters:")
+
+
+def oversized_functions(root: Path) -> list[str]:
+    """Functions under ``root`` longer than ``MAX_FUNCTION_LINES`` lines, or taking more than
+    ``MAX_PARAMETERS`` parameters (``self``, ``cls`` and autograd's ``ctx`` not counted) without a
+    ``WHY_MORE_PARAMETERS`` comment on the line above."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            where = f"{path.relative_to(root)}:{node.lineno}: {node.name}"
+            if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                found.append(f"{where} is {node.end_lineno - node.lineno + 1} lines long")
+            args = node.args
+            named = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+            count = len(named) + (args.vararg is not None) + (args.kwarg is not None)
+            count -= bool(named) and named[0].arg in ("self", "cls", "ctx")
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            if count > MAX_PARAMETERS and not WHY_MORE_PARAMETERS.search(lines[first - 2] if first > 1 else ""):
+                found.append(f"{where} takes {count} parameters")
+    return found
+
+
+def test_functions_are_short_and_take_few_parameters():
+    found = oversized_functions(ROOT)
+    assert not found, ("split these, or pass a frozen object of what belongs together (a comment "
+                       "'# (N parameters: why)' above a function says why it takes more):\n  " + "\n  ".join(found))
+
+
+def test_oversized_functions_are_found(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "code.py").write_text(
+        f"def long():\n{body}\n\ndef wide(self, a, b, c, d, e, f, g, h):\n    pass\n\n"
+        "# (eight parameters: a kernel's tensors)\ndef kernel(a, b, c, d, e, f, g, h):\n    pass\n\n"
+        "def seven(self, a, b, c, d, e, f, g):\n    pass\n")
+    assert oversized_functions(tmp_path) == [f"code.py:1: long is {MAX_FUNCTION_LINES + 1} lines long",
+                                             f"code.py:{MAX_FUNCTION_LINES + 4}: wide takes 8 parameters"]
