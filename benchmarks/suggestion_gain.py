@@ -5,7 +5,8 @@ is set against the predicted gain's lower bound (the gain less the planner's own
     python -m benchmarks.suggestion_gain --hardware-profile this-machine.json [--out DIR] [--steps N]
 
 The profile is ``plait calibrate --device cpu``'s for this machine. Each case is a two-rank run whose
-layout leaves time on the table (a pipeline's bubble, tensor parallelism's all-reduces on a light model).
+layout leaves time on the table (a pipeline's bubble, tensor parallelism's all-reduces on a light model,
+context parallelism's exchanges at a short sequence).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ CASES = {
     "pp2 (1f1b, m=2)": ["--pp", "2", "--microbatches", "2"],
     "pp2 (gpipe, m=4)": ["--pp", "2", "--microbatches", "4", "--schedule", "gpipe"],
     "tp2": ["--tp", "2"],
+    "cp2": ["--cp", "2"],
 }
 COMMON = ["--model", "tiny", "--dp", "1", "--tp", "1", "--pp", "1", "--global-batch", "16"]
 
