@@ -70,21 +70,26 @@ def profiled_run(config: RunConfig, run_dir: str, steps: str) -> None:
     train(config, build_topology(config.layout, torch.device("cpu")), Path(run_dir))
 
 
+def _traced_with_a_delay(config: RunConfig, run_dir: str, owner: type, method: str, delay_s: float) -> None:
+    """``traced_run`` with ``owner.method`` sleeping ``delay_s`` before each call."""
+    original = getattr(owner, method)
+
+    def slow(self, *args, **kwargs):
+        time.sleep(delay_s)
+        return original(self, *args, **kwargs)
+
+    setattr(owner, method, slow)
+    try:
+        traced_run(config, run_dir)
+    finally:
+        setattr(owner, method, original)
+
+
 def run_with_a_slow_loader(config: RunConfig, run_dir: str, delay_s: float) -> None:
     """``traced_run`` with every batch read ``delay_s`` late: a run starved by its data loader."""
     from plait.train.data import BatchSource
 
-    read = BatchSource.local_batch
-
-    def slow(self, *args, **kwargs):
-        time.sleep(delay_s)
-        return read(self, *args, **kwargs)
-
-    BatchSource.local_batch = slow
-    try:
-        traced_run(config, run_dir)
-    finally:
-        BatchSource.local_batch = read
+    _traced_with_a_delay(config, run_dir, BatchSource, "local_batch", delay_s)
 
 
 def run_with_a_slow_host(config: RunConfig, run_dir: str, delay_s: float) -> None:
@@ -92,14 +97,4 @@ def run_with_a_slow_host(config: RunConfig, run_dir: str, delay_s: float) -> Non
     operations: a run bound by its host's own work."""
     from torch.optim.lr_scheduler import LambdaLR
 
-    step = LambdaLR.step
-
-    def slow(self, *args, **kwargs):
-        time.sleep(delay_s)
-        return step(self, *args, **kwargs)
-
-    LambdaLR.step = slow
-    try:
-        traced_run(config, run_dir)
-    finally:
-        LambdaLR.step = step
+    _traced_with_a_delay(config, run_dir, LambdaLR, "step", delay_s)
